@@ -1,0 +1,234 @@
+"""The index pipeline, composed once and run two ways.
+
+``build_index`` chains the stages of DESIGN §1. How each stage runs is injected: the Prefect
+flow wraps every stage as a Prefect task and maps extraction onto Dask; the direct runner
+(benchmarks, unit tests) calls the functions in-process. The stages themselves are the pure
+functions in ``tasks``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from schemas.config import StrataConfig
+from schemas.tables import schema_for
+from tasks.catalog import Catalog, rows_to_table
+from tasks.chunk import chunk_documents
+from tasks.embed import CachedEmbedder, EmbeddingCache, entity_text, get_embedder
+from tasks.extract import extract_chunks, local_mapper
+from tasks.ids import make_id
+from tasks.ingest import ingest_corpus, quarantine_row
+from tasks.merge import merge_graph
+from tasks.progress import reporter
+from tasks.validate import ValidationFailed, validate_tables
+
+StageRunner = Callable[..., Any]  # run(name, fn, *args, **kwargs) -> fn(*args, **kwargs)
+
+
+def direct_runner(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
+
+
+@dataclass
+class StageLog:
+    stages: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def record(self, stage: str, seconds: float, **counts: float) -> None:
+        self.stages[stage] = {"seconds": round(seconds, 3), **counts}
+
+
+@dataclass
+class BuildResult:
+    run_id: str
+    version: int | None
+    counts: dict[str, int]
+    stages: dict[str, dict[str, float]]
+    status: str
+
+
+def code_version() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=5
+        )
+        return out.stdout.strip() or "unknown"
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def _with_vectors(rows: list[dict[str, Any]], vectors: np.ndarray) -> list[dict[str, Any]]:
+    for row, vec in zip(rows, vectors):
+        row["vector"] = vec
+    return rows
+
+
+def _to_table(name: str, rows: list[dict[str, Any]], dim: int, version: int) -> pa.Table:
+    for r in rows:
+        r["version"] = version
+    schema = schema_for(name, dim)
+    if "vector" in schema.names and rows:
+        vecs = np.stack([np.asarray(r["vector"], dtype=np.float32) for r in rows])
+        table = rows_to_table([{k: v for k, v in r.items() if k != "vector"} for r in rows], schema.remove(schema.get_field_index("vector")))
+        flat = pa.array(vecs.reshape(-1), type=pa.float32())
+        return table.append_column(schema.field("vector"), pa.FixedSizeListArray.from_arrays(flat, dim)).select(schema.names)
+    return rows_to_table(rows, schema)
+
+
+def build_index(
+    corpus: str,
+    catalog: Catalog,
+    cfg: StrataConfig,
+    run: StageRunner = direct_runner,
+    mapper: Any = local_mapper,
+    run_id: str | None = None,
+    flow_name: str = "index",
+) -> BuildResult:
+    """Full build: ingest -> chunk -> extract -> merge -> embed -> validate -> publish (one snapshot)."""
+    rep = reporter()
+    log = StageLog()
+    started = datetime.now(timezone.utc)
+    run_id = run_id or make_id("run", started.isoformat(), corpus)
+    previous = catalog.snapshot()
+    version = previous["version"] + 1 if previous else 1
+    catalog.log_run(
+        {
+            "id": run_id,
+            "flow": flow_name,
+            "parameters": json.dumps({"corpus": str(corpus), "index": catalog.uri, "config": cfg.fingerprint()}),
+            "started_at": started,
+            "status": "running",
+            "llm_calls": 0,
+            "llm_tokens": 0,
+            "llm_cost_usd": 0.0,
+            "code_version": code_version(),
+            "version": version,
+        }
+    )
+    try:
+        result = _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep)
+    except BaseException as exc:
+        catalog.finish_run(
+            run_id,
+            {
+                "status": "failed",
+                "ended_at": datetime.now(timezone.utc),
+                "error": f"{type(exc).__name__}: {exc}"[:4000],
+                "stage_counts": json.dumps(log.stages),
+            },
+        )
+        raise
+    catalog.finish_run(
+        run_id,
+        {
+            "status": "published",
+            "ended_at": datetime.now(timezone.utc),
+            "stage_counts": json.dumps(log.stages),
+            "snapshot_version": version,
+        },
+    )
+    return result
+
+
+def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep) -> BuildResult:
+    # ingest
+    t = time.perf_counter()
+    rep.start("ingest", None)
+    ingested = run("ingest", ingest_corpus, corpus, cfg.corpus)
+    documents, quarantine = ingested.documents, list(ingested.quarantine)
+    log.record("ingest", time.perf_counter() - t, files=ingested.files_seen, documents=len(documents), quarantined=len(quarantine))
+    rep.finish("ingest", f"{len(documents)} documents, {len(quarantine)} quarantined")
+    if not documents:
+        raise RuntimeError(f"no readable documents under {corpus} ({len(quarantine)} quarantined): nothing to index")
+
+    # chunk
+    t = time.perf_counter()
+    rep.start("chunk", len(documents))
+    chunks = run("chunk", chunk_documents, documents, cfg.chunking)
+    rep.advance("chunk", len(documents))
+    log.record("chunk", time.perf_counter() - t, chunks=len(chunks), tokens=sum(d["n_tokens"] for d in documents))
+    rep.finish("chunk", f"{len(chunks)} chunks")
+
+    # extract (parallel)
+    t = time.perf_counter()
+    rep.start("extract", len(chunks))
+    extracted = run(
+        "extract", extract_chunks, chunks, cfg.extract, mapper,
+        on_done=lambda _i, r: rep.advance("extract", len(r["ok"]) + len(r["quarantine"])),
+    )
+    ok = set(extracted["ok"])
+    for q in extracted["quarantine"]:
+        quarantine.append(quarantine_row(q["item"], q["stage"], q["error"]))
+    for c in chunks:
+        c["status"] = "extracted" if c["id"] in ok else "quarantined"
+    log.record(
+        "extract", time.perf_counter() - t,
+        chunks=len(ok), mentions=len(extracted["entities"]), raw_relations=len(extracted["relations"]),
+        quarantined=len(extracted["quarantine"]),
+    )
+    rep.finish("extract", f"{len(extracted['entities'])} mentions from {len(ok)} chunks")
+
+    # merge
+    t = time.perf_counter()
+    rep.start("merge", None)
+    entities, relations = run(
+        "merge", merge_graph, extracted["entities"], extracted["relations"], cfg.extract.max_description_tokens
+    )
+    log.record("merge", time.perf_counter() - t, entities=len(entities), relations=len(relations))
+    rep.finish("merge", f"{len(entities)} entities, {len(relations)} relations")
+
+    # embed
+    t = time.perf_counter()
+    embedder = CachedEmbedder(get_embedder(cfg.embedding.model, cfg.embedding.batch_size), EmbeddingCache(catalog.cache_dir / "embeddings.sqlite"))
+    rep.start("embed", len(entities) + len(chunks))
+    advance = lambda n: rep.advance("embed", n)  # noqa: E731
+    ent_vecs = run("embed-entities", embedder.embed, [entity_text(e["name"], e["type"], e["description"]) for e in entities], advance)
+    chunk_vecs = run("embed-chunks", embedder.embed, [c["text"] for c in chunks], advance)
+    _with_vectors(entities, ent_vecs)
+    _with_vectors(chunks, chunk_vecs)
+    dim = embedder.dim
+    log.record("embed", time.perf_counter() - t, vectors=len(entities) + len(chunks), cache_hits=embedder.hits)
+    rep.finish("embed", f"{embedder.misses} embedded, {embedder.hits} from cache")
+
+    # assemble, validate, publish
+    t = time.perf_counter()
+    rep.start("validate", None)
+    tables = {
+        "documents": _to_table("documents", documents, dim, version),
+        "chunks": _to_table("chunks", chunks, dim, version),
+        "entities": _to_table("entities", entities, dim, version),
+        "relations": _to_table("relations", relations, dim, version),
+        "quarantine": _to_table("quarantine", _dedupe(quarantine), dim, version),
+    }
+    report = run("validate", validate_tables, tables, dim)
+    log.record("validate", time.perf_counter() - t, expectations=sum(report.checked.values()), failures=len(report.failures))
+    if not report.success:
+        rep.finish("validate", "FAILED")
+        raise ValidationFailed(report.failures)
+    rep.finish("validate", f"{sum(report.checked.values())} expectations passed")
+
+    t = time.perf_counter()
+    rep.start("publish", None)
+    published = run("publish", catalog.publish, tables, run_id, "full", dim, version)
+    log.record("publish", time.perf_counter() - t, tables=len(tables))
+    rep.finish("publish", f"snapshot v{published}")
+    counts = {name: tbl.num_rows for name, tbl in tables.items()}
+    return BuildResult(run_id=run_id, version=published, counts=counts, stages=log.stages, status="published")
+
+
+def _dedupe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seen, out = set(), []
+    for r in rows:
+        if r["id"] not in seen:
+            seen.add(r["id"])
+            out.append(r)
+    return out

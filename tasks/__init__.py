@@ -1,0 +1,1 @@
+"""Strata stages: small typed pure functions, one module per stage, composed by ``flows``."""

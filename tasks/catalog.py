@@ -1,0 +1,230 @@
+"""The one catalog of tables: LanceDB at the index URI, read and written through snapshots.
+
+Publishing writes every changed table (each write is a new Lance version of that table),
+then appends one row to ``_snapshots`` that pins the version of every table. That append is
+the single atomic commit point: readers resolve the newest ``_snapshots`` row and check
+each table out at its pinned version, so a failed or killed run (which never reaches the
+append) leaves the previous snapshot exactly as it was. ``runs`` is an append-only log,
+readable whether or not a run published.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import lancedb
+import pyarrow as pa
+
+from schemas.tables import LOG_TABLES, SNAPSHOT_TABLES, schema_for
+
+SNAPSHOTS = "_snapshots"
+_SNAPSHOT_SCHEMA = pa.schema(
+    [
+        ("version", pa.int64()),
+        ("created_at", pa.timestamp("us", tz="UTC")),
+        ("run_id", pa.string()),
+        ("kind", pa.string()),
+        ("tables", pa.string()),  # JSON {table: lance version}
+        ("dim", pa.int64()),
+        ("note", pa.string()),
+    ]
+)
+
+
+class IndexError_(RuntimeError):
+    """The index is missing, locked or inconsistent; the message says what to do."""
+
+
+class LockTimeout(IndexError_):
+    pass
+
+
+def is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Rows (dicts) to an Arrow table of exactly ``schema`` (missing columns null, extra keys ignored)."""
+    cols = {f.name: [r.get(f.name) for r in rows] for f in schema}
+    return pa.Table.from_pydict(cols, schema=schema)
+
+
+class Catalog:
+    def __init__(self, uri: str | Path):
+        self.uri = str(uri)
+        if is_local(self.uri):
+            self.root = Path(self.uri.removeprefix("file://")).expanduser().resolve()
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._db_uri = str(self.root / "lance")
+        else:
+            self.root = None
+            self._db_uri = self.uri.rstrip("/") + "/lance"
+        self.db = lancedb.connect(self._db_uri)
+
+    # ------------------------------------------------------------------ locations
+    @property
+    def cache_dir(self) -> Path:
+        if self.root is not None:
+            return self.root / "_cache"
+        base = Path(os.environ.get("STRATA_HOME", Path.home() / ".cache" / "strata"))
+        return base / "cache" / self.uri.replace("://", "_").replace("/", "_")
+
+    # ------------------------------------------------------------------ snapshots
+    def _table_names(self) -> set[str]:
+        res = self.db.list_tables()
+        names = getattr(res, "tables", res)
+        return set(names)
+
+    def has_table(self, name: str) -> bool:
+        return name in self._table_names()
+
+    def snapshots(self) -> list[dict[str, Any]]:
+        """Every published snapshot, oldest first."""
+        if not self.has_table(SNAPSHOTS):
+            return []
+        rows = self.db.open_table(SNAPSHOTS).to_arrow().to_pylist()
+        for r in rows:
+            r["tables"] = json.loads(r["tables"])
+        return sorted(rows, key=lambda r: r["version"])
+
+    def snapshot(self, as_of: int | None = None) -> dict[str, Any] | None:
+        snaps = self.snapshots()
+        if not snaps:
+            return None
+        if as_of is None:
+            return snaps[-1]
+        for s in snaps:
+            if s["version"] == as_of:
+                return s
+        raise IndexError_(f"snapshot version {as_of} not found in {self.uri}; known: {[s['version'] for s in snaps]}")
+
+    def require_snapshot(self, as_of: int | None = None) -> dict[str, Any]:
+        snap = self.snapshot(as_of)
+        if snap is None:
+            raise IndexError_(f"no published index at {self.uri}: run `strata index CORPUS --index {self.uri}` first")
+        return snap
+
+    # ------------------------------------------------------------------ reads
+    def open_table(self, name: str, as_of: int | None = None, snap: dict[str, Any] | None = None):
+        """A table checked out at the version pinned by the snapshot (latest log tables)."""
+        if name in LOG_TABLES:
+            return self.db.open_table(name) if self.has_table(name) else None
+        snap = snap or self.require_snapshot(as_of)
+        pinned = snap["tables"].get(name)
+        if pinned is None:
+            return None
+        tbl = self.db.open_table(name)
+        tbl.checkout(pinned)
+        return tbl
+
+    def read(self, name: str, as_of: int | None = None, snap: dict[str, Any] | None = None) -> pa.Table:
+        snap = snap if snap is not None else (self.snapshot(as_of) if name not in LOG_TABLES else None)
+        dim = (snap or {}).get("dim") or 384
+        tbl = self.open_table(name, snap=snap) if (snap or name in LOG_TABLES) else None
+        if tbl is None:
+            return schema_for(name, dim).empty_table()
+        return tbl.to_arrow()
+
+    def counts(self, snap: dict[str, Any]) -> dict[str, int]:
+        out = {}
+        for name in SNAPSHOT_TABLES:
+            tbl = self.open_table(name, snap=snap)
+            out[name] = tbl.count_rows() if tbl is not None else 0
+        runs = self.open_table("runs")
+        out["runs"] = runs.count_rows() if runs is not None else 0
+        return out
+
+    # ------------------------------------------------------------------ writes
+    def _write(self, name: str, data: pa.Table) -> int:
+        if self.has_table(name):
+            tbl = self.db.open_table(name)
+            tbl.add(data, mode="overwrite")
+        else:
+            tbl = self.db.create_table(name, data=data)
+        return tbl.version
+
+    def publish(
+        self, tables: dict[str, pa.Table], run_id: str, kind: str, dim: int, version: int | None = None, note: str = ""
+    ) -> int:
+        """Write the given tables (full replacement) and commit a snapshot pinning them and the unchanged ones."""
+        previous = self.snapshot()
+        pins: dict[str, int] = dict(previous["tables"]) if previous else {}
+        for name in SNAPSHOT_TABLES:
+            if name in tables:
+                pins[name] = self._write(name, tables[name])
+        new_version = version if version is not None else (previous["version"] + 1 if previous else 1)
+        row = {
+            "version": new_version,
+            "created_at": datetime.now(timezone.utc),
+            "run_id": run_id,
+            "kind": kind,
+            "tables": json.dumps(pins, sort_keys=True),
+            "dim": dim,
+            "note": note,
+        }
+        data = rows_to_table([row], _SNAPSHOT_SCHEMA)
+        if self.has_table(SNAPSHOTS):
+            self.db.open_table(SNAPSHOTS).add(data)  # the atomic commit point
+        else:
+            self.db.create_table(SNAPSHOTS, data=data)
+        return new_version
+
+    # ------------------------------------------------------------------ run log
+    def log_run(self, row: dict[str, Any]) -> None:
+        data = rows_to_table([row], schema_for("runs", 0))
+        if self.has_table("runs"):
+            self.db.open_table("runs").add(data)
+        else:
+            self.db.create_table("runs", data=data)
+
+    def finish_run(self, run_id: str, values: dict[str, Any]) -> None:
+        tbl = self.db.open_table("runs")
+        tbl.update(where=f"id = '{run_id}'", values=values)
+
+    def runs(self, limit: int | None = None) -> list[dict[str, Any]]:
+        tbl = self.open_table("runs")
+        if tbl is None:
+            return []
+        rows = sorted(tbl.to_arrow().to_pylist(), key=lambda r: r["started_at"])
+        return rows[-limit:] if limit else rows
+
+    # ------------------------------------------------------------------ writer lock
+    @contextlib.contextmanager
+    def writer_lock(self, timeout_s: float = 0.0) -> Iterator[None]:
+        """One writer per index: a second one waits up to ``timeout_s`` and then fails with a clear message."""
+        if self.root is None:  # object storage: serialise with a Prefect concurrency limit instead
+            yield
+            return
+        path = self.root / ".writer.lock"
+        fh = open(path, "a+")
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        fh.seek(0)
+                        holder = fh.read().strip() or "another process"
+                        raise LockTimeout(
+                            f"index {self.uri} is being written by {holder}; waited {timeout_s:.0f}s "
+                            "(raise --lock-timeout to wait longer)"
+                        ) from None
+                    time.sleep(0.2)
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"pid {os.getpid()} since {datetime.now(timezone.utc).isoformat(timespec='seconds')}")
+            fh.flush()
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            fh.close()

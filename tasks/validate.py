@@ -1,0 +1,136 @@
+"""Validate: run the great-expectations suites of ``schemas.expectations`` over in-memory tables."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+class ValidationFailed(RuntimeError):
+    def __init__(self, failures: list[dict[str, Any]]):
+        self.failures = failures
+        lines = [f"{len(failures)} expectation(s) failed; nothing was published:"]
+        for f in failures[:20]:
+            lines.append(
+                f"  - {f['table']}: {f['expectation']}({f['column']}) — {f['unexpected_count']} bad row(s), e.g. {f['sample']}"
+            )
+        super().__init__("\n".join(lines))
+
+
+@dataclass
+class ValidationReport:
+    success: bool
+    checked: dict[str, int] = field(default_factory=dict)  # table -> expectations evaluated
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+
+@functools.lru_cache(maxsize=1)
+def _context():
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    logging.getLogger("great_expectations").setLevel(logging.ERROR)
+    import great_expectations as gx
+
+    ctx = gx.get_context(mode="ephemeral")
+    try:
+        from great_expectations.data_context.types.base import ProgressBarsConfig
+
+        ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
+    except Exception:  # noqa: BLE001 - cosmetic only
+        pass
+    return ctx, ctx.data_sources.add_pandas("strata")
+
+
+def _vector_columns(table: pa.Table) -> dict[str, np.ndarray]:
+    col = table.column("vector")
+    dims = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+    finite = np.ones(len(table), dtype=bool)
+    if len(table):
+        flat = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.float32)
+        if len(flat) == int(np.nansum(dims)) and np.all(dims == dims[0]) and dims[0] > 0:
+            finite = np.isfinite(flat.reshape(len(table), int(dims[0]))).all(axis=1)
+        else:  # ragged: check row by row
+            finite = np.array([v is not None and bool(np.isfinite(np.asarray(v, dtype=np.float32)).all()) for v in col.to_pylist()])
+    return {"vector_dim": np.nan_to_num(dims.astype(float), nan=-1).astype(int), "vector_finite": finite}
+
+
+def _frame(name: str, table: pa.Table, refs: dict[str, set[str]]) -> pd.DataFrame:
+    scalar = [f.name for f in table.schema if not pa.types.is_list(f.type) and not pa.types.is_fixed_size_list(f.type)]
+    df = table.select(scalar).to_pandas()
+    if "vector" in table.column_names:
+        for k, v in _vector_columns(table).items():
+            df[k] = v
+    if name in ("entities", "relations"):
+        chunk_ids = refs["chunks"]
+        known = []
+        for layer, srcs in zip(
+            table.column("layer").to_pylist() if "layer" in table.column_names else [0] * len(table),
+            table.column("source_chunk_ids").to_pylist(),
+        ):
+            srcs = srcs or []
+            known.append(all(s in chunk_ids for s in srcs) and (layer > 0 or len(srcs) > 0 or name == "relations"))
+        df["sources_known"] = known
+    if name == "chunks":
+        q_items = refs["quarantine_items"]
+        status = table.column("status").to_pylist()
+        df["accounted"] = [s == "extracted" or (s == "quarantined" and cid in q_items) for s, cid in zip(status, df["id"])]
+    if name == "communities":
+        ents, comms = refs["entities"], refs["communities"]
+        df["members_known"] = [bool(m) and all(x in ents for x in m) for m in table.column("entity_ids").to_pylist()]
+        df["parent_known"] = [p is None or p in comms for p in table.column("parent_id").to_pylist()]
+    return df
+
+
+def validate_tables(tables: dict[str, pa.Table], dim: int) -> ValidationReport:
+    """Run each table's suite; cross-table references are resolved within ``tables``."""
+    import great_expectations as gx
+
+    from schemas.expectations import suites
+
+    def ids(name: str) -> list[str]:
+        return tables[name].column("id").to_pylist() if name in tables else []
+
+    refs = {n: set(ids(n)) for n in ("documents", "chunks", "entities", "communities")}
+    refs["quarantine_items"] = set(tables["quarantine"].column("item").to_pylist()) if "quarantine" in tables else set()
+    ctx, source = _context()
+    specs = suites(dim, {k: sorted(v) for k, v in refs.items() if k != "quarantine_items"})
+    report = ValidationReport(success=True)
+    for name, table in tables.items():
+        if name not in specs or table.num_rows == 0:
+            continue
+        df = _frame(name, table, refs)
+        asset_name = f"{name}"
+        try:
+            asset = source.get_asset(asset_name)
+        except LookupError:
+            asset = source.add_dataframe_asset(name=asset_name)
+        try:
+            batch_def = asset.get_batch_definition("all")
+        except (KeyError, LookupError):
+            batch_def = asset.add_batch_definition_whole_dataframe("all")
+        suite = gx.ExpectationSuite(name=f"strata-{name}")
+        for exp in specs[name]:
+            suite.add_expectation(exp)
+        result = batch_def.get_batch(batch_parameters={"dataframe": df}).validate(suite)
+        report.checked[name] = len(result.results)
+        for r in result.results:
+            if not r.success:
+                kw = r.expectation_config.kwargs
+                report.failures.append(
+                    {
+                        "table": name,
+                        "expectation": r.expectation_config.type,
+                        "column": kw.get("column") or f"{kw.get('column_A')},{kw.get('column_B')}",
+                        "unexpected_count": r.result.get("unexpected_count"),
+                        "sample": (r.result.get("partial_unexpected_list") or [])[:3],
+                    }
+                )
+    report.success = not report.failures
+    return report
