@@ -60,7 +60,7 @@ class ExtractConfig(_Section):
 
 class EmbeddingConfig(_Section):
     model: str = Field("local", description="'local' = packaged all-MiniLM-L6-v2 (384-d).")
-    batch_size: int = Field(64, gt=0)
+    batch_size: int = Field(32, gt=0, description="Texts per forward pass (small batches pad less on CPU).")
 
 
 class DaskConfig(_Section):

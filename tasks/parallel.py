@@ -21,6 +21,9 @@ R = TypeVar("R")
 def dask_client(cfg: DaskConfig) -> Iterator[Any]:
     from distributed import Client, LocalCluster
 
+    for name in ("distributed", "distributed.nanny", "distributed.scheduler", "distributed.core", "distributed.worker"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
     if cfg.address:
         client = Client(cfg.address, timeout="30s")
         try:

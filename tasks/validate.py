@@ -97,7 +97,7 @@ def validate_tables(tables: dict[str, pa.Table], dim: int) -> ValidationReport:
     def ids(name: str) -> list[str]:
         return tables[name].column("id").to_pylist() if name in tables else []
 
-    refs = {n: set(ids(n)) for n in ("documents", "chunks", "entities", "communities")}
+    refs = {n: set(ids(n)) - {None} for n in ("documents", "chunks", "entities", "communities")}
     refs["quarantine_items"] = set(tables["quarantine"].column("item").to_pylist()) if "quarantine" in tables else set()
     ctx, source = _context()
     specs = suites(dim, {k: sorted(v) for k, v in refs.items() if k != "quarantine_items"})

@@ -1,0 +1,291 @@
+"""The ``strata`` command line: build, inspect, validate and export a hierarchical graph-RAG index.
+
+Every command that writes goes through a Prefect flow; reads resolve one published snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import flows  # noqa: F401  (offline defaults first)
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from schemas.config import ConfigError, default_toml, load_config
+from schemas.tables import ALL_TABLES, SNAPSHOT_TABLES
+
+app = typer.Typer(
+    name="strata",
+    help=(
+        "Strata builds and serves a hierarchical knowledge-graph index (HiRAG) for graph RAG.\n\n"
+        "Typical use:\n\n"
+        "  strata init                      # write a commented strata.toml\n\n"
+        "  strata index data/ --index ./index   # full build, offline by default\n\n"
+        "  strata inspect --index ./index       # what is in the published snapshot\n\n"
+        "  strata export --index ./index --format parquet --out ./export"
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True)
+out = Console()
+
+IndexOpt = typer.Option(..., "--index", "-i", help="Index location: a folder (created if missing) or an s3:// URI.")
+ConfigOpt = typer.Option(None, "--config", "-c", help="strata.toml to use (default: $STRATA_CONFIG or built-in defaults).")
+SetOpt = typer.Option(None, "--set", help="Override one setting, e.g. --set chunking.size=600 (repeatable).")
+
+
+def _overrides(pairs: list[str] | None) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise ConfigError(f"--set expects section.key=value, got {pair!r}")
+        key, raw = pair.split("=", 1)
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = data
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return data
+
+
+class RichReporter:
+    """Progress bars per stage on stderr."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.ids: dict[str, Any] = {}
+
+    def start(self, stage: str, total: int | None) -> None:
+        self.ids[stage] = self.progress.add_task(stage, total=total)
+
+    def advance(self, stage: str, n: int = 1) -> None:
+        if stage in self.ids:
+            self.progress.advance(self.ids[stage], n)
+
+    def finish(self, stage: str, summary: str = "") -> None:
+        if stage in self.ids:
+            tid = self.ids[stage]
+            task = self.progress.tasks[[t.id for t in self.progress.tasks].index(tid)]
+            self.progress.update(tid, total=task.total or max(task.completed, 1), completed=task.total or max(task.completed, 1),
+                                 description=f"{stage}: {summary}" if summary else stage)
+
+
+def _fail(exc: BaseException, code: int = 1) -> None:
+    console.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(code)
+
+
+@app.command()
+def init(path: Path = typer.Argument(Path("strata.toml"), help="Where to write the config."),
+         force: bool = typer.Option(False, "--force", help="Overwrite an existing file.")) -> None:
+    """Write a commented strata.toml with every setting at its default."""
+    if path.exists() and not force:
+        _fail(FileExistsError(f"{path} exists (use --force to overwrite)"))
+    path.write_text(default_toml(), encoding="utf-8")
+    console.print(f"wrote {path}")
+
+
+@app.command()
+def index(
+    corpus: Path = typer.Argument(..., help="A folder of .txt/.md/.jsonl/.parquet files, or one such file."),
+    index: str = IndexOpt,
+    config: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
+    lock_timeout: float = typer.Option(0.0, help="Seconds to wait if another run is writing this index."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+) -> None:
+    """Full build: ingest, chunk, extract (Dask), merge, embed, validate and publish one snapshot."""
+    from tasks.progress import LogReporter, use_reporter
+
+    try:
+        load_config(config, _overrides(set_))  # fail fast on a bad config, before Prefect starts
+    except ConfigError as exc:
+        _fail(exc, 2)
+    if not corpus.exists():
+        _fail(FileNotFoundError(f"corpus not found: {corpus}"), 2)
+    from flows.index_flow import index_flow
+
+    started = time.perf_counter()
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, disable=quiet)
+    try:
+        with progress, use_reporter(LogReporter() if quiet else RichReporter(progress)):
+            result = index_flow(str(corpus), index, str(config) if config else None, _overrides(set_), lock_timeout)
+    except Exception as exc:  # noqa: BLE001
+        _fail(exc)
+    _print_summary(result, time.perf_counter() - started)
+
+
+def _print_summary(result: dict[str, Any], seconds: float) -> None:
+    table = Table(title=f"published snapshot v{result['version']} in {seconds:.1f}s")
+    table.add_column("stage")
+    table.add_column("seconds", justify="right")
+    table.add_column("counts")
+    for stage, vals in result["stages"].items():
+        counts = ", ".join(f"{k}={v}" for k, v in vals.items() if k != "seconds")
+        table.add_row(stage, f"{vals['seconds']:.2f}", counts)
+    out.print(table)
+    rows = Table(title="rows per table")
+    rows.add_column("table")
+    rows.add_column("rows", justify="right")
+    for name, n in result["counts"].items():
+        rows.add_row(name, str(n))
+    out.print(rows)
+
+
+def _inspect_data(index: str, as_of: int | None, runs: int) -> dict[str, Any]:
+    from tasks.catalog import Catalog
+
+    cat = Catalog(index)
+    snap = cat.require_snapshot(as_of)
+    layers = cat.read("layers", snap=snap).to_pylist()
+    return {
+        "index": cat.uri,
+        "version": snap["version"],
+        "created_at": snap["created_at"].isoformat(),
+        "kind": snap["kind"],
+        "run_id": snap["run_id"],
+        "vector_dim": snap["dim"],
+        "tables": cat.counts(snap),
+        "layers": [
+            {k: l[k] for k in ("layer", "n_entities", "n_clusters", "cluster_sparsity", "change_rate", "stop_reason")}
+            for l in sorted(layers, key=lambda r: r["layer"])
+        ],
+        "runs": [
+            {
+                "id": r["id"], "flow": r["flow"], "status": r["status"],
+                "started_at": r["started_at"].isoformat() if r["started_at"] else None,
+                "ended_at": r["ended_at"].isoformat() if r["ended_at"] else None,
+                "snapshot_version": r["snapshot_version"], "error": r["error"],
+            }
+            for r in cat.runs(limit=runs)
+        ],
+        "versions": [{"version": s["version"], "created_at": s["created_at"].isoformat(), "kind": s["kind"]} for s in cat.snapshots()],
+    }
+
+
+@app.command()
+def inspect(
+    index: str = IndexOpt,
+    as_of: Optional[int] = typer.Option(None, "--as-of", help="Read this snapshot version instead of the latest."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    runs: int = typer.Option(5, help="How many recent runs to show."),
+    versions: bool = typer.Option(False, "--versions", help="List every published snapshot."),
+) -> None:
+    """Row counts of the published snapshot, its version, the layer statistics and the last runs."""
+    try:
+        data = _inspect_data(index, as_of, runs)
+    except Exception as exc:  # noqa: BLE001
+        _fail(exc)
+    if as_json:
+        out.print_json(json.dumps(data, default=str))
+        return
+    out.print(f"[bold]{data['index']}[/]  snapshot v{data['version']} ({data['kind']}, {data['created_at']})")
+    t = Table(title="tables")
+    t.add_column("table")
+    t.add_column("rows", justify="right")
+    for k, v in data["tables"].items():
+        t.add_row(k, str(v))
+    out.print(t)
+    if data["layers"]:
+        lt = Table(title="hierarchy layers")
+        for col in ("layer", "n_entities", "n_clusters", "cluster_sparsity", "change_rate", "stop_reason"):
+            lt.add_column(col)
+        for l in data["layers"]:
+            lt.add_row(*[("" if l[c] is None else f"{l[c]:.4f}" if isinstance(l[c], float) else str(l[c])) for c in
+                         ("layer", "n_entities", "n_clusters", "cluster_sparsity", "change_rate", "stop_reason")])
+        out.print(lt)
+    if versions:
+        vt = Table(title="snapshots")
+        for col in ("version", "created_at", "kind"):
+            vt.add_column(col)
+        for v in data["versions"]:
+            vt.add_row(str(v["version"]), v["created_at"], v["kind"])
+        out.print(vt)
+    rt = Table(title="recent runs")
+    for col in ("started_at", "flow", "status", "snapshot", "error"):
+        rt.add_column(col)
+    for r in data["runs"]:
+        rt.add_row(r["started_at"] or "", r["flow"], r["status"], str(r["snapshot_version"] or ""), (r["error"] or "")[:80])
+    out.print(rt)
+
+
+@app.command()
+def validate(
+    index: str = IndexOpt,
+    as_of: Optional[int] = typer.Option(None, "--as-of", help="Validate this snapshot version."),
+) -> None:
+    """Run the expectation suites over a published snapshot (exit 1 when any fails)."""
+    from tasks.catalog import Catalog
+    from tasks.validate import validate_tables
+
+    try:
+        cat = Catalog(index)
+        snap = cat.require_snapshot(as_of)
+        tables = {name: cat.read(name, snap=snap) for name in SNAPSHOT_TABLES}
+        report = validate_tables(tables, snap["dim"])
+    except Exception as exc:  # noqa: BLE001
+        _fail(exc)
+    for name, n in report.checked.items():
+        out.print(f"{name}: {n} expectations")
+    if report.success:
+        out.print(f"[green]snapshot v{snap['version']}: all expectations passed[/]")
+        return
+    for f in report.failures:
+        out.print(f"[red]FAIL[/] {f['table']}: {f['expectation']}({f['column']}) — {f['unexpected_count']} bad row(s), e.g. {f['sample']}")
+    raise typer.Exit(1)
+
+
+@app.command()
+def export(
+    index: str = IndexOpt,
+    out_dir: Path = typer.Option(..., "--out", "-o", help="Folder for <table>.parquet files."),
+    fmt: str = typer.Option("parquet", "--format", help="Only 'parquet' for now."),
+    tables: Optional[list[str]] = typer.Option(None, "--table", help="Export only these tables (repeatable)."),
+    as_of: Optional[int] = typer.Option(None, "--as-of", help="Export this snapshot version."),
+) -> None:
+    """Write every table of a snapshot as <table>.parquet (load them with polars or duckdb)."""
+    import pyarrow.parquet as pq
+
+    from tasks.catalog import Catalog
+
+    if fmt != "parquet":
+        _fail(ValueError(f"unsupported format {fmt!r}: only 'parquet'"), 2)
+    names = tables or list(ALL_TABLES)
+    unknown = [n for n in names if n not in ALL_TABLES]
+    if unknown:
+        _fail(ValueError(f"unknown table(s) {unknown}; known: {', '.join(ALL_TABLES)}"), 2)
+    try:
+        cat = Catalog(index)
+        snap = cat.require_snapshot(as_of)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            data = cat.read(name, snap=snap)
+            pq.write_table(data, out_dir / f"{name}.parquet")
+            out.print(f"{name}: {data.num_rows} rows -> {out_dir / (name + '.parquet')}")
+    except Exception as exc:  # noqa: BLE001
+        _fail(exc)
+
+
+def main() -> None:  # console-script entry point
+    try:
+        app()
+    except KeyboardInterrupt:
+        console.print("interrupted; the previous snapshot is still the published one")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

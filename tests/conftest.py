@@ -1,0 +1,73 @@
+"""Shared fixtures. Everything runs offline with a throw-away Prefect home."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_HOME = Path(tempfile.mkdtemp(prefix="strata-test-home-"))
+os.environ["PREFECT_HOME"] = str(_HOME / "prefect")
+os.environ["STRATA_HOME"] = str(_HOME / "strata")
+for key, value in {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+    "GX_ANALYTICS_ENABLED": "false",
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}.items():
+    os.environ[key] = value
+for key in [k for k in os.environ if k.startswith("STRATA_") and k not in ("STRATA_HOME",)]:
+    del os.environ[key]
+
+import flows  # noqa: E402,F401  (offline defaults)
+
+REPO = Path(__file__).resolve().parent.parent
+DATASETS = REPO.parent / "shared" / "datasets"
+CAROL = REPO / "data" / "a_christmas_carol.txt"
+
+#: small chunks so a small corpus still gives several chunks per document
+SMALL = {"chunking": {"size": 200, "overlap": 20}, "extract": {"batch_size": 4}, "dask": {"n_workers": 2, "processes": False}}
+
+
+def musique_passages(n: int) -> list[dict]:
+    path = DATASETS / "musique" / "corpus.jsonl"
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()[:n]]
+    return rows
+
+
+def write_small_corpus(root: Path) -> Path:
+    """A small real corpus: two slices of A Christmas Carol, a Markdown note and 12 MuSiQue passages as JSONL."""
+    root.mkdir(parents=True, exist_ok=True)
+    text = CAROL.read_text(encoding="utf-8")
+    start = text.index("STAVE ONE")
+    (root / "carol_1.txt").write_text(text[start : start + 5000], encoding="utf-8")
+    (root / "carol_2.txt").write_text(text[start + 60000 : start + 64000], encoding="utf-8")
+    (root / "notes").mkdir(exist_ok=True)
+    (root / "notes" / "scrooge.md").write_text(
+        "# Scrooge and Marley\n\nEbenezer Scrooge ran the counting-house of Scrooge and Marley in London. "
+        "Jacob Marley, his partner, died seven years before Christmas Eve. Bob Cratchit was Scrooge's clerk.\n",
+        encoding="utf-8",
+    )
+    with (root / "passages.jsonl").open("w", encoding="utf-8") as fh:
+        for row in musique_passages(12):
+            fh.write(json.dumps(row) + "\n")
+    return root
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory) -> Path:
+    return write_small_corpus(tmp_path_factory.mktemp("corpus") / "small")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cleanup_home():
+    yield
+    shutil.rmtree(_HOME, ignore_errors=True)

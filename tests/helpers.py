@@ -1,0 +1,45 @@
+"""Small hand-built tables for catalog and validation tests."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import numpy as np
+
+from flows.pipeline import _to_table
+
+DIM = 8
+
+
+def vec(i: int) -> np.ndarray:
+    v = np.zeros(DIM, dtype=np.float32)
+    v[i % DIM] = 1.0
+    return v
+
+
+def tiny_tables(version: int = 1, suffix: str = "") -> dict:
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    docs = [{"id": "doc-1", "uri": "/c/a.txt", "root": "/c", "source_id": "a.txt", "title": "A", "text": "Scrooge. London.",
+             "content_hash": "0" * 64, "n_tokens": 4, "ingested_at": now}]
+    chunks = [
+        {"id": "chunk-1", "document_id": "doc-1", "chunk_index": 0, "text": "Scrooge.", "n_tokens": 2, "start": 0, "end": 8,
+         "status": "extracted", "vector": vec(0)},
+        {"id": "chunk-2", "document_id": "doc-1", "chunk_index": 1, "text": "London.", "n_tokens": 2, "start": 9, "end": 16,
+         "status": "quarantined", "vector": vec(1)},
+    ]
+    ents = [
+        {"id": "ent-a", "name": "Scrooge" + suffix, "type": "person", "description": "d", "layer": 0,
+         "source_chunk_ids": ["chunk-1"], "degree": 1, "vector": vec(2)},
+        {"id": "ent-b", "name": "London", "type": "location", "description": "d", "layer": 0,
+         "source_chunk_ids": ["chunk-1"], "degree": 1, "vector": vec(3)},
+    ]
+    rels = [{"id": "rel-1", "source_id": "ent-a", "target_id": "ent-b", "kind": "extracted", "description": "d",
+             "weight": 1.0, "source_chunk_ids": ["chunk-1"]}]
+    quarantine = [{"id": "q-1", "item": "chunk-2", "stage": "extract", "error": "boom"}]
+    return {
+        "documents": _to_table("documents", docs, DIM, version),
+        "chunks": _to_table("chunks", chunks, DIM, version),
+        "entities": _to_table("entities", ents, DIM, version),
+        "relations": _to_table("relations", rels, DIM, version),
+        "quarantine": _to_table("quarantine", quarantine, DIM, version),
+    }

@@ -1,0 +1,59 @@
+import pytest
+
+from schemas.config import ConfigError, StrataConfig, default_toml, env_overrides, load_config
+
+
+def test_defaults_match_design():
+    cfg = StrataConfig()
+    assert (cfg.chunking.size, cfg.chunking.overlap) == (1200, 100)
+    assert cfg.hierarchy.posterior_threshold == 0.1
+    assert cfg.hierarchy.epsilon == 0.05
+    assert cfg.embedding.model == "local"
+    assert cfg.llm.model == ""  # offline by default
+
+
+def test_file_then_env_then_overrides(tmp_path):
+    path = tmp_path / "strata.toml"
+    path.write_text("[chunking]\nsize = 500\noverlap = 50\n[dask]\nn_workers = 3\n")
+    env = {"STRATA_CHUNKING__SIZE": "800", "STRATA_DASK__ADDRESS": "tcp://127.0.0.1:8786", "OTHER": "x"}
+    cfg = load_config(path, overrides={"dask": {"n_workers": 1}}, environ=env)
+    assert cfg.chunking.size == 800 and cfg.chunking.overlap == 50
+    assert cfg.dask.address == "tcp://127.0.0.1:8786"
+    assert cfg.dask.n_workers == 1
+
+
+def test_env_values_are_parsed_as_json_when_possible():
+    assert env_overrides({"STRATA_HIERARCHY__META_ENTITIES": '["a","b"]', "STRATA_SEED": "7"}) == {
+        "hierarchy": {"meta_entities": ["a", "b"]},
+        "seed": 7,
+    }
+
+
+@pytest.mark.parametrize(
+    "toml, needle",
+    [
+        ("[chunking]\nsize = 100\noverlap = 100\n", "overlap (100) must be smaller than size (100)"),
+        ("[chunking]\nsize = -1\n", "chunking.size"),
+        ("[chunkin]\nsize = 10\n", "chunkin"),
+        ("[extract]\nmethod = 'magic'\n", "extract.method"),
+        ("not = [valid", "not valid TOML"),
+    ],
+)
+def test_bad_config_has_a_clear_message(tmp_path, toml, needle):
+    path = tmp_path / "strata.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={})
+    assert needle in str(err.value)
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("/nonexistent/strata.toml", environ={})
+
+
+def test_default_toml_round_trips(tmp_path):
+    path = tmp_path / "strata.toml"
+    path.write_text(default_toml())
+    assert load_config(path, environ={}) == StrataConfig()
+    assert "# Tokens per chunk" in default_toml()

@@ -1,0 +1,208 @@
+"""End to end: the CLI through the Prefect flow with Dask, on a small real corpus."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import lancedb
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.pipeline import build_index
+from schemas.config import load_config
+from tasks.catalog import Catalog
+from tests.conftest import REPO, SMALL
+
+runner = CliRunner()
+
+
+def _sets(overrides: dict) -> list[str]:
+    out = []
+    for section, values in overrides.items():
+        for key, value in values.items():
+            out += ["--set", f"{section}.{key}={json.dumps(value)}"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(small_corpus, tmp_path_factory) -> Path:
+    """The small corpus indexed through the CLI (Prefect flow, Dask local cluster of processes)."""
+    index = tmp_path_factory.mktemp("idx") / "index"
+    overrides = {"chunking": SMALL["chunking"], "extract": SMALL["extract"]}  # default Dask: 2 worker processes
+    res = runner.invoke(app, ["index", str(small_corpus), "--index", str(index), "--quiet", *_sets(overrides)])
+    assert res.exit_code == 0, res.output
+    assert "published snapshot v1" in res.output
+    return index
+
+
+def test_inspect_json_contract(built):
+    res = runner.invoke(app, ["inspect", "--index", str(built), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["version"] == 1
+    for table in ("documents", "chunks", "entities", "relations"):
+        assert data["tables"][table] > 0, table
+    assert data["tables"]["documents"] == 15  # 2 txt + 1 md + 12 JSONL passages
+    assert data["tables"]["quarantine"] == 0
+    assert data["runs"][-1]["status"] == "published" and data["runs"][-1]["snapshot_version"] == 1
+
+
+def test_export_parquet_has_design_columns(built, tmp_path):
+    res = runner.invoke(app, ["export", "--index", str(built), "--format", "parquet", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    ents = pq.read_table(tmp_path / "entities.parquet")
+    rels = pq.read_table(tmp_path / "relations.parquet")
+    chunks = pq.read_table(tmp_path / "chunks.parquet")
+    docs = pq.read_table(tmp_path / "documents.parquet")
+    assert {"id", "name", "type", "description", "layer", "source_chunk_ids", "degree", "vector"} <= set(ents.column_names)
+    assert {"id", "source_id", "target_id", "kind", "description", "weight", "source_chunk_ids"} <= set(rels.column_names)
+    assert {"id", "document_id", "text", "n_tokens", "start", "end", "vector"} <= set(chunks.column_names)
+    assert {"id", "uri", "title", "text", "content_hash", "n_tokens", "ingested_at"} <= set(docs.column_names)
+    assert (tmp_path / "runs.parquet").exists() and (tmp_path / "quarantine.parquet").exists()
+    # offsets are real: the chunk text is the document slice
+    text = dict(zip(docs.column("id").to_pylist(), docs.column("text").to_pylist()))
+    for c in chunks.to_pylist()[:20]:
+        assert text[c["document_id"]][c["start"] : c["end"]] == c["text"]
+    # relation endpoints exist
+    ids = set(ents.column("id").to_pylist())
+    assert set(rels.column("source_id").to_pylist()) | set(rels.column("target_id").to_pylist()) <= ids
+
+
+def test_validate_command_passes(built):
+    res = runner.invoke(app, ["validate", "--index", str(built)])
+    assert res.exit_code == 0, res.output
+    assert "all expectations passed" in res.output
+
+
+def test_same_corpus_gives_identical_tables(built, small_corpus, tmp_path):
+    """A second build (direct runner, no Prefect, no Dask) gives the same ids and the same tables."""
+    cfg = load_config(overrides={"chunking": SMALL["chunking"], "extract": SMALL["extract"]})
+    build_index(str(small_corpus), Catalog(tmp_path / "again"), cfg)
+    a, b = Catalog(built), Catalog(tmp_path / "again")
+    for table in ("documents", "chunks", "entities", "relations", "quarantine"):
+        ta, tb = a.read(table), b.read(table)
+        if "ingested_at" in ta.column_names:
+            ta, tb = ta.drop(["ingested_at"]), tb.drop(["ingested_at"])
+        assert ta.column("id").to_pylist() == tb.column("id").to_pylist(), table
+        assert ta.equals(tb), f"{table} differs between runs"
+
+
+def test_hostile_folder_does_not_crash_and_is_quarantined(tmp_path):
+    corpus = tmp_path / "hostile"
+    corpus.mkdir()
+    (corpus / "good.txt").write_text("Jacob Marley was the business partner of Ebenezer Scrooge in London.")
+    (corpus / "empty.txt").write_bytes(b"")
+    (corpus / "binary.md").write_bytes(os.urandom(256) + b"\x00")
+    (corpus / "latin1.txt").write_bytes("na\xefve caf\xe9".encode("latin-1"))
+    (corpus / "big.txt").write_text("word " * 5000)
+    (corpus / "broken.jsonl").write_text('{"id": 1, "text": "Bob Cratchit was a clerk."}\n{oops\n')
+    index = tmp_path / "index"
+    res = runner.invoke(
+        app,
+        ["index", str(corpus), "--index", str(index), "--quiet", "--set", "corpus.max_file_bytes=10000",
+         "--set", "dask.processes=false"],
+    )
+    assert res.exit_code == 0, res.output
+    cat = Catalog(index)
+    q = {Path(r["item"]).name: r["error"] for r in cat.read("quarantine").to_pylist()}
+    assert q["empty.txt"] == "empty file"
+    assert q["binary.md"].startswith("binary content")
+    assert q["latin1.txt"].startswith("invalid UTF-8")
+    assert q["big.txt"].startswith("file too large")
+    assert q["broken.jsonl#L2"].startswith("line 2: invalid JSON")
+    assert cat.read("documents").num_rows == 2
+
+
+def test_nothing_readable_is_a_clear_error_and_publishes_nothing(tmp_path):
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "empty.txt").write_bytes(b"")
+    res = runner.invoke(app, ["index", str(corpus), "--index", str(tmp_path / "i"), "--quiet", "--set", "dask.processes=false"])
+    assert res.exit_code == 1
+    assert "no readable documents" in res.output
+    assert Catalog(tmp_path / "i").snapshot() is None
+
+
+def test_bad_config_exits_2_before_any_work(small_corpus, tmp_path):
+    res = runner.invoke(app, ["index", str(small_corpus), "--index", str(tmp_path / "i"), "--set", "chunking.overlap=5000"])
+    assert res.exit_code == 2
+    assert "overlap (5000) must be smaller than size" in res.output
+
+
+KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path.insert(0, {repo!r})
+    import flows
+    from tasks.catalog import Catalog
+    real = Catalog._write
+    n = []
+    def write_then_die(self, name, data):
+        n.append(name)
+        if len(n) == 3:  # two tables overwritten, snapshot not committed: the worst moment
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, name, data)
+    Catalog._write = write_then_die
+    from flows.pipeline import build_index
+    from schemas.config import load_config
+    cfg = load_config(overrides={overrides!r})
+    build_index({corpus!r}, Catalog({index!r}), cfg)
+    """
+)
+
+
+def test_killed_run_leaves_previous_snapshot_and_rerun_completes(built, small_corpus, tmp_path):
+    index = tmp_path / "index"
+    cfg_over = {"chunking": SMALL["chunking"], "extract": SMALL["extract"]}
+    build_index(str(small_corpus), Catalog(index), load_config(overrides=cfg_over))
+    before = {t: Catalog(index).read(t).drop(["ingested_at"] if t == "documents" else []) for t in ("documents", "entities")}
+    # add a document, then kill the next run in the middle of its publish
+    extra = tmp_path / "corpus"
+    subprocess.run(["cp", "-r", str(small_corpus), str(extra)], check=True)
+    (extra / "new.txt").write_text("Fred, the nephew of Scrooge, invited him to Christmas dinner in London.")
+    script = KILLER.format(repo=str(REPO), overrides=cfg_over, corpus=str(extra), index=str(index))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    # the lance tables did get new versions, but readers still resolve snapshot v1
+    db = lancedb.connect(str(index / "lance"))
+    assert db.open_table("documents").version > Catalog(index).snapshot()["tables"]["documents"]
+    cat = Catalog(index)
+    assert cat.snapshot()["version"] == 1
+    for t, tbl in before.items():
+        now = cat.read(t).drop(["ingested_at"] if t == "documents" else [])
+        assert now.equals(tbl), t
+    assert [r["status"] for r in cat.runs()] == ["published", "running"]  # the killed run is visible as such
+    # a re-run completes and publishes v2 including the new document
+    res = runner.invoke(app, ["index", str(extra), "--index", str(index), "--quiet", *_sets({**cfg_over, "dask": {"processes": False}})])
+    assert res.exit_code == 0, res.output
+    cat = Catalog(index)
+    assert cat.snapshot()["version"] == 2
+    assert cat.read("documents").num_rows == before["documents"].num_rows + 1
+    assert runner.invoke(app, ["validate", "--index", str(index)]).exit_code == 0
+
+
+def test_corrupted_table_on_disk_fails_validation(built, tmp_path):
+    """Corrupt a published table behind Strata's back: `strata validate` catches it."""
+    import shutil
+
+    import pyarrow as pa
+
+    index = tmp_path / "copy"
+    shutil.copytree(built, index)
+    cat = Catalog(index)
+    snap = cat.snapshot()
+    ents = cat.read("entities", snap=snap)
+    rels = cat.read("relations", snap=snap)
+    gone = set(rels.column("source_id").to_pylist()[:5])
+    kept = ents.filter(pa.array([i not in gone for i in ents.column("id").to_pylist()]))
+    cat.publish({"entities": kept}, "run-corrupt", "manual", snap["dim"])  # relations now point at missing entities
+    res = runner.invoke(app, ["validate", "--index", str(index)])
+    assert res.exit_code == 1
+    assert "relations: expect_column_values_to_be_in_set(source_id)" in res.output

@@ -1,0 +1,62 @@
+from schemas.config import ExtractConfig
+from tasks.extract import extract_batch
+from tasks.merge import join_within_budget, merge_graph
+
+
+def test_extract_finds_typed_entities_and_sentence_relations():
+    text = (
+        "Ebenezer Scrooge worked in London with Jacob Marley. "
+        "The Journal of Mathematical Physics is published by the American Institute of Physics."
+    )
+    out = extract_batch([{"id": "c1", "text": text}], ExtractConfig())
+    assert out["ok"] == ["c1"] and out["quarantine"] == []
+    types = {e["name"]: e["type"] for e in out["entities"]}
+    assert types["Ebenezer Scrooge"] == "person"
+    assert types["London"] == "location"
+    assert types["Jacob Marley"] == "person"
+    pairs = {(r["source"], r["target"]) for r in out["relations"]}
+    assert ("Ebenezer Scrooge", "London") in pairs
+    # relations never cross sentences
+    assert not any({r["source"], r["target"]} == {"Jacob Marley", "American Institute of Physics"} for r in out["relations"])
+    marley = next(e for e in out["entities"] if e["name"] == "Jacob Marley")
+    assert marley["description"] == "Ebenezer Scrooge worked in London with Jacob Marley."
+
+
+def test_extract_quarantines_a_failing_chunk_and_keeps_the_rest():
+    out = extract_batch([{"id": "good", "text": "Scrooge lived in London."}, {"id": "bad", "text": None}], ExtractConfig())
+    assert out["ok"] == ["good"]
+    assert [q["item"] for q in out["quarantine"]] == ["bad"]
+
+
+def test_merge_resolves_by_normalised_name():
+    ents = [
+        {"name": "Scrooge", "type": "person", "description": "S1.", "chunk_id": "c1"},
+        {"name": "SCROOGE", "type": "organization", "description": "S2.", "chunk_id": "c2"},
+        {"name": "Scrooge's", "type": "person", "description": "S1.", "chunk_id": "c2"},
+        {"name": "London", "type": "location", "description": "L1.", "chunk_id": "c1"},
+    ]
+    rels = [
+        {"source": "Scrooge", "target": "London", "description": "S1.", "weight": 1.0, "chunk_id": "c1"},
+        {"source": "London", "target": "scrooge", "description": "S3.", "weight": 1.0, "chunk_id": "c2"},
+        {"source": "London", "target": "london", "description": "self", "weight": 1.0, "chunk_id": "c2"},
+    ]
+    entities, relations = merge_graph(ents, rels, max_description_tokens=100)
+    by_name = {e["name"]: e for e in entities}
+    assert set(by_name) == {"Scrooge", "London"}
+    s = by_name["Scrooge"]
+    assert s["type"] == "person"  # 2 of 3 mentions
+    assert s["description"] == "S1. S2."  # distinct, in order
+    assert s["source_chunk_ids"] == ["c1", "c2"]
+    assert s["degree"] == 1
+    assert len(relations) == 1  # both directions merged, self-loop dropped
+    r = relations[0]
+    assert r["weight"] == 2.0 and r["source_chunk_ids"] == ["c1", "c2"]
+    assert {r["source_id"], r["target_id"]} == {s["id"], by_name["London"]["id"]}
+    again, _ = merge_graph(ents, rels, max_description_tokens=100)
+    assert [e["id"] for e in again] == [e["id"] for e in entities]
+
+
+def test_descriptions_stay_within_budget():
+    parts = ["one two three.", "four five six.", "seven eight nine."]
+    assert join_within_budget(parts, 8) == "one two three. four five six."
+    assert join_within_budget(parts, 1) == "one two three."  # at least one part

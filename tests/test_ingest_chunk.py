@@ -1,0 +1,79 @@
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from schemas.config import ChunkingConfig, CorpusConfig
+from tasks.chunk import chunk_document, count_tokens, get_encoding, token_windows
+from tasks.ids import normalize_name
+from tasks.ingest import ingest_corpus
+
+
+def test_ingest_formats_and_ids(tmp_path):
+    (tmp_path / "a.txt").write_text("Plain text about Scrooge.")
+    (tmp_path / "b.md").write_text("# The Title\n\nBody text.")
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": "p1", "title": "T1", "text": "one"}) + "\n")
+    pq.write_table(pa.table({"id": ["q1"], "title": ["T2"], "text": ["two"]}), tmp_path / "d.parquet")
+    res = ingest_corpus(tmp_path, CorpusConfig())
+    assert res.quarantine == []
+    by_source = {d["source_id"]: d for d in res.documents}
+    assert set(by_source) == {"a.txt", "b.md", "p1", "q1"}
+    assert by_source["b.md"]["title"] == "The Title"
+    assert by_source["p1"]["title"] == "T1" and by_source["q1"]["text"] == "two"
+    again = ingest_corpus(tmp_path, CorpusConfig())
+    assert [d["id"] for d in again.documents] == [d["id"] for d in res.documents]
+    assert all(d["root"] == str(tmp_path.resolve()) for d in res.documents)
+
+
+def test_hostile_files_are_quarantined_with_reasons(tmp_path):
+    (tmp_path / "ok.txt").write_text("fine")
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "blank.md").write_text("   \n\n")
+    (tmp_path / "binary.txt").write_bytes(b"\x89PNG\x00\x00\x01\x02")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (tmp_path / "huge.txt").write_text("x" * 2000)
+    (tmp_path / "image.png").write_bytes(b"\x89PNG")
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
+    (tmp_path / "bad.jsonl").write_text('{"id": "1", "text": "good"}\n{not json}\n["list"]\n{"id": "2"}\n{"id": "1", "text": "dup"}\n')
+    res = ingest_corpus(tmp_path, CorpusConfig(max_file_bytes=1000))
+    reasons = {q["item"].rsplit("/", 1)[-1]: q["error"] for q in res.quarantine}
+    assert reasons["empty.txt"] == "empty file"
+    assert reasons["blank.md"] == "empty text"
+    assert reasons["binary.txt"].startswith("binary content")
+    assert reasons["latin1.txt"] == "invalid UTF-8 at byte 3"
+    assert reasons["huge.txt"].startswith("file too large")
+    assert reasons["image.png"] == "unsupported file type .png"
+    assert "broken.parquet" in reasons
+    assert reasons["bad.jsonl#L2"].startswith("line 2: invalid JSON")
+    assert reasons["bad.jsonl#L3"] == "line 3: not a JSON object"
+    assert reasons["bad.jsonl#2"] == "text is NoneType, not a string"
+    assert reasons["bad.jsonl#1"].startswith("duplicate id")
+    assert sorted(d["source_id"] for d in res.documents) == ["1", "ok.txt"]
+
+
+def test_token_windows_hand_computed():
+    assert token_windows(0, 10, 2) == []
+    assert token_windows(5, 10, 2) == [(0, 5)]
+    assert token_windows(10, 10, 2) == [(0, 10)]
+    assert token_windows(25, 10, 2) == [(0, 10), (8, 18), (16, 25)]
+
+
+def test_chunk_offsets_point_into_the_document():
+    text = "Marley was dead: to begin with. Ünïcödé — “quotes” and emoji 🎄 here. " * 60
+    doc = {"id": "doc-1", "text": text}
+    chunks, n = chunk_document(doc, ChunkingConfig(size=50, overlap=10))
+    assert n == len(get_encoding().encode_ordinary(text))
+    assert chunks[0]["start"] == 0 and chunks[-1]["end"] == len(text)
+    for c in chunks:
+        assert c["text"] == text[c["start"] : c["end"]]
+        assert c["n_tokens"] <= 50
+    for a, b in zip(chunks, chunks[1:]):
+        assert b["start"] < a["end"]  # overlap
+    assert len({c["id"] for c in chunks}) == len(chunks)
+    assert count_tokens("hello world") == 2
+
+
+def test_normalize_name():
+    assert normalize_name("The  Ghost of Christmas Past") == "ghost of christmas past"
+    assert normalize_name("Scrooge's") == normalize_name("SCROOGE") == "scrooge"
+    assert normalize_name("AT&T") == "at&t"
