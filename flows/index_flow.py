@@ -53,4 +53,24 @@ def index_flow(
             run_id=_flow_run_id(),
             flow_name="strata-index",
         )
+    publish_layer_artifacts(result.layers, result.layers_plot)
     return asdict(result)
+
+
+def publish_layer_artifacts(layers: list[dict[str, Any]], plot: str | None) -> None:
+    """The layer table and the CS plot (HiRAG Fig. 4) as Prefect artifacts of the flow run."""
+    import base64
+    from pathlib import Path
+
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    if not layers:
+        return
+    create_table_artifact(key="strata-layers", table=layers, description="HiIndex layers: cluster sparsity per clustering")
+    if plot and Path(plot).exists():
+        data = base64.b64encode(Path(plot).read_bytes()).decode()
+        create_markdown_artifact(
+            key="strata-layers-plot",
+            markdown=f"![cluster sparsity per layer](data:image/png;base64,{data})\n\nFile: `{plot}`",
+            description="Cluster sparsity and change rate per layer",
+        )

@@ -25,11 +25,16 @@ from schemas.tables import schema_for
 from tasks.catalog import Catalog, rows_to_table
 from tasks.chunk import chunk_documents
 from tasks.embed import CachedEmbedder, EmbeddingCache, entity_text, get_embedder
+from tasks.communities import detect_communities
 from tasks.extract import extract_chunks, local_mapper
+from tasks.hierarchy import build_hierarchy, stat_rows
 from tasks.ids import make_id
 from tasks.ingest import ingest_corpus, quarantine_row
 from tasks.merge import merge_graph
+from tasks.plots import plot_layers
 from tasks.progress import reporter
+from tasks.reports import build_reports
+from tasks.summarize import OfflineSummarizer
 from tasks.validate import ValidationFailed, validate_tables
 
 StageRunner = Callable[..., Any]  # run(name, fn, *args, **kwargs) -> fn(*args, **kwargs)
@@ -54,6 +59,8 @@ class BuildResult:
     counts: dict[str, int]
     stages: dict[str, dict[str, float]]
     status: str
+    layers: list[dict[str, Any]] = field(default_factory=list)
+    layers_plot: str | None = None
 
 
 def code_version() -> str:
@@ -199,14 +206,52 @@ def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep) -> Buil
     log.record("embed", time.perf_counter() - t, vectors=len(entities) + len(chunks), cache_hits=embedder.hits)
     rep.finish("embed", f"{embedder.misses} embedded, {embedder.hits} from cache")
 
+    # hierarchy (layers >= 1), communities over G_k, reports
+    t = time.perf_counter()
+    rep.start("hierarchy", None)
+    summarizer = OfflineSummarizer(cfg.hierarchy.meta_entities, cfg.extract.max_description_tokens)
+    summary_entities, summary_relations, stats = run(
+        "hierarchy", build_hierarchy, entities, ent_vecs, cfg.hierarchy, cfg.seed, summarizer,
+        lambda texts: embedder.embed(texts),
+        on_layer=lambda st: rep.advance("hierarchy", 1),
+    )
+    layer_rows = stat_rows(stats)
+    all_entities = entities + summary_entities
+    all_relations = relations + summary_relations
+    built = [r for r in layer_rows if not r["stopped"]]
+    log.record("hierarchy", time.perf_counter() - t, layers=len(built), summary_entities=len(summary_entities))
+    rep.finish("hierarchy", f"{len(built)} layers, {len(summary_entities)} summary entities, stop: {layer_rows[-1]['stop_reason'] if layer_rows else 'disabled'}")
+
+    t = time.perf_counter()
+    rep.start("communities", None)
+    communities = run(
+        "communities", detect_communities, [e["id"] for e in all_entities], all_relations,
+        cfg.communities.max_cluster_size, cfg.seed, cfg.communities.resolution,
+    )
+    log.record("communities", time.perf_counter() - t, communities=len(communities),
+               levels=len({c["level"] for c in communities}))
+    rep.finish("communities", f"{len(communities)} communities")
+
+    t = time.perf_counter()
+    rep.start("reports", len(communities))
+    reports, _failures = run("reports", build_reports, communities, all_entities, all_relations, cfg.communities.report_max_tokens)
+    report_vecs = embedder.embed([f"{r['title']}: {r['summary']}" for r in reports])
+    _with_vectors(reports, report_vecs)
+    rep.advance("reports", len(reports))
+    log.record("reports", time.perf_counter() - t, reports=len(reports))
+    rep.finish("reports", f"{len(reports)} reports")
+
     # assemble, validate, publish
     t = time.perf_counter()
     rep.start("validate", None)
     tables = {
         "documents": _to_table("documents", documents, dim, version),
         "chunks": _to_table("chunks", chunks, dim, version),
-        "entities": _to_table("entities", entities, dim, version),
-        "relations": _to_table("relations", relations, dim, version),
+        "entities": _to_table("entities", all_entities, dim, version),
+        "relations": _to_table("relations", all_relations, dim, version),
+        "layers": _to_table("layers", [dict(r) for r in layer_rows], dim, version),
+        "communities": _to_table("communities", communities, dim, version),
+        "community_reports": _to_table("community_reports", reports, dim, version),
         "quarantine": _to_table("quarantine", _dedupe(quarantine), dim, version),
     }
     report = run("validate", validate_tables, tables, dim)
@@ -222,7 +267,11 @@ def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep) -> Buil
     log.record("publish", time.perf_counter() - t, tables=len(tables))
     rep.finish("publish", f"snapshot v{published}")
     counts = {name: tbl.num_rows for name, tbl in tables.items()}
-    return BuildResult(run_id=run_id, version=published, counts=counts, stages=log.stages, status="published")
+    plot = None
+    if catalog.root is not None:
+        plot = plot_layers(layer_rows, catalog.root / "reports" / f"layers-v{published}.png", cfg.hierarchy.epsilon)
+    return BuildResult(run_id=run_id, version=published, counts=counts, stages=log.stages, status="published",
+                       layers=layer_rows, layers_plot=str(plot) if plot else None)
 
 
 def _dedupe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -65,10 +65,9 @@ def _noun_phrase(span) -> str | None:
         return None
     if span.root.pos_ == "PRON":
         return None
-    words = [t.text for t in tokens[:-1]]
     last = tokens[-1]
-    words.append(last.lemma_ if last.pos_ == "NOUN" and last.lemma_ else last.text)
-    phrase = " ".join(words)
+    head = "".join(t.text_with_ws for t in tokens[:-1])  # the text as written, spacing included
+    phrase = head + (last.lemma_ if last.pos_ == "NOUN" and last.lemma_ else last.text)
     if len(phrase) < 3 or not _WORDY.search(phrase):
         return None
     if all(t.is_stop for t in tokens):

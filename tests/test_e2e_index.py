@@ -54,6 +54,34 @@ def test_inspect_json_contract(built):
     assert data["runs"][-1]["status"] == "published" and data["runs"][-1]["snapshot_version"] == 1
 
 
+def test_hierarchy_layers_communities_and_reports_are_published(built):
+    data = json.loads(runner.invoke(app, ["inspect", "--index", str(built), "--json"]).output)
+    layers = data["layers"]
+    assert layers and set(layers[0]) == {"layer", "n_entities", "n_clusters", "cluster_sparsity", "change_rate", "stop_reason"}
+    built_layers = [l for l in layers if l["stop_reason"] is None]
+    assert len(built_layers) >= 1 and layers[-1]["stop_reason"]
+    cat = Catalog(built)
+    ents = cat.read("entities").to_pylist()
+    rels = cat.read("relations").to_pylist()
+    layer_of = {e["id"]: e["layer"] for e in ents}
+    # CS recomputed from the published membership (summary_of relations) equals the recorded value
+    for l in built_layers:
+        members: dict[str, int] = {}
+        for r in rels:
+            if r["kind"] == "summary_of" and layer_of[r["target_id"]] == l["layer"]:
+                members[r["target_id"]] = members.get(r["target_id"], 0) + 1
+        n = sum(1 for e in ents if e["layer"] == l["layer"] - 1)
+        assert n == l["n_entities"] and len(members) == l["n_clusters"]
+        assert 1 - sum(s * (s - 1) for s in members.values()) / (n * (n - 1)) == pytest.approx(l["cluster_sparsity"])
+    comms = cat.read("communities").to_pylist()
+    level0 = [m for c in comms if c["level"] == 0 for m in c["entity_ids"]]
+    assert sorted(level0) == sorted(layer_of)  # every node of G_k, every layer, exactly once at level 0
+    assert {layer_of[m] for c in comms for m in c["entity_ids"]} == set(layer_of.values())
+    reports = cat.read("community_reports").to_pylist()
+    assert sorted(r["community_id"] for r in reports) == sorted(c["id"] for c in comms)
+    assert (built / "reports" / "layers-v1.png").stat().st_size > 1000
+
+
 def test_export_parquet_has_design_columns(built, tmp_path):
     res = runner.invoke(app, ["export", "--index", str(built), "--format", "parquet", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output

@@ -1,0 +1,284 @@
+"""HiIndex clustering: GMM layers and the cluster-sparsity stop rule (HiRAG §4.1, §5.4, Algorithm 1).
+
+For layer i >= 1 the embeddings of layer i-1 are reduced (seeded PCA or UMAP) and clustered
+with Gaussian Mixture Models, RAPTOR style: a global mixture, then a local mixture inside
+every global cluster, each with its number of components chosen by BIC and with soft
+assignment (an entity joins every cluster whose posterior exceeds the threshold, and at
+least its most likely one). Cost stays bounded at any N: diagonal covariance with
+``reg_covar``, a log-spaced BIC sweep of a few sizes, and fits on a bounded seeded sample
+with the rest predicted (DESIGN §2).
+
+The stop rule is exactly Algorithm 1: CS_i = 1 - Σ|S|(|S|-1) / (|L|(|L|-1)) over the
+clustering of layer i-1; stop when |CS_i - CS_{i-1}| / CS_{i-1} <= ε — the layer that
+triggers the stop is not built — or at the layer cap, or when too few entities remain.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sklearn.decomposition import PCA
+from sklearn.mixture import GaussianMixture
+
+from schemas.config import HierarchyConfig
+
+STOP_CONVERGED = "cs_change_rate<=epsilon"
+STOP_MAX_LAYERS = "max_layers"
+STOP_TOO_FEW = "too_few_entities"
+STOP_ONE_CLUSTER = "single_cluster"
+
+
+# ---------------------------------------------------------------------------- eq. 17 and the stop rule
+def cluster_sparsity(cluster_sizes: Sequence[int], n_entities: int) -> float:
+    """CS = 1 - Σ_S |S|(|S|-1) / (|L|(|L|-1)) (HiRAG eq. 17). Soft clusters count every member."""
+    if n_entities < 2:
+        raise ValueError("cluster sparsity needs a layer of at least 2 entities")
+    pairs = sum(s * (s - 1) for s in cluster_sizes)
+    return 1.0 - pairs / (n_entities * (n_entities - 1))
+
+
+def change_rate(previous_cs: float | None, cs: float) -> float | None:
+    """|CS_i - CS_{i-1}| / CS_{i-1}; None for the first clustering (nothing to compare with)."""
+    if previous_cs is None:
+        return None
+    if previous_cs == 0:
+        return math.inf if cs != 0 else 0.0
+    return abs(cs - previous_cs) / abs(previous_cs)
+
+
+def should_stop(rate: float | None, epsilon: float) -> bool:
+    """Algorithm 1 line 9: stop when the change rate of CS_i is at most ε (never on the first clustering)."""
+    return rate is not None and rate <= epsilon
+
+
+# ---------------------------------------------------------------------------- soft GMM clustering
+def soft_assign(posteriors: np.ndarray, threshold: float) -> list[np.ndarray]:
+    """Members of each component: every row whose posterior exceeds ``threshold``, plus each row's argmax.
+
+    Every entity joins at least one cluster; empty components are dropped."""
+    member = posteriors > threshold
+    member[np.arange(len(posteriors)), posteriors.argmax(axis=1)] = True
+    clusters = [np.flatnonzero(member[:, k]) for k in range(posteriors.shape[1])]
+    return [c for c in clusters if len(c)]
+
+
+def reduce_dims(x: np.ndarray, cfg: HierarchyConfig, seed: int) -> np.ndarray:
+    """Seeded PCA (default) or UMAP to ``reduced_dim`` dimensions; small inputs pass through PCA only."""
+    n, d = x.shape
+    dim = min(cfg.reduced_dim, d, max(n - 2, 1))
+    if cfg.reduction == "none" or dim >= d:
+        return x.astype(np.float64)
+    if cfg.reduction == "umap" and n > dim + 2:
+        import umap
+
+        neighbors = min(cfg.umap_neighbors, max(2, n - 1))
+        return umap.UMAP(
+            n_neighbors=neighbors, n_components=dim, metric="cosine", random_state=seed, n_jobs=1
+        ).fit_transform(x).astype(np.float64)
+    return PCA(n_components=dim, random_state=seed, svd_solver="auto").fit_transform(x).astype(np.float64)
+
+
+def bic_candidates(n: int, lo: int, hi: int, steps: int) -> list[int]:
+    """A bounded, log-spaced set of component counts in [lo, hi] (at most ``steps`` values)."""
+    hi = max(1, min(hi, n - 1)) if n > 1 else 1
+    lo = max(1, min(lo, hi))
+    if hi == lo:
+        return [lo]
+    grid = np.unique(np.round(np.geomspace(lo, hi, num=steps)).astype(int))
+    return [int(k) for k in grid]
+
+
+@dataclass
+class GMMFit:
+    posteriors: np.ndarray
+    n_components: int
+    bics: dict[int, float] = field(default_factory=dict)
+
+
+def fit_gmm_bic(z: np.ndarray, candidates: list[int], cfg: HierarchyConfig, seed: int, max_sample: int | None = None) -> GMMFit:
+    """Fit one GMM per candidate size on a seeded sample of at most ``max_sample`` points; keep the lowest BIC.
+
+    The chosen model predicts posteriors for every point."""
+    rng = np.random.default_rng(seed)
+    max_sample = max_sample or cfg.fit_sample
+    sample = z if len(z) <= max_sample else z[np.sort(rng.choice(len(z), max_sample, replace=False))]
+    best: tuple[float, int, GaussianMixture] | None = None
+    bics: dict[int, float] = {}
+    for k in candidates:
+        if k > len(sample):
+            continue
+        gmm = GaussianMixture(
+            n_components=k,
+            covariance_type=cfg.covariance_type,
+            reg_covar=cfg.reg_covar,
+            n_init=cfg.n_init,
+            max_iter=cfg.max_iter,
+            init_params="k-means++",
+            random_state=seed,
+        ).fit(sample)
+        bic = float(gmm.bic(sample))
+        bics[k] = bic
+        if best is None or bic < best[0]:
+            best = (bic, k, gmm)
+    assert best is not None
+    return GMMFit(posteriors=best[2].predict_proba(z), n_components=best[1], bics=bics)
+
+
+def gmm_clusters(x: np.ndarray, cfg: HierarchyConfig, seed: int) -> list[np.ndarray]:
+    """RAPTOR-style two-level soft GMM clustering of the rows of ``x``; clusters as sorted index arrays."""
+    n = len(x)
+    if n <= 2:
+        return [np.arange(n)]
+    z = reduce_dims(x, cfg, seed)
+    hint = cfg.cluster_size_hint
+    global_hi = min(cfg.max_components, max(1, n // hint))
+    fit = fit_gmm_bic(z, bic_candidates(n, cfg.min_components, global_hi, cfg.bic_steps), cfg, seed)
+    clusters: list[np.ndarray] = []
+
+    def local(gi: int, members: np.ndarray) -> list[np.ndarray]:
+        if len(members) <= hint * 2:
+            return [members]
+        zl = reduce_dims(x[members], cfg, seed)
+        local_hi = min(cfg.max_components, max(1, len(members) // hint))
+        fit_l = fit_gmm_bic(
+            zl, bic_candidates(len(members), 1, local_hi, cfg.bic_steps), cfg, seed + gi + 1, cfg.local_fit_sample
+        )
+        return [members[c] for c in soft_assign(fit_l.posteriors, cfg.posterior_threshold)]
+
+    for gi, members in enumerate(soft_assign(fit.posteriors, cfg.posterior_threshold)):
+        clusters.extend(local(gi, members))
+    unique: dict[bytes, np.ndarray] = {}
+    for c in clusters:
+        c = np.sort(c)
+        unique.setdefault(c.tobytes(), c)
+    return sorted(unique.values(), key=lambda c: (int(c[0]), len(c)))
+
+
+# ---------------------------------------------------------------------------- the layer loop
+@dataclass
+class LayerStat:
+    layer: int  # the layer this clustering builds (or would have built)
+    n_entities: int  # entities of layer-1 that were clustered
+    n_clusters: int
+    cluster_sparsity: float | None
+    change_rate: float | None
+    stopped: bool
+    stop_reason: str | None
+    seconds: float
+
+
+@dataclass
+class Layer:
+    index: int
+    entities: list[dict[str, Any]]
+    vectors: np.ndarray
+
+
+ClusterFn = Callable[[np.ndarray, int], list[np.ndarray]]
+BuildFn = Callable[[int, list[dict[str, Any]], list[np.ndarray]], tuple[list[dict[str, Any]], np.ndarray]]
+
+
+def build_layers(
+    base_entities: list[dict[str, Any]],
+    base_vectors: np.ndarray,
+    cfg: HierarchyConfig,
+    seed: int,
+    build_layer: BuildFn,
+    cluster: ClusterFn | None = None,
+    on_layer: Callable[[LayerStat], None] | None = None,
+) -> tuple[list[Layer], list[LayerStat]]:
+    """Algorithm 1. ``build_layer(i, clusters_of_layer_i-1_members, clusters)`` returns layer i's entities and vectors.
+
+    Returns the layers built above layer 0 and one statistic per clustering tried."""
+    cluster = cluster or (lambda x, s: gmm_clusters(x, cfg, s))
+    layers: list[Layer] = []
+    stats: list[LayerStat] = []
+    current = Layer(0, base_entities, base_vectors)
+    previous_cs: float | None = None
+    i = 1
+    while True:
+        n = len(current.entities)
+        t0 = time.perf_counter()
+        if i > cfg.max_layers:
+            stats.append(LayerStat(i, n, 0, None, None, True, STOP_MAX_LAYERS, 0.0))
+            break
+        if n < cfg.min_entities:
+            stats.append(LayerStat(i, n, 0, None, None, True, STOP_TOO_FEW, 0.0))
+            break
+        clusters = cluster(current.vectors, seed + i)
+        cs = cluster_sparsity([len(c) for c in clusters], n)
+        rate = change_rate(previous_cs, cs)
+        if should_stop(rate, cfg.epsilon):
+            stats.append(LayerStat(i, n, len(clusters), cs, rate, True, STOP_CONVERGED, time.perf_counter() - t0))
+            break
+        entities, vectors = build_layer(i, current.entities, clusters)
+        stat = LayerStat(i, n, len(clusters), cs, rate, False, None, time.perf_counter() - t0)
+        stats.append(stat)
+        if on_layer:
+            on_layer(stat)
+        current = Layer(i, entities, vectors)
+        layers.append(current)
+        previous_cs = cs
+        if len(clusters) == 1:  # everything merged into one cluster: nothing above it to build
+            stats.append(LayerStat(i + 1, len(entities), 0, None, None, True, STOP_ONE_CLUSTER, 0.0))
+            break
+        i += 1
+    return layers, stats
+
+
+# ---------------------------------------------------------------------------- the whole stage
+def build_hierarchy(
+    entities: list[dict[str, Any]],
+    vectors: np.ndarray,
+    cfg: HierarchyConfig,
+    seed: int,
+    summarizer: Any,
+    embed: Callable[[list[str]], np.ndarray],
+    on_layer: Callable[[LayerStat], None] | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[LayerStat]]:
+    """Layers >= 1 over the layer-0 ``entities``: summary entities (with ``vector``), summary_of relations, stats."""
+    from tasks.embed import entity_text
+    from tasks.summarize import Cluster, summary_rows
+
+    new_entities: list[dict[str, Any]] = []
+    new_relations: list[dict[str, Any]] = []
+
+    def build_layer(i: int, below: list[dict[str, Any]], clusters: list[np.ndarray]):
+        below_vectors = np.stack([e["vector"] for e in below])
+        groups = [Cluster([below[j] for j in c], below_vectors[c]) for c in clusters]
+        summaries = summarizer.summarize_layer(i, groups)
+        ents, rels = summary_rows(i, groups, summaries)
+        vecs = embed([entity_text(e["name"], e["type"], e["description"]) for e in ents])
+        for e, v in zip(ents, vecs):
+            e["vector"] = v
+        new_entities.extend(ents)
+        new_relations.extend(rels)
+        return ents, vecs
+
+    for e, v in zip(entities, vectors):
+        e["vector"] = v
+    if not cfg.enabled:
+        return [], [], []
+    _, stats = build_layers(entities, vectors, cfg, seed, build_layer, on_layer=on_layer)
+    return new_entities, new_relations, stats
+
+
+def stat_rows(stats: list[LayerStat]) -> list[dict[str, Any]]:
+    return [
+        {
+            "layer": s.layer,
+            "n_entities": s.n_entities,
+            "n_clusters": s.n_clusters,
+            "cluster_sparsity": s.cluster_sparsity,
+            "change_rate": None if s.change_rate is None or math.isinf(s.change_rate) else s.change_rate,
+            "stopped": s.stopped,
+            "stop_reason": s.stop_reason,
+            "seconds": round(s.seconds, 3),
+        }
+        for s in stats
+    ]

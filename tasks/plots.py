@@ -1,0 +1,42 @@
+"""Figures users look at: cluster sparsity and its change rate per layer (HiRAG Fig. 4)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def plot_layers(rows: list[dict[str, Any]], path: Path, epsilon: float) -> Path | None:
+    """CS_i and the change rate per clustering; the stopping clustering is marked. None when nothing to plot."""
+    pts = [r for r in rows if r["cluster_sparsity"] is not None]
+    if not pts:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = [r["layer"] for r in pts]
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    ax.plot(layers, [r["cluster_sparsity"] for r in pts], "o-", color="tab:blue", label="cluster sparsity CS$_i$")
+    ax.set_xlabel("layer i (clustering of layer i-1)")
+    ax.set_ylabel("cluster sparsity", color="tab:blue")
+    ax.set_xticks(layers)
+    ax2 = ax.twinx()
+    rates = [(r["layer"], r["change_rate"]) for r in pts if r["change_rate"] is not None]
+    if rates:
+        ax2.plot([l for l, _ in rates], [c for _, c in rates], "s--", color="tab:pink", label="change rate")
+    ax2.axhline(epsilon, color="grey", lw=0.8, ls=":", label=f"ε = {epsilon:g}")
+    ax2.set_ylabel("change rate", color="tab:pink")
+    for r in pts:
+        if r["stopped"]:
+            ax.annotate("stop (not built)", (r["layer"], r["cluster_sparsity"]), textcoords="offset points", xytext=(-40, -18), fontsize=8)
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="lower right")
+    ax.set_title("HiIndex layers: cluster sparsity and change rate")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,162 @@
+"""Community reports: title, summary, rating and findings for every community.
+
+Offline (extractive): the title names the community's most connected entities, the summary
+is drawn from the most central members' descriptions, the findings are its strongest
+relations, and the rating is its internal relation weight relative to the strongest
+community of its level (0-10). With an ``LLMClient``, each report is a JSON answer to a
+prompt; reports of one level run concurrently.
+
+Reports are built bottom-up (deepest level first): a community whose own material exceeds
+the token budget is described from the reports of its sub-communities instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import defaultdict
+from typing import Any
+
+from tasks.chunk import count_tokens, truncate_tokens
+from tasks.ids import make_id
+from tasks.llm import LLMClient, ParseError, parse_json
+
+PROMPT_VERSION = "community-report/1"
+MAX_FINDINGS = 5
+
+
+def _material(comm: dict[str, Any], ents: dict[str, dict[str, Any]], rels_by_node: dict[str, list[dict[str, Any]]]):
+    members = set(comm["entity_ids"])
+    inner = {}
+    for eid in comm["entity_ids"]:
+        for r in rels_by_node.get(eid, []):
+            if r["source_id"] in members and r["target_id"] in members:
+                inner[r["id"]] = r
+    rels = sorted(inner.values(), key=lambda r: (r["kind"] != "extracted", -r["weight"], r["id"]))
+    degree: dict[str, float] = defaultdict(float)
+    for r in rels:
+        degree[r["source_id"]] += r["weight"]
+        degree[r["target_id"]] += r["weight"]
+    # concrete (layer-0) entities first, most connected first; summary entities after them
+    ranked = sorted(comm["entity_ids"], key=lambda e: (ents[e]["layer"] > 0, -degree[e], ents[e]["name"]))
+    return ranked, rels, sum(r["weight"] for r in rels)
+
+
+def _title(ranked: list[str], ents: dict[str, dict[str, Any]]) -> str:
+    names = []
+    for e in ranked:
+        if ents[e]["name"] not in names:
+            names.append(ents[e]["name"])
+        if len(names) == 3:
+            break
+    if len(names) == 1:
+        return names[0]
+    return ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _finding(r: dict[str, Any], ents: dict[str, dict[str, Any]]) -> str:
+    if r["kind"] == "summary_of":
+        return r["description"]
+    a, b = ents[r["source_id"]]["name"], ents[r["target_id"]]["name"]
+    return f"{a} — {b}: {truncate_tokens(r['description'], 60)}"
+
+
+def offline_report(comm, ents, rels_by_node, child_reports: list[dict[str, Any]], budget: int) -> dict[str, Any]:
+    ranked, rels, weight = _material(comm, ents, rels_by_node)
+    title = _title(ranked, ents)
+    descriptions = [f"{ents[e]['name']}: {ents[e]['description']}" for e in ranked]
+    own = " ".join(descriptions)
+    if child_reports and count_tokens(own) > budget:
+        # too big to describe directly: roll up the sub-community reports (bottom-up)
+        parts = [f"{c['title']}: {c['summary']}" for c in sorted(child_reports, key=lambda c: (-c["rating"], c["title"]))]
+        summary = truncate_tokens(" ".join(parts), budget // 3)
+        findings = [f for c in child_reports for f in c["findings"][:1]][:MAX_FINDINGS]
+    else:
+        summary = truncate_tokens(" ".join(descriptions[:5]), budget // 3)
+        findings = [_finding(r, ents) for r in rels[:MAX_FINDINGS]]
+    return {"title": title, "summary": summary, "findings": findings, "weight": weight}
+
+
+def report_prompt(comm, ents, rels_by_node, child_reports, budget: int) -> list[dict[str, str]]:
+    ranked, rels, _ = _material(comm, ents, rels_by_node)
+    if child_reports and sum(count_tokens(ents[e]["description"]) for e in ranked) > budget:
+        material = "Sub-community reports:\n" + "\n".join(f"- {c['title']}: {c['summary']}" for c in child_reports)
+    else:
+        material = "Entities:\n" + "\n".join(f"- {ents[e]['name']} ({ents[e]['type']}): {ents[e]['description']}" for e in ranked)
+        material += "\nRelations:\n" + "\n".join(f"- {_finding(r, ents)}" for r in rels[:40])
+    return [
+        {"role": "system", "content": "You write concise, factual reports about communities of a knowledge graph. Answer with JSON only."},
+        {
+            "role": "user",
+            "content": truncate_tokens(material, budget)
+            + '\n\nReturn {"title": "...", "summary": "...", "rating": <0-10 importance>, "findings": ["...", "..."]}',
+        },
+    ]
+
+
+def build_reports(
+    communities: list[dict[str, Any]],
+    entities: list[dict[str, Any]],
+    relations: list[dict[str, Any]],
+    budget: int,
+    client: LLMClient | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """One report per community, deepest level first. Returns (reports, failures that fell back to offline)."""
+    ents = {e["id"]: e for e in entities}
+    rels_by_node: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in relations:
+        rels_by_node[r["source_id"]].append(r)
+        rels_by_node[r["target_id"]].append(r)
+    children: dict[str, list[str]] = defaultdict(list)
+    for c in communities:
+        if c["parent_id"]:
+            children[c["parent_id"]].append(c["id"])
+    done: dict[str, dict[str, Any]] = {}
+    failures: list[dict[str, str]] = []
+    for level in sorted({c["level"] for c in communities}, reverse=True):
+        batch = [c for c in communities if c["level"] == level]
+        drafts = [offline_report(c, ents, rels_by_node, [done[k] for k in children[c["id"]]], budget) for c in batch]
+        max_w = max((d["weight"] for d in drafts), default=0.0)
+        for c, d in zip(batch, drafts):
+            d["rating"] = round(10 * math.log1p(d["weight"]) / math.log1p(max_w), 2) if max_w > 0 else 0.0
+        if client is not None:
+            answers = asyncio.run(_llm_level(client, batch, ents, rels_by_node, children, done, budget))
+            for c, d, a in zip(batch, drafts, answers):
+                if isinstance(a, dict):
+                    d.update(a)
+                else:
+                    failures.append({"item": c["id"], "error": a})
+        for c, d in zip(batch, drafts):
+            done[c["id"]] = {
+                "id": make_id("report", c["id"]),
+                "community_id": c["id"],
+                "level": c["level"],
+                "title": d["title"],
+                "summary": d["summary"],
+                "rating": float(d["rating"]),
+                "findings": list(d["findings"]),
+                "full_text": f"# {d['title']}\n\n{d['summary']}\n\n" + "\n".join(f"- {f}" for f in d["findings"]),
+            }
+    return [done[c["id"]] for c in communities], failures
+
+
+async def _llm_level(client, batch, ents, rels_by_node, children, done, budget) -> list[dict[str, Any] | str]:
+    async def one(c):
+        messages = report_prompt(c, ents, rels_by_node, [done[k] for k in children[c["id"]]], budget)
+        try:
+            data = parse_json(await client.complete(messages, prompt_version=PROMPT_VERSION, json_mode=True))
+            if not isinstance(data, dict) or not str(data.get("title", "")).strip():
+                raise ParseError("report without a title")
+            rating = float(data.get("rating", 0))
+            findings = data.get("findings") or []
+            findings = [f if isinstance(f, str) else (f.get("summary") or f.get("explanation") or str(f)) for f in findings]
+            return {
+                "title": str(data["title"]).strip()[:300],
+                "summary": str(data.get("summary", "")).strip(),
+                "rating": min(10.0, max(0.0, rating)),
+                "findings": [str(f) for f in findings][:10],
+            }
+        except Exception as exc:  # noqa: BLE001 - keep the offline draft
+            return f"{type(exc).__name__}: {exc}"
+
+    return await asyncio.gather(*(one(c) for c in batch))

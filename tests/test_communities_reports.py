@@ -1,0 +1,116 @@
+import asyncio
+import json
+
+import numpy as np
+
+from tasks.communities import detect_communities
+from tasks.reports import build_reports
+from tasks.summarize import Cluster, LLMSummarizer, OfflineSummarizer
+
+
+def _rel(a, b, w=1.0, kind="extracted"):
+    return {"id": f"r-{a}-{b}", "source_id": a, "target_id": b, "kind": kind, "weight": w, "description": f"{a} meets {b}."}
+
+
+def _graph():
+    rels = [_rel("a", "b"), _rel("b", "c"), _rel("c", "a"), _rel("d", "e"), _rel("e", "f"), _rel("f", "d"),
+            _rel("c", "d", 0.1), _rel("a", "S", kind="summary_of"), _rel("d", "S", kind="summary_of")]
+    ents = [{"id": n, "name": n.upper(), "type": "concept", "description": f"{n} is a node.", "layer": 1 if n == "S" else 0}
+            for n in "abcdefgS"]
+    return ents, rels
+
+
+def test_leiden_covers_every_node_including_isolated_and_other_layers():
+    ents, rels = _graph()
+    comms = detect_communities([e["id"] for e in ents], rels, max_cluster_size=10, seed=42)
+    level0 = [c for c in comms if c["level"] == 0]
+    covered = [n for c in level0 for n in c["entity_ids"]]
+    assert sorted(covered) == sorted(e["id"] for e in ents)  # each node in exactly one level-0 community
+    assert ["g"] in [c["entity_ids"] for c in level0]  # the isolated node is kept
+    groups = {frozenset(c["entity_ids"]) for c in level0}
+    assert any({"a", "b", "c"} <= g for g in groups) and any({"d", "e", "f"} <= g for g in groups)
+    again = detect_communities([e["id"] for e in ents], rels, max_cluster_size=10, seed=42)
+    assert again == comms
+
+
+def test_small_max_cluster_size_adds_levels_with_parents():
+    rng = np.random.default_rng(0)
+    nodes = [f"n{i}" for i in range(60)]
+    rels = [_rel(nodes[i], nodes[j]) for i in range(60) for j in range(i + 1, 60) if rng.random() < 0.1]
+    comms = detect_communities(nodes, rels, max_cluster_size=8, seed=1)
+    ids = {c["id"] for c in comms}
+    assert max(c["level"] for c in comms) >= 1
+    for c in comms:
+        if c["level"] > 0:
+            assert c["parent_id"] in ids
+
+
+def test_reports_one_per_community_and_bottom_up_when_over_budget():
+    ents, rels = _graph()
+    comms = [
+        {"id": "top", "level": 0, "parent_id": None, "entity_ids": list("abcdef"), "size": 6},
+        {"id": "left", "level": 1, "parent_id": "top", "entity_ids": list("abc"), "size": 3},
+        {"id": "right", "level": 1, "parent_id": "top", "entity_ids": list("def"), "size": 3},
+    ]
+    reports, failures = build_reports(comms, ents, rels, budget=20)  # tiny budget: 'top' is built from its children
+    assert failures == []
+    by = {r["community_id"]: r for r in reports}
+    assert set(by) == {"top", "left", "right"}
+    assert by["left"]["title"] == "A, B and C"
+    assert by["left"]["findings"][0].startswith("A — B:")
+    assert by["left"]["summary"] in by["top"]["summary"] or by["left"]["title"] in by["top"]["summary"]
+    assert all(0 <= r["rating"] <= 10 for r in reports)
+
+
+class FakeLLM:
+    """A local fake of the LLM client that records concurrency."""
+
+    def __init__(self, answers):
+        self.answers, self.in_flight, self.max_in_flight, self.calls = answers, 0, 0, 0
+
+    async def complete(self, messages, *, prompt_version, json_mode=False):
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        await asyncio.sleep(0.05)
+        self.in_flight -= 1
+        self.calls += 1
+        return self.answers(messages)
+
+
+def _clusters(n):
+    return [Cluster([{"id": f"e{i}", "name": f"thing {i}", "type": "person", "description": f"Thing {i}."}],
+                    np.ones((1, 4), np.float32)) for i in range(n)]
+
+
+def test_llm_summarizer_runs_a_layer_concurrently_and_falls_back_on_garbage():
+    def answers(messages):
+        body = messages[-1]["content"]
+        if "thing 3" in body:
+            return "I cannot help with that."
+        return "```json\n" + json.dumps({"summary_entities": [{"name": "People", "type": "person", "description": "d"}]}) + "\n```"
+
+    fake = FakeLLM(answers)
+    summ = LLMSummarizer(fake, ["person", "concept"])
+    out = summ.summarize_layer(1, _clusters(6))
+    assert fake.calls == 6 and fake.max_in_flight == 6  # all clusters of the layer at once
+    offline = OfflineSummarizer(["person", "concept"]).summarize_layer(1, [_clusters(6)[3]])[0]
+    assert [o[0]["name"] for o in out] == ["People"] * 3 + [offline[0]["name"]] + ["People"] * 2
+    assert out[3] == offline  # the cluster is summarised offline instead of lost
+    assert len(summ.failures) == 1 and "ParseError" in summ.failures[0]["error"]
+
+
+def test_llm_reports_use_the_answer_and_keep_offline_draft_on_failure():
+    ents, rels = _graph()
+    comms = [{"id": "x", "level": 0, "parent_id": None, "entity_ids": list("abc"), "size": 3},
+             {"id": "y", "level": 0, "parent_id": None, "entity_ids": list("def"), "size": 3}]
+
+    def answers(messages):
+        if "A (concept)" in messages[-1]["content"]:
+            return json.dumps({"title": "The ABC group", "summary": "s", "rating": 42, "findings": ["f1"]})
+        return '{"summary": "no title"}'
+
+    reports, failures = build_reports(comms, ents, rels, budget=500, client=FakeLLM(answers))
+    by = {r["community_id"]: r for r in reports}
+    assert by["x"]["title"] == "The ABC group" and by["x"]["rating"] == 10.0
+    assert by["y"]["title"] == "D, E and F"  # offline draft kept
+    assert [f["item"] for f in failures] == ["y"]
