@@ -279,6 +279,127 @@ def export(
         _fail(exc)
 
 
+@app.command()
+def query(
+    question: str = typer.Argument(..., help="The question to answer."),
+    index: str = IndexOpt,
+    mode: str = typer.Option("hi", help="hi | hi-nobridge | flat | naive (all at the same token budget)."),
+    as_of: Optional[int] = typer.Option(None, "--as-of", help="Query this snapshot version."),
+    config: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Retrieve local entities, community reports and bridge paths for a question, then answer it.
+
+    Without an LLM configured the answer is extractive: the context sentences that best match the question."""
+    from tasks.catalog import Catalog
+    from tasks.embed import get_embedder
+    from tasks.retrieve import MODES, extractive_answer, load_view, retrieve
+
+    if mode not in MODES:
+        _fail(ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}"), 2)
+    try:
+        cfg = load_config(config, _overrides(set_))
+        cat = Catalog(index)
+        view = load_view(cat, as_of)
+        embedder = get_embedder(cfg.embedding.model, cfg.embedding.batch_size)
+        t0 = time.perf_counter()
+        ctx = retrieve(view, question, embedder.embed([question])[0], mode, cfg.retrieval)
+        ms = (time.perf_counter() - t0) * 1000
+        answer = {"kind": "extractive", "text": extractive_answer(ctx)}
+    except ConfigError as exc:
+        _fail(exc, 2)
+    except Exception as exc:  # noqa: BLE001
+        _fail(exc)
+    data = ctx.as_dict() | {"answer": answer, "retrieval_ms": round(ms, 1)}
+    if as_json:
+        out.print_json(json.dumps(data, default=str))
+        return
+    out.print(f"[bold]Q:[/] {question}   [dim](mode {mode}, snapshot v{ctx.version}, {ms:.0f} ms, "
+              f"{sum(ctx.tokens.values())} context tokens)[/]")
+    if ctx.message:
+        out.print(f"[yellow]{ctx.message}[/]")
+    sections = [("Local: entities", ctx.entities), ("Global: community reports", ctx.communities),
+                ("Bridge: reasoning-path triples", ctx.bridge), ("Sources: chunks", ctx.chunks)]
+    for title, items in sections:
+        if not items:
+            continue
+        out.rule(f"{title} ({len(items)})")
+        for it in items:
+            out.print(it["text"], markup=False, highlight=False)
+    out.rule("Answer (extractive: no LLM configured)" if answer["kind"] == "extractive" else "Answer")
+    out.print(answer["text"] or "(no sentence of the context matches the question)", markup=False, highlight=False)
+
+
+@app.command(name="eval")
+def eval_(
+    dataset: Path = typer.Option(..., "--dataset", "-d", help="Folder with corpus.jsonl and queries.jsonl."),
+    index: str = IndexOpt,
+    modes: Optional[list[str]] = typer.Option(None, "--modes", "-m", help="Modes to compare (default: all four)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Where to write results (default: <index>/eval)."),
+    limit: Optional[int] = typer.Option(None, help="Only the first N questions."),
+    config: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Context recall of each retrieval mode on a QA dataset; builds the index from its corpus.jsonl if needed.
+
+    Reports supporting-passage recall, answer-in-context rate, mean context tokens and retrieval latency
+    p50/p95 per mode, and writes results.json, per_query.csv and a bar chart."""
+    import dataclasses
+
+    from tasks.catalog import Catalog
+    from tasks.embed import get_embedder
+    from tasks.evaluate import evaluate, load_queries, plot_results
+    from tasks.retrieve import MODES, load_view
+
+    modes = modes or list(MODES)
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        _fail(ValueError(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}"), 2)
+    try:
+        cfg = load_config(config, _overrides(set_))
+        queries = load_queries(dataset)[:limit]
+        cat = Catalog(index)
+        if cat.snapshot() is None:
+            corpus = dataset / "corpus.jsonl"
+            console.print(f"no index at {index}: building it from {corpus}")
+            from flows.index_flow import index_flow
+
+            index_flow(str(corpus), index, str(config) if config else None, _overrides(set_))
+        view = load_view(cat)
+        embedder = get_embedder(cfg.embedding.model, cfg.embedding.batch_size)
+        results, rows = evaluate(view, embedder.embed, queries, modes, cfg.retrieval)
+    except ConfigError as exc:
+        _fail(exc, 2)
+    except Exception as exc:  # noqa: BLE001
+        _fail(exc)
+    target = out_dir or (Path(cat.root) / "eval" if cat.root else Path("eval"))
+    target.mkdir(parents=True, exist_ok=True)
+    summary = {"dataset": str(dataset), "index": cat.uri, "version": view.version, "n_queries": len(queries),
+               "token_budget": cfg.retrieval.token_budget, "modes": [dataclasses.asdict(r) for r in results]}
+    (target / "results.json").write_text(json.dumps(summary, indent=2))
+    import csv
+
+    with (target / "per_query.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["mode"])
+        writer.writeheader()
+        writer.writerows(rows)
+    plot = plot_results(results, target / "recall.png", f"{dataset.name}: {len(queries)} questions, v{view.version}")
+    summary["files"] = {"results": str(target / "results.json"), "per_query": str(target / "per_query.csv"), "plot": str(plot)}
+    if as_json:
+        out.print_json(json.dumps(summary, default=str))
+        return
+    t = Table(title=f"{dataset.name}: {len(queries)} questions, budget {cfg.retrieval.token_budget} tokens")
+    for col in ("mode", "passage recall", "answer in context", "mean tokens", "p50 ms", "p95 ms"):
+        t.add_column(col, justify="right" if col != "mode" else "left")
+    for r in results:
+        t.add_row(r.mode, f"{r.passage_recall:.3f}", f"{r.answer_in_context:.3f}", f"{r.mean_context_tokens:.0f}",
+                  f"{r.latency_p50_ms:.1f}", f"{r.latency_p95_ms:.1f}")
+    out.print(t)
+    out.print(f"results: {target / 'results.json'}  plot: {plot}")
+
+
 def main() -> None:  # console-script entry point
     try:
         app()

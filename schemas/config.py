@@ -103,6 +103,19 @@ class CommunityConfig(_Section):
     report_max_tokens: int = Field(1500, gt=0, description="Community input budget; larger ones use sub-reports.")
 
 
+class RetrievalConfig(_Section):
+    top_n: int = Field(20, gt=0, description="Local level: entities retrieved by similarity over all layers (HiRAG n).")
+    top_m: int = Field(10, gt=0, description="Bridge level: key entities taken from each retrieved community (HiRAG m).")
+    max_key_entities: int = Field(40, gt=1, description="Bridge level: at most this many key entities are chained by shortest paths.")
+    max_communities: int = Field(12, gt=0, description="Global level: at most this many communities are considered.")
+    token_budget: int = Field(4000, gt=0, description="Total context tokens; every mode gets the same budget.")
+    share_entities: float = Field(0.25, ge=0, description="Budget share of the local (entity) section.")
+    share_communities: float = Field(0.25, ge=0, description="Budget share of the global (community report) section.")
+    share_bridge: float = Field(0.2, ge=0, description="Budget share of the bridge (path triple) section.")
+    share_chunks: float = Field(0.3, ge=0, description="Budget share of the source-chunk section (it also takes what others leave).")
+    min_similarity: float = Field(0.15, description="Entities and chunks less similar than this to the question are ignored.")
+
+
 class LLMConfig(_Section):
     model: str = Field("", description="litellm model string, e.g. 'openai/gpt-4o-mini'; empty = offline.")
     api_base: str = ""
@@ -121,6 +134,7 @@ class StrataConfig(_Section):
     dask: DaskConfig = Field(default_factory=DaskConfig)
     hierarchy: HierarchyConfig = Field(default_factory=HierarchyConfig)
     communities: CommunityConfig = Field(default_factory=CommunityConfig)
+    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
     llm: LLMConfig = Field(default_factory=LLMConfig)
 
     def fingerprint(self) -> dict[str, Any]:

@@ -1,0 +1,129 @@
+"""HiRetrieval on a hand-built hierarchical graph: which entities, which communities, which path."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import numpy as np
+import pytest
+
+from flows.pipeline import _to_table
+from schemas.config import RetrievalConfig
+from tasks.catalog import Catalog
+from tasks.evaluate import answer_in_context, normalize_answer, passage_recall
+from tasks.retrieve import IndexView, extractive_answer, retrieve
+
+DIM = 4
+
+
+def unit(v):
+    v = np.asarray(v, dtype=np.float32)
+    return v / np.linalg.norm(v)
+
+
+VECS = {
+    "A": unit([1, 0, 0, 0]), "B": unit([0.9, 0.1, 0, 0]), "C": unit([0, 1, 0, 0]), "D": unit([0, 0, 1, 0]),
+    "E": unit([0, 0, 0, 1]), "S1": unit([1, 1, 0, 0]), "S2": unit([0, 0, 1, 1]), "T": unit([1, 1, 1, 1]),
+}
+LAYER = {"A": 0, "B": 0, "C": 0, "D": 0, "E": 0, "S1": 1, "S2": 1, "T": 2}
+EDGES = [("A", "B", "extracted"), ("B", "C", "extracted"), ("D", "E", "extracted"),
+         ("A", "S1", "summary_of"), ("B", "S1", "summary_of"), ("C", "S1", "summary_of"),
+         ("D", "S2", "summary_of"), ("E", "S2", "summary_of"), ("S1", "T", "summary_of"), ("S2", "T", "summary_of")]
+COMMS = {"c1": ["A", "B", "C", "S1"], "c2": ["D", "E", "S2"], "c3": ["T"]}
+
+
+def build(tmp_path, empty=False) -> IndexView:
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    docs = [{"id": f"doc{i}", "uri": f"/c#{i}", "root": "/c", "source_id": f"p{i}", "title": f"Doc {i}", "text": t,
+             "content_hash": "0" * 64, "n_tokens": 5, "ingested_at": now}
+            for i, t in ((1, "Alpha met Beta in Paris."), (2, "Delta married Epsilon."))]
+    chunks = [{"id": f"ch{i}", "document_id": f"doc{i}", "chunk_index": 0, "text": d["text"], "n_tokens": 5, "start": 0,
+               "end": len(d["text"]), "status": "extracted", "vector": VECS["A"] if i == 1 else VECS["D"]}
+              for i, d in ((1, docs[0]), (2, docs[1]))]
+    ents = [{"id": n, "name": n, "type": "concept", "description": f"{n} is here.", "layer": LAYER[n],
+             "source_chunk_ids": (["ch1"] if n in "ABC" else ["ch2"]) if LAYER[n] == 0 else [], "degree": 1,
+             "vector": VECS[n]} for n in VECS]
+    rels = [{"id": f"{a}-{b}", "source_id": a, "target_id": b, "kind": k, "description": f"{a} to {b}", "weight": 1.0,
+             "source_chunk_ids": []} for a, b, k in EDGES]
+    comms = [{"id": c, "level": 0, "parent_id": None, "entity_ids": m, "size": len(m)} for c, m in COMMS.items()]
+    reports = [{"id": f"r-{c}", "community_id": c, "level": 0, "title": f"Report {c}", "summary": f"About {c}.",
+                "rating": 5.0, "findings": [f"{c} finding"], "full_text": "", "vector": VECS["T"]} for c in COMMS]
+    if empty:
+        docs, chunks, ents, rels, comms, reports = [], [], [], [], [], []
+    tables = {
+        "documents": _to_table("documents", docs, DIM, 1), "chunks": _to_table("chunks", chunks, DIM, 1),
+        "entities": _to_table("entities", ents, DIM, 1), "relations": _to_table("relations", rels, DIM, 1),
+        "communities": _to_table("communities", comms, DIM, 1),
+        "community_reports": _to_table("community_reports", reports, DIM, 1),
+    }
+    cat = Catalog(tmp_path / "idx")
+    cat.publish(tables, "run", "full", DIM)
+    return IndexView.load(cat)
+
+
+Q = unit([1, 0, 0.5, 0])  # A .894, B .889, T .671, S1 .632, D .447, S2 .316, C 0, E 0
+CFG = RetrievalConfig(top_n=3, top_m=2, token_budget=2000)
+
+
+def test_local_global_bridge_by_hand(tmp_path):
+    view = build(tmp_path)
+    ctx = retrieve(view, "q", Q, "hi", CFG)
+    assert [e["id"] for e in ctx.entities] == ["A", "B", "T"]  # eq. 12 over all layers
+    assert [c["id"] for c in ctx.communities] == ["c1", "c3"]  # eq. 13, most hits first
+    # eq. 14: keys [A, B] from c1, [T] from c3; eq. 15: A-B, B-S1-T; eq. 16: path edges, then A-S1 (both ends on paths)
+    assert [(b["source"], b["target"]) for b in ctx.bridge] == [("A", "B"), ("B", "S1"), ("S1", "T"), ("A", "S1")]
+    assert [c["id"] for c in ctx.chunks] == ["ch1"]  # sources of the local entities
+    assert ctx.chunks[0]["source_id"] == "p1"
+
+
+def test_flat_mode_uses_layer0_only_and_skips_missing_paths(tmp_path):
+    view = build(tmp_path)
+    ctx = retrieve(view, "q", Q, "flat", CFG)
+    assert [e["id"] for e in ctx.entities] == ["A", "B", "D"]
+    assert [c["id"] for c in ctx.communities] == ["c1", "c2"]
+    # keys [A, B, D, E]: B-D has no layer-0 path and is skipped, never an error
+    assert [(b["source"], b["target"]) for b in ctx.bridge] == [("A", "B"), ("D", "E")]
+
+
+def test_modes_differ_only_where_they_should(tmp_path):
+    view = build(tmp_path)
+    hi, nob = retrieve(view, "q", Q, "hi", CFG), retrieve(view, "q", Q, "hi-nobridge", CFG)
+    assert nob.bridge == [] and nob.entities == hi.entities and nob.communities == hi.communities
+    naive = retrieve(view, "q", Q, "naive", CFG)
+    assert naive.entities == naive.communities == naive.bridge == []
+    assert [c["id"] for c in naive.chunks] == ["ch1", "ch2"]  # chunk vector search only
+    for ctx in (hi, nob, naive):
+        assert sum(ctx.tokens.values()) <= CFG.token_budget
+
+
+def test_budget_is_respected_and_output_is_deterministic(tmp_path):
+    view = build(tmp_path)
+    tight = RetrievalConfig(top_n=3, top_m=2, token_budget=40)
+    a, b = retrieve(view, "q", Q, "hi", tight), retrieve(view, "q", Q, "hi", tight)
+    assert a.as_dict() == b.as_dict()
+    assert sum(a.tokens.values()) <= 40
+
+
+def test_empty_and_unrelated_index_give_an_empty_context_with_a_message(tmp_path):
+    view = build(tmp_path / "full")
+    far = unit([0, -1, -1, -1])
+    ctx = retrieve(view, "q", far, "hi", CFG)
+    assert ctx.empty and "nothing in the index is related" in ctx.message
+    empty = build(tmp_path / "empty", empty=True)
+    ctx = retrieve(empty, "q", Q, "hi", CFG)
+    assert ctx.empty and ctx.message == "the index is empty: nothing to retrieve"
+    assert extractive_answer(ctx) == ""
+
+
+def test_extractive_answer_picks_matching_sentences(tmp_path):
+    view = build(tmp_path)
+    ctx = retrieve(view, "Whom did Alpha meet in Paris?", Q, "hi", CFG)
+    assert extractive_answer(ctx).startswith("[Doc 1] Alpha met Beta in Paris.")
+
+
+def test_eval_measures_by_hand():
+    assert normalize_answer("The  Eiffel-Tower!") == "eiffel tower"
+    assert answer_in_context(["Stanley Hall"], "...was G. Stanley Hall, who...")
+    assert not answer_in_context(["Hall"], "Hallway")
+    assert passage_recall(["p1", "p2"], {"p2", "p9"}) == 0.5
+    assert np.isnan(passage_recall([], {"p1"}))
