@@ -6,6 +6,7 @@ Every command that writes goes through a Prefect flow; reads resolve one publish
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -52,6 +53,9 @@ def _overrides(pairs: list[str] | None) -> dict[str, Any]:
             value: Any = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
+        if key.strip() == "llm.api_key":  # never a flow parameter (Prefect records those): hand it over by env
+            os.environ["STRATA_LLM__API_KEY"] = str(value)
+            continue
         node = data
         parts = key.strip().split(".")
         for p in parts[:-1]:
@@ -294,7 +298,9 @@ def query(
     Without an LLM configured the answer is extractive: the context sentences that best match the question."""
     from tasks.catalog import Catalog
     from tasks.embed import get_embedder
-    from tasks.retrieve import MODES, extractive_answer, load_view, retrieve
+    from tasks.answer import answer as make_answer
+    from tasks.llm_client import LiteLLMClient
+    from tasks.retrieve import MODES, load_view, retrieve
 
     if mode not in MODES:
         _fail(ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}"), 2)
@@ -306,7 +312,8 @@ def query(
         t0 = time.perf_counter()
         ctx = retrieve(view, question, embedder.embed([question])[0], mode, cfg.retrieval)
         ms = (time.perf_counter() - t0) * 1000
-        answer = {"kind": "extractive", "text": extractive_answer(ctx)}
+        client = LiteLLMClient(cfg.llm, cat.cache_dir) if cfg.llm.model else None
+        answer = make_answer(ctx, client)
     except ConfigError as exc:
         _fail(exc, 2)
     except Exception as exc:  # noqa: BLE001
@@ -327,7 +334,10 @@ def query(
         out.rule(f"{title} ({len(items)})")
         for it in items:
             out.print(it["text"], markup=False, highlight=False)
-    out.rule("Answer (extractive: no LLM configured)" if answer["kind"] == "extractive" else "Answer")
+    if answer.get("note"):
+        out.print(f"[yellow]{answer['note']}[/]")
+    out.rule("Answer (extractive: the best-matching context sentences, no LLM)" if answer["kind"] == "extractive"
+             else f"Answer ({cfg.llm.model})")
     out.print(answer["text"] or "(no sentence of the context matches the question)", markup=False, highlight=False)
 
 

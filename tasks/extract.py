@@ -174,13 +174,20 @@ def local_mapper(fn, batches, on_done=None, **kwargs):
     return out
 
 
-def extract_chunks(chunks: list[dict[str, Any]], cfg: ExtractConfig, mapper: Mapper = local_mapper, on_done=None) -> dict[str, Any]:
-    """Run ``extract_batch`` over all chunks in batches through ``mapper``; merge results in chunk order."""
+def extract_chunks(
+    chunks: list[dict[str, Any]], cfg: ExtractConfig, mapper: Mapper = local_mapper, on_done=None, batch_fn=None,
+    **fn_kwargs: Any,
+) -> dict[str, Any]:
+    """Run ``batch_fn`` (default: the offline ``extract_batch``) over all chunks in batches through ``mapper``.
+
+    Results are merged in chunk order; LLM usage reported by the batches is summed under ``usage``."""
     payload = [{"id": c["id"], "text": c["text"]} for c in chunks]
     batches = [payload[i : i + cfg.batch_size] for i in range(0, len(payload), cfg.batch_size)]
-    results = mapper(extract_batch, batches, on_done=on_done, cfg=cfg)
-    merged: dict[str, Any] = {"entities": [], "relations": [], "quarantine": [], "ok": []}
+    results = mapper(batch_fn or extract_batch, batches, on_done=on_done, cfg=cfg, **fn_kwargs)
+    merged: dict[str, Any] = {"entities": [], "relations": [], "quarantine": [], "ok": [], "usage": {}}
     for r in results:
-        for key in merged:
+        for key in ("entities", "relations", "quarantine", "ok"):
             merged[key].extend(r[key])
+        for k, v in r.get("usage", {}).items():
+            merged["usage"][k] = merged["usage"].get(k, 0) + v
     return merged

@@ -8,12 +8,22 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any, Protocol
 
 
 class LLMClient(Protocol):
-    async def complete(self, messages: list[dict[str, str]], *, prompt_version: str, json_mode: bool = False) -> str:
-        """The model's text answer to ``messages`` (cached and rate-limited by the implementation)."""
+    async def complete(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        prompt_version: str,
+        json_mode: bool = False,
+        parse: Callable[[str], Any] | None = None,
+    ) -> Any:
+        """The answer to ``messages``, passed through ``parse`` when given (which raises on a bad answer).
+
+        Implementations cache only answers that ``parse`` accepted and retry an unparseable one once."""
         ...
 
 

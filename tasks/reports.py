@@ -13,6 +13,7 @@ the token budget is described from the reports of its sub-communities instead.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections import defaultdict
 from typing import Any
@@ -140,22 +141,32 @@ def build_reports(
     return [done[c["id"]] for c in communities], failures
 
 
+def parse_report(text: str) -> dict[str, Any]:
+    data = parse_json(text)
+    if not isinstance(data, dict) or not str(data.get("title", "")).strip():
+        raise ParseError("report without a title")
+    try:
+        rating = float(data.get("rating", 0))
+    except (TypeError, ValueError):
+        rating = 0.0
+    findings = data.get("findings") or []
+    if not isinstance(findings, list):
+        findings = [findings]
+    findings = [f if isinstance(f, str) else (f.get("summary") or f.get("explanation") or json.dumps(f)) if isinstance(f, dict) else str(f)
+                for f in findings]
+    return {
+        "title": str(data["title"]).strip()[:300],
+        "summary": str(data.get("summary", "")).strip(),
+        "rating": min(10.0, max(0.0, rating)),
+        "findings": [str(f) for f in findings][:10],
+    }
+
+
 async def _llm_level(client, batch, ents, rels_by_node, children, done, budget) -> list[dict[str, Any] | str]:
     async def one(c):
         messages = report_prompt(c, ents, rels_by_node, [done[k] for k in children[c["id"]]], budget)
         try:
-            data = parse_json(await client.complete(messages, prompt_version=PROMPT_VERSION, json_mode=True))
-            if not isinstance(data, dict) or not str(data.get("title", "")).strip():
-                raise ParseError("report without a title")
-            rating = float(data.get("rating", 0))
-            findings = data.get("findings") or []
-            findings = [f if isinstance(f, str) else (f.get("summary") or f.get("explanation") or str(f)) for f in findings]
-            return {
-                "title": str(data["title"]).strip()[:300],
-                "summary": str(data.get("summary", "")).strip(),
-                "rating": min(10.0, max(0.0, rating)),
-                "findings": [str(f) for f in findings][:10],
-            }
+            return await client.complete(messages, prompt_version=PROMPT_VERSION, json_mode=True, parse=parse_report)
         except Exception as exc:  # noqa: BLE001 - keep the offline draft
             return f"{type(exc).__name__}: {exc}"
 

@@ -141,10 +141,8 @@ class OfflineSummarizer:
             central = [cluster.members[i] for i in _central(cluster, 3)]
             names = [m["name"] for m in cluster.members[:8]]
             more = f" and {len(cluster.members) - 8} more" if len(cluster.members) > 8 else ""
-            head = (
-                f"Theme ({etype}) of {len(cluster.members)} entities about {', '.join(shown) or name}; "
-                f"members include {', '.join(names)}{more}."
-            )
+            # content first, no template words: the start of the description is what gets embedded
+            head = f"{', '.join(shown) or name}: {', '.join(names)}{more}."
             body = " ".join(m["description"] for m in central)
             out.append([{"name": name, "type": etype, "description": truncate_tokens(f"{head} {body}", self.max_tokens)}])
         return out
@@ -185,27 +183,34 @@ class LLMSummarizer:
         self.fallback = OfflineSummarizer(meta_entities, max_description_tokens)
         self.failures: list[dict[str, str]] = []
 
+    def _parse(self, cluster: Cluster, text: str) -> list[dict[str, Any]]:
+        data = parse_json(text)
+        items = data.get("summary_entities", data.get("entities")) if isinstance(data, dict) else data
+        if not isinstance(items, list):
+            raise ParseError("no summary_entities list")
+        out = []
+        for item in items[: self.per_cluster]:
+            if not isinstance(item, dict) or not str(item.get("name", "")).strip():
+                continue
+            name = str(item["name"]).strip()
+            etype = str(item.get("type", "")).strip().lower()
+            out.append(
+                {
+                    "name": name[:200],
+                    "type": etype if etype in self.meta else meta_type(cluster.members, self.meta),
+                    "description": truncate_tokens(str(item.get("description", "")).strip() or name, self.max_tokens),
+                }
+            )
+        if not out:
+            raise ParseError("no summary entity with a name")
+        return out
+
     async def _one(self, cluster: Cluster) -> list[dict[str, Any]] | None:
         messages = summary_prompt(cluster.members, self.meta, self.per_cluster, self.max_tokens)
         try:
-            data = parse_json(await self.client.complete(messages, prompt_version=PROMPT_VERSION, json_mode=True))
-            items = data.get("summary_entities", data) if isinstance(data, dict) else data
-            out = []
-            for item in items[: self.per_cluster]:
-                name = str(item.get("name", "")).strip()
-                if not name:
-                    continue
-                etype = str(item.get("type", "")).strip().lower()
-                out.append(
-                    {
-                        "name": name[:200],
-                        "type": etype if etype in self.meta else meta_type(cluster.members, self.meta),
-                        "description": truncate_tokens(str(item.get("description", "")).strip() or name, self.max_tokens),
-                    }
-                )
-            if not out:
-                raise ParseError("no summary entity with a name")
-            return out
+            return await self.client.complete(
+                messages, prompt_version=PROMPT_VERSION, json_mode=True, parse=lambda t: self._parse(cluster, t)
+            )
         except Exception as exc:  # noqa: BLE001 - fall back, never lose the cluster
             self.failures.append({"item": ",".join(m["id"] for m in cluster.members[:3]), "error": f"{type(exc).__name__}: {exc}"})
             return None

@@ -68,13 +68,14 @@ class FakeLLM:
     def __init__(self, answers):
         self.answers, self.in_flight, self.max_in_flight, self.calls = answers, 0, 0, 0
 
-    async def complete(self, messages, *, prompt_version, json_mode=False):
+    async def complete(self, messages, *, prompt_version, json_mode=False, parse=None):
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         await asyncio.sleep(0.05)
         self.in_flight -= 1
         self.calls += 1
-        return self.answers(messages)
+        text = self.answers(messages)
+        return parse(text) if parse else text
 
 
 def _clusters(n):

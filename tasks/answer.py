@@ -1,0 +1,34 @@
+"""Answer generation from the three-level context (HiRAG Algorithm 2, line 18)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tasks.retrieve import Context, extractive_answer
+
+PROMPT_VERSION = "answer/1"
+
+
+def answer_messages(ctx: Context) -> list[dict[str, str]]:
+    return [
+        {
+            "role": "system",
+            "content": (
+                "You answer questions from the knowledge given: entity descriptions, community reports, reasoning "
+                "paths between entities and source passages. Use only that knowledge; say so when it is not enough. "
+                "Be concise."
+            ),
+        },
+        {"role": "user", "content": f"{ctx.text()}\n\nQuestion: {ctx.question}\nAnswer:"},
+    ]
+
+
+def answer(ctx: Context, client=None) -> dict[str, str]:
+    """``{"kind": "llm"|"extractive", "text": ..., "note": ...}``; falls back to extractive when the LLM fails."""
+    if client is None or ctx.empty:
+        return {"kind": "extractive", "text": extractive_answer(ctx)}
+    try:
+        text = asyncio.run(client.complete(answer_messages(ctx), prompt_version=PROMPT_VERSION))
+        return {"kind": "llm", "text": str(text).strip()}
+    except Exception as exc:  # noqa: BLE001
+        return {"kind": "extractive", "text": extractive_answer(ctx), "note": f"LLM answer failed: {type(exc).__name__}: {exc}"}

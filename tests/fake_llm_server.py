@@ -1,0 +1,143 @@
+"""A local OpenAI-compatible chat server (127.0.0.1 only) that answers like a model and injects faults.
+
+It answers Strata's prompts with valid outputs (entities from capitalised phrases, relations
+between consecutive entities, summary entities, community reports, answers) and, on demand,
+with faults: 429 with ``Retry-After``, 500, hangs past the client's timeout, malformed answers
+(marked ``MALFORMED``) and empty content. A fixed latency can be added to every request.
+Used by the tests and by ``benchmarks/bench_llm.py``; every request loop is bounded by its caller.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+_CAPS = re.compile(r"\b([A-Z][a-z]+(?:\s+(?:of\s+)?[A-Z][a-z]+)*)\b")
+_TEXT = re.compile(r'"""\n(.*?)\n"""', re.DOTALL)
+_LISTED = re.compile(r"^- (.+?) \(", re.MULTILINE)
+
+
+def answer_for(messages: list[dict]) -> str:
+    system = messages[0]["content"] if messages else ""
+    user = next((m["content"] for m in messages if m["role"] == "user"), "")
+    if "Identify every meaningful entity" in system:
+        text = (_TEXT.search(user) or re.search(r"(.*)", user, re.DOTALL)).group(1)
+        names = list(dict.fromkeys(m.group(1) for m in _CAPS.finditer(text)))[:12]
+        if len(messages) > 2:  # gleaning: nothing missed
+            names = []
+        return json.dumps({"entities": [{"name": n, "type": "person" if len(n.split()) == 2 else "concept",
+                                         "description": f"{n} appears in the text."} for n in names]})
+    if "clearly related" in system:
+        names = _LISTED.findall(user)
+        return json.dumps({"relations": [{"source": a, "target": b, "description": f"{a} is mentioned with {b}.",
+                                          "strength": 5} for a, b in zip(names, names[1:])]})
+    if "into a hierarchy" in system:
+        names = _LISTED.findall(user)
+        head = names[0] if names else "Theme"
+        return json.dumps({"summary_entities": [{"name": f"Theme of {head}", "type": "concept",
+                                                 "description": f"What {', '.join(names[:3])} share."}]})
+    if "reports about communities" in system:
+        names = _LISTED.findall(user)
+        return json.dumps({"title": f"Community of {names[0] if names else 'entities'}", "summary": "A community.",
+                           "rating": 5, "findings": [f"{n} is a member." for n in names[:3]]})
+    return "An answer drawn from the context."
+
+
+class FakeLLM:
+    """Start with ``FakeLLM().start()``; ``url`` is the api_base; ``stop()`` shuts it down."""
+
+    def __init__(self, latency_s: float = 0.0, seed: int = 0, hang_s: float = 5.0, **faults: float):
+        self.latency_s = latency_s
+        self.hang_s = hang_s
+        self.faults = {"rate_limit": 0.0, "server_error": 0.0, "hang": 0.0, "malformed": 0.0, "empty": 0.0,
+                       "bad_request": 0.0, **faults}
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.injected: dict[str, int] = {k: 0 for k in self.faults}
+        self.bad_bodies: list[str] = []
+        self._server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def _pick_fault(self) -> str | None:
+        with self.lock:
+            self.requests += 1
+            r = self.rng.random()
+            acc = 0.0
+            for name, p in self.faults.items():
+                acc += p
+                if r < acc:
+                    self.injected[name] += 1
+                    return name
+        return None
+
+    def start(self) -> "FakeLLM":
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _send(self, code: int, body: dict | str, headers: dict | None = None):
+                data = (json.dumps(body) if isinstance(body, dict) else body).encode()
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    for k, v in (headers or {}).items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length", 0))
+                payload = json.loads(self.rfile.read(length) or b"{}")
+                if fake.latency_s:
+                    time.sleep(fake.latency_s)
+                fault = fake._pick_fault()
+                if fault == "rate_limit":
+                    return self._send(429, {"error": {"message": "slow down", "type": "rate_limit"}}, {"Retry-After": "0.2"})
+                if fault == "server_error":
+                    return self._send(500, {"error": {"message": "boom", "type": "server_error"}})
+                if fault == "bad_request":
+                    return self._send(400, {"error": {"message": "bad request", "type": "invalid_request_error"}})
+                if fault == "hang":
+                    time.sleep(fake.hang_s)
+                messages = payload.get("messages", [])
+                content = answer_for(messages)
+                if fault == "malformed":
+                    content = f"MALFORMED-{fake.requests}: I'd rather not answer in JSON today."
+                    fake.bad_bodies.append(content)
+                elif fault == "empty":
+                    content = ""
+                prompt_tokens = sum(len(m.get("content", "")) for m in messages) // 4
+                body = {
+                    "id": f"chatcmpl-{fake.requests}", "object": "chat.completion", "created": int(time.time()),
+                    "model": payload.get("model", "fake"),
+                    "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(content) // 4,
+                              "total_tokens": prompt_tokens + len(content) // 4},
+                }
+                self._send(200, body)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
