@@ -132,6 +132,44 @@ def index(
     _print_summary(result, time.perf_counter() - started)
 
 
+@app.command()
+def update(
+    corpus: Path = typer.Argument(..., help="The corpus root to refresh from (documents of other roots are left alone)."),
+    index: str = IndexOpt,
+    config: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
+    full: bool = typer.Option(False, "--full", help="Rebuild everything instead of applying the delta."),
+    lock_timeout: float = typer.Option(0.0, help="Seconds to wait if another run is writing this index."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+) -> None:
+    """Incremental refresh: new, changed and deleted documents (by content hash) since the last snapshot.
+
+    New entities attach to the most similar summary nodes (HyGRAG), only the touched ancestors, communities
+    and reports are refreshed, and one new snapshot is published. Nothing changed means nothing published."""
+    from tasks.progress import LogReporter, use_reporter
+
+    try:
+        load_config(config, _overrides(set_))
+    except ConfigError as exc:
+        _fail(exc, 2)
+    if not corpus.exists():
+        _fail(FileNotFoundError(f"corpus not found: {corpus}"), 2)
+    from flows.index_flow import refresh_flow
+
+    started = time.perf_counter()
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, disable=quiet)
+    try:
+        with progress, use_reporter(LogReporter() if quiet else RichReporter(progress)):
+            result = refresh_flow(str(corpus), index, str(config) if config else None, _overrides(set_), lock_timeout, full)
+    except Exception as exc:  # noqa: BLE001
+        _fail(exc)
+    if result["status"] == "nothing-to-do":
+        out.print(f"nothing changed under {corpus}: snapshot v{result['version']} stays published, nothing written")
+        return
+    _print_summary(result, time.perf_counter() - started)
+
+
 def _print_summary(result: dict[str, Any], seconds: float) -> None:
     table = Table(title=f"published snapshot v{result['version']} in {seconds:.1f}s")
     table.add_column("stage")

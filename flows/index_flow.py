@@ -10,7 +10,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
-from flows.pipeline import build_index
+from flows.pipeline import build_index, update_index
 from schemas.config import load_config
 from tasks.catalog import Catalog
 from tasks.parallel import dask_mapper
@@ -73,3 +73,24 @@ def publish_layer_artifacts(layers: list[dict[str, Any]], plot: str | None) -> N
             markdown=f"![cluster sparsity per layer](data:image/png;base64,{data})\n\nFile: `{plot}`",
             description="Cluster sparsity and change rate per layer",
         )
+
+
+@flow(name="strata-refresh", persist_result=False, log_prints=False)
+def refresh_flow(
+    corpus: str,
+    index: str,
+    config_path: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    lock_timeout: float = 0.0,
+    full: bool = False,
+) -> dict[str, Any]:
+    """Incremental update of ``index`` from ``corpus`` (new, changed and deleted documents by content hash).
+
+    Builds the index when it is empty; ``full`` forces a rebuild. Publishes nothing when nothing changed."""
+    cfg = load_config(config_path, overrides)
+    catalog = Catalog(index)
+    with catalog.writer_lock(lock_timeout):
+        result = update_index(corpus, catalog, cfg, run=prefect_runner, mapper=dask_mapper(cfg.dask),
+                              run_id=_flow_run_id(), flow_name="strata-refresh", full=full)
+    publish_layer_artifacts(result.layers, result.layers_plot)
+    return asdict(result)

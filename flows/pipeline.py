@@ -32,7 +32,7 @@ from tasks.hierarchy import build_hierarchy, stat_rows
 from tasks.ids import make_id
 from tasks.ingest import ingest_corpus, quarantine_row
 from tasks.llm_client import LiteLLMClient, Usage
-from tasks.merge import merge_graph
+from tasks.merge import graph_from_mentions, mention_rows
 from tasks.plots import plot_layers
 from tasks.progress import reporter
 from tasks.reports import build_reports
@@ -215,9 +215,8 @@ def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep, usage) 
     # merge
     t = time.perf_counter()
     rep.start("merge", None)
-    entities, relations = run(
-        "merge", merge_graph, extracted["entities"], extracted["relations"], cfg.extract.max_description_tokens
-    )
+    mentions = mention_rows(extracted["entities"], extracted["relations"])
+    entities, relations = run("merge", graph_from_mentions, mentions, cfg.extract.max_description_tokens)
     log.record("merge", time.perf_counter() - t, entities=len(entities), relations=len(relations))
     rep.finish("merge", f"{len(entities)} entities, {len(relations)} relations")
 
@@ -294,6 +293,7 @@ def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep, usage) 
         "layers": _to_table("layers", [dict(r) for r in layer_rows], dim, version),
         "communities": _to_table("communities", communities, dim, version),
         "community_reports": _to_table("community_reports", reports, dim, version),
+        "mentions": _to_table("mentions", mentions, dim, version),
         "quarantine": _to_table("quarantine", _dedupe(quarantine), dim, version),
     }
     report = run("validate", validate_tables, tables, dim)
@@ -323,3 +323,185 @@ def _dedupe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             seen.add(r["id"])
             out.append(r)
     return out
+
+
+# ---------------------------------------------------------------------------- incremental refresh
+def _rows(catalog: Catalog, name: str, snap: dict[str, Any]) -> list[dict[str, Any]]:
+    return catalog.read(name, snap=snap).drop(["version"]).to_pylist()
+
+
+def update_index(
+    corpus: str,
+    catalog: Catalog,
+    cfg: StrataConfig,
+    run: StageRunner = direct_runner,
+    mapper: Any = local_mapper,
+    run_id: str | None = None,
+    flow_name: str = "refresh",
+    full: bool = False,
+) -> BuildResult:
+    """Apply the corpus delta to the published index (a full build when the index is empty or ``full``)."""
+    snap = catalog.snapshot()
+    if snap is None or full:
+        return build_index(corpus, catalog, cfg, run, mapper, run_id, flow_name)
+    rep = reporter()
+    log = StageLog()
+    started = datetime.now(timezone.utc)
+    run_id = run_id or make_id("run", started.isoformat(), corpus)
+    version = snap["version"] + 1
+    usage = Usage()
+    catalog.log_run({"id": run_id, "flow": flow_name, "started_at": started, "status": "running",
+                     "parameters": json.dumps({"corpus": str(corpus), "index": catalog.uri, "config": cfg.fingerprint()}),
+                     "llm_calls": 0, "llm_tokens": 0, "llm_cost_usd": 0.0, "code_version": code_version(), "version": version})
+    try:
+        result = _update(corpus, catalog, cfg, run, mapper, run_id, snap, version, log, rep, usage)
+    except BaseException as exc:
+        catalog.finish_run(run_id, {"status": "failed", "ended_at": datetime.now(timezone.utc),
+                                    "error": f"{type(exc).__name__}: {exc}"[:4000], "stage_counts": json.dumps(log.stages),
+                                    **_usage_columns(usage)})
+        raise
+    catalog.finish_run(run_id, {"status": result.status, "ended_at": datetime.now(timezone.utc),
+                                "stage_counts": json.dumps(log.stages), "snapshot_version": result.version
+                                if result.status == "published" else None, **_usage_columns(usage)})
+    result.llm = asdict(usage)
+    return result
+
+
+def _update(corpus, catalog, cfg, run, mapper, run_id, snap, version, log, rep, usage) -> BuildResult:
+    from tasks.incremental import attach, diff_documents, place_in_communities, recompute_layer0
+    from tasks.summarize import Cluster
+
+    method = extraction_method(cfg)
+    llm = LiteLLMClient(cfg.llm, catalog.cache_dir) if cfg.llm.model else None
+    t = time.perf_counter()
+    rep.start("diff", None)
+    ingested = run("ingest", ingest_corpus, corpus, cfg.corpus)
+    root = str(Path(corpus).expanduser().resolve())
+    old_docs = _rows(catalog, "documents", snap)
+    diff = diff_documents(old_docs, ingested.documents, root)
+    log.record("diff", time.perf_counter() - t, **diff.counts(), quarantined=len(ingested.quarantine))
+    rep.finish("diff", ", ".join(f"{k} {v}" for k, v in diff.counts().items()))
+    if diff.empty:
+        return BuildResult(run_id=run_id, version=snap["version"], counts={}, stages=log.stages, status="nothing-to-do")
+
+    # remove what the delta replaces, chunk and extract what it adds
+    t = time.perf_counter()
+    gone_docs = {d["id"] for d in diff.deleted}
+    old_chunks = _rows(catalog, "chunks", snap)
+    gone_chunks = {c["id"] for c in old_chunks if c["document_id"] in gone_docs}
+    incoming = diff.new + diff.changed
+    new_chunks = chunk_documents(incoming, cfg.chunking)
+    rep.start("extract", len(new_chunks))
+    llm_kwargs = ({"batch_fn": extract_batch_llm, "llm": cfg.llm, "cache_dir": str(catalog.cache_dir), "share": None}
+                  if method == "llm" else {})
+    extracted = run("extract", extract_chunks, new_chunks, cfg.extract, mapper,
+                    on_done=lambda _i, r: rep.advance("extract", len(r["ok"]) + len(r["quarantine"])), **llm_kwargs)
+    usage.add(Usage(**extracted["usage"]))
+    ok = set(extracted["ok"])
+    for c in new_chunks:
+        c["status"] = "extracted" if c["id"] in ok else "quarantined"
+    log.record("extract", time.perf_counter() - t, chunks=len(new_chunks), removed_chunks=len(gone_chunks),
+               llm_calls=extracted["usage"].get("calls", 0))
+    rep.finish("extract", f"{len(new_chunks)} new chunks, {len(gone_chunks)} removed")
+
+    # layer 0: recompute exactly the keys the delta touched
+    t = time.perf_counter()
+    old_mentions = _rows(catalog, "mentions", snap)
+    new_mentions = mention_rows(extracted["entities"], extracted["relations"])
+    touched = {m["key"] for m in old_mentions if m["chunk_id"] in gone_chunks} | {m["key"] for m in new_mentions}
+    mentions = [m for m in old_mentions if m["chunk_id"] not in gone_chunks] + new_mentions
+    old_entities = _rows(catalog, "entities", snap)
+    old_relations = _rows(catalog, "relations", snap)
+    layer0, rel0, added, removed, changed = run(
+        "merge", recompute_layer0, [e for e in old_entities if e["layer"] == 0], old_relations, mentions, touched,
+        cfg.extract.max_description_tokens,
+    )
+    embedder = CachedEmbedder(get_embedder(cfg.embedding.model, cfg.embedding.batch_size),
+                              EmbeddingCache(catalog.cache_dir / "embeddings.sqlite"))
+    old_vectors = {e["id"]: e["vector"] for e in old_entities if e["layer"] == 0}
+    for e in layer0:
+        if e["id"] not in added | changed and "vector" not in e:
+            e["vector"] = old_vectors[e["id"]]  # recomputed but same text: same vector
+    fresh = [e for e in layer0 if "vector" not in e]
+    for e, v in zip(fresh, embedder.embed([entity_text(e["name"], e["type"], e["description"]) for e in fresh])):
+        e["vector"] = v
+    for c, v in zip(new_chunks, embedder.embed([c["text"] for c in new_chunks])):
+        c["vector"] = v
+    log.record("merge", time.perf_counter() - t, added=len(added), removed=len(removed), changed=len(changed))
+
+    # hierarchy: attach new entities, refresh only the ancestors on touched paths
+    t = time.perf_counter()
+    rep.start("attach", None)
+    if llm is not None:
+        summarizer = LLMSummarizer(llm, cfg.hierarchy.meta_entities, 1, cfg.extract.max_description_tokens)
+    else:
+        summarizer = OfflineSummarizer(cfg.hierarchy.meta_entities, cfg.extract.max_description_tokens)
+
+    def summarize(layer, member_lists, vecs):
+        return [s[0] for s in summarizer.summarize_layer(layer, [Cluster(m, v) for m, v in zip(member_lists, vecs)])]
+
+    def embed_rows(rows):
+        return embedder.embed([entity_text(r["name"], r["type"], r["description"]) for r in rows])
+
+    summaries = [e for e in old_entities if e["layer"] > 0]
+    att = run("attach", attach, layer0, summaries, [r for r in old_relations if r["kind"] == "summary_of"],
+              added, removed, changed, cfg.incremental.tau, summarize, embed_rows)
+    all_entities = layer0 + att.entities
+    all_relations = rel0 + att.relations
+    log.record("attach", time.perf_counter() - t, attached=len(att.attached), refreshed=len(att.refreshed),
+               dropped=len(att.removed), summary_operations=att.operations)
+    rep.finish("attach", f"{len(att.attached)} attached, {len(att.refreshed)} summaries refreshed")
+
+    # communities and reports: local placement, touched reports only
+    t = time.perf_counter()
+    old_comms = _rows(catalog, "communities", snap)
+    comms, touched_comms = run("communities", place_in_communities, old_comms, {e["id"] for e in all_entities},
+                               all_relations, added)
+    old_reports = {r["community_id"]: r for r in _rows(catalog, "community_reports", snap)}
+    existing = {cid: r for cid, r in old_reports.items() if cid not in touched_comms}
+    reports, failures = run("reports", build_reports, comms, all_entities, all_relations,
+                            cfg.communities.report_max_tokens, llm, touched_comms, existing)
+    redo = [r for r in reports if r["community_id"] in touched_comms or "vector" not in r]
+    for r, v in zip(redo, embedder.embed([report_text(r["title"], r["summary"]) for r in redo])):
+        r["vector"] = v
+    if llm is not None:
+        usage.add(llm.usage)
+    log.record("communities", time.perf_counter() - t, communities=len(comms), touched=len(touched_comms),
+               reports_rewritten=len(redo))
+
+    # assemble, validate, publish
+    quarantine = [q for q in _rows(catalog, "quarantine", snap)
+                  if not q["item"].startswith(root) and q["item"] not in gone_chunks]
+    quarantine += list(ingested.quarantine)
+    quarantine += [quarantine_row(q["item"], q["stage"], q["error"]) for q in extracted["quarantine"]]
+    quarantine += [quarantine_row(f["item"], "reports", "LLM report unusable, offline report used: " + f["error"]) for f in failures]
+    documents = [d for d in old_docs if d["id"] not in gone_docs] + incoming
+    chunks = [c for c in old_chunks if c["id"] not in gone_chunks] + new_chunks
+    dim = snap["dim"]
+    prev_note = json.loads(snap.get("note") or "{}") if (snap.get("note") or "").startswith("{") else {}
+    base_added = prev_note.get("added_since_full", 0) + len(added)
+    drift = base_added / max(1, len(all_entities))
+    tables = {
+        "documents": _to_table("documents", documents, dim, version),
+        "chunks": _to_table("chunks", chunks, dim, version),
+        "entities": _to_table("entities", all_entities, dim, version),
+        "relations": _to_table("relations", all_relations, dim, version),
+        "communities": _to_table("communities", comms, dim, version),
+        "community_reports": _to_table("community_reports", reports, dim, version),
+        "mentions": _to_table("mentions", mentions, dim, version),
+        "quarantine": _to_table("quarantine", _dedupe(quarantine), dim, version),
+    }
+    t = time.perf_counter()
+    report = run("validate", validate_tables, {**tables, "layers": catalog.read("layers", snap=snap)}, dim)
+    if not report.success:
+        raise ValidationFailed(report.failures)
+    note = json.dumps({"added_since_full": base_added, "drift": round(drift, 4), "diff": diff.counts()})
+    published = run("publish", catalog.publish, tables, run_id, "incremental", dim, version, note)
+    log.record("publish", time.perf_counter() - t, drift=round(drift, 4))
+    if drift > cfg.incremental.max_drift:
+        rep.finish("publish", f"snapshot v{published}; drift {drift:.0%} > {cfg.incremental.max_drift:.0%}: "
+                              "consider `strata update --full`")
+    else:
+        rep.finish("publish", f"snapshot v{published} (drift {drift:.1%})")
+    return BuildResult(run_id=run_id, version=published, counts={k: v.num_rows for k, v in tables.items()},
+                       stages=log.stages, status="published")

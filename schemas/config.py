@@ -118,6 +118,11 @@ class RetrievalConfig(_Section):
     min_similarity: float = Field(0.15, description="Entities and chunks less similar than this to the question are ignored.")
 
 
+class IncrementalConfig(_Section):
+    tau: float = Field(0.65, description="A new entity attaches to a summary node at least this similar (HyGRAG τ).")
+    max_drift: float = Field(0.3, ge=0, description="Above this share of entities added since the last full build, suggest --full.")
+
+
 class LLMConfig(_Section):
     model: str = Field("", description="litellm model string, e.g. 'openai/gpt-4o-mini', 'deepseek/deepseek-chat'; empty = offline.")
     api_base: str = Field("", description="OpenAI-compatible server (vLLM, llama.cpp, Ollama), e.g. http://127.0.0.1:8000/v1.")
@@ -148,6 +153,7 @@ class StrataConfig(_Section):
     hierarchy: HierarchyConfig = Field(default_factory=HierarchyConfig)
     communities: CommunityConfig = Field(default_factory=CommunityConfig)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
+    incremental: IncrementalConfig = Field(default_factory=IncrementalConfig)
     llm: LLMConfig = Field(default_factory=LLMConfig)
 
     def fingerprint(self) -> dict[str, Any]:

@@ -63,6 +63,12 @@ def suites(dim: int, refs: dict[str, list[str]]) -> dict[str, list[Any]]:
             E.ExpectColumnValuesToBeBetween(column="weight", min_value=0, strict_min=True),
             E.ExpectColumnValuesToBeInSet(column="sources_known", value_set=[True]),
         ],
+        "mentions": [
+            *_ids(),
+            E.ExpectColumnValuesToBeInSet(column="chunk_id", value_set=refs["chunks"]),
+            E.ExpectColumnValuesToBeInSet(column="kind", value_set=["entity", "relation"]),
+            E.ExpectColumnValuesToNotBeNull(column="key"),
+        ],
         "quarantine": [
             *_ids(),
             E.ExpectColumnValuesToNotBeNull(column="item"),

@@ -148,6 +148,25 @@ def runs_schema() -> pa.Schema:
     )
 
 
+def mentions_schema() -> pa.Schema:
+    """Raw extraction output per chunk, kept so layer 0 can be recomputed exactly when chunks go away."""
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            ("chunk_id", pa.string()),
+            ("seq", pa.int64()),  # position in the chunk's extraction output
+            ("kind", pa.string()),  # entity | relation
+            ("key", pa.string()),  # normalised name, or "a|b" normalised endpoint pair
+            ("name", pa.string()),  # entity surface form, or relation source
+            ("target", pa.string()),  # relation target
+            ("type", pa.string()),
+            ("description", pa.string()),
+            ("weight", pa.float64()),
+            ("version", pa.int64()),
+        ]
+    )
+
+
 def quarantine_schema() -> pa.Schema:
     return pa.schema(
         [
@@ -169,6 +188,7 @@ SNAPSHOT_TABLES = (
     "layers",
     "communities",
     "community_reports",
+    "mentions",
     "quarantine",
 )
 #: Append-only log, not pinned: every run is recorded whether or not it published.
@@ -186,6 +206,7 @@ def schema_for(table: str, dim: int) -> pa.Schema:
         "communities": communities_schema,
         "community_reports": lambda: community_reports_schema(dim),
         "runs": runs_schema,
+        "mentions": mentions_schema,
         "quarantine": quarantine_schema,
     }
     if table not in builders:

@@ -58,6 +58,37 @@ def extractive_merge(max_tokens: int) -> DescriptionMerger:
     return lambda _name, parts: join_within_budget(parts, max_tokens)
 
 
+def mention_rows(extracted_entities: list[dict[str, Any]], extracted_relations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Raw extraction output as ``mentions`` rows, numbered per chunk, in canonical (chunk id, seq) order."""
+    rows: list[dict[str, Any]] = []
+    seq: dict[str, int] = defaultdict(int)
+    for e in extracted_entities:
+        n = seq[e["chunk_id"]]
+        seq[e["chunk_id"]] += 1
+        rows.append({"id": make_id("m", e["chunk_id"], n), "chunk_id": e["chunk_id"], "seq": n, "kind": "entity",
+                     "key": normalize_name(e["name"]), "name": e["name"], "target": None, "type": e["type"],
+                     "description": e["description"], "weight": None})
+    for r in extracted_relations:
+        n = seq[r["chunk_id"]]
+        seq[r["chunk_id"]] += 1
+        a, b = sorted((normalize_name(r["source"]), normalize_name(r["target"])))
+        rows.append({"id": make_id("m", r["chunk_id"], n), "chunk_id": r["chunk_id"], "seq": n, "kind": "relation",
+                     "key": f"{a}|{b}", "name": r["source"], "target": r["target"], "type": None,
+                     "description": r["description"], "weight": r.get("weight", 1.0)})
+    rows.sort(key=lambda m: (m["chunk_id"], m["seq"]))
+    return rows
+
+
+def graph_from_mentions(mentions: list[dict[str, Any]], max_description_tokens: int, merge_descriptions=None):
+    """Layer-0 entities and relations from mention rows (canonical order makes the result order-independent)."""
+    ordered = sorted(mentions, key=lambda m: (m["chunk_id"], m["seq"]))
+    ents = [{"name": m["name"], "type": m["type"], "description": m["description"], "chunk_id": m["chunk_id"]}
+            for m in ordered if m["kind"] == "entity"]
+    rels = [{"source": m["name"], "target": m["target"], "description": m["description"], "weight": m["weight"],
+             "chunk_id": m["chunk_id"]} for m in ordered if m["kind"] == "relation"]
+    return merge_graph(ents, rels, max_description_tokens, merge_descriptions)
+
+
 def merge_graph(
     raw_entities: list[dict[str, Any]],
     raw_relations: list[dict[str, Any]],

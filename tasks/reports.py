@@ -101,8 +101,12 @@ def build_reports(
     relations: list[dict[str, Any]],
     budget: int,
     client: LLMClient | None = None,
+    only: set[str] | None = None,
+    existing: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """One report per community, deepest level first. Returns (reports, failures that fell back to offline)."""
+    """One report per community, deepest level first. Returns (reports, failures that fell back to offline).
+
+    With ``only``, just those communities are (re)written; the others keep their ``existing`` report."""
     ents = {e["id"]: e for e in entities}
     rels_by_node: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in relations:
@@ -112,10 +116,12 @@ def build_reports(
     for c in communities:
         if c["parent_id"]:
             children[c["parent_id"]].append(c["id"])
-    done: dict[str, dict[str, Any]] = {}
+    done: dict[str, dict[str, Any]] = dict(existing or {})
     failures: list[dict[str, str]] = []
     for level in sorted({c["level"] for c in communities}, reverse=True):
-        batch = [c for c in communities if c["level"] == level]
+        batch = [c for c in communities if c["level"] == level and (only is None or c["id"] in only or c["id"] not in done)]
+        if not batch:
+            continue
         drafts = [offline_report(c, ents, rels_by_node, [done[k] for k in children[c["id"]]], budget) for c in batch]
         max_w = max((d["weight"] for d in drafts), default=0.0)
         for c, d in zip(batch, drafts):

@@ -1,0 +1,289 @@
+"""Incremental refresh (HyGRAG §3.4, DESIGN §4): apply a corpus delta to a published index.
+
+* ``diff_documents``: new / changed (same source, new content hash) / deleted / unchanged, scoped to
+  one corpus root — an update of one folder never deletes documents that came from another.
+* ``recompute_layer0``: layer-0 entities and relations are recomputed exactly, from the stored
+  mentions, for the keys the delta touched; the rest are untouched. Ids are content keys, so they
+  match a full build.
+* ``attach``: new layer-0 entities attach, HyGRAG style, to the most similar summary node of the
+  lowest layer whose similarity reaches τ, climbing a layer when none does; only the ancestors
+  on the touched paths are re-summarised and re-embedded. Summaries that lost all members go.
+* ``place_in_communities``: new nodes join the community most of their neighbours are in (a
+  singleton when they have none); communities that lost members shrink; only touched ones get
+  new reports.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from tasks.communities import community_id
+from tasks.merge import graph_from_mentions
+
+
+@dataclass
+class DocDiff:
+    new: list[dict[str, Any]] = field(default_factory=list)
+    changed: list[dict[str, Any]] = field(default_factory=list)  # the new versions
+    deleted: list[dict[str, Any]] = field(default_factory=list)  # the old rows (deleted or replaced)
+    unchanged: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.new or self.changed or self.deleted)
+
+    def counts(self) -> dict[str, int]:
+        replaced = len(self.changed)
+        return {"new": len(self.new), "changed": replaced, "deleted": len(self.deleted) - replaced,
+                "unchanged": len(self.unchanged)}
+
+
+def diff_documents(existing: list[dict[str, Any]], incoming: list[dict[str, Any]], root: str) -> DocDiff:
+    """Compare by (root, source_id) and content hash. Documents of other roots are never touched."""
+    old = {d["source_id"]: d for d in existing if d["root"] == root}
+    out = DocDiff()
+    seen = set()
+    for doc in incoming:
+        seen.add(doc["source_id"])
+        prev = old.get(doc["source_id"])
+        if prev is None:
+            out.new.append(doc)
+        elif prev["content_hash"] != doc["content_hash"]:
+            out.changed.append(doc)
+            out.deleted.append(prev)
+        else:
+            out.unchanged.append(prev)
+    out.deleted += [d for sid, d in sorted(old.items()) if sid not in seen]
+    return out
+
+
+def recompute_layer0(
+    old_entities: list[dict[str, Any]],
+    old_relations: list[dict[str, Any]],
+    mentions: list[dict[str, Any]],
+    touched_keys: set[str],
+    max_description_tokens: int,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], set[str], set[str], set[str]]:
+    """Layer-0 entities/extracted relations after the delta. Returns (entities, relations, added, removed, changed ids).
+
+    ``mentions`` are all surviving + new mentions; ``touched_keys`` the entity keys and relation pair
+    keys that appear in removed or new chunks."""
+    from tasks.ids import normalize_name
+    from tasks.merge import entity_id
+
+    ent_keys = {k for k in touched_keys if "|" not in k}
+    pair_keys = {k for k in touched_keys if "|" in k}
+    ent_keys |= {p for k in pair_keys for p in k.split("|")}
+    relevant = [m for m in mentions if (m["kind"] == "entity" and m["key"] in ent_keys)
+                or (m["kind"] == "relation" and (m["key"] in pair_keys or set(m["key"].split("|")) & ent_keys))]
+    # a relation needs both endpoint entities, so include the mentions of every endpoint it names
+    endpoint_keys = {p for m in relevant if m["kind"] == "relation" for p in m["key"].split("|")}
+    relevant += [m for m in mentions if m["kind"] == "entity" and m["key"] in endpoint_keys - ent_keys]
+    new_ents, new_rels = graph_from_mentions(relevant, max_description_tokens)
+    touched_ids = {entity_id(0, k) for k in ent_keys}
+    new_by_id = {e["id"]: e for e in new_ents if e["id"] in touched_ids}
+    old_by_id = {e["id"]: e for e in old_entities if e["layer"] == 0}
+    entities = [e for e in old_entities if e["layer"] == 0 and e["id"] not in touched_ids] + list(new_by_id.values())
+    added = set(new_by_id) - set(old_by_id)
+    removed = (touched_ids & set(old_by_id)) - set(new_by_id)
+    changed = {i for i in set(new_by_id) & set(old_by_id)
+               if (new_by_id[i]["description"], new_by_id[i]["type"], new_by_id[i]["name"])
+               != (old_by_id[i]["description"], old_by_id[i]["type"], old_by_id[i]["name"])}
+    # relations whose pair or an endpoint was touched are replaced by the recomputed ones
+    key_of = {e["id"]: normalize_name(e["name"]) for e in old_entities if e["layer"] == 0}
+    live = {e["id"] for e in entities}
+    kept = []
+    for r in old_relations:
+        if r["kind"] != "extracted":
+            continue
+        a, b = sorted((key_of.get(r["source_id"], ""), key_of.get(r["target_id"], "")))
+        if f"{a}|{b}" in pair_keys or r["source_id"] in touched_ids or r["target_id"] in touched_ids:
+            continue
+        kept.append(r)
+    fresh = [r for r in new_rels if r["source_id"] in live and r["target_id"] in live
+             and (r["source_id"] in touched_ids or r["target_id"] in touched_ids)]
+    relations = kept + fresh
+    degree = Counter()
+    for r in relations:
+        degree[r["source_id"]] += 1
+        degree[r["target_id"]] += 1
+    for e in entities:
+        e["degree"] = degree[e["id"]]
+    return sorted(entities, key=lambda e: e["id"]), sorted(relations, key=lambda r: r["id"]), added, removed, changed
+
+
+def _members(relations: list[dict[str, Any]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = defaultdict(set)
+    for r in relations:
+        if r["kind"] == "summary_of":
+            out[r["target_id"]].add(r["source_id"])
+    return out
+
+
+@dataclass
+class AttachResult:
+    entities: list[dict[str, Any]]  # summary entities (layers >= 1) after the update
+    relations: list[dict[str, Any]]  # summary_of relations after the update
+    attached: dict[str, str]  # new entity id -> summary id it joined
+    refreshed: set[str]  # summary ids re-summarised
+    removed: set[str]  # summary ids dropped (no members left)
+    operations: int  # summaries recomputed (LLM calls on the LLM path)
+
+
+def attach(
+    layer0: list[dict[str, Any]],
+    summaries: list[dict[str, Any]],
+    summary_relations: list[dict[str, Any]],
+    added: set[str],
+    removed: set[str],
+    changed: set[str],
+    tau: float,
+    summarize: Callable[[int, list[list[dict[str, Any]]], list[np.ndarray]], list[dict[str, Any]]],
+    embed: Callable[[list[dict[str, Any]]], np.ndarray],
+) -> AttachResult:
+    """HyGRAG attachment of ``added`` layer-0 entities; refresh of every summary on a touched path.
+
+    ``summarize(layer, member_lists, member_vectors)`` returns one summary dict per member list;
+    ``embed(entities)`` returns their vectors."""
+    from tasks.merge import relation_id
+
+    by_id = {e["id"]: e for e in list(layer0) + list(summaries)}
+    rels = [r for r in summary_relations if r["source_id"] not in removed]
+    top = max((s["layer"] for s in summaries), default=0)
+    layers = {l: [s for s in summaries if s["layer"] == l] for l in range(1, top + 1)}
+    mats = {l: np.stack([np.asarray(s["vector"], dtype=np.float32) for s in ss]) for l, ss in layers.items() if ss}
+    attached: dict[str, str] = {}
+    touched: set[str] = set()
+    for eid in sorted(added):
+        if not mats:
+            break
+        v = np.asarray(by_id[eid]["vector"], dtype=np.float32)
+        target = None
+        for l in range(1, top + 1):  # lowest layer whose best node passes tau; climb when none does
+            if l not in mats:
+                continue
+            sims = mats[l] @ v
+            j = int(np.argmax(sims))
+            if sims[j] >= tau:
+                target = layers[l][j]["id"]
+                break
+        if target is None:  # nothing passes anywhere: join the closest node of layer 1
+            l = min(mats)
+            target = layers[l][int(np.argmax(mats[l] @ v))]["id"]
+        attached[eid] = target
+        touched.add(target)
+        rels.append({"id": relation_id(eid, target, "summary_of"), "source_id": eid, "target_id": target,
+                     "kind": "summary_of", "description": f"{by_id[eid]['name']} belongs to {by_id[target]['name']}",
+                     "weight": 1.0, "source_chunk_ids": []})
+    members = _members(rels)
+    parents: dict[str, set[str]] = defaultdict(set)
+    for r in rels:
+        parents[r["source_id"]].add(r["target_id"])
+    for eid in removed | changed:  # summaries that lost or changed members
+        touched |= {p for p in parents.get(eid, set())} | {r["target_id"] for r in summary_relations if r["source_id"] == eid}
+    # walk up: every ancestor of a touched summary is refreshed too (layer by layer)
+    dropped: set[str] = set()
+    refreshed: set[str] = set()
+    operations = 0
+    frontier = {t for t in touched if t in by_id}
+    while frontier:
+        layer = min(by_id[t]["layer"] for t in frontier)
+        now = sorted(t for t in frontier if by_id[t]["layer"] == layer)
+        frontier -= set(now)
+        alive = []
+        for sid in now:
+            live = sorted(m for m in members.get(sid, set()) if m in by_id and m not in dropped)
+            if live:
+                alive.append((sid, live))
+            else:
+                dropped.add(sid)
+        if alive:
+            lists = [[by_id[m] for m in live] for _, live in alive]
+            vecs = [np.stack([np.asarray(by_id[m]["vector"], dtype=np.float32) for m in live]) for _, live in alive]
+            new = summarize(layer, lists, vecs)
+            operations += len(alive)
+            refreshed_rows = []
+            for (sid, _), s in zip(alive, new):
+                row = dict(by_id[sid], name=s["name"], type=s["type"], description=s["description"])
+                row["degree"] = len(members.get(sid, ()))
+                by_id[sid] = row
+                refreshed_rows.append(row)
+                refreshed.add(sid)
+            for row, vec in zip(refreshed_rows, embed(refreshed_rows)):
+                row["vector"] = vec
+        frontier |= {p for sid in now for p in parents.get(sid, set())}
+    rels = [r for r in rels if r["source_id"] not in dropped and r["target_id"] not in dropped]
+    # member names appear in summary_of descriptions: keep them current
+    for r in rels:
+        if r["source_id"] in changed or r["source_id"] in refreshed or r["target_id"] in refreshed:
+            r["description"] = f"{by_id[r['source_id']]['name']} belongs to {by_id[r['target_id']]['name']}"
+    out = [by_id[s["id"]] for s in summaries if s["id"] not in dropped]
+    return AttachResult(out, sorted(rels, key=lambda r: r["id"]), attached, refreshed, dropped, operations)
+
+
+def place_in_communities(
+    communities: list[dict[str, Any]],
+    entity_ids: set[str],
+    relations: list[dict[str, Any]],
+    new_ids: set[str],
+) -> tuple[list[dict[str, Any]], set[str]]:
+    """Keep community ids; drop gone members, add new nodes by neighbour majority. Returns (communities, touched ids)."""
+    comms = [dict(c, entity_ids=list(c["entity_ids"])) for c in communities]
+    touched: set[str] = set()
+    for c in comms:
+        kept = [m for m in c["entity_ids"] if m in entity_ids]
+        if len(kept) != len(c["entity_ids"]):
+            touched.add(c["id"])
+        c["entity_ids"] = kept
+    neighbours: dict[str, list[str]] = defaultdict(list)
+    for r in relations:
+        neighbours[r["source_id"]].append(r["target_id"])
+        neighbours[r["target_id"]].append(r["source_id"])
+    by_level: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for c in comms:
+        for m in c["entity_ids"]:
+            by_level[c["level"]][m].append(c["id"])
+    index = {c["id"]: c for c in comms}
+    added_rows = []
+    for eid in sorted(new_ids):
+        votes = Counter(cid for n in neighbours.get(eid, []) for cid in by_level[0].get(n, []))
+        if not votes:
+            row = {"id": community_id(0, [eid]), "level": 0, "parent_id": None, "entity_ids": [eid], "size": 1}
+            added_rows.append(row)
+            touched.add(row["id"])
+            continue
+        cid = min(votes, key=lambda c: (-votes[c], c))
+        index[cid]["entity_ids"].append(eid)
+        touched.add(cid)
+        # follow the hierarchy down: join the child community where most neighbours are
+        level = 1
+        parent = cid
+        while True:
+            kids = [c for c in comms if c["parent_id"] == parent]
+            if not kids:
+                break
+            kid_votes = Counter(k["id"] for k in kids for n in neighbours.get(eid, []) if n in k["entity_ids"])
+            if not kid_votes:
+                break
+            parent = min(kid_votes, key=lambda c: (-kid_votes[c], c))
+            index[parent]["entity_ids"].append(eid)
+            touched.add(parent)
+            level += 1
+    out = []
+    for c in comms + added_rows:
+        if not c["entity_ids"]:
+            touched.discard(c["id"])
+            continue
+        c["entity_ids"] = sorted(set(c["entity_ids"]))
+        c["size"] = len(c["entity_ids"])
+        out.append(c)
+    ids = {c["id"] for c in out}
+    for c in out:  # a parent that disappeared leaves its children at the top
+        if c["parent_id"] and c["parent_id"] not in ids:
+            c["parent_id"] = None
+            touched.add(c["id"])
+    return sorted(out, key=lambda c: (c["level"], c["id"])), touched

@@ -1,0 +1,236 @@
+"""Incremental refresh: diff by content hash, exact layer 0, HyGRAG attachment, local communities."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.pipeline import build_index, update_index
+from schemas.config import load_config
+from tasks.catalog import Catalog
+from tasks.incremental import attach, diff_documents, place_in_communities
+from tasks.validate import validate_tables
+from schemas.tables import SNAPSHOT_TABLES
+from tests.conftest import REPO, SMALL
+
+
+def _doc(sid, h, root="/r"):
+    return {"id": f"doc-{sid}-{h}", "source_id": sid, "content_hash": h, "root": root}
+
+
+def test_diff_by_content_hash_scoped_to_root():
+    existing = [_doc("a", "1"), _doc("b", "1"), _doc("c", "1"), _doc("z", "1", root="/other")]
+    incoming = [_doc("a", "1"), _doc("b", "2"), _doc("d", "1")]
+    d = diff_documents(existing, incoming, "/r")
+    assert [x["source_id"] for x in d.new] == ["d"]
+    assert [x["source_id"] for x in d.changed] == ["b"]
+    assert sorted(x["id"] for x in d.deleted) == ["doc-b-1", "doc-c-1"]  # the replaced version and the deleted one
+    assert [x["source_id"] for x in d.unchanged] == ["a"]
+    assert d.counts() == {"new": 1, "changed": 1, "deleted": 1, "unchanged": 1}
+    assert diff_documents(existing, [_doc("a", "1"), _doc("b", "1"), _doc("c", "1")], "/r").empty
+
+
+def _e(i, layer, v):
+    v = np.asarray(v, dtype=np.float32)
+    return {"id": i, "name": i, "type": "concept", "description": f"{i}.", "layer": layer, "degree": 0,
+            "source_chunk_ids": [], "vector": v / np.linalg.norm(v)}
+
+
+def _so(a, b):
+    return {"id": f"{a}>{b}", "source_id": a, "target_id": b, "kind": "summary_of", "description": "", "weight": 1.0,
+            "source_chunk_ids": []}
+
+
+def test_attach_lowest_layer_passing_tau_climbs_and_refreshes_ancestors():
+    l0 = [_e("a", 0, [1, 0, 0]), _e("b", 0, [0, 1, 0]), _e("gone", 0, [0, 0, 1]),
+          _e("new1", 0, [0.95, 0.1, 0]), _e("new2", 0, [0.5, 0.5, 0.1])]
+    summaries = [_e("S1", 1, [1, 0, 0]), _e("S2", 1, [0, 1, 0]), _e("S3", 1, [0, 0, 1]), _e("T", 2, [0.6, 0.6, 0])]
+    rels = [_so("a", "S1"), _so("b", "S2"), _so("gone", "S3"), _so("S1", "T"), _so("S2", "T"), _so("S3", "T")]
+    calls = []
+
+    def summarize(layer, member_lists, vecs):
+        calls.append((layer, [[m["id"] for m in ms] for ms in member_lists]))
+        return [{"name": "+".join(m["id"] for m in ms), "type": "concept", "description": "d"} for ms in member_lists]
+
+    res = attach(l0[:2] + l0[3:], summaries, rels, added={"new1", "new2"}, removed={"gone"}, changed=set(), tau=0.65,
+                 summarize=summarize, embed=lambda rows: np.ones((len(rows), 3), np.float32))
+    # new1 is .99 similar to S1, new2 .70 (>= tau): both join layer 1
+    assert res.attached == {"new1": "S1", "new2": "S1"}
+    assert res.removed == {"S3"}  # lost its only member
+    assert "S1" in res.refreshed and "T" in res.refreshed and "S2" not in res.refreshed
+    assert calls[0][0] == 1 and calls[-1][0] == 2  # bottom-up: layer 1 before its ancestor
+    names = {e["id"]: e["name"] for e in res.entities}
+    assert names["S1"] == "a+new1+new2"  # re-summarised over its current members
+    assert {r["target_id"] for r in res.relations} <= {"S1", "S2", "T"}
+    assert all(r["source_id"] != "S3" for r in res.relations)
+
+
+def test_attach_climbs_when_no_lower_node_passes_tau():
+    l0 = [_e("a", 0, [1, 0, 0]), _e("new", 0, [0.1, 0.1, 1])]
+    summaries = [_e("S1", 1, [1, 0, 0]), _e("T", 2, [0, 0, 1])]
+    res = attach(l0, summaries, [_so("a", "S1"), _so("S1", "T")], added={"new"}, removed=set(), changed=set(), tau=0.65,
+                 summarize=lambda l, ms, vs: [{"name": "x", "type": "concept", "description": "d"} for _ in ms],
+                 embed=lambda rows: np.ones((len(rows), 3), np.float32))
+    assert res.attached == {"new": "T"}  # layer-1 best is .10 < tau, layer 2 passes
+    assert res.refreshed == {"T"} and res.operations == 1  # only the node on the path
+
+
+def test_place_in_communities_by_neighbour_majority():
+    comms = [{"id": "c1", "level": 0, "parent_id": None, "entity_ids": ["a", "b"], "size": 2},
+             {"id": "c2", "level": 0, "parent_id": None, "entity_ids": ["c", "gone"], "size": 2},
+             {"id": "c1x", "level": 1, "parent_id": "c1", "entity_ids": ["a"], "size": 1}]
+    rels = [{"source_id": "n", "target_id": "a"}, {"source_id": "n", "target_id": "b"}, {"source_id": "n", "target_id": "c"}]
+    out, touched = place_in_communities(comms, {"a", "b", "c", "n", "lonely"}, rels, {"n", "lonely"})
+    by = {c["id"]: c for c in out}
+    assert by["c1"]["entity_ids"] == ["a", "b", "n"] and by["c1x"]["entity_ids"] == ["a", "n"]
+    assert by["c2"]["entity_ids"] == ["c"]
+    singles = [c for c in out if c["entity_ids"] == ["lonely"]]
+    assert len(singles) == 1 and singles[0]["level"] == 0
+    assert touched == {"c1", "c1x", "c2", singles[0]["id"]}
+
+
+# ------------------------------------------------------------------------------------------ end to end
+CFG = load_config(overrides={"chunking": SMALL["chunking"], "extract": SMALL["extract"]})
+
+
+def _layer0(cat):
+    ents = cat.read("entities").to_pylist()
+    rels = cat.read("relations").to_pylist()
+    l0 = {e["id"]: (e["name"], e["type"], e["description"], tuple(e["source_chunk_ids"]), e["degree"]) for e in ents if e["layer"] == 0}
+    r0 = {r["id"]: (r["description"], r["weight"], tuple(r["source_chunk_ids"])) for r in rels if r["kind"] == "extracted"}
+    return l0, r0
+
+
+def _valid(cat):
+    snap = cat.snapshot()
+    report = validate_tables({n: cat.read(n, snap=snap) for n in SNAPSHOT_TABLES}, snap["dim"])
+    assert report.success, report.failures
+
+
+@pytest.fixture(scope="module")
+def corpus_copy(small_corpus, tmp_path_factory):
+    root = tmp_path_factory.mktemp("inc") / "corpus"
+    shutil.copytree(small_corpus, root)
+    return root
+
+
+def test_add_edit_delete_match_a_full_rebuild(corpus_copy, tmp_path):
+    index = tmp_path / "index"
+    extra = corpus_copy / "notes" / "scrooge.md"
+    saved = extra.read_text()
+    extra.unlink()
+    build_index(str(corpus_copy), Catalog(index), CFG)
+    cat = Catalog(index)
+    n_docs, n_chunks = cat.read("documents").num_rows, cat.read("chunks").num_rows
+
+    # idempotence: nothing changed, nothing published
+    res = update_index(str(corpus_copy), cat, CFG)
+    assert res.status == "nothing-to-do" and Catalog(index).snapshot()["version"] == 1
+
+    # add
+    extra.write_text(saved)
+    res = update_index(str(corpus_copy), Catalog(index), CFG)
+    cat = Catalog(index)
+    assert res.status == "published" and cat.snapshot()["version"] == 2 and cat.snapshot()["kind"] == "incremental"
+    assert cat.read("documents").num_rows == n_docs + 1
+    new_doc = [d for d in cat.read("documents").to_pylist() if d["source_id"].endswith("scrooge.md")][0]
+    added_chunks = [c for c in cat.read("chunks").to_pylist() if c["document_id"] == new_doc["id"]]
+    assert len(added_chunks) >= 1 and cat.read("chunks").num_rows == n_chunks + len(added_chunks)
+    _valid(cat)
+    full = tmp_path / "full"
+    build_index(str(corpus_copy), Catalog(full), CFG)
+    assert _layer0(cat) == _layer0(Catalog(full))  # layer 0 is exactly what a full build gives
+    summary_links = [r for r in cat.read("relations").to_pylist() if r["kind"] == "summary_of"]
+    new_l0 = {e["id"] for e in cat.read("entities").to_pylist() if e["layer"] == 0}
+    assert new_l0 <= {r["source_id"] for r in summary_links}  # every entity, old or new, sits in the hierarchy
+    assert res.stages["attach"]["attached"] > 0
+
+    # edit
+    extra.write_text(saved.replace("Bob Cratchit was Scrooge's clerk.", "Fred was Scrooge's nephew in London."))
+    res = update_index(str(corpus_copy), Catalog(index), CFG)
+    cat = Catalog(index)
+    assert res.stages["diff"]["changed"] == 1 and cat.read("documents").num_rows == n_docs + 1
+    assert new_doc["id"] not in set(cat.read("documents").column("id").to_pylist())
+    assert not {c["id"] for c in added_chunks} & set(cat.read("chunks").column("id").to_pylist())
+    names = {e["name"] for e in cat.read("entities").to_pylist() if e["layer"] == 0}
+    assert "Fred" in names
+    _valid(cat)
+    edited = tmp_path / "edited"
+    build_index(str(corpus_copy), Catalog(edited), CFG)
+    assert _layer0(cat) == _layer0(Catalog(edited))  # old mentions gone, new ones in, exactly
+
+    # delete
+    extra.unlink()
+    res = update_index(str(corpus_copy), Catalog(index), CFG)
+    cat = Catalog(index)
+    assert res.stages["diff"]["deleted"] == 1
+    assert cat.read("documents").num_rows == n_docs and cat.read("chunks").num_rows == n_chunks
+    _valid(cat)
+    full2 = tmp_path / "full2"
+    build_index(str(corpus_copy), Catalog(full2), CFG)
+    assert _layer0(cat) == _layer0(Catalog(full2))
+    assert [s["version"] for s in cat.snapshots()] == [1, 2, 3, 4]
+    assert cat.read("documents", as_of=1).num_rows == n_docs  # older snapshots stay readable
+    extra.write_text(saved)
+
+
+def test_update_of_another_root_deletes_nothing_here(corpus_copy, tmp_path):
+    index = tmp_path / "index"
+    build_index(str(corpus_copy), Catalog(index), CFG)
+    n = Catalog(index).read("documents").num_rows
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "x.txt").write_text("Ada Lovelace wrote about the Analytical Engine of Charles Babbage.")
+    res = CliRunner().invoke(app, ["update", str(other), "--index", str(index), "--quiet", "--set", "dask.processes=false",
+                                   "--set", "chunking.size=200", "--set", "chunking.overlap=20"])
+    assert res.exit_code == 0, res.output
+    assert Catalog(index).read("documents").num_rows == n + 1
+    res = CliRunner().invoke(app, ["update", str(other), "--index", str(index), "--set", "dask.processes=false",
+                                   "--set", "chunking.size=200", "--set", "chunking.overlap=20"])
+    assert res.exit_code == 0 and "nothing changed" in res.output
+
+
+KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path.insert(0, {repo!r})
+    import flows
+    from tasks.catalog import Catalog
+    real = Catalog._write
+    n = []
+    def write_then_die(self, name, data):
+        n.append(name)
+        if len(n) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, name, data)
+    Catalog._write = write_then_die
+    from flows.pipeline import update_index
+    from schemas.config import load_config
+    update_index({corpus!r}, Catalog({index!r}), load_config(overrides={overrides!r}))
+    """
+)
+
+
+def test_killed_update_leaves_previous_snapshot_and_rerun_completes(corpus_copy, tmp_path):
+    corpus = tmp_path / "corpus"
+    shutil.copytree(corpus_copy, corpus)
+    index = tmp_path / "index"
+    build_index(str(corpus), Catalog(index), CFG)
+    before = Catalog(index).read("entities")
+    (corpus / "new.txt").write_text("Belle was once engaged to the young Scrooge.")
+    script = KILLER.format(repo=str(REPO), corpus=str(corpus), index=str(index),
+                           overrides={"chunking": SMALL["chunking"], "extract": SMALL["extract"]})
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    cat = Catalog(index)
+    assert cat.snapshot()["version"] == 1 and cat.read("entities").equals(before)
+    res = update_index(str(corpus), Catalog(index), CFG)
+    assert res.status == "published" and Catalog(index).snapshot()["version"] == 2
+    _valid(Catalog(index))
