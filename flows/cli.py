@@ -170,6 +170,63 @@ def update(
     _print_summary(result, time.perf_counter() - started)
 
 
+def date_partitions(pattern: str, start: str, end: str) -> list[str]:
+    """Folders for every day from ``start`` to ``end`` (inclusive): ``pattern`` is formatted with ``date``."""
+    import datetime as dt
+
+    day, last = dt.date.fromisoformat(start), dt.date.fromisoformat(end)
+    if last < day:
+        raise ValueError(f"--to {end} is before --from {start}")
+    out = []
+    while day <= last:
+        out.append(pattern.format(date=day))
+        day += dt.timedelta(days=1)
+    return out
+
+
+@app.command()
+def backfill(
+    partitions: Optional[list[Path]] = typer.Argument(None, help="Corpus folders, applied in the order given."),
+    index: str = IndexOpt,
+    date_from: Optional[str] = typer.Option(None, "--from", help="First day (YYYY-MM-DD) of a date range."),
+    date_to: Optional[str] = typer.Option(None, "--to", help="Last day (YYYY-MM-DD) of a date range."),
+    pattern: str = typer.Option("{date:%Y-%m-%d}", help="Folder of a day, e.g. 'corpus/{date:%Y/%m/%d}'."),
+    config: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
+    lock_timeout: float = typer.Option(0.0, help="Seconds to wait for another writer per partition."),
+) -> None:
+    """Apply partitions in order, each as an incremental update of its own folder (resumable).
+
+    Partitions are folders given as arguments, or days from --from to --to mapped to folders by --pattern.
+    Finished partitions have nothing to do on a re-run; a failed one is retried."""
+    try:
+        parts = [str(p) for p in partitions or []]
+        if date_from or date_to:
+            if not (date_from and date_to):
+                raise ConfigError("--from and --to go together")
+            parts += date_partitions(pattern, date_from, date_to)
+        if not parts:
+            raise ConfigError("give partition folders, or --from/--to with --pattern")
+        missing = [p for p in parts if not Path(p).exists()]
+        if missing:
+            raise ConfigError(f"partition folder(s) not found: {', '.join(missing)}")
+        load_config(config, _overrides(set_))
+    except (ConfigError, ValueError) as exc:
+        _fail(exc, 2)
+    from flows.index_flow import backfill_flow
+
+    try:
+        results = backfill_flow(parts, index, str(config) if config else None, _overrides(set_), lock_timeout)
+    except Exception as exc:  # noqa: BLE001
+        _fail(Exception(f"{exc}\nre-run the same command to resume: finished partitions are skipped"))
+    t = Table(title="backfill")
+    for col in ("partition", "status", "snapshot"):
+        t.add_column(col)
+    for r in results:
+        t.add_row(r["partition"], r["status"], str(r["version"]))
+    out.print(t)
+
+
 def _print_summary(result: dict[str, Any], seconds: float) -> None:
     table = Table(title=f"published snapshot v{result['version']} in {seconds:.1f}s")
     table.add_column("stage")

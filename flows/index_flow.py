@@ -94,3 +94,26 @@ def refresh_flow(
                               run_id=_flow_run_id(), flow_name="strata-refresh", full=full)
     publish_layer_artifacts(result.layers, result.layers_plot)
     return asdict(result)
+
+
+@flow(name="strata-backfill", persist_result=False, log_prints=False)
+def backfill_flow(
+    partitions: list[str],
+    index: str,
+    config_path: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    lock_timeout: float = 0.0,
+) -> list[dict[str, Any]]:
+    """Apply corpus partitions in order, each as an incremental update scoped to its own folder.
+
+    On an empty index the first partition builds it. A partition already applied has nothing to do,
+    so re-running a backfill after a failure redoes only the failed and the remaining partitions."""
+    cfg = load_config(config_path, overrides)
+    catalog = Catalog(index)
+    results = []
+    for part in partitions:
+        with catalog.writer_lock(lock_timeout):
+            result = update_index(part, catalog, cfg, run=prefect_runner, mapper=dask_mapper(cfg.dask),
+                                  run_id=None, flow_name=f"strata-backfill:{part}")
+        results.append({"partition": part, "status": result.status, "version": result.version})
+    return results

@@ -346,7 +346,7 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
                 j = view.chunk_index.get(cid)
                 if j is not None:
                     refs[j] += 1
-        chunk_order = sorted(refs, key=lambda j: (-refs[j], -float(chunk_scores[j]), view.chunk_ids[j]))
+        chunk_order = sorted(refs, key=lambda j: (-float(chunk_scores[j]), -refs[j], view.chunk_ids[j]))
 
     left = cfg.token_budget - sum(ctx.tokens.values())  # chunks take their share and whatever the others left
     chunk_items = [
