@@ -8,6 +8,7 @@ functions in ``tasks``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import time
@@ -64,6 +65,21 @@ class BuildResult:
     layers: list[dict[str, Any]] = field(default_factory=list)
     layers_plot: str | None = None
     llm: dict[str, Any] = field(default_factory=dict)
+    input_digest: str | None = None
+    n_inputs: int = 0
+
+
+def digest_of(documents: list[dict[str, Any]]) -> str:
+    return hashlib.sha256("\n".join(sorted(d["content_hash"] for d in documents)).encode()).hexdigest()
+
+
+def deployment_name() -> str | None:
+    try:
+        from prefect.runtime import deployment
+
+        return deployment.name
+    except Exception:  # noqa: BLE001 - not under Prefect
+        return None
 
 
 def code_version() -> str:
@@ -122,6 +138,7 @@ def build_index(
             "llm_tokens": 0,
             "llm_cost_usd": 0.0,
             "code_version": code_version(),
+            "deployment": deployment_name(),
             "version": version,
         }
     )
@@ -146,6 +163,8 @@ def build_index(
             "ended_at": datetime.now(timezone.utc),
             "stage_counts": json.dumps(log.stages),
             "snapshot_version": version,
+            "input_digest": result.input_digest,
+            "n_inputs": result.n_inputs,
             **_usage_columns(usage),
         },
     )
@@ -313,7 +332,8 @@ def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep, usage) 
     if catalog.root is not None:
         plot = plot_layers(layer_rows, catalog.root / "reports" / f"layers-v{published}.png", cfg.hierarchy.epsilon)
     return BuildResult(run_id=run_id, version=published, counts=counts, stages=log.stages, status="published",
-                       layers=layer_rows, layers_plot=str(plot) if plot else None)
+                       layers=layer_rows, layers_plot=str(plot) if plot else None,
+                       input_digest=digest_of(documents), n_inputs=len(documents))
 
 
 def _dedupe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -352,7 +372,8 @@ def update_index(
     usage = Usage()
     catalog.log_run({"id": run_id, "flow": flow_name, "started_at": started, "status": "running",
                      "parameters": json.dumps({"corpus": str(corpus), "index": catalog.uri, "config": cfg.fingerprint()}),
-                     "llm_calls": 0, "llm_tokens": 0, "llm_cost_usd": 0.0, "code_version": code_version(), "version": version})
+                     "llm_calls": 0, "llm_tokens": 0, "llm_cost_usd": 0.0, "code_version": code_version(),
+                     "deployment": deployment_name(), "version": version})
     try:
         result = _update(corpus, catalog, cfg, run, mapper, run_id, snap, version, log, rep, usage)
     except BaseException as exc:
@@ -362,7 +383,8 @@ def update_index(
         raise
     catalog.finish_run(run_id, {"status": result.status, "ended_at": datetime.now(timezone.utc),
                                 "stage_counts": json.dumps(log.stages), "snapshot_version": result.version
-                                if result.status == "published" else None, **_usage_columns(usage)})
+                                if result.status == "published" else None, "input_digest": result.input_digest,
+                                "n_inputs": result.n_inputs, **_usage_columns(usage)})
     result.llm = asdict(usage)
     return result
 
@@ -381,8 +403,10 @@ def _update(corpus, catalog, cfg, run, mapper, run_id, snap, version, log, rep, 
     diff = diff_documents(old_docs, ingested.documents, root)
     log.record("diff", time.perf_counter() - t, **diff.counts(), quarantined=len(ingested.quarantine))
     rep.finish("diff", ", ".join(f"{k} {v}" for k, v in diff.counts().items()))
+    digest = digest_of(ingested.documents)
     if diff.empty:
-        return BuildResult(run_id=run_id, version=snap["version"], counts={}, stages=log.stages, status="nothing-to-do")
+        return BuildResult(run_id=run_id, version=snap["version"], counts={}, stages=log.stages, status="nothing-to-do",
+                           input_digest=digest, n_inputs=len(ingested.documents))
 
     # remove what the delta replaces, chunk and extract what it adds
     t = time.perf_counter()
@@ -504,4 +528,4 @@ def _update(corpus, catalog, cfg, run, mapper, run_id, snap, version, log, rep, 
     else:
         rep.finish("publish", f"snapshot v{published} (drift {drift:.1%})")
     return BuildResult(run_id=run_id, version=published, counts={k: v.num_rows for k, v in tables.items()},
-                       stages=log.stages, status="published")
+                       stages=log.stages, status="published", input_digest=digest, n_inputs=len(ingested.documents))

@@ -184,7 +184,8 @@ def env_overrides(environ: dict[str, str] | None = None) -> dict[str, Any]:
         if not name.startswith(ENV_PREFIX) or name in ("STRATA_CONFIG", "STRATA_HOME"):
             continue
         path = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
-        if path:
+        # STRATA_SEED is a setting, STRATA_REPO is not; STRATA_X__Y always is (so a typo there is reported)
+        if path and (len(path) > 1 or path[0] in StrataConfig.model_fields):
             _set_nested(out, path, raw)
     return out
 

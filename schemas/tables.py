@@ -143,6 +143,9 @@ def runs_schema() -> pa.Schema:
             ("error", pa.string()),
             ("snapshot_version", pa.int64()),
             ("code_version", pa.string()),
+            ("deployment", pa.string()),  # Prefect deployment that started the run, if any
+            ("input_digest", pa.string()),  # sha256 over the sorted content hashes of the input documents
+            ("n_inputs", pa.int64()),
             ("version", pa.int64()),
         ]
     )

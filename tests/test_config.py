@@ -22,6 +22,12 @@ def test_file_then_env_then_overrides(tmp_path):
     assert cfg.dask.n_workers == 1
 
 
+def test_unrelated_strata_variables_are_ignored_but_section_typos_are_not():
+    assert env_overrides({"STRATA_REPO": "/src", "STRATA_SEED": "3"}) == {"seed": 3}
+    with pytest.raises(ConfigError, match="chunkin"):
+        load_config(environ={"STRATA_CHUNKIN__SIZE": "5"})
+
+
 def test_env_values_are_parsed_as_json_when_possible():
     assert env_overrides({"STRATA_HIERARCHY__META_ENTITIES": '["a","b"]', "STRATA_SEED": "7"}) == {
         "hierarchy": {"meta_entities": ["a", "b"]},

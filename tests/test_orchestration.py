@@ -1,0 +1,199 @@
+"""Data-engineering face: backfill with a failure and resume, serialized writers, lineage, an external Dask cluster."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import flows.index_flow as index_flow_module
+from flows.cli import app, date_partitions
+from schemas.config import DaskConfig, ExtractConfig
+from tasks.catalog import Catalog
+from tasks.extract import extract_chunks, local_mapper
+from tasks.parallel import dask_mapper
+from tests.conftest import REPO, musique_passages
+
+runner = CliRunner()
+SETS = ["--set", "dask.processes=false", "--set", "chunking.size=200", "--set", "chunking.overlap=20"]
+
+
+def _partitions(root: Path) -> list[Path]:
+    rows = musique_passages(9)
+    parts = []
+    for i in range(3):
+        p = root / f"2026-01-0{i + 1}"
+        p.mkdir(parents=True)
+        for r in rows[i * 3 : (i + 1) * 3]:
+            (p / f"{r['id']}.txt").write_text(f"# {r['title']}\n\n{r['text']}\n")
+        parts.append(p)
+    return parts
+
+
+def test_backfill_with_a_failed_partition_resumes_with_exactly_the_right_rows(tmp_path, monkeypatch):
+    parts = _partitions(tmp_path / "corpus")
+    index = tmp_path / "index"
+    real = index_flow_module.update_index
+    failed = []
+
+    def flaky(corpus, *a, **kw):
+        if corpus.endswith("2026-01-02") and not failed:
+            failed.append(corpus)
+            raise RuntimeError("injected failure in partition 2026-01-02")
+        return real(corpus, *a, **kw)
+
+    monkeypatch.setattr(index_flow_module, "update_index", flaky)
+    args = ["backfill", *map(str, parts), "--index", str(index), *SETS]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 1 and "injected failure" in res.output and "re-run the same command" in res.output
+    cat = Catalog(index)
+    assert cat.read("documents").num_rows == 3  # the first partition is in, nothing of the failed one
+    runs = cat.runs()
+    assert [r["status"] for r in runs] == ["published"]  # the injected failure happened before its run started
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    statuses = [(r["flow"].split(":")[-1][-10:], r["status"]) for r in Catalog(index).runs()]
+    assert statuses[-3:] == [("2026-01-01", "nothing-to-do"), ("2026-01-02", "published"), ("2026-01-03", "published")]
+    docs = Catalog(index).read("documents").to_pylist()
+    assert sorted(d["source_id"] for d in docs) == sorted(f"{r['id']}.txt" for r in musique_passages(9))
+    assert {d["root"] for d in docs} == {str(p.resolve()) for p in parts}
+    assert runner.invoke(app, ["validate", "--index", str(index)]).exit_code == 0
+
+
+def test_date_range_maps_to_folders():
+    assert date_partitions("c/{date:%Y/%m/%d}", "2026-01-30", "2026-02-01") == ["c/2026/01/30", "c/2026/01/31", "c/2026/02/01"]
+    with pytest.raises(ValueError):
+        date_partitions("{date}", "2026-02-01", "2026-01-01")
+
+
+def test_concurrent_writers_serialize(tmp_path, small_corpus):
+    index = tmp_path / "index"
+    cat = Catalog(index)
+    with cat.writer_lock():  # another writer holds the index
+        res = runner.invoke(app, ["update", str(small_corpus), "--index", str(index), "--quiet", *SETS])
+    assert res.exit_code == 1 and "is being written by pid" in res.output
+    assert Catalog(index).snapshot() is None  # nothing half-written
+
+    lock = Catalog(index).writer_lock()
+    lock.__enter__()
+    threading.Timer(1.5, lambda: lock.__exit__(None, None, None)).start()
+    t0 = time.perf_counter()
+    res = runner.invoke(app, ["update", str(small_corpus), "--index", str(index), "--quiet", "--lock-timeout", "60", *SETS])
+    assert res.exit_code == 0, res.output
+    assert time.perf_counter() - t0 >= 1.4  # it waited for the first writer, then ran
+    run = Catalog(index).runs()[-1]
+    assert run["status"] == "published" and run["n_inputs"] == 15 and len(run["input_digest"]) == 64
+    assert run["code_version"] and run["parameters"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_extraction_on_an_external_dask_cluster(tmp_path, small_corpus):
+    """A scheduler and two workers as separate processes on 127.0.0.1, used through dask.address."""
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    dask = str(Path(sys.executable).parent / "dask")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+                              env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        for _ in range(2):
+            procs.append(subprocess.Popen([dask, "worker", address, "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1"],
+                                          env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        from distributed import Client
+
+        with Client(address, timeout="60s") as client:
+            client.wait_for_workers(2, timeout=120)
+            pids = set(client.run(os.getpid).values())
+        assert len(pids) == 2 and os.getpid() not in pids
+        chunks = [{"id": f"c{i}", "text": r["text"]} for i, r in enumerate(musique_passages(12))]
+        cfg = ExtractConfig(batch_size=3)
+        remote = extract_chunks(chunks, cfg, dask_mapper(DaskConfig(address=address)))
+        local = extract_chunks(chunks, cfg, local_mapper)
+        assert remote["ok"] == local["ok"] and remote["entities"] == local["entities"]
+        res = runner.invoke(app, ["index", str(small_corpus), "--index", str(tmp_path / "index"), "--quiet",
+                                  "--set", f"dask.address={address}", "--set", "chunking.size=200"])
+        assert res.exit_code == 0, res.output
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_real_prefect_server_deploys_and_runs_a_refresh(tmp_path, small_corpus):
+    """prefect server + a process worker on 127.0.0.1; deploy deployments/prefect.yaml; trigger a run; wait."""
+    import urllib.request
+
+    port = _free_port()
+    bin_dir = Path(sys.executable).parent
+    prefect = str(bin_dir / "prefect")
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1", STRATA_REPO=str(REPO),
+               PREFECT_WORKER_QUERY_SECONDS="2", PREFECT_LOGGING_LEVEL="WARNING",
+               PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    env.pop("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", None)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    procs = [subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
+                              stdout=open(logs / "server.log", "w"), stderr=subprocess.STDOUT)]
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, (logs / "server.log").read_text()[-3000:]
+            time.sleep(1)
+
+        def prefect_cli(*args):
+            res = subprocess.run([prefect, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+            assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+            return res.stdout
+
+        prefect_cli("work-pool", "create", "strata", "--type", "process")
+        prefect_cli("--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml")
+        procs.append(subprocess.Popen([prefect, "worker", "start", "--pool", "strata", "--limit", "1"], env=env, cwd=REPO,
+                                      stdout=open(logs / "worker.log", "w"), stderr=subprocess.STDOUT))
+        index = tmp_path / "index"
+        trigger = (
+            "from prefect.deployments import run_deployment\n"
+            f"fr = run_deployment('strata-refresh/nightly-refresh', parameters={{'corpus': {str(small_corpus)!r}, "
+            f"'index': {str(index)!r}, 'overrides': {{'dask': {{'processes': False}}, 'chunking': {{'size': 300}}}}}}, "
+            "timeout=900)\n"
+            "print('STATE', fr.state.type.value)\n"
+        )
+        res = subprocess.run([sys.executable, "-c", trigger], env=env, cwd=REPO, capture_output=True, text=True, timeout=960)
+        assert "STATE COMPLETED" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:] + (logs / "worker.log").read_text()[-4000:]
+        cat = Catalog(index)
+        assert cat.snapshot()["version"] == 1 and cat.read("entities").num_rows > 0
+        run = cat.runs()[-1]
+        assert run["flow"] == "strata-refresh" and run["deployment"] == "nightly-refresh"
+        assert "0 2 * * *" in prefect_cli("deployment", "inspect", "strata-refresh/nightly-refresh")  # the cron schedule
+        prefect_cli("deployment", "inspect", "strata-refresh/full-rebuild")
+        prefect_cli("deployment", "inspect", "strata-backfill/backfill")
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
