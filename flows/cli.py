@@ -111,6 +111,13 @@ def index(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Full build: ingest, chunk, extract (Dask), merge, embed, validate and publish one snapshot."""
+    result, seconds = _run_writer("index_flow", corpus, index, config, set_, quiet, lock_timeout)
+    _print_summary(result, seconds)
+
+
+def _run_writer(flow: str, corpus: Path, index: str, config, set_, quiet: bool, *args: Any) -> tuple[dict[str, Any], float]:
+    """Validate the config and corpus first (exit 2), then run a writing flow with progress bars (exit 1 on failure)."""
+    import flows.index_flow as index_flows
     from tasks.progress import LogReporter, use_reporter
 
     try:
@@ -119,17 +126,15 @@ def index(
         _fail(exc, 2)
     if not corpus.exists():
         _fail(FileNotFoundError(f"corpus not found: {corpus}"), 2)
-    from flows.index_flow import index_flow
-
     started = time.perf_counter()
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, disable=quiet)
     try:
         with progress, use_reporter(LogReporter() if quiet else RichReporter(progress)):
-            result = index_flow(str(corpus), index, str(config) if config else None, _overrides(set_), lock_timeout)
+            result = getattr(index_flows, flow)(str(corpus), index, str(config) if config else None, _overrides(set_), *args)
     except Exception as exc:  # noqa: BLE001
         _fail(exc)
-    _print_summary(result, time.perf_counter() - started)
+    return result, time.perf_counter() - started
 
 
 @app.command()
@@ -146,28 +151,11 @@ def update(
 
     New entities attach to the most similar summary nodes (HyGRAG), only the touched ancestors, communities
     and reports are refreshed, and one new snapshot is published. Nothing changed means nothing published."""
-    from tasks.progress import LogReporter, use_reporter
-
-    try:
-        load_config(config, _overrides(set_))
-    except ConfigError as exc:
-        _fail(exc, 2)
-    if not corpus.exists():
-        _fail(FileNotFoundError(f"corpus not found: {corpus}"), 2)
-    from flows.index_flow import refresh_flow
-
-    started = time.perf_counter()
-    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=console, disable=quiet)
-    try:
-        with progress, use_reporter(LogReporter() if quiet else RichReporter(progress)):
-            result = refresh_flow(str(corpus), index, str(config) if config else None, _overrides(set_), lock_timeout, full)
-    except Exception as exc:  # noqa: BLE001
-        _fail(exc)
+    result, seconds = _run_writer("refresh_flow", corpus, index, config, set_, quiet, lock_timeout, full)
     if result["status"] == "nothing-to-do":
         out.print(f"nothing changed under {corpus}: snapshot v{result['version']} stays published, nothing written")
         return
-    _print_summary(result, time.perf_counter() - started)
+    _print_summary(result, seconds)
 
 
 def date_partitions(pattern: str, start: str, end: str) -> list[str]:

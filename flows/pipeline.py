@@ -8,6 +8,7 @@ functions in ``tasks``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import subprocess
@@ -120,56 +121,40 @@ def build_index(
     flow_name: str = "index",
 ) -> BuildResult:
     """Full build: ingest -> chunk -> extract -> merge -> embed -> validate -> publish (one snapshot)."""
-    rep = reporter()
-    log = StageLog()
-    started = datetime.now(timezone.utc)
-    run_id = run_id or make_id("run", started.isoformat(), corpus)
     previous = catalog.snapshot()
     version = previous["version"] + 1 if previous else 1
-    usage = Usage()
-    catalog.log_run(
-        {
-            "id": run_id,
-            "flow": flow_name,
-            "parameters": json.dumps({"corpus": str(corpus), "index": catalog.uri, "config": cfg.fingerprint()}),
-            "started_at": started,
-            "status": "running",
-            "llm_calls": 0,
-            "llm_tokens": 0,
-            "llm_cost_usd": 0.0,
-            "code_version": code_version(),
-            "deployment": deployment_name(),
-            "version": version,
-        }
-    )
+    with recorded_run(catalog, run_id, flow_name, corpus, cfg, version) as (run_id, log, usage, done):
+        return done(_build(corpus, catalog, cfg, run, mapper, run_id, version, log, reporter(), usage))
+
+
+@contextlib.contextmanager
+def recorded_run(catalog: Catalog, run_id: str | None, flow_name: str, corpus: str, cfg: StrataConfig, version: int):
+    """A ``runs`` row for the whole run: 'running' at the start, then its outcome, counts, usage and lineage.
+
+    Yields (run_id, stage log, usage, done); ``done(result)`` records the result and returns it."""
+    started = datetime.now(timezone.utc)
+    run_id = run_id or make_id("run", started.isoformat(), corpus)
+    log, usage = StageLog(), Usage()
+    catalog.log_run({"id": run_id, "flow": flow_name, "started_at": started, "status": "running",
+                     "parameters": json.dumps({"corpus": str(corpus), "index": catalog.uri, "config": cfg.fingerprint()}),
+                     "llm_calls": 0, "llm_tokens": 0, "llm_cost_usd": 0.0, "code_version": code_version(),
+                     "deployment": deployment_name(), "version": version})
+
+    def done(result: BuildResult) -> BuildResult:
+        catalog.finish_run(run_id, {
+            "status": result.status, "ended_at": datetime.now(timezone.utc), "stage_counts": json.dumps(log.stages),
+            "snapshot_version": result.version if result.status == "published" else None,
+            "input_digest": result.input_digest, "n_inputs": result.n_inputs, **_usage_columns(usage)})
+        result.llm = asdict(usage)
+        return result
+
     try:
-        result = _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep, usage)
+        yield run_id, log, usage, done
     except BaseException as exc:
-        catalog.finish_run(
-            run_id,
-            {
-                "status": "failed",
-                "ended_at": datetime.now(timezone.utc),
-                "error": f"{type(exc).__name__}: {exc}"[:4000],
-                "stage_counts": json.dumps(log.stages),
-                **_usage_columns(usage),
-            },
-        )
+        catalog.finish_run(run_id, {"status": "failed", "ended_at": datetime.now(timezone.utc),
+                                    "error": f"{type(exc).__name__}: {exc}"[:4000], "stage_counts": json.dumps(log.stages),
+                                    **_usage_columns(usage)})
         raise
-    catalog.finish_run(
-        run_id,
-        {
-            "status": "published",
-            "ended_at": datetime.now(timezone.utc),
-            "stage_counts": json.dumps(log.stages),
-            "snapshot_version": version,
-            "input_digest": result.input_digest,
-            "n_inputs": result.n_inputs,
-            **_usage_columns(usage),
-        },
-    )
-    result.llm = asdict(usage)
-    return result
 
 
 def _usage_columns(usage: Usage) -> dict[str, Any]:
@@ -299,7 +284,6 @@ def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep, usage) 
 
     if llm is not None:
         usage.add(llm.usage)
-        log.stages["extract"]["llm_calls_total"] = usage.calls
 
     # assemble, validate, publish
     t = time.perf_counter()
@@ -364,29 +348,9 @@ def update_index(
     snap = catalog.snapshot()
     if snap is None or full:
         return build_index(corpus, catalog, cfg, run, mapper, run_id, flow_name)
-    rep = reporter()
-    log = StageLog()
-    started = datetime.now(timezone.utc)
-    run_id = run_id or make_id("run", started.isoformat(), corpus)
     version = snap["version"] + 1
-    usage = Usage()
-    catalog.log_run({"id": run_id, "flow": flow_name, "started_at": started, "status": "running",
-                     "parameters": json.dumps({"corpus": str(corpus), "index": catalog.uri, "config": cfg.fingerprint()}),
-                     "llm_calls": 0, "llm_tokens": 0, "llm_cost_usd": 0.0, "code_version": code_version(),
-                     "deployment": deployment_name(), "version": version})
-    try:
-        result = _update(corpus, catalog, cfg, run, mapper, run_id, snap, version, log, rep, usage)
-    except BaseException as exc:
-        catalog.finish_run(run_id, {"status": "failed", "ended_at": datetime.now(timezone.utc),
-                                    "error": f"{type(exc).__name__}: {exc}"[:4000], "stage_counts": json.dumps(log.stages),
-                                    **_usage_columns(usage)})
-        raise
-    catalog.finish_run(run_id, {"status": result.status, "ended_at": datetime.now(timezone.utc),
-                                "stage_counts": json.dumps(log.stages), "snapshot_version": result.version
-                                if result.status == "published" else None, "input_digest": result.input_digest,
-                                "n_inputs": result.n_inputs, **_usage_columns(usage)})
-    result.llm = asdict(usage)
-    return result
+    with recorded_run(catalog, run_id, flow_name, corpus, cfg, version) as (run_id, log, usage, done):
+        return done(_update(corpus, catalog, cfg, run, mapper, run_id, snap, version, log, reporter(), usage))
 
 
 def _update(corpus, catalog, cfg, run, mapper, run_id, snap, version, log, rep, usage) -> BuildResult:

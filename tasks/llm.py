@@ -35,8 +35,10 @@ _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
 
 
 def _balanced_candidates(text: str) -> list[str]:
-    """Every top-level {...} or [...] span, in order (string-aware)."""
-    out, depth, start, in_str, esc = [], 0, None, False, False
+    """Every top-level {...} or [...] span, in order (string-aware); a span cut off at the end is closed."""
+    out: list[str] = []
+    stack: list[str] = []
+    start, in_str, esc = 0, False, False
     for i, ch in enumerate(text):
         if in_str:
             if esc:
@@ -45,39 +47,18 @@ def _balanced_candidates(text: str) -> list[str]:
                 esc = True
             elif ch == '"':
                 in_str = False
-            continue
-        if ch == '"' and depth:
+        elif ch == '"' and stack:
             in_str = True
         elif ch in "{[":
-            if depth == 0:
+            if not stack:
                 start = i
-            depth += 1
-        elif ch in "}]" and depth:
-            depth -= 1
-            if depth == 0 and start is not None:
+            stack.append("}" if ch == "{" else "]")
+        elif ch in "}]" and stack:
+            stack.pop()
+            if not stack:
                 out.append(text[start : i + 1])
-                start = None
-    if depth and start is not None:  # truncated answer: try to close it
-        tail = text[start:]
-        stack = []
-        in_str = esc = False
-        for ch in tail:
-            if in_str:
-                if esc:
-                    esc = False
-                elif ch == "\\":
-                    esc = True
-                elif ch == '"':
-                    in_str = False
-                continue
-            if ch == '"':
-                in_str = True
-            elif ch in "{[":
-                stack.append("}" if ch == "{" else "]")
-            elif ch in "}]" and stack:
-                stack.pop()
-        closers = ('"' if in_str else "") + "".join(reversed(stack))
-        out.append(tail.rstrip().rstrip(",") + closers)
+    if stack:  # truncated answer: close what is open
+        out.append(text[start:].rstrip().rstrip(",") + ('"' if in_str else "") + "".join(reversed(stack)))
     return out
 
 

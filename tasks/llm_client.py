@@ -196,6 +196,7 @@ class LiteLLMClient:
         self.usage = Usage()
         self._completion = completion
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._unpriced = False
 
     def _params(self, json_mode: bool) -> dict[str, Any]:
         params: dict[str, Any] = {"temperature": self.cfg.temperature, "max_tokens": self.cfg.max_tokens}
@@ -301,9 +302,11 @@ class LiteLLMClient:
         if usage is not None:
             self.usage.prompt_tokens += int(getattr(usage, "prompt_tokens", 0) or 0)
             self.usage.completion_tokens += int(getattr(usage, "completion_tokens", 0) or 0)
+        if self._unpriced:
+            return
         try:
             import litellm
 
             self.usage.cost_usd += float(litellm.completion_cost(completion_response=resp) or 0.0)
-        except Exception:  # noqa: BLE001 - unknown model in the local cost map: cost unknown, tokens still counted
-            pass
+        except Exception:  # noqa: BLE001 - not in the local cost map: cost unknown (tokens still counted); stop asking
+            self._unpriced = True

@@ -43,3 +43,34 @@ def tiny_tables(version: int = 1, suffix: str = "") -> dict:
         "relations": _to_table("relations", rels, DIM, version),
         "quarantine": _to_table("quarantine", quarantine, DIM, version),
     }
+
+
+KILL_DURING_PUBLISH = """
+import os, signal, sys
+sys.path.insert(0, {repo!r})
+import flows
+from tasks.catalog import Catalog
+real = Catalog._write
+written = []
+def write_then_die(self, name, data):
+    written.append(name)
+    if len(written) == {after}:  # tables overwritten, snapshot not committed: the worst moment
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(self, name, data)
+Catalog._write = write_then_die
+from flows.pipeline import {entry}
+from schemas.config import load_config
+{entry}({corpus!r}, Catalog({index!r}), load_config(overrides={overrides!r}))
+"""
+
+
+def run_killed_during_publish(entry: str, corpus, index, overrides: dict, after: int):
+    """Run ``flows.pipeline.<entry>`` in a subprocess that SIGKILLs itself on its ``after``-th table write."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parent.parent)
+    script = KILL_DURING_PUBLISH.format(repo=repo, after=after, entry=entry, corpus=str(corpus), index=str(index),
+                                        overrides=overrides)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import lancedb
@@ -18,7 +16,8 @@ from flows.cli import app
 from flows.pipeline import build_index
 from schemas.config import load_config
 from tasks.catalog import Catalog
-from tests.conftest import REPO, SMALL
+from tests.conftest import SMALL
+from tests.helpers import run_killed_during_publish
 
 runner = CliRunner()
 
@@ -164,28 +163,6 @@ def test_bad_config_exits_2_before_any_work(small_corpus, tmp_path):
     assert "overlap (5000) must be smaller than size" in res.output
 
 
-KILLER = textwrap.dedent(
-    """
-    import os, signal, sys
-    sys.path.insert(0, {repo!r})
-    import flows
-    from tasks.catalog import Catalog
-    real = Catalog._write
-    n = []
-    def write_then_die(self, name, data):
-        n.append(name)
-        if len(n) == 3:  # two tables overwritten, snapshot not committed: the worst moment
-            os.kill(os.getpid(), signal.SIGKILL)
-        return real(self, name, data)
-    Catalog._write = write_then_die
-    from flows.pipeline import build_index
-    from schemas.config import load_config
-    cfg = load_config(overrides={overrides!r})
-    build_index({corpus!r}, Catalog({index!r}), cfg)
-    """
-)
-
-
 def test_killed_run_leaves_previous_snapshot_and_rerun_completes(built, small_corpus, tmp_path):
     index = tmp_path / "index"
     cfg_over = {"chunking": SMALL["chunking"], "extract": SMALL["extract"]}
@@ -195,8 +172,7 @@ def test_killed_run_leaves_previous_snapshot_and_rerun_completes(built, small_co
     extra = tmp_path / "corpus"
     subprocess.run(["cp", "-r", str(small_corpus), str(extra)], check=True)
     (extra / "new.txt").write_text("Fred, the nephew of Scrooge, invited him to Christmas dinner in London.")
-    script = KILLER.format(repo=str(REPO), overrides=cfg_over, corpus=str(extra), index=str(index))
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    proc = run_killed_during_publish("build_index", extra, index, cfg_over, after=3)
     assert proc.returncode == -9, proc.stderr[-2000:]
     # the lance tables did get new versions, but readers still resolve snapshot v1
     db = lancedb.connect(str(index / "lance"))

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -18,7 +15,8 @@ from tasks.catalog import Catalog
 from tasks.incremental import attach, diff_documents, place_in_communities
 from tasks.validate import validate_tables
 from schemas.tables import SNAPSHOT_TABLES
-from tests.conftest import REPO, SMALL
+from tests.conftest import SMALL
+from tests.helpers import run_killed_during_publish
 
 
 def _doc(sid, h, root="/r"):
@@ -197,27 +195,6 @@ def test_update_of_another_root_deletes_nothing_here(corpus_copy, tmp_path):
     assert res.exit_code == 0 and "nothing changed" in res.output
 
 
-KILLER = textwrap.dedent(
-    """
-    import os, signal, sys
-    sys.path.insert(0, {repo!r})
-    import flows
-    from tasks.catalog import Catalog
-    real = Catalog._write
-    n = []
-    def write_then_die(self, name, data):
-        n.append(name)
-        if len(n) == 2:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return real(self, name, data)
-    Catalog._write = write_then_die
-    from flows.pipeline import update_index
-    from schemas.config import load_config
-    update_index({corpus!r}, Catalog({index!r}), load_config(overrides={overrides!r}))
-    """
-)
-
-
 def test_killed_update_leaves_previous_snapshot_and_rerun_completes(corpus_copy, tmp_path):
     corpus = tmp_path / "corpus"
     shutil.copytree(corpus_copy, corpus)
@@ -225,9 +202,8 @@ def test_killed_update_leaves_previous_snapshot_and_rerun_completes(corpus_copy,
     build_index(str(corpus), Catalog(index), CFG)
     before = Catalog(index).read("entities")
     (corpus / "new.txt").write_text("Belle was once engaged to the young Scrooge.")
-    script = KILLER.format(repo=str(REPO), corpus=str(corpus), index=str(index),
-                           overrides={"chunking": SMALL["chunking"], "extract": SMALL["extract"]})
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    proc = run_killed_during_publish("update_index", corpus, index,
+                                     {"chunking": SMALL["chunking"], "extract": SMALL["extract"]}, after=2)
     assert proc.returncode == -9, proc.stderr[-2000:]
     cat = Catalog(index)
     assert cat.snapshot()["version"] == 1 and cat.read("entities").equals(before)
