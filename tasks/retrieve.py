@@ -295,6 +295,7 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     ctx = Context(question=question, mode=mode, version=view.version)
+    q = np.asarray(q, dtype=np.float32)  # a float64 query would upcast the whole vector matrix on every search
     budgets = _budgets(cfg, mode)
     flat = mode == "flat"
     chunk_scores = view.chunk_vecs @ q if len(view.chunk_ids) else np.zeros(0, dtype=np.float32)
