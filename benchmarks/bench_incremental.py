@@ -58,7 +58,7 @@ def main() -> None:
         corpus.mkdir()
         (corpus / "base.jsonl").write_text("\n".join(lines[:cut]) + "\n")
         t0 = time.perf_counter()
-        base = build_index(str(corpus), Catalog(tmp / "inc1"), cfg)
+        build_index(str(corpus), Catalog(tmp / "inc1"), cfg)
         t_base = time.perf_counter() - t0
         shutil.copytree(tmp / "inc1", tmp / "inc4")
         # one step: the remaining 20 %

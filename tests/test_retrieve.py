@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import numpy as np
-import pytest
 
 from flows.pipeline import _to_table
 from schemas.config import RetrievalConfig
