@@ -30,16 +30,16 @@ for key in [k for k in os.environ if k.startswith("STRATA_") and k not in ("STRA
 import flows  # noqa: E402,F401  (offline defaults)
 
 REPO = Path(__file__).resolve().parent.parent
-DATASETS = REPO.parent / "shared" / "datasets"
 CAROL = REPO / "data" / "a_christmas_carol.txt"
+MUSIQUE_SAMPLE = Path(__file__).resolve().parent / "data" / "musique_sample.jsonl"
 
 #: small chunks so a small corpus still gives several chunks per document
 SMALL = {"chunking": {"size": 200, "overlap": 20}, "extract": {"batch_size": 4}, "dask": {"n_workers": 2, "processes": False}}
 
 
 def musique_passages(n: int) -> list[dict]:
-    path = DATASETS / "musique" / "corpus.jsonl"
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()[:n]]
+    rows = [json.loads(line) for line in MUSIQUE_SAMPLE.read_text(encoding="utf-8").splitlines()[:n]]
+    assert len(rows) == n, f"the sample holds {len(rows)} passages, {n} asked"
     return rows
 
 
