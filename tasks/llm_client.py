@@ -117,10 +117,6 @@ class ResponseCache:
         with self._lock, self._conn:
             self._conn.execute("DELETE FROM unparseable WHERE key = ?", (key,))
 
-    def keys(self) -> list[str]:
-        with self._lock:
-            return [r[0] for r in self._conn.execute("SELECT key FROM responses")]
-
     def all(self) -> dict[str, str]:
         with self._lock:
             return dict(self._conn.execute("SELECT key, text FROM responses"))

@@ -9,13 +9,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from schemas.config import DaskConfig
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-T = TypeVar("T")
 R = TypeVar("R")
 
 
@@ -74,10 +73,6 @@ def dask_mapper(cfg: DaskConfig) -> Callable[..., list[Any]]:
             return map_batches(client, fn, batches, on_done, **kwargs)
 
     return mapper
-
-
-def batched(items: Sequence[T], size: int) -> list[list[T]]:
-    return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
 
 def map_batches(
