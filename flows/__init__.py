@@ -23,3 +23,5 @@ OFFLINE_DEFAULTS = {
 }
 for _k, _v in OFFLINE_DEFAULTS.items():
     os.environ.setdefault(_k, _v)
+# Prefect creates its home but not the parents of it
+Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
