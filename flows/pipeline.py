@@ -170,6 +170,29 @@ def extraction_method(cfg: StrataConfig) -> str:
     return method
 
 
+def _extract(run, chunks, cfg, catalog, mapper, method, rep, usage) -> dict[str, Any]:
+    """The extraction stage (offline or LLM, through ``mapper``); marks each chunk extracted or quarantined."""
+    llm_kwargs = (
+        {"batch_fn": extract_batch_llm, "llm": cfg.llm, "cache_dir": str(catalog.cache_dir), "share": None}
+        if method == "llm" else {}
+    )
+    extracted = run(
+        "extract", extract_chunks, chunks, cfg.extract, mapper,
+        on_done=lambda _i, r: rep.advance("extract", len(r["ok"]) + len(r["quarantine"])), **llm_kwargs,
+    )
+    usage.add(Usage(**extracted["usage"]))
+    ok = set(extracted["ok"])
+    for c in chunks:
+        c["status"] = "extracted" if c["id"] in ok else "quarantined"
+    return extracted
+
+
+def _summarizer(cfg: StrataConfig, llm: LiteLLMClient | None, per_cluster: int):
+    if llm is not None:
+        return LLMSummarizer(llm, cfg.hierarchy.meta_entities, per_cluster, cfg.extract.max_description_tokens)
+    return OfflineSummarizer(cfg.hierarchy.meta_entities, cfg.extract.max_description_tokens)
+
+
 def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep, usage) -> BuildResult:
     method = extraction_method(cfg)
     llm = LiteLLMClient(cfg.llm, catalog.cache_dir) if cfg.llm.model else None
@@ -194,20 +217,10 @@ def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep, usage) 
     # extract (parallel)
     t = time.perf_counter()
     rep.start("extract", len(chunks))
-    llm_kwargs = (
-        {"batch_fn": extract_batch_llm, "llm": cfg.llm, "cache_dir": str(catalog.cache_dir), "share": None}
-        if method == "llm" else {}
-    )
-    extracted = run(
-        "extract", extract_chunks, chunks, cfg.extract, mapper,
-        on_done=lambda _i, r: rep.advance("extract", len(r["ok"]) + len(r["quarantine"])), **llm_kwargs,
-    )
-    usage.add(Usage(**extracted["usage"]))
+    extracted = _extract(run, chunks, cfg, catalog, mapper, method, rep, usage)
     ok = set(extracted["ok"])
     for q in extracted["quarantine"]:
         quarantine.append(quarantine_row(q["item"], q["stage"], q["error"]))
-    for c in chunks:
-        c["status"] = "extracted" if c["id"] in ok else "quarantined"
     log.record(
         "extract", time.perf_counter() - t,
         chunks=len(ok), mentions=len(extracted["entities"]), raw_relations=len(extracted["relations"]),
@@ -240,11 +253,7 @@ def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep, usage) 
     # hierarchy (layers >= 1), communities over G_k, reports
     t = time.perf_counter()
     rep.start("hierarchy", None)
-    if llm is not None:
-        summarizer = LLMSummarizer(llm, cfg.hierarchy.meta_entities, cfg.hierarchy.summaries_per_cluster,
-                                   cfg.extract.max_description_tokens)
-    else:
-        summarizer = OfflineSummarizer(cfg.hierarchy.meta_entities, cfg.extract.max_description_tokens)
+    summarizer = _summarizer(cfg, llm, cfg.hierarchy.summaries_per_cluster)
     summary_entities, summary_relations, stats = run(
         "hierarchy", build_hierarchy, entities, ent_vecs, cfg.hierarchy, cfg.seed, summarizer,
         lambda texts: embedder.embed(texts),
@@ -380,14 +389,7 @@ def _update(corpus, catalog, cfg, run, mapper, run_id, snap, version, log, rep, 
     incoming = diff.new + diff.changed
     new_chunks = chunk_documents(incoming, cfg.chunking)
     rep.start("extract", len(new_chunks))
-    llm_kwargs = ({"batch_fn": extract_batch_llm, "llm": cfg.llm, "cache_dir": str(catalog.cache_dir), "share": None}
-                  if method == "llm" else {})
-    extracted = run("extract", extract_chunks, new_chunks, cfg.extract, mapper,
-                    on_done=lambda _i, r: rep.advance("extract", len(r["ok"]) + len(r["quarantine"])), **llm_kwargs)
-    usage.add(Usage(**extracted["usage"]))
-    ok = set(extracted["ok"])
-    for c in new_chunks:
-        c["status"] = "extracted" if c["id"] in ok else "quarantined"
+    extracted = _extract(run, new_chunks, cfg, catalog, mapper, method, rep, usage)
     log.record("extract", time.perf_counter() - t, chunks=len(new_chunks), removed_chunks=len(gone_chunks),
                llm_calls=extracted["usage"].get("calls", 0))
     rep.finish("extract", f"{len(new_chunks)} new chunks, {len(gone_chunks)} removed")
@@ -420,10 +422,7 @@ def _update(corpus, catalog, cfg, run, mapper, run_id, snap, version, log, rep, 
     # hierarchy: attach new entities, refresh only the ancestors on touched paths
     t = time.perf_counter()
     rep.start("attach", None)
-    if llm is not None:
-        summarizer = LLMSummarizer(llm, cfg.hierarchy.meta_entities, 1, cfg.extract.max_description_tokens)
-    else:
-        summarizer = OfflineSummarizer(cfg.hierarchy.meta_entities, cfg.extract.max_description_tokens)
+    summarizer = _summarizer(cfg, llm, 1)
 
     def summarize(layer, member_lists, vecs):
         return [s[0] for s in summarizer.summarize_layer(layer, [Cluster(m, v) for m, v in zip(member_lists, vecs)])]
