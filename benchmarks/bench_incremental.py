@@ -95,6 +95,9 @@ def main() -> None:
             diffs = ", ".join(f"{m} recall {100 * (results[name][m].passage_recall - results['full'][m].passage_recall):+.1f} pt"
                               for m in args.modes)
             print(f"{name} vs full: {diffs}")
+        print("\nseconds per stage")
+        for name, res in (("full build", full), ("update 1 step", one)):
+            print(f"  {name:<14}" + ", ".join(f"{k} {v['seconds']:.1f}" for k, v in res.stages.items()))
         print(json.dumps({"t_full": t_full, "t_one": t_one, "t_four": t_four, "drift": one.stages["publish"]["drift"]}))
 
 

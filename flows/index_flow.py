@@ -10,10 +10,9 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
-from flows.pipeline import build_index, update_index
+from flows.pipeline import build_index, dask_pool, update_index
 from schemas.config import load_config
 from tasks.catalog import Catalog
-from tasks.parallel import dask_mapper
 
 
 def prefect_runner(name: str, fn, *args: Any, **kwargs: Any) -> Any:
@@ -42,16 +41,9 @@ def index_flow(
     """Full build of the index at ``index`` from the corpus at ``corpus``; publishes one snapshot."""
     cfg = load_config(config_path, overrides)
     catalog = Catalog(index)
-    with catalog.writer_lock(lock_timeout):
-        result = build_index(
-            corpus,
-            catalog,
-            cfg,
-            run=prefect_runner,
-            mapper=dask_mapper(cfg.dask),
-            run_id=_flow_run_id(),
-            flow_name="strata-index",
-        )
+    with catalog.writer_lock(lock_timeout), dask_pool(cfg) as pool:
+        result = build_index(corpus, catalog, cfg, run=prefect_runner, mapper=pool, run_id=_flow_run_id(),
+                             flow_name="strata-index")
     publish_layer_artifacts(result.layers, result.layers_plot)
     return asdict(result)
 
@@ -89,8 +81,8 @@ def refresh_flow(
     Builds the index when it is empty; ``full`` forces a rebuild. Publishes nothing when nothing changed."""
     cfg = load_config(config_path, overrides)
     catalog = Catalog(index)
-    with catalog.writer_lock(lock_timeout):
-        result = update_index(corpus, catalog, cfg, run=prefect_runner, mapper=dask_mapper(cfg.dask),
+    with catalog.writer_lock(lock_timeout), dask_pool(cfg) as pool:
+        result = update_index(corpus, catalog, cfg, run=prefect_runner, mapper=pool,
                               run_id=_flow_run_id(), flow_name="strata-refresh", full=full)
     publish_layer_artifacts(result.layers, result.layers_plot)
     return asdict(result)
@@ -111,9 +103,10 @@ def backfill_flow(
     cfg = load_config(config_path, overrides)
     catalog = Catalog(index)
     results = []
-    for part in partitions:
-        with catalog.writer_lock(lock_timeout):
-            result = update_index(part, catalog, cfg, run=prefect_runner, mapper=dask_mapper(cfg.dask),
-                                  run_id=None, flow_name=f"strata-backfill:{part}")
-        results.append({"partition": part, "status": result.status, "version": result.version})
+    with dask_pool(cfg) as pool:  # one cluster for all partitions
+        for part in partitions:
+            with catalog.writer_lock(lock_timeout):
+                result = update_index(part, catalog, cfg, run=prefect_runner, mapper=pool,
+                                      run_id=None, flow_name=f"strata-backfill:{part}")
+            results.append({"partition": part, "status": result.status, "version": result.version})
     return results

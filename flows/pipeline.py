@@ -9,6 +9,7 @@ functions in ``tasks``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import subprocess
@@ -28,6 +29,7 @@ from tasks.catalog import Catalog, rows_to_table
 from tasks.chunk import chunk_documents
 from tasks.embed import CachedEmbedder, EmbeddingCache, entity_text, get_embedder, report_text
 from tasks.communities import detect_communities
+from tasks import extract, extract_llm
 from tasks.extract import extract_chunks, local_mapper
 from tasks.extract_llm import extract_batch_llm
 from tasks.hierarchy import build_hierarchy, stat_rows
@@ -35,6 +37,7 @@ from tasks.ids import make_id
 from tasks.ingest import ingest_corpus, quarantine_row
 from tasks.llm_client import LiteLLMClient, Usage
 from tasks.merge import graph_from_mentions, mention_rows
+from tasks.parallel import DaskPool
 from tasks.plots import plot_layers
 from tasks.progress import reporter
 from tasks.reports import build_reports
@@ -170,6 +173,28 @@ def extraction_method(cfg: StrataConfig) -> str:
     return method
 
 
+def dask_pool(cfg: StrataConfig) -> DaskPool:
+    """The run's Dask cluster, warmed for its extraction method: spaCy loaded, or litellm imported with
+    ``dask.llm_batches_per_worker`` batches in flight per worker (LLM extraction is I/O bound)."""
+    if extraction_method(cfg) == "llm":
+        return DaskPool(cfg.dask, cfg.dask.llm_batches_per_worker, extract_llm.warm)
+    return DaskPool(cfg.dask, 1, functools.partial(extract.warm, cfg.extract.spacy_model))
+
+
+def _prestart(mapper: Any) -> None:
+    """Bring a pool's cluster up in the background now: it starts while the run ingests and chunks."""
+    if hasattr(mapper, "start"):
+        mapper.start()
+
+
+def _await_pool(mapper: Any, log: StageLog) -> None:
+    """Wait for a prestarted pool outside the extraction stage's clock; the wait is its own log entry."""
+    if hasattr(mapper, "ready"):
+        t = time.perf_counter()
+        mapper.ready()
+        log.record("dask-start", time.perf_counter() - t)
+
+
 def _extract(run, chunks, cfg, catalog, mapper, method, rep, usage) -> dict[str, Any]:
     """The extraction stage (offline or LLM, through ``mapper``); marks each chunk extracted or quarantined."""
     llm_kwargs = (
@@ -195,6 +220,7 @@ def _summarizer(cfg: StrataConfig, llm: LiteLLMClient | None, per_cluster: int):
 
 def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep, usage) -> BuildResult:
     method = extraction_method(cfg)
+    _prestart(mapper)
     llm = LiteLLMClient(cfg.llm, catalog.cache_dir) if cfg.llm.model else None
     # ingest
     t = time.perf_counter()
@@ -215,6 +241,7 @@ def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep, usage) 
     rep.finish("chunk", f"{len(chunks)} chunks")
 
     # extract (parallel)
+    _await_pool(mapper, log)
     t = time.perf_counter()
     rep.start("extract", len(chunks))
     extracted = _extract(run, chunks, cfg, catalog, mapper, method, rep, usage)
@@ -382,12 +409,16 @@ def _update(corpus, catalog, cfg, run, mapper, run_id, snap, version, log, rep, 
                            input_digest=digest, n_inputs=len(ingested.documents))
 
     # remove what the delta replaces, chunk and extract what it adds
+    _prestart(mapper)
     t = time.perf_counter()
     gone_docs = {d["id"] for d in diff.deleted}
     old_chunks = _rows(catalog, "chunks", snap)
     gone_chunks = {c["id"] for c in old_chunks if c["document_id"] in gone_docs}
     incoming = diff.new + diff.changed
     new_chunks = chunk_documents(incoming, cfg.chunking)
+    log.record("chunk", time.perf_counter() - t, chunks=len(new_chunks))
+    _await_pool(mapper, log)
+    t = time.perf_counter()
     rep.start("extract", len(new_chunks))
     extracted = _extract(run, new_chunks, cfg, catalog, mapper, method, rep, usage)
     log.record("extract", time.perf_counter() - t, chunks=len(new_chunks), removed_chunks=len(gone_chunks),

@@ -69,6 +69,10 @@ class DaskConfig(_Section):
     address: str = Field("", description="An existing dask.distributed scheduler (tcp://host:8786); empty = local cluster.")
     n_workers: int = Field(2, gt=0, description="Workers of the local cluster.")
     processes: bool = Field(True, description="Local cluster of processes (true) or threads (false).")
+    llm_batches_per_worker: int = Field(
+        2, gt=0, description="LLM extraction batches a local worker runs at once (I/O bound: the next batch's calls "
+        "fill the slots a finishing batch frees)."
+    )
 
 
 class HierarchyConfig(_Section):
@@ -141,6 +145,10 @@ class LLMConfig(_Section):
     cache: bool = Field(True, description="Persistent response cache (never stores failed or unparseable answers).")
     retry_unparseable: bool = Field(False, description="Ask again for prompts whose answer was unparseable in an earlier run.")
     embedding_model: str = Field("", description="litellm embedding model used when embedding.model = 'litellm'.")
+    input_cost_per_mtok: float | None = Field(
+        None, ge=0, description="USD per million prompt tokens, for models litellm has no price for (local servers)."
+    )
+    output_cost_per_mtok: float | None = Field(None, ge=0, description="USD per million completion tokens (see above).")
 
 
 class StrataConfig(_Section):

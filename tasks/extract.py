@@ -49,6 +49,11 @@ def load_nlp(model: str):
         ) from exc
 
 
+def warm(model: str) -> None:
+    """Load the spaCy pipeline ahead of the first batch (run on every Dask worker when the run starts)."""
+    load_nlp(model)
+
+
 def _clip(text: str, limit: int) -> str:
     text = _SPACE.sub(" ", text).strip()
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"

@@ -9,6 +9,9 @@ unusable is quarantined with the reason; the run goes on.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import threading
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -131,19 +134,55 @@ async def extract_chunk_llm(client, chunk: dict[str, Any], gleanings: int) -> tu
     return ents, rels
 
 
-_CLIENTS: dict[tuple[str, str, int, int], Any] = {}
+_CLIENTS: dict[tuple[str, str, int], Any] = {}
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOCK = threading.Lock()
 
 
 def _client(llm: LLMConfig, cache_dir: str, share: int):
-    """One client per worker thread and config, so rate-limit state carries across batches."""
-    import threading
-
+    """One client per process and config: concurrency and rate-limit state span all batches of a worker."""
     from tasks.llm_client import LiteLLMClient
 
-    key = (llm.model_dump_json(), cache_dir, share, threading.get_ident())
-    if key not in _CLIENTS:
-        _CLIENTS[key] = LiteLLMClient(llm, Path(cache_dir), share=share)
-    return _CLIENTS[key]
+    key = (llm.model_dump_json(), cache_dir, share)
+    with _LOCK:
+        if key not in _CLIENTS:
+            _CLIENTS[key] = LiteLLMClient(llm, Path(cache_dir), share=share)
+        return _CLIENTS[key]
+
+
+def warm() -> None:
+    """Import litellm and start the loop ahead of the first batch (run on every Dask worker when the run starts)."""
+    import litellm  # noqa: F401  (seconds of import, paid while the run ingests and chunks)
+
+    _loop()
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    """The process's LLM event loop, on a daemon thread. Batches running on several worker threads
+    submit their calls to it, so one batch's tail overlaps the next batch's first calls."""
+    global _LOOP
+    with _LOCK:
+        if _LOOP is None:
+            _LOOP = asyncio.new_event_loop()
+            threading.Thread(target=_LOOP.run_forever, name="strata-llm-loop", daemon=True).start()
+            atexit.register(_stop_loop, _LOOP)
+        return _LOOP
+
+
+def _stop_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """At exit: cancel what litellm left running on the loop (its logging worker), then stop the loop."""
+
+    async def cancel_rest() -> None:
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in rest:
+            t.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
+
+    try:
+        asyncio.run_coroutine_threadsafe(cancel_rest(), loop).result(timeout=5)
+        loop.call_soon_threadsafe(loop.stop)
+    except Exception:  # noqa: BLE001 - best effort at interpreter exit
+        pass
 
 
 def extract_batch_llm(chunks: list[dict[str, Any]], cfg: ExtractConfig, llm: LLMConfig, cache_dir: str,
@@ -151,15 +190,17 @@ def extract_batch_llm(chunks: list[dict[str, Any]], cfg: ExtractConfig, llm: LLM
     """The LLM parallel unit: all chunks of the batch concurrently; per-chunk failures are quarantined.
 
     ``share`` is how many workers split the global concurrency and rate limits."""
-    from tasks.llm_client import Usage
+    from tasks.llm_client import usage_scope
 
     client = client or _client(llm, cache_dir, share or 1)
-    before = Usage(**{k: getattr(client.usage, k) for k in Usage.__dataclass_fields__})
 
     async def run_all():
-        return await asyncio.gather(*(extract_chunk_llm(client, c, llm.gleanings) for c in chunks), return_exceptions=True)
+        with usage_scope() as usage:  # this batch's calls only, though other batches share the client
+            results = await asyncio.gather(*(extract_chunk_llm(client, c, llm.gleanings) for c in chunks),
+                                           return_exceptions=True)
+        return results, usage
 
-    results = asyncio.run(run_all())
+    results, usage = asyncio.run_coroutine_threadsafe(run_all(), _loop()).result()
     out: dict[str, Any] = {"entities": [], "relations": [], "quarantine": [], "ok": []}
     for chunk, res in zip(chunks, results):
         if isinstance(res, BaseException):
@@ -169,6 +210,5 @@ def extract_batch_llm(chunks: list[dict[str, Any]], cfg: ExtractConfig, llm: LLM
         out["entities"].extend(ents)
         out["relations"].extend(rels)
         out["ok"].append(chunk["id"])
-    delta = {k: getattr(client.usage, k) - getattr(before, k) for k in Usage.__dataclass_fields__}
-    out["usage"] = delta
+    out["usage"] = asdict(usage)
     return out

@@ -18,6 +18,8 @@ litellm per call and never logged, cached or written to a table.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import hashlib
 import json
 import logging
@@ -26,7 +28,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,22 @@ class Usage:
             setattr(self, k, getattr(self, k) + v)
 
 
+_SCOPE: contextvars.ContextVar["Usage | None"] = contextvars.ContextVar("strata_llm_usage_scope", default=None)
+
+
+@contextlib.contextmanager
+def usage_scope() -> Iterator[Usage]:
+    """Usage of the calls made inside this context (and the tasks it starts) only.
+
+    Several batches may share one client concurrently; each counts its own calls in a scope."""
+    scoped = Usage()
+    token = _SCOPE.set(scoped)
+    try:
+        yield scoped
+    finally:
+        _SCOPE.reset(token)
+
+
 class AsyncRateLimiter:
     """Token bucket of ``per_minute`` units refilled continuously; ``acquire`` awaits until units are free."""
 
@@ -90,6 +108,7 @@ class ResponseCache:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(str(path), check_same_thread=False, timeout=60)
         self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")  # a cache: consistent after a crash, no fsync per answer
         self._conn.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, text TEXT NOT NULL, created REAL)")
         # prompts whose answers stayed unparseable: remembered so a re-run does not pay for them again
         self._conn.execute("CREATE TABLE IF NOT EXISTS unparseable (key TEXT PRIMARY KEY, error TEXT NOT NULL, created REAL)")
@@ -192,7 +211,13 @@ class LiteLLMClient:
         self.usage = Usage()
         self._completion = completion
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._unpriced = False
+        _register_price(cfg)
+
+    def _count(self, **fields: float) -> None:
+        for usage in (self.usage, _SCOPE.get()):
+            if usage is not None:
+                for k, v in fields.items():
+                    setattr(usage, k, getattr(usage, k) + v)
 
     def _params(self, json_mode: bool) -> dict[str, Any]:
         params: dict[str, Any] = {"temperature": self.cfg.temperature, "max_tokens": self.cfg.max_tokens}
@@ -221,18 +246,19 @@ class LiteLLMClient:
         self._bind_loop()
         params = self._params(json_mode)
         key = cache_key(self.cfg.model, messages, params, prompt_version)
+        known = None
         if self.cache is not None:
             hit = self.cache.get(key)
             if hit is not None:
                 try:
                     value = parse(hit) if parse else hit
-                    self.usage.cache_hits += 1
+                    self._count(cache_hits=1)
                     return value
                 except Exception:  # noqa: BLE001 - a parser change: treat as a miss
                     pass
             known = self.cache.failure(key)
             if known is not None and not self.cfg.retry_unparseable:
-                self.usage.cache_hits += 1
+                self._count(cache_hits=1)
                 raise ParseError(f"{known} (remembered from an earlier run; set llm.retry_unparseable to ask again)")
         text = await self._call(messages, params)
         try:
@@ -252,7 +278,8 @@ class LiteLLMClient:
                 raise ParseError(error) from None
         if self.cache is not None:
             self.cache.put(key, text)
-            self.cache.forget_failure(key)
+            if known is not None:  # asked again (retry_unparseable) and parsed this time
+                self.cache.forget_failure(key)
         return value
 
     async def _call(self, messages: list[dict[str, str]], params: dict[str, Any]) -> str:
@@ -269,7 +296,7 @@ class LiteLLMClient:
             assert self._sem is not None
             async with self._sem:
                 try:
-                    self.usage.calls += 1
+                    self._count(calls=1)
                     resp = await asyncio.wait_for(
                         completion(
                             model=self.cfg.model, messages=messages, api_base=self.cfg.api_base or None,
@@ -283,26 +310,58 @@ class LiteLLMClient:
                     return text
                 except Exception as exc:  # noqa: BLE001
                     if not is_retryable(exc) or attempt >= self.cfg.max_retries:
-                        self.usage.failures += 1
+                        self._count(failures=1)
                         raise LLMError(f"{type(exc).__name__} (status {_status(exc)}): {str(exc)[:300]}") from None
                     delay = _retry_after(exc)
                     if delay is None:
                         delay = random.uniform(0, min(self.cfg.backoff_max_s, self.cfg.backoff_base_s * 2**attempt))
                     attempt += 1
-                    self.usage.retries += 1
+                    self._count(retries=1)
                     log.warning("LLM call failed (%s), retry %d in %.1fs", type(exc).__name__, attempt, delay)
             await asyncio.sleep(delay)  # outside the semaphore: a backing-off call holds no slot
 
     def _account(self, resp: Any) -> None:
         usage = getattr(resp, "usage", None)
-        if usage is not None:
-            self.usage.prompt_tokens += int(getattr(usage, "prompt_tokens", 0) or 0)
-            self.usage.completion_tokens += int(getattr(usage, "completion_tokens", 0) or 0)
-        if self._unpriced:
-            return
-        try:
-            import litellm
+        hidden = getattr(resp, "_hidden_params", None) or {}
+        cost = hidden.get("response_cost") if isinstance(hidden, dict) else getattr(hidden, "response_cost", None)
+        self._count(
+            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0) if usage is not None else 0,
+            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0) if usage is not None else 0,
+            cost_usd=float(cost or 0.0),  # litellm prices every response already: no second cost lookup
+        )
 
-            self.usage.cost_usd += float(litellm.completion_cost(completion_response=resp) or 0.0)
-        except Exception:  # noqa: BLE001 - not in the local cost map: cost unknown (tokens still counted); stop asking
-            self._unpriced = True
+
+_PRICED: dict[str, bool] = {}
+
+
+def _register_price(cfg: LLMConfig) -> bool:
+    """Make sure litellm has a price for ``cfg.model`` (configured, or 0 for a model it does not know).
+
+    Without one, litellm searches its whole cost map on every response (milliseconds of CPU per call,
+    the bottleneck at hundreds of calls per second). Returns whether the cost reported is real."""
+    key = f"{cfg.model}|{cfg.input_cost_per_mtok}|{cfg.output_cost_per_mtok}"
+    if key in _PRICED:
+        return _PRICED[key]
+    import litellm
+
+    configured = cfg.input_cost_per_mtok is not None or cfg.output_cost_per_mtok is not None
+    try:
+        litellm.get_model_info(cfg.model)
+        known = True
+    except Exception:  # noqa: BLE001 - not in the local cost map
+        known = False
+    if configured or not known:
+        try:
+            provider = litellm.get_llm_provider(cfg.model)[1]
+        except Exception:  # noqa: BLE001
+            provider = cfg.model.split("/", 1)[0]
+        litellm.register_model({cfg.model: {
+            "input_cost_per_token": (cfg.input_cost_per_mtok or 0.0) / 1e6,
+            "output_cost_per_token": (cfg.output_cost_per_mtok or 0.0) / 1e6,
+            "litellm_provider": provider, "mode": "chat",
+        }})
+        if not configured:
+            log.info("litellm has no price for %s: cost is reported as 0 (set llm.input_cost_per_mtok and "
+                     "llm.output_cost_per_mtok to count it)", cfg.model)
+    _PRICED[key] = configured or known
+    return _PRICED[key]

@@ -1,7 +1,9 @@
 """Dask execution: a local cluster by default, or an existing scheduler from ``dask.address``.
 
-Work is mapped in coarse batches (one task per batch of chunks); results come back in
-submission order whatever order they finish in, so the output is deterministic.
+A run holds one ``DaskPool``: its cluster starts in the background when the run begins (so it
+comes up, and its workers import what they need, while the run ingests and chunks) and serves
+every parallel stage of the run. Work is mapped in coarse batches (one task per batch of chunks);
+results come back in submission order whatever order they finish in, so the output is deterministic.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from schemas.config import DaskConfig
@@ -19,7 +22,7 @@ R = TypeVar("R")
 
 
 @contextlib.contextmanager
-def dask_client(cfg: DaskConfig) -> Iterator[Any]:
+def dask_client(cfg: DaskConfig, threads_per_worker: int = 1) -> Iterator[Any]:
     from distributed import Client, LocalCluster
 
     for name in ("distributed", "distributed.nanny", "distributed.scheduler", "distributed.core", "distributed.worker"):
@@ -36,7 +39,7 @@ def dask_client(cfg: DaskConfig) -> Iterator[Any]:
     try:
         cluster = LocalCluster(
             n_workers=cfg.n_workers,
-            threads_per_worker=1,
+            threads_per_worker=threads_per_worker,
             processes=cfg.processes,
             host="127.0.0.1",
             protocol="tcp",
@@ -57,22 +60,65 @@ def dask_client(cfg: DaskConfig) -> Iterator[Any]:
         cluster.close()
 
 
+class DaskPool:
+    """A run's Dask cluster, usable as a mapper: ``pool(fn, batches, on_done, **kwargs)``.
+
+    ``start()`` brings the cluster up on a background thread and runs ``warm`` once on every
+    worker (imports, model loads); the first map waits for that. A ``share=None`` keyword is
+    filled with the number of workers (each takes its share of global limits). Close it (or use
+    it as a context manager) to shut the cluster down."""
+
+    def __init__(self, cfg: DaskConfig, threads_per_worker: int = 1, warm: Callable[[], None] | None = None):
+        self.cfg = cfg
+        self.threads_per_worker = threads_per_worker
+        self.warm = warm
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="strata-dask-start")
+        self._started: Future | None = None
+
+    def start(self) -> "DaskPool":
+        if self._started is None:
+            self._started = self._executor.submit(self._open)
+        return self
+
+    def _open(self) -> tuple[contextlib.ExitStack, Any]:
+        stack = contextlib.ExitStack()
+        client = stack.enter_context(dask_client(self.cfg, self.threads_per_worker))
+        if self.warm is not None:
+            try:
+                client.run(self.warm)
+            except Exception as exc:  # noqa: BLE001 - the real task reports the same problem with its context
+                logging.getLogger("strata").debug("worker warm-up failed: %s", exc)
+        return stack, client
+
+    def ready(self) -> Any:
+        """The client, once the cluster is up and warm (starting it now if nobody did)."""
+        return self.start()._started.result()[1]  # type: ignore[union-attr]
+
+    def __call__(self, fn: Callable[..., Any], batches: list[Any], on_done=None, **kwargs: Any) -> list[Any]:
+        client = self.ready()
+        if "share" in kwargs and kwargs["share"] is None:
+            kwargs["share"] = worker_count(client)
+        return map_batches(client, fn, batches, on_done, **kwargs)
+
+    def close(self) -> None:
+        if self._started is not None:
+            try:
+                stack, _ = self._started.result()
+                stack.close()
+            except Exception:  # noqa: BLE001 - a cluster that never came up has nothing to close
+                pass
+            self._started = None
+        self._executor.shutdown(wait=True)
+
+    def __enter__(self) -> "DaskPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 def worker_count(client: Any) -> int:
     return max(1, len(client.scheduler_info().get("workers", {})))
-
-
-def dask_mapper(cfg: DaskConfig) -> Callable[..., list[Any]]:
-    """A mapper that runs batches on Dask: the cluster lives only for the call (the parallel stage).
-
-    A ``share=None`` keyword is filled with the number of workers (each takes its share of global limits)."""
-
-    def mapper(fn: Callable[..., Any], batches: list[Any], on_done=None, **kwargs: Any) -> list[Any]:
-        with dask_client(cfg) as client:
-            if "share" in kwargs and kwargs["share"] is None:
-                kwargs["share"] = worker_count(client)
-            return map_batches(client, fn, batches, on_done, **kwargs)
-
-    return mapper
 
 
 def map_batches(

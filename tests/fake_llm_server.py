@@ -47,6 +47,10 @@ def answer_for(messages: list[dict]) -> str:
     return "An answer drawn from the context."
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # the default backlog of 5 drops SYNs when 100+ clients connect at once (1 s retransmits)
+
+
 class FakeLLM:
     """Start with ``FakeLLM().start()``; ``url`` is the api_base; ``stop()`` shuts it down."""
 
@@ -133,7 +137,7 @@ class FakeLLM:
                 }
                 self._send(200, body)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
@@ -142,3 +146,19 @@ class FakeLLM:
         if self._server:
             self._server.shutdown()
             self._server.server_close()
+
+
+def main() -> None:
+    """``python -m tests.fake_llm_server --latency 0.2``: serve until killed; prints the api_base first."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--latency", type=float, default=0.0)
+    args = ap.parse_args()
+    fake = FakeLLM(latency_s=args.latency).start()
+    print(fake.url, flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

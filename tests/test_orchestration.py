@@ -18,7 +18,7 @@ from flows.cli import app, date_partitions
 from schemas.config import DaskConfig, ExtractConfig
 from tasks.catalog import Catalog
 from tasks.extract import extract_chunks, local_mapper
-from tasks.parallel import dask_mapper
+from tasks.parallel import DaskPool
 from tests.conftest import REPO, musique_passages
 
 runner = CliRunner()
@@ -120,7 +120,8 @@ def test_extraction_on_an_external_dask_cluster(tmp_path, small_corpus):
         assert len(pids) == 2 and os.getpid() not in pids
         chunks = [{"id": f"c{i}", "text": r["text"]} for i, r in enumerate(musique_passages(12))]
         cfg = ExtractConfig(batch_size=3)
-        remote = extract_chunks(chunks, cfg, dask_mapper(DaskConfig(address=address)))
+        with DaskPool(DaskConfig(address=address)) as pool:
+            remote = extract_chunks(chunks, cfg, pool)
         local = extract_chunks(chunks, cfg, local_mapper)
         assert remote["ok"] == local["ok"] and remote["entities"] == local["entities"]
         res = runner.invoke(app, ["index", str(small_corpus), "--index", str(tmp_path / "index"), "--quiet",
