@@ -51,7 +51,7 @@ def main() -> None:
     parts = [lines[cut + i * (len(lines) - cut) // 4: cut + (i + 1) * (len(lines) - cut) // 4] for i in range(4)]
     cfg = load_config()
     queries = load_queries(dataset)
-    emb = get_embedder("local")
+    emb = get_embedder(cfg.embedding)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         corpus = tmp / "corpus"

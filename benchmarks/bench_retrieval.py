@@ -113,6 +113,7 @@ def main() -> None:
     args = ap.parse_args()
     cfg = RetrievalConfig()
     if args.index:
+        from schemas.config import EmbeddingConfig
         from tasks.embed import get_embedder
         from tasks.evaluate import load_queries
 
@@ -122,7 +123,7 @@ def main() -> None:
         print(f"real index {args.index}: {len(view.ent_ids)} entities, {view.graph.number_of_edges()} edges, "
               f"{len(view.communities)} communities, {len(view.chunk_ids)} chunks (loaded in {time.perf_counter() - t0:.1f} s)")
         questions = [q["question"] for q in load_queries(Path(args.dataset))]
-        emb = get_embedder("local")
+        emb = get_embedder(EmbeddingConfig())
         emb.embed(["warm-up"])
         ms = []
         vecs = []

@@ -380,7 +380,7 @@ def query(
 
     Without an LLM configured the answer is extractive: the context sentences that best match the question."""
     from tasks.catalog import Catalog
-    from tasks.embed import get_embedder
+    from tasks.embed import check_dimension, get_embedder
     from tasks.answer import answer as make_answer
     from tasks.llm_client import LiteLLMClient
     from tasks.retrieve import MODES, load_view, retrieve
@@ -391,7 +391,8 @@ def query(
         cfg = load_config(config, _overrides(set_))
         cat = Catalog(index)
         view = load_view(cat, as_of)
-        embedder = get_embedder(cfg.embedding.model, cfg.embedding.batch_size)
+        embedder = get_embedder(cfg.embedding, cfg.llm)
+        check_dimension(embedder, view.dim)
         t0 = time.perf_counter()
         ctx = retrieve(view, question, embedder.embed([question])[0], mode, cfg.retrieval)
         ms = (time.perf_counter() - t0) * 1000
@@ -442,7 +443,7 @@ def eval_(
     import dataclasses
 
     from tasks.catalog import Catalog
-    from tasks.embed import get_embedder
+    from tasks.embed import check_dimension, get_embedder
     from tasks.evaluate import evaluate, load_queries, plot_results
     from tasks.retrieve import MODES, load_view
 
@@ -461,7 +462,8 @@ def eval_(
 
             index_flow(str(corpus), index, str(config) if config else None, _overrides(set_))
         view = load_view(cat)
-        embedder = get_embedder(cfg.embedding.model, cfg.embedding.batch_size)
+        embedder = get_embedder(cfg.embedding, cfg.llm)
+        check_dimension(embedder, view.dim)
         results, rows = evaluate(view, embedder.embed, queries, modes, cfg.retrieval)
     except ConfigError as exc:
         _fail(exc, 2)

@@ -27,7 +27,7 @@ from schemas.config import StrataConfig
 from schemas.tables import schema_for
 from tasks.catalog import Catalog, rows_to_table
 from tasks.chunk import chunk_documents
-from tasks.embed import CachedEmbedder, EmbeddingCache, entity_text, get_embedder, report_text
+from tasks.embed import CachedEmbedder, EmbeddingCache, check_dimension, entity_text, get_embedder, report_text
 from tasks.communities import detect_communities
 from tasks import extract, extract_llm
 from tasks.extract import extract_chunks, local_mapper
@@ -103,9 +103,11 @@ def _with_vectors(rows: list[dict[str, Any]], vectors: np.ndarray) -> list[dict[
 
 
 def _to_table(name: str, rows: list[dict[str, Any]], dim: int, version: int) -> pa.Table:
+    schema = schema_for(name, dim)
     for r in rows:
         r["version"] = version
-    schema = schema_for(name, dim)
+        if "staleness" in schema.names and r.get("staleness") is None:
+            r["staleness"] = 0.0  # text just written
     if "vector" in schema.names and rows:
         vecs = np.stack([np.asarray(r["vector"], dtype=np.float32) for r in rows])
         table = rows_to_table([{k: v for k, v in r.items() if k != "vector"} for r in rows], schema.remove(schema.get_field_index("vector")))
@@ -212,6 +214,13 @@ def _extract(run, chunks, cfg, catalog, mapper, method, rep, usage) -> dict[str,
     return extracted
 
 
+def _add_usage(usage: Usage, llm: LiteLLMClient | None, embedder: CachedEmbedder) -> None:
+    """The run's calls, tokens and cost: the LLM client's and, for a litellm embedding model, the embedder's."""
+    for client in (llm, getattr(embedder.inner, "client", None)):
+        if client is not None:
+            usage.add(client.usage)
+
+
 def _summarizer(cfg: StrataConfig, llm: LiteLLMClient | None, per_cluster: int):
     if llm is not None:
         return LLMSummarizer(llm, cfg.hierarchy.meta_entities, per_cluster, cfg.extract.max_description_tokens)
@@ -266,7 +275,7 @@ def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep, usage) 
 
     # embed
     t = time.perf_counter()
-    embedder = CachedEmbedder(get_embedder(cfg.embedding.model, cfg.embedding.batch_size), EmbeddingCache(catalog.cache_dir / "embeddings.sqlite"))
+    embedder = CachedEmbedder(get_embedder(cfg.embedding, cfg.llm), EmbeddingCache(catalog.cache_dir / "embeddings.sqlite"))
     rep.start("embed", len(entities) + len(chunks))
     advance = lambda n: rep.advance("embed", n)  # noqa: E731
     ent_vecs = run("embed-entities", embedder.embed, [entity_text(e["name"], e["type"], e["description"]) for e in entities], advance)
@@ -318,8 +327,7 @@ def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep, usage) 
     log.record("reports", time.perf_counter() - t, reports=len(reports))
     rep.finish("reports", f"{len(reports)} reports")
 
-    if llm is not None:
-        usage.add(llm.usage)
+    _add_usage(usage, llm, embedder)
 
     # assemble, validate, publish
     t = time.perf_counter()
@@ -390,7 +398,8 @@ def update_index(
 
 
 def _update(corpus, catalog, cfg, run, mapper, run_id, snap, version, log, rep, usage) -> BuildResult:
-    from tasks.incremental import attach, diff_documents, place_in_communities, recompute_layer0
+    from tasks.incremental import (attach, diff_documents, place_in_communities, recompute_layer0,
+                                   reports_to_rewrite)
     from tasks.summarize import Cluster
 
     method = extraction_method(cfg)
@@ -407,6 +416,9 @@ def _update(corpus, catalog, cfg, run, mapper, run_id, snap, version, log, rep, 
     if diff.empty:
         return BuildResult(run_id=run_id, version=snap["version"], counts={}, stages=log.stages, status="nothing-to-do",
                            input_digest=digest, n_inputs=len(ingested.documents))
+
+    embedder = CachedEmbedder(get_embedder(cfg.embedding, cfg.llm), EmbeddingCache(catalog.cache_dir / "embeddings.sqlite"))
+    check_dimension(embedder, snap["dim"])
 
     # remove what the delta replaces, chunk and extract what it adds
     _prestart(mapper)
@@ -437,8 +449,6 @@ def _update(corpus, catalog, cfg, run, mapper, run_id, snap, version, log, rep, 
         "merge", recompute_layer0, [e for e in old_entities if e["layer"] == 0], old_relations, mentions, touched,
         cfg.extract.max_description_tokens,
     )
-    embedder = CachedEmbedder(get_embedder(cfg.embedding.model, cfg.embedding.batch_size),
-                              EmbeddingCache(catalog.cache_dir / "embeddings.sqlite"))
     old_vectors = {e["id"]: e["vector"] for e in old_entities if e["layer"] == 0}
     for e in layer0:
         if e["id"] not in added | changed and "vector" not in e:
@@ -463,7 +473,7 @@ def _update(corpus, catalog, cfg, run, mapper, run_id, snap, version, log, rep, 
 
     summaries = [e for e in old_entities if e["layer"] > 0]
     att = run("attach", attach, layer0, summaries, [r for r in old_relations if r["kind"] == "summary_of"],
-              added, removed, changed, cfg.incremental.tau, summarize, embed_rows)
+              added, removed, changed, cfg.incremental.tau, summarize, embed_rows, cfg.incremental.refresh_staleness)
     all_entities = layer0 + att.entities
     all_relations = rel0 + att.relations
     log.record("attach", time.perf_counter() - t, attached=len(att.attached), refreshed=len(att.refreshed),
@@ -473,18 +483,19 @@ def _update(corpus, catalog, cfg, run, mapper, run_id, snap, version, log, rep, 
     # communities and reports: local placement, touched reports only
     t = time.perf_counter()
     old_comms = _rows(catalog, "communities", snap)
-    comms, touched_comms = run("communities", place_in_communities, old_comms, {e["id"] for e in all_entities},
+    comms, grown, forced = run("communities", place_in_communities, old_comms, {e["id"] for e in all_entities},
                                all_relations, added)
     old_reports = {r["community_id"]: r for r in _rows(catalog, "community_reports", snap)}
-    existing = {cid: r for cid, r in old_reports.items() if cid not in touched_comms}
+    rewrite, staleness = reports_to_rewrite(comms, old_reports, grown, forced, cfg.incremental.refresh_staleness)
+    existing = {cid: dict(r, staleness=staleness.get(cid, r.get("staleness")))
+                for cid, r in old_reports.items() if cid not in rewrite}
     reports, failures = run("reports", build_reports, comms, all_entities, all_relations,
-                            cfg.communities.report_max_tokens, llm, touched_comms, existing)
-    redo = [r for r in reports if r["community_id"] in touched_comms or "vector" not in r]
+                            cfg.communities.report_max_tokens, llm, rewrite, existing)
+    redo = [r for r in reports if r["community_id"] in rewrite]
     for r, v in zip(redo, embedder.embed([report_text(r["title"], r["summary"]) for r in redo])):
         r["vector"] = v
-    if llm is not None:
-        usage.add(llm.usage)
-    log.record("communities", time.perf_counter() - t, communities=len(comms), touched=len(touched_comms),
+    _add_usage(usage, llm, embedder)
+    log.record("communities", time.perf_counter() - t, communities=len(comms), grown=len(grown),
                reports_rewritten=len(redo))
 
     # assemble, validate, publish

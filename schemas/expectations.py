@@ -1,8 +1,9 @@
 """Expectation suites (great-expectations 1.x) for every table.
 
 Each suite is built from the table's own columns plus a few derived columns that the
-validator adds (``vector_dim``, ``vector_finite``, ``sources_known``), and from the ids of
-the other tables for referential checks. A failing suite stops the publish.
+validator adds (``vector_dim``, ``vector_finite``, ``sources_known``, and for each reference in
+``REFERENCES`` a ``<column>_dangling`` column holding the ids that the referenced table lacks,
+null where the reference resolves). A failing suite stops the publish.
 """
 
 from __future__ import annotations
@@ -17,6 +18,19 @@ QUARANTINE_STAGES = ["ingest", "chunk", "extract", "merge", "embed", "hierarchy"
 RELATION_KINDS = ["extracted", "summary_of"]
 
 
+# table -> column -> the table whose ids it must name (referential integrity)
+REFERENCES: dict[str, dict[str, str]] = {
+    "chunks": {"document_id": "documents"},
+    "relations": {"source_id": "entities", "target_id": "entities"},
+    "mentions": {"chunk_id": "chunks"},
+    "community_reports": {"community_id": "communities"},
+}
+
+
+def _resolves(column: str) -> Any:
+    return E.ExpectColumnValuesToBeNull(column=f"{column}_dangling")
+
+
 def _ids(column: str = "id") -> list:
     return [E.ExpectColumnValuesToNotBeNull(column=column), E.ExpectColumnValuesToBeUnique(column=column)]
 
@@ -28,8 +42,8 @@ def _vectors(dim: int) -> list:
     ]
 
 
-def suites(dim: int, refs: dict[str, list[str]]) -> dict[str, list[Any]]:
-    """Expectations per table. ``refs`` holds the id lists of documents, chunks and entities."""
+def suites(dim: int) -> dict[str, list[Any]]:
+    """Expectations per table (``dim``: the index's vector dimension)."""
     return {
         "documents": [
             *_ids(),
@@ -40,7 +54,7 @@ def suites(dim: int, refs: dict[str, list[str]]) -> dict[str, list[Any]]:
         ],
         "chunks": [
             *_ids(),
-            E.ExpectColumnValuesToBeInSet(column="document_id", value_set=refs["documents"]),
+            _resolves("document_id"),
             E.ExpectColumnValuesToBeBetween(column="start", min_value=0),
             E.ExpectColumnPairValuesAToBeGreaterThanB(column_A="end", column_B="start"),
             E.ExpectColumnValuesToBeInSet(column="status", value_set=["extracted", "quarantined"]),
@@ -57,15 +71,15 @@ def suites(dim: int, refs: dict[str, list[str]]) -> dict[str, list[Any]]:
         ],
         "relations": [
             *_ids(),
-            E.ExpectColumnValuesToBeInSet(column="source_id", value_set=refs["entities"]),
-            E.ExpectColumnValuesToBeInSet(column="target_id", value_set=refs["entities"]),
+            _resolves("source_id"),
+            _resolves("target_id"),
             E.ExpectColumnValuesToBeInSet(column="kind", value_set=RELATION_KINDS),
             E.ExpectColumnValuesToBeBetween(column="weight", min_value=0, strict_min=True),
             E.ExpectColumnValuesToBeInSet(column="sources_known", value_set=[True]),
         ],
         "mentions": [
             *_ids(),
-            E.ExpectColumnValuesToBeInSet(column="chunk_id", value_set=refs["chunks"]),
+            _resolves("chunk_id"),
             E.ExpectColumnValuesToBeInSet(column="kind", value_set=["entity", "relation"]),
             E.ExpectColumnValuesToNotBeNull(column="key"),
         ],
@@ -92,7 +106,7 @@ def suites(dim: int, refs: dict[str, list[str]]) -> dict[str, list[Any]]:
         "community_reports": [
             *_ids(),
             E.ExpectColumnValuesToBeUnique(column="community_id"),
-            E.ExpectColumnValuesToBeInSet(column="community_id", value_set=refs["communities"]),
+            _resolves("community_id"),
             E.ExpectColumnValuesToNotBeNull(column="title"),
             E.ExpectColumnValuesToBeBetween(column="rating", min_value=0, max_value=10),
             *_vectors(dim),

@@ -60,6 +60,7 @@ def entities_schema(dim: int) -> pa.Schema:
             ("layer", pa.int64()),  # 0 = extracted, >= 1 summary layers
             ("source_chunk_ids", STR_LIST),
             ("degree", pa.int64()),
+            ("staleness", pa.float64()),  # summaries: share of members changed since the text was written
             ("vector", vector_type(dim)),
             ("version", pa.int64()),
         ]
@@ -121,6 +122,7 @@ def community_reports_schema(dim: int) -> pa.Schema:
             ("rating", pa.float64()),
             ("findings", STR_LIST),
             ("full_text", pa.string()),
+            ("staleness", pa.float64()),  # share of members added since the report was written
             ("vector", vector_type(dim)),
             ("version", pa.int64()),
         ]

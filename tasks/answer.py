@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-
+from tasks.llm import run_sync
 from tasks.retrieve import Context, extractive_answer
 
 PROMPT_VERSION = "answer/1"
@@ -28,7 +27,7 @@ def answer(ctx: Context, client=None) -> dict[str, str]:
     if client is None or ctx.empty:
         return {"kind": "extractive", "text": extractive_answer(ctx)}
     try:
-        text = asyncio.run(client.complete(answer_messages(ctx), prompt_version=PROMPT_VERSION))
+        text = run_sync(client.complete(answer_messages(ctx), prompt_version=PROMPT_VERSION))
         return {"kind": "llm", "text": str(text).strip()}
     except Exception as exc:  # noqa: BLE001
         return {"kind": "extractive", "text": extractive_answer(ctx), "note": f"LLM answer failed: {type(exc).__name__}: {exc}"}

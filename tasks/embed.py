@@ -13,9 +13,12 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from schemas.config import EmbeddingConfig, LLMConfig
 
 LOCAL_MODEL = "local"
 LOCAL_MODEL_NAME = "all-MiniLM-L6-v2"
@@ -28,14 +31,26 @@ class Embedder(Protocol):
     def embed(self, texts: list[str]) -> np.ndarray: ...
 
 
+def bf16_is_fast() -> bool:
+    """Whether this CPU does bfloat16 matrix maths natively (AVX512-BF16 or AMX): there, MiniLM under
+    bf16 autocast runs about twice as fast with vectors within 1e-4 cosine of float32's."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 class LocalEmbedder:
-    """sentence-transformers over the packaged all-MiniLM-L6-v2 weights (384-d)."""
+    """sentence-transformers over the packaged all-MiniLM-L6-v2 weights (384-d), float32 or bf16 autocast."""
 
     name = LOCAL_MODEL_NAME
     dim = 384
 
-    def __init__(self, batch_size: int = 32):
+    def __init__(self, batch_size: int = 32, precision: str = "auto"):
         self.batch_size = batch_size
+        self.bf16 = precision == "bf16" or (precision == "auto" and bf16_is_fast())
+        self.cache_name = f"{self.name}@bf16" if self.bf16 else self.name  # cached vectors are per precision
         self._model = None
         self._lock = threading.Lock()
 
@@ -56,11 +71,61 @@ class LocalEmbedder:
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        with self._lock:
+        import torch
+
+        with self._lock, torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
             vecs = self._load().encode(
                 texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
             )
         return np.asarray(vecs, dtype=np.float32)
+
+
+class LiteLLMEmbedder:
+    """An embedding model behind litellm (``openai/text-embedding-3-small``, an OpenAI-compatible server, ...).
+
+    Requests of ``batch_size`` texts run concurrently through the one LLM client (its concurrency, rate
+    limits, retries and usage accounting); vectors come back unit-norm. The dimension is the model's:
+    asked once, with a one-word request, when first needed."""
+
+    def __init__(self, cfg: EmbeddingConfig, llm: LLMConfig | None = None):
+        from schemas.config import LLMConfig
+        from tasks.llm_client import LiteLLMClient
+
+        base = llm or LLMConfig()
+        self.name = self.cache_name = cfg.model
+        self.batch_size = cfg.batch_size
+        self.client = LiteLLMClient(base.model_copy(update={"model": cfg.model, "api_base": cfg.api_base,
+                                                            "api_key": cfg.api_key, "cache": False}))
+        self._dim: int | None = None
+
+    @property
+    def dim(self) -> int:
+        if self._dim is None:
+            self._dim = int(self._request(["dimension"]).shape[1])
+        return self._dim
+
+    def _request(self, texts: list[str]) -> np.ndarray:
+        from tasks.llm import run_sync
+
+        async def all_batches():
+            import asyncio
+
+            parts = [texts[i : i + self.batch_size] for i in range(0, len(texts), self.batch_size)]
+            return await asyncio.gather(*(self.client.embed(p) for p in parts))
+
+        vecs = np.asarray([v for part in run_sync(all_batches()) for v in part], dtype=np.float32)
+        if vecs.ndim != 2 or not np.isfinite(vecs).all():
+            raise ValueError(f"embedding model {self.name} returned malformed vectors (shape {vecs.shape})")
+        norms = np.linalg.norm(vecs, axis=1, keepdims=True)
+        return vecs / np.where(norms > 0, norms, 1.0)
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        vecs = self._request(texts)
+        if self._dim is None:
+            self._dim = vecs.shape[1]
+        return vecs
 
 
 class EmbeddingCache:
@@ -99,12 +164,16 @@ class CachedEmbedder:
 
     def __init__(self, inner: Embedder, cache: EmbeddingCache | None):
         self.inner, self.cache = inner, cache
-        self.name, self.dim = inner.name, inner.dim
+        self.name = inner.name
         self.hits = self.misses = 0
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
 
     def embed(self, texts: list[str], progress: Callable[[int], None] | None = None, batch: int = 256) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        keys = [EmbeddingCache.key(self.name, t) for t in texts]
+        keys = [EmbeddingCache.key(getattr(self.inner, "cache_name", self.name), t) for t in texts]
         found = self.cache.get_many(sorted(set(keys))) if self.cache else {}
         todo: dict[str, list[int]] = {}
         for i, k in enumerate(keys):
@@ -132,14 +201,24 @@ class CachedEmbedder:
 
 
 @functools.lru_cache(maxsize=4)
-def _local(batch_size: int) -> LocalEmbedder:
-    return LocalEmbedder(batch_size)
+def _local(batch_size: int, precision: str) -> LocalEmbedder:
+    return LocalEmbedder(batch_size, precision)
 
 
-def get_embedder(model: str, batch_size: int = 32) -> Embedder:
-    if model == LOCAL_MODEL:
-        return _local(batch_size)
-    raise ValueError(f"unknown embedding model {model!r}: use 'local' (litellm embedding models arrive with the LLM path)")
+def get_embedder(cfg: EmbeddingConfig, llm: LLMConfig | None = None) -> Embedder:
+    """The configured embedder: the packaged local model, or a litellm model (with ``llm``'s limits and retries)."""
+    if cfg.model == LOCAL_MODEL:
+        return _local(cfg.batch_size, cfg.precision)
+    return LiteLLMEmbedder(cfg, llm)
+
+
+def check_dimension(embedder: Embedder, index_dim: int) -> None:
+    """An index answers only to the embedding model it was built with: same vector dimension, or a clear error."""
+    if embedder.dim != index_dim:
+        raise ValueError(
+            f"the index holds {index_dim}-d vectors but embedding model {embedder.name!r} gives {embedder.dim}-d ones: "
+            "use the model the index was built with, or rebuild it (`strata update --full`, `strata index`)"
+        )
 
 
 def entity_text(name: str, etype: str, description: str, max_chars: int = 160) -> str:

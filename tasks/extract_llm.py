@@ -9,14 +9,13 @@ unusable is quarantined with the reason; the run goes on.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import threading
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from schemas.config import ExtractConfig, LLMConfig
-from tasks.llm import ParseError, parse_json
+from tasks.llm import ParseError, event_loop, parse_json, run_sync
 
 PROMPT_VERSION = "extract/1"
 ENTITY_TYPES = ["person", "organization", "location", "event", "technology", "work", "concept", "time", "group"]
@@ -135,7 +134,6 @@ async def extract_chunk_llm(client, chunk: dict[str, Any], gleanings: int) -> tu
 
 
 _CLIENTS: dict[tuple[str, str, int], Any] = {}
-_LOOP: asyncio.AbstractEventLoop | None = None
 _LOCK = threading.Lock()
 
 
@@ -154,35 +152,7 @@ def warm() -> None:
     """Import litellm and start the loop ahead of the first batch (run on every Dask worker when the run starts)."""
     import litellm  # noqa: F401  (seconds of import, paid while the run ingests and chunks)
 
-    _loop()
-
-
-def _loop() -> asyncio.AbstractEventLoop:
-    """The process's LLM event loop, on a daemon thread. Batches running on several worker threads
-    submit their calls to it, so one batch's tail overlaps the next batch's first calls."""
-    global _LOOP
-    with _LOCK:
-        if _LOOP is None:
-            _LOOP = asyncio.new_event_loop()
-            threading.Thread(target=_LOOP.run_forever, name="strata-llm-loop", daemon=True).start()
-            atexit.register(_stop_loop, _LOOP)
-        return _LOOP
-
-
-def _stop_loop(loop: asyncio.AbstractEventLoop) -> None:
-    """At exit: cancel what litellm left running on the loop (its logging worker), then stop the loop."""
-
-    async def cancel_rest() -> None:
-        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for t in rest:
-            t.cancel()
-        await asyncio.gather(*rest, return_exceptions=True)
-
-    try:
-        asyncio.run_coroutine_threadsafe(cancel_rest(), loop).result(timeout=5)
-        loop.call_soon_threadsafe(loop.stop)
-    except Exception:  # noqa: BLE001 - best effort at interpreter exit
-        pass
+    event_loop()
 
 
 def extract_batch_llm(chunks: list[dict[str, Any]], cfg: ExtractConfig, llm: LLMConfig, cache_dir: str,
@@ -200,7 +170,7 @@ def extract_batch_llm(chunks: list[dict[str, Any]], cfg: ExtractConfig, llm: LLM
                                            return_exceptions=True)
         return results, usage
 
-    results, usage = asyncio.run_coroutine_threadsafe(run_all(), _loop()).result()
+    results, usage = run_sync(run_all())
     out: dict[str, Any] = {"entities": [], "relations": [], "quarantine": [], "ok": []}
     for chunk, res in zip(chunks, results):
         if isinstance(res, BaseException):

@@ -81,8 +81,8 @@ def recompute_layer0(
     relevant = [m for m in mentions if (m["kind"] == "entity" and m["key"] in ent_keys)
                 or (m["kind"] == "relation" and (m["key"] in pair_keys or set(m["key"].split("|")) & ent_keys))]
     # a relation needs both endpoint entities, so include the mentions of every endpoint it names
-    endpoint_keys = {p for m in relevant if m["kind"] == "relation" for p in m["key"].split("|")}
-    relevant += [m for m in mentions if m["kind"] == "entity" and m["key"] in endpoint_keys - ent_keys]
+    endpoints = {p for m in relevant if m["kind"] == "relation" for p in m["key"].split("|")} - ent_keys
+    relevant += [m for m in mentions if m["kind"] == "entity" and m["key"] in endpoints]
     new_ents, new_rels = graph_from_mentions(relevant, max_description_tokens)
     touched_ids = {entity_id(0, k) for k in ent_keys}
     new_by_id = {e["id"]: e for e in new_ents if e["id"] in touched_ids}
@@ -144,11 +144,15 @@ def attach(
     tau: float,
     summarize: Callable[[int, list[list[dict[str, Any]]], list[np.ndarray]], list[dict[str, Any]]],
     embed: Callable[[list[dict[str, Any]]], np.ndarray],
+    refresh_staleness: float = 0.0,
 ) -> AttachResult:
-    """HyGRAG attachment of ``added`` layer-0 entities; refresh of every summary on a touched path.
+    """HyGRAG attachment of ``added`` layer-0 entities; refresh of the summaries on the touched paths.
 
     ``summarize(layer, member_lists, member_vectors)`` returns one summary dict per member list;
-    ``embed(entities)`` returns their vectors."""
+    ``embed(entities)`` returns their vectors. A summary that lost members is always re-summarised;
+    one that only gained or changed members accumulates ``staleness`` (changes / members) and is
+    re-summarised once that reaches ``refresh_staleness`` (0: on every change). Only a re-summarised
+    or dropped summary touches its own parents."""
     from tasks.merge import relation_id
 
     by_id = {e["id"]: e for e in list(layer0) + list(summaries)}
@@ -157,7 +161,8 @@ def attach(
     layers = {l: [s for s in summaries if s["layer"] == l] for l in range(1, top + 1)}
     mats = {l: np.stack([np.asarray(s["vector"], dtype=np.float32) for s in ss]) for l, ss in layers.items() if ss}
     attached: dict[str, str] = {}
-    touched: set[str] = set()
+    changes: Counter = Counter()  # summary id -> members added, changed or re-summarised this update
+    lost: set[str] = set()  # summaries that lost members: always re-summarised
     for eid in sorted(added):
         if not mats:
             break
@@ -175,7 +180,7 @@ def attach(
             l = min(mats)
             target = layers[l][int(np.argmax(mats[l] @ v))]["id"]
         attached[eid] = target
-        touched.add(target)
+        changes[target] += 1
         rels.append({"id": relation_id(eid, target, "summary_of"), "source_id": eid, "target_id": target,
                      "kind": "summary_of", "description": f"{by_id[eid]['name']} belongs to {by_id[target]['name']}",
                      "weight": 1.0, "source_chunk_ids": []})
@@ -183,13 +188,15 @@ def attach(
     parents: dict[str, set[str]] = defaultdict(set)
     for r in rels:
         parents[r["source_id"]].add(r["target_id"])
-    for eid in removed | changed:  # summaries that lost or changed members
-        touched |= {p for p in parents.get(eid, set())} | {r["target_id"] for r in summary_relations if r["source_id"] == eid}
-    # walk up: every ancestor of a touched summary is refreshed too (layer by layer)
+    for eid in sorted(changed):
+        for p in parents.get(eid, set()):
+            changes[p] += 1
+    lost |= {r["target_id"] for r in summary_relations if r["source_id"] in removed}
+    # walk up layer by layer: a re-summarised or dropped summary touches its parents in turn
     dropped: set[str] = set()
     refreshed: set[str] = set()
     operations = 0
-    frontier = {t for t in touched if t in by_id}
+    frontier = {t for t in set(changes) | lost if t in by_id}
     while frontier:
         layer = min(by_id[t]["layer"] for t in frontier)
         now = sorted(t for t in frontier if by_id[t]["layer"] == layer)
@@ -197,10 +204,16 @@ def attach(
         alive = []
         for sid in now:
             live = sorted(m for m in members.get(sid, set()) if m in by_id and m not in dropped)
-            if live:
-                alive.append((sid, live))
-            else:
+            if len(live) < len(members.get(sid, ())):  # a member summary was dropped
+                lost.add(sid)
+            staleness = float(by_id[sid].get("staleness") or 0.0) + changes[sid] / max(1, len(live))
+            if not live:
                 dropped.add(sid)
+                lost |= parents.get(sid, set())
+            elif sid in lost or staleness >= refresh_staleness:
+                alive.append((sid, live))
+            else:  # text still stands for its members: keep it, remember how far it has drifted
+                by_id[sid] = dict(by_id[sid], degree=len(live), staleness=staleness)
         if alive:
             lists = [[by_id[m] for m in live] for _, live in alive]
             vecs = [np.stack([np.asarray(by_id[m]["vector"], dtype=np.float32) for m in live]) for _, live in alive]
@@ -208,14 +221,18 @@ def attach(
             operations += len(alive)
             refreshed_rows = []
             for (sid, _), s in zip(alive, new):
-                row = dict(by_id[sid], name=s["name"], type=s["type"], description=s["description"])
+                row = dict(by_id[sid], name=s["name"], type=s["type"], description=s["description"], staleness=0.0)
                 row["degree"] = len(members.get(sid, ()))
                 by_id[sid] = row
                 refreshed_rows.append(row)
                 refreshed.add(sid)
             for row, vec in zip(refreshed_rows, embed(refreshed_rows)):
                 row["vector"] = vec
-        frontier |= {p for sid in now for p in parents.get(sid, set())}
+            for sid, _ in alive:
+                for p in parents.get(sid, set()):
+                    changes[p] += 1
+                    frontier.add(p)
+        frontier |= {p for sid in now if sid in dropped for p in parents.get(sid, set())}
     rels = [r for r in rels if r["source_id"] not in dropped and r["target_id"] not in dropped]
     # member names appear in summary_of descriptions: keep them current
     for r in rels:
@@ -230,53 +247,57 @@ def place_in_communities(
     entity_ids: set[str],
     relations: list[dict[str, Any]],
     new_ids: set[str],
-) -> tuple[list[dict[str, Any]], set[str]]:
-    """Keep community ids; drop gone members, add new nodes by neighbour majority. Returns (communities, touched ids)."""
+) -> tuple[list[dict[str, Any]], Counter, set[str]]:
+    """Keep community ids; drop gone members, add new nodes by neighbour majority, level by level down.
+
+    Returns (communities, members added per community, communities whose report must be rewritten:
+    new ones, ones that lost members and ones whose parent disappeared)."""
     comms = [dict(c, entity_ids=list(c["entity_ids"])) for c in communities]
-    touched: set[str] = set()
+    forced: set[str] = set()
     for c in comms:
         kept = [m for m in c["entity_ids"] if m in entity_ids]
         if len(kept) != len(c["entity_ids"]):
-            touched.add(c["id"])
+            forced.add(c["id"])
         c["entity_ids"] = kept
     neighbours: dict[str, list[str]] = defaultdict(list)
     for r in relations:
         neighbours[r["source_id"]].append(r["target_id"])
         neighbours[r["target_id"]].append(r["source_id"])
-    by_level: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    top_of: dict[str, list[str]] = defaultdict(list)  # entity -> its top-level (level 0) communities
     for c in comms:
-        for m in c["entity_ids"]:
-            by_level[c["level"]][m].append(c["id"])
+        if c["level"] == 0:
+            for m in c["entity_ids"]:
+                top_of[m].append(c["id"])
     index = {c["id"]: c for c in comms}
+    children: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for c in comms:
+        if c["parent_id"]:
+            children[c["parent_id"]].append(c)
+    member_sets = {c["id"]: set(c["entity_ids"]) for c in comms}
+    grown: Counter = Counter()
     added_rows = []
     for eid in sorted(new_ids):
-        votes = Counter(cid for n in neighbours.get(eid, []) for cid in by_level[0].get(n, []))
+        votes = Counter(cid for n in neighbours.get(eid, []) for cid in top_of.get(n, []))
         if not votes:
             row = {"id": community_id(0, [eid]), "level": 0, "parent_id": None, "entity_ids": [eid], "size": 1}
             added_rows.append(row)
-            touched.add(row["id"])
+            forced.add(row["id"])
             continue
         cid = min(votes, key=lambda c: (-votes[c], c))
-        index[cid]["entity_ids"].append(eid)
-        touched.add(cid)
-        # follow the hierarchy down: join the child community where most neighbours are
-        level = 1
-        parent = cid
-        while True:
-            kids = [c for c in comms if c["parent_id"] == parent]
-            if not kids:
-                break
-            kid_votes = Counter(k["id"] for k in kids for n in neighbours.get(eid, []) if n in k["entity_ids"])
+        while True:  # join it, then the child community where most of its neighbours are
+            index[cid]["entity_ids"].append(eid)
+            member_sets[cid].add(eid)
+            grown[cid] += 1
+            kid_votes = Counter(k["id"] for k in children.get(cid, []) for n in neighbours.get(eid, [])
+                                if n in member_sets[k["id"]])
             if not kid_votes:
                 break
-            parent = min(kid_votes, key=lambda c: (-kid_votes[c], c))
-            index[parent]["entity_ids"].append(eid)
-            touched.add(parent)
-            level += 1
+            cid = min(kid_votes, key=lambda c: (-kid_votes[c], c))
     out = []
     for c in comms + added_rows:
         if not c["entity_ids"]:
-            touched.discard(c["id"])
+            forced.discard(c["id"])
+            grown.pop(c["id"], None)
             continue
         c["entity_ids"] = sorted(set(c["entity_ids"]))
         c["size"] = len(c["entity_ids"])
@@ -285,5 +306,33 @@ def place_in_communities(
     for c in out:  # a parent that disappeared leaves its children at the top
         if c["parent_id"] and c["parent_id"] not in ids:
             c["parent_id"] = None
-            touched.add(c["id"])
-    return sorted(out, key=lambda c: (c["level"], c["id"])), touched
+            forced.add(c["id"])
+    return sorted(out, key=lambda c: (c["level"], c["id"])), grown, forced
+
+
+def reports_to_rewrite(
+    communities: list[dict[str, Any]],
+    old_reports: dict[str, dict[str, Any]],
+    grown: Counter,
+    forced: set[str],
+    refresh_staleness: float,
+) -> tuple[set[str], dict[str, float]]:
+    """Which communities get a new report, and the staleness of the reports that stay.
+
+    A community without a report, in ``forced`` (new, lost members, re-parented) is rewritten; one
+    that only gained members accumulates ``staleness`` (members added / size) and is rewritten once
+    that reaches ``refresh_staleness`` (0: on every change)."""
+    redo: set[str] = set()
+    staleness: dict[str, float] = {}
+    for c in communities:
+        cid = c["id"]
+        old = old_reports.get(cid)
+        if old is None or cid in forced:
+            redo.add(cid)
+        elif grown.get(cid):
+            value = float(old.get("staleness") or 0.0) + grown[cid] / max(1, c["size"])
+            if value >= refresh_staleness:
+                redo.add(cid)
+            else:
+                staleness[cid] = value
+    return redo, staleness

@@ -6,10 +6,58 @@ Stages never call a provider directly: they take an ``LLMClient`` (anything with
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import json
 import re
-from collections.abc import Callable
-from typing import Any, Protocol
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, TypeVar
+
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+T = TypeVar("T")
+
+
+def event_loop() -> asyncio.AbstractEventLoop:
+    """The process's LLM event loop, on a daemon thread. Every stage's calls run on it (extraction
+    batches on several worker threads at once, so one batch's tail overlaps the next batch's first calls),
+    and litellm's background tasks live on one loop for the whole process."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            _LOOP = asyncio.new_event_loop()
+            threading.Thread(target=_LOOP.run_forever, name="strata-llm-loop", daemon=True).start()
+            atexit.register(_stop_loop, _LOOP)
+        return _LOOP
+
+
+def _stop_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """At exit: cancel what litellm left running on the loop (its logging worker), then stop the loop."""
+
+    async def cancel_rest() -> None:
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in rest:
+            t.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
+
+    try:
+        asyncio.run_coroutine_threadsafe(cancel_rest(), loop).result(timeout=5)
+        loop.call_soon_threadsafe(loop.stop)
+    except Exception:  # noqa: BLE001 - best effort at interpreter exit
+        pass
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on the process's LLM loop and wait for its result (from synchronous code, never
+    from a coroutine on that loop). Interrupted (Ctrl-C), it cancels the coroutine's calls."""
+    future = asyncio.run_coroutine_threadsafe(coro, event_loop())
+    try:
+        return future.result()
+    except BaseException:
+        future.cancel()
+        raise
 
 
 class LLMClient(Protocol):

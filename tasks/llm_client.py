@@ -9,7 +9,8 @@
   is stored only after the caller's parser accepted it: failed or unparseable answers never are;
 * an unparseable answer is retried once with a reminder; after that ``ParseError`` is raised
   for the caller to quarantine;
-* usage (calls, cache hits, tokens, cost) is counted per client and reported to the run.
+* usage (calls, cache hits, tokens, cost) is counted per client and reported to the run;
+* embedding requests (``embed``, for a litellm embedding model) share the limits, retries and usage.
 
 API keys come from the provider's environment variables or ``llm.api_key``; they are passed to
 litellm per call and never logged, cached or written to a table.
@@ -200,6 +201,8 @@ class LiteLLMClient:
         import litellm
 
         litellm.suppress_debug_info = True
+        # this client does the retrying; litellm's OpenAI embedding path reads max_retries=0 as "use the default (2)"
+        litellm.DEFAULT_MAX_RETRIES = 0
         logging.getLogger("LiteLLM").setLevel(logging.ERROR)
         self.cfg = cfg
         share = max(1, share)  # this client's share of the global limits (one per Dask worker)
@@ -287,6 +290,31 @@ class LiteLLMClient:
 
         completion = self._completion or litellm.acompletion
         est_tokens = sum(len(m["content"]) for m in messages) // 4 + params["max_tokens"] // 4
+        resp = await self._request(lambda: completion(
+            model=self.cfg.model, messages=messages, api_base=self.cfg.api_base or None,
+            api_key=self.cfg.api_key.get_secret_value() if self.cfg.api_key else None,
+            timeout=self.cfg.timeout_s, num_retries=0, max_retries=0, **params,
+        ), est_tokens)
+        return resp.choices[0].message.content or ""
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        """Embedding vectors of ``texts`` (one request) from ``cfg.model``, under the same limits and retries."""
+        import litellm
+
+        resp = await self._request(lambda: litellm.aembedding(
+            model=self.cfg.model, input=texts, api_base=self.cfg.api_base or None,
+            api_key=self.cfg.api_key.get_secret_value() if self.cfg.api_key else None,
+            timeout=self.cfg.timeout_s, num_retries=0, max_retries=0,
+        ), sum(len(t) for t in texts) // 4)
+        data = sorted(resp.data, key=lambda d: d["index"] if isinstance(d, dict) else d.index)
+        vectors = [d["embedding"] if isinstance(d, dict) else d.embedding for d in data]
+        if len(vectors) != len(texts):
+            raise LLMError(f"embedding model {self.cfg.model} returned {len(vectors)} vectors for {len(texts)} texts")
+        return vectors
+
+    async def _request(self, send: Callable[[], Any], est_tokens: int) -> Any:
+        """One provider request with the client's rate limits, concurrency, timeout and retries; usage counted."""
+        self._bind_loop()
         attempt = 0
         while True:
             if self._rpm:
@@ -297,17 +325,9 @@ class LiteLLMClient:
             async with self._sem:
                 try:
                     self._count(calls=1)
-                    resp = await asyncio.wait_for(
-                        completion(
-                            model=self.cfg.model, messages=messages, api_base=self.cfg.api_base or None,
-                            api_key=self.cfg.api_key.get_secret_value() if self.cfg.api_key else None,
-                            timeout=self.cfg.timeout_s, num_retries=0, max_retries=0, **params,
-                        ),
-                        timeout=self.cfg.timeout_s + 5,
-                    )
-                    text = resp.choices[0].message.content or ""
+                    resp = await asyncio.wait_for(send(), timeout=self.cfg.timeout_s + 5)
                     self._account(resp)
-                    return text
+                    return resp
                 except Exception as exc:  # noqa: BLE001
                     if not is_retryable(exc) or attempt >= self.cfg.max_retries:
                         self._count(failures=1)

@@ -20,7 +20,7 @@ from typing import Any
 
 from tasks.chunk import count_tokens, truncate_tokens
 from tasks.ids import make_id
-from tasks.llm import LLMClient, ParseError, parse_json
+from tasks.llm import LLMClient, ParseError, parse_json, run_sync
 
 PROMPT_VERSION = "community-report/1"
 MAX_FINDINGS = 5
@@ -127,7 +127,7 @@ def build_reports(
         for c, d in zip(batch, drafts):
             d["rating"] = round(10 * math.log1p(d["weight"]) / math.log1p(max_w), 2) if max_w > 0 else 0.0
         if client is not None:
-            answers = asyncio.run(_llm_level(client, batch, ents, rels_by_node, children, done, budget))
+            answers = run_sync(_llm_level(client, batch, ents, rels_by_node, children, done, budget))
             for c, d, a in zip(batch, drafts, answers):
                 if isinstance(a, dict):
                     d.update(a)

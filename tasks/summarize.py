@@ -24,7 +24,7 @@ from sklearn.feature_extraction.text import CountVectorizer
 
 from tasks.chunk import truncate_tokens
 from tasks.ids import make_id
-from tasks.llm import LLMClient, ParseError, parse_json
+from tasks.llm import LLMClient, ParseError, parse_json, run_sync
 
 PROMPT_VERSION = "summary-entities/1"
 
@@ -219,7 +219,7 @@ class LLMSummarizer:
         return await asyncio.gather(*(self._one(c) for c in clusters))
 
     def summarize_layer(self, layer: int, clusters: list[Cluster]) -> list[list[dict[str, Any]]]:
-        results = asyncio.run(self._all(clusters))
+        results = run_sync(self._all(clusters))
         missing = [i for i, r in enumerate(results) if r is None]
         if missing:
             offline = self.fallback.summarize_layer(layer, [clusters[i] for i in missing])

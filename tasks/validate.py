@@ -62,11 +62,17 @@ def _vector_columns(table: pa.Table) -> dict[str, np.ndarray]:
 
 
 def _frame(name: str, table: pa.Table, refs: dict[str, set[str]]) -> pd.DataFrame:
+    from schemas.expectations import REFERENCES  # imports great-expectations: only when validating
+
     scalar = [f.name for f in table.schema if not pa.types.is_list(f.type) and not pa.types.is_fixed_size_list(f.type)]
     df = table.select(scalar).to_pandas()
     if "vector" in table.column_names:
         for k, v in _vector_columns(table).items():
             df[k] = v
+    for column, target in REFERENCES.get(name, {}).items():  # the ids the referenced table lacks, else null
+        values = table.column(column)
+        known = pc.is_in(values, value_set=pa.array(sorted(refs[target]), type=pa.string()))
+        df[f"{column}_dangling"] = pc.if_else(known, pa.scalar(None, pa.string()), values).to_pandas()
     if name in ("entities", "relations"):
         chunk_ids = refs["chunks"]
         known = []
@@ -100,7 +106,7 @@ def validate_tables(tables: dict[str, pa.Table], dim: int) -> ValidationReport:
     refs = {n: set(ids(n)) - {None} for n in ("documents", "chunks", "entities", "communities")}
     refs["quarantine_items"] = set(tables["quarantine"].column("item").to_pylist()) if "quarantine" in tables else set()
     ctx, source = _context()
-    specs = suites(dim, {k: sorted(v) for k, v in refs.items() if k != "quarantine_items"})
+    specs = suites(dim)
     report = ValidationReport(success=True)
     for name, table in tables.items():
         if name not in specs or table.num_rows == 0:

@@ -1,4 +1,4 @@
-"""A local OpenAI-compatible chat server (127.0.0.1 only) that answers like a model and injects faults.
+"""A local OpenAI-compatible chat and embeddings server (127.0.0.1 only) that answers like a model and injects faults.
 
 It answers Strata's prompts with valid outputs (entities from capitalised phrases, relations
 between consecutive entities, summary entities, community reports, answers) and, on demand,
@@ -9,6 +9,7 @@ Used by the tests and by ``benchmarks/bench_llm.py``; every request loop is boun
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -45,6 +46,18 @@ def answer_for(messages: list[dict]) -> str:
         return json.dumps({"title": f"Community of {names[0] if names else 'entities'}", "summary": "A community.",
                            "rating": 5, "findings": [f"{n} is a member." for n in names[:3]]})
     return "An answer drawn from the context."
+
+
+EMBEDDING_DIM = 64
+
+
+def embedding_for(text: str) -> list[float]:
+    """A deterministic bag-of-words vector (hashed words, unit norm): similar texts get similar vectors."""
+    vec = [0.0] * EMBEDDING_DIM
+    for word in re.findall(r"\w+", text.lower()):
+        vec[int(hashlib.md5(word.encode()).hexdigest(), 16) % EMBEDDING_DIM] += 1.0
+    norm = sum(v * v for v in vec) ** 0.5 or 1.0
+    return [v / norm for v in vec]
 
 
 class _Server(ThreadingHTTPServer):
@@ -120,6 +133,14 @@ class FakeLLM:
                     return self._send(400, {"error": {"message": "bad request", "type": "invalid_request_error"}})
                 if fault == "hang":
                     time.sleep(fake.hang_s)
+                if self.path.rstrip("/").endswith("/embeddings"):
+                    texts = payload.get("input", [])
+                    texts = [texts] if isinstance(texts, str) else texts
+                    return self._send(200, {
+                        "object": "list", "model": payload.get("model", "fake"),
+                        "data": [{"object": "embedding", "index": i, "embedding": embedding_for(t)} for i, t in enumerate(texts)],
+                        "usage": {"prompt_tokens": sum(len(t) for t in texts) // 4, "total_tokens": sum(len(t) for t in texts) // 4},
+                    })
                 messages = payload.get("messages", [])
                 content = answer_for(messages)
                 if fault == "malformed":

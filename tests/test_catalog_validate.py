@@ -71,8 +71,8 @@ def _replace(table: pa.Table, column: str, values) -> pa.Table:
     [
         ("entities", lambda t: _replace(t, "id", ["ent-a", "ent-a"]), "expect_column_values_to_be_unique"),
         ("entities", lambda t: _replace(t, "id", [None, "ent-b"]), "expect_column_values_to_not_be_null"),
-        ("relations", lambda t: _replace(t, "target_id", ["ent-missing"]), "expect_column_values_to_be_in_set"),
-        ("chunks", lambda t: _replace(t, "document_id", ["doc-1", "doc-gone"]), "expect_column_values_to_be_in_set"),
+        ("relations", lambda t: _replace(t, "target_id", ["ent-missing"]), "expect_column_values_to_be_null"),
+        ("chunks", lambda t: _replace(t, "document_id", ["doc-1", "doc-gone"]), "expect_column_values_to_be_null"),
         ("entities", lambda t: _replace(t, "vector", [np.full(DIM, np.nan, np.float32), np.ones(DIM, np.float32)]),
          "expect_column_values_to_be_in_set"),
         ("entities", lambda t: _replace(t, "source_chunk_ids", [["chunk-404"], ["chunk-1"]]), "expect_column_values_to_be_in_set"),
@@ -85,6 +85,13 @@ def test_corrupted_tables_fail_their_suite(table, corrupt, expectation):
     report = validate_tables(tables, DIM)
     assert not report.success
     assert any(f["table"] == table and f["expectation"] == expectation for f in report.failures), report.failures
+
+
+def test_dangling_reference_names_the_missing_id():
+    tables = tiny_tables()
+    tables["relations"] = _replace(tables["relations"], "target_id", ["ent-missing"])
+    failure = next(f for f in validate_tables(tables, DIM).failures if f["column"] == "target_id_dangling")
+    assert failure["unexpected_count"] == 1 and failure["sample"] == ["ent-missing"]
 
 
 def test_unaccounted_chunk_fails():

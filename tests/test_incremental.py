@@ -12,7 +12,7 @@ from flows.cli import app
 from flows.pipeline import build_index, update_index
 from schemas.config import load_config
 from tasks.catalog import Catalog
-from tasks.incremental import attach, diff_documents, place_in_communities
+from tasks.incremental import attach, diff_documents, place_in_communities, reports_to_rewrite
 from tasks.validate import validate_tables
 from schemas.tables import SNAPSHOT_TABLES
 from tests.conftest import SMALL
@@ -85,13 +85,43 @@ def test_place_in_communities_by_neighbour_majority():
              {"id": "c2", "level": 0, "parent_id": None, "entity_ids": ["c", "gone"], "size": 2},
              {"id": "c1x", "level": 1, "parent_id": "c1", "entity_ids": ["a"], "size": 1}]
     rels = [{"source_id": "n", "target_id": "a"}, {"source_id": "n", "target_id": "b"}, {"source_id": "n", "target_id": "c"}]
-    out, touched = place_in_communities(comms, {"a", "b", "c", "n", "lonely"}, rels, {"n", "lonely"})
+    out, grown, forced = place_in_communities(comms, {"a", "b", "c", "n", "lonely"}, rels, {"n", "lonely"})
     by = {c["id"]: c for c in out}
     assert by["c1"]["entity_ids"] == ["a", "b", "n"] and by["c1x"]["entity_ids"] == ["a", "n"]
     assert by["c2"]["entity_ids"] == ["c"]
     singles = [c for c in out if c["entity_ids"] == ["lonely"]]
     assert len(singles) == 1 and singles[0]["level"] == 0
-    assert touched == {"c1", "c1x", "c2", singles[0]["id"]}
+    assert grown == {"c1": 1, "c1x": 1}
+    assert forced == {"c2", singles[0]["id"]}  # lost a member; new
+
+
+def test_reports_to_rewrite_by_staleness():
+    comms = [{"id": c, "size": n} for c, n in (("big", 20), ("small", 2), ("lost", 5), ("fresh", 1), ("quiet", 4))]
+    old = {"big": {"staleness": 0.05}, "small": {"staleness": 0.0}, "lost": {"staleness": 0.0}, "quiet": {"staleness": 0.2}}
+    grown = {"big": 1, "small": 1}
+    redo, staleness = reports_to_rewrite(comms, old, grown, {"lost"}, 0.15)
+    # big: 0.05 + 1/20 = 0.10 < 0.15 kept; small: 1/2 = 0.5 rewritten; lost: forced; fresh: no report yet
+    assert redo == {"small", "lost", "fresh"}
+    assert staleness == {"big": pytest.approx(0.10)}  # quiet: untouched, keeps its own value
+    assert reports_to_rewrite(comms, old, grown, set(), 0.0)[0] == {"big", "small", "fresh"}
+
+
+def test_attach_accumulates_staleness_below_threshold():
+    l0 = [_e(f"m{i}", 0, [1, 0, 0]) for i in range(9)] + [_e("new", 0, [1, 0.05, 0]), _e("c", 0, [0, 1, 0])]
+    summaries = [dict(_e("S1", 1, [1, 0, 0]), staleness=0.05), _e("S2", 1, [0, 1, 0]), _e("T", 2, [0.7, 0.7, 0])]
+    rels = [_so(f"m{i}", "S1") for i in range(9)] + [_so("c", "S2"), _so("S1", "T"), _so("S2", "T")]
+    summarize = lambda l, ms, vs: [{"name": "x", "type": "concept", "description": "d"} for _ in ms]  # noqa: E731
+    embed = lambda rows: np.ones((len(rows), 3), np.float32)  # noqa: E731
+    res = attach(l0, summaries, rels, added={"new"}, removed=set(), changed=set(), tau=0.65,
+                 summarize=summarize, embed=embed, refresh_staleness=0.2)
+    by = {e["id"]: e for e in res.entities}
+    # S1 gained 1 member of 10: 0.05 + 0.1 = 0.15 < 0.2, kept; its parent is not touched
+    assert res.attached == {"new": "S1"} and res.refreshed == set() and res.operations == 0
+    assert by["S1"]["staleness"] == pytest.approx(0.15) and by["S1"]["degree"] == 10 and by["S1"]["name"] == "S1"
+    # a changed member of S2 (1 of 1) passes the threshold: S2 is re-summarised, then its parent T (1 of 2 = 0.5)
+    res = attach(l0, summaries, rels, added=set(), removed=set(), changed={"c"}, tau=0.65,
+                 summarize=summarize, embed=embed, refresh_staleness=0.2)
+    assert res.refreshed == {"S2", "T"} and {e["id"]: e for e in res.entities}["S2"]["staleness"] == 0.0
 
 
 # ------------------------------------------------------------------------------------------ end to end

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sqlite3
 import time
 
@@ -164,5 +165,41 @@ def test_index_completes_under_faults_and_rerun_makes_no_calls(tmp_path, small_c
         assert Catalog(index).runs()[-1]["llm_calls"] == 0
         again = {c["id"]: c["status"] for c in Catalog(index).read("chunks").to_pylist()}
         assert again == {c["id"]: c["status"] for c in chunks}
+    finally:
+        fake.stop()
+
+
+def test_litellm_embeddings_dimension_from_model_retries_and_checked(tmp_path, small_corpus, monkeypatch):
+    """Embeddings through litellm: the index takes the model's dimension (64 here), faults are retried,
+    calls are counted in the run, and an index is never mixed with another model's vectors."""
+    fake = FakeLLM(seed=3, rate_limit=0.15, server_error=0.1).start()
+    try:
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-fake")
+        sets = ["--set", "embedding.model=openai/fake-embed", "--set", f"embedding.api_base={fake.url}",
+                "--set", "embedding.batch_size=16", "--set", "llm.backoff_base_s=0.05", "--set", "llm.max_retries=12",
+                "--set", "chunking.size=400", "--set", "dask.processes=false"]
+        index = tmp_path / "index"
+        res = CliRunner().invoke(app, ["index", str(small_corpus), "--index", str(index), "--quiet", *sets])
+        assert res.exit_code == 0, res.output
+        cat = Catalog(index)
+        assert cat.snapshot()["dim"] == 64
+        for table in ("entities", "chunks", "community_reports"):
+            assert {len(v) for v in cat.read(table).column("vector").to_pylist()} == {64}
+        run = cat.runs()[-1]
+        assert fake.injected["rate_limit"] + fake.injected["server_error"] > 0
+        assert run["llm_calls"] == fake.requests and run["llm_tokens"] > 0  # every embedding request is counted, retries too
+        res = CliRunner().invoke(app, ["query", "Who wrote the novel?", "--index", str(index), *sets])
+        assert res.exit_code == 0, res.output
+        # the packaged 384-d model cannot query or update a 64-d index: a clear error, nothing published
+        res = CliRunner().invoke(app, ["query", "Who wrote the novel?", "--index", str(index)])
+        assert res.exit_code != 0 and "64-d" in res.output and "384-d" in res.output
+        corpus = tmp_path / "corpus"
+        shutil.copytree(small_corpus, corpus)  # the shared corpus stays as it is
+        (corpus / "extra.txt").write_text("Ada Lovelace wrote notes on the Analytical Engine.\n")
+        version = cat.snapshot()["version"]
+        res = CliRunner().invoke(app, ["update", str(corpus), "--index", str(index), "--quiet",
+                                       "--set", "chunking.size=400", "--set", "dask.processes=false"])
+        assert res.exit_code != 0 and "64-d" in res.output
+        assert Catalog(index).snapshot()["version"] == version
     finally:
         fake.stop()
