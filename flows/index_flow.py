@@ -103,7 +103,7 @@ def backfill_flow(
     cfg = load_config(config_path, overrides)
     catalog = Catalog(index)
     results = []
-    with dask_pool(cfg) as pool:  # one cluster for all partitions
+    with dask_pool(cfg) as pool:  # one pool for all partitions: up while each extracts, prestarted during its ingest
         for part in partitions:
             with catalog.writer_lock(lock_timeout):
                 result = update_index(part, catalog, cfg, run=prefect_runner, mapper=pool,

@@ -189,6 +189,12 @@ def _prestart(mapper: Any) -> None:
         mapper.start()
 
 
+def _release(mapper: Any) -> None:
+    """Shut a pool's cluster down once extraction is done (a backfill's next partition starts it again)."""
+    if hasattr(mapper, "release"):
+        mapper.release()
+
+
 def _await_pool(mapper: Any, log: StageLog) -> None:
     """Wait for a prestarted pool outside the extraction stage's clock; the wait is its own log entry."""
     if hasattr(mapper, "ready"):
@@ -254,6 +260,7 @@ def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep, usage) 
     t = time.perf_counter()
     rep.start("extract", len(chunks))
     extracted = _extract(run, chunks, cfg, catalog, mapper, method, rep, usage)
+    _release(mapper)
     ok = set(extracted["ok"])
     for q in extracted["quarantine"]:
         quarantine.append(quarantine_row(q["item"], q["stage"], q["error"]))
@@ -433,6 +440,7 @@ def _update(corpus, catalog, cfg, run, mapper, run_id, snap, version, log, rep, 
     t = time.perf_counter()
     rep.start("extract", len(new_chunks))
     extracted = _extract(run, new_chunks, cfg, catalog, mapper, method, rep, usage)
+    _release(mapper)
     log.record("extract", time.perf_counter() - t, chunks=len(new_chunks), removed_chunks=len(gone_chunks),
                llm_calls=extracted["usage"].get("calls", 0))
     rep.finish("extract", f"{len(new_chunks)} new chunks, {len(gone_chunks)} removed")
