@@ -38,6 +38,8 @@ def _context():
     logging.getLogger("great_expectations").setLevel(logging.ERROR)
     import great_expectations as gx
 
+    # this module sets its own logger to INFO at import ("Created temporary directory ... docs site")
+    logging.getLogger("great_expectations.data_context.types.base").setLevel(logging.ERROR)
     ctx = gx.get_context(mode="ephemeral")
     try:
         from great_expectations.data_context.types.base import ProgressBarsConfig
