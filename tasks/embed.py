@@ -6,6 +6,7 @@ and loaded from site-packages with ``HF_HUB_OFFLINE=1``: no hub download, ever.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import os
@@ -92,7 +93,8 @@ class LiteLLMEmbedder:
         from tasks.llm_client import LiteLLMClient
 
         base = llm or LLMConfig()
-        self.name = self.cache_name = cfg.model
+        self.name = cfg.model
+        self.cache_name = f"{cfg.model}@{cfg.api_base}" if cfg.api_base else cfg.model  # another server, other vectors
         self.batch_size = cfg.batch_size
         self.client = LiteLLMClient(base.model_copy(update={"model": cfg.model, "api_base": cfg.api_base,
                                                             "api_key": cfg.api_key, "cache": False}))
@@ -108,8 +110,6 @@ class LiteLLMEmbedder:
         from tasks.llm import run_sync
 
         async def all_batches():
-            import asyncio
-
             parts = [texts[i : i + self.batch_size] for i in range(0, len(texts), self.batch_size)]
             return await asyncio.gather(*(self.client.embed(p) for p in parts))
 
