@@ -208,8 +208,7 @@ def attach(
                 lost.add(sid)
             staleness = float(by_id[sid].get("staleness") or 0.0) + changes[sid] / max(1, len(live))
             if not live:
-                dropped.add(sid)
-                lost |= parents.get(sid, set())
+                dropped.add(sid)  # its parents see it missing from their members: they count as lost
             elif sid in lost or staleness >= refresh_staleness:
                 alive.append((sid, live))
             else:  # text still stands for its members: keep it, remember how far it has drifted

@@ -246,7 +246,6 @@ class LiteLLMClient:
         parse: Callable[[str], Any] | None = None,
     ) -> Any:
         """The (parsed) answer. Cached answers are served without a call; only parsed answers are cached."""
-        self._bind_loop()
         params = self._params(json_mode)
         key = cache_key(self.cfg.model, messages, params, prompt_version)
         known = None
