@@ -36,7 +36,7 @@ from tasks.hierarchy import build_hierarchy, stat_rows
 from tasks.ids import make_id
 from tasks.ingest import ingest_corpus, quarantine_row
 from tasks.llm_client import LiteLLMClient, Usage
-from tasks.merge import graph_from_mentions, mention_rows
+from tasks.merge import graph_from_mentions, mention_rows, title_mentions
 from tasks.parallel import DaskPool
 from tasks.plots import plot_layers
 from tasks.progress import reporter
@@ -275,7 +275,8 @@ def _build(corpus, catalog, cfg, run, mapper, run_id, version, log, rep, usage) 
     # merge
     t = time.perf_counter()
     rep.start("merge", None)
-    mentions = mention_rows(extracted["entities"], extracted["relations"])
+    titled = title_mentions([c for c in chunks if c["id"] in ok], documents, cfg.extract.max_sentence_chars)
+    mentions = mention_rows(extracted["entities"] + titled, extracted["relations"])
     entities, relations = run("merge", graph_from_mentions, mentions, cfg.extract.max_description_tokens)
     log.record("merge", time.perf_counter() - t, entities=len(entities), relations=len(relations))
     rep.finish("merge", f"{len(entities)} entities, {len(relations)} relations")
@@ -448,7 +449,9 @@ def _update(corpus, catalog, cfg, run, mapper, run_id, snap, version, log, rep, 
     # layer 0: recompute exactly the keys the delta touched
     t = time.perf_counter()
     old_mentions = _rows(catalog, "mentions", snap)
-    new_mentions = mention_rows(extracted["entities"], extracted["relations"])
+    ok = set(extracted["ok"])
+    titled = title_mentions([c for c in new_chunks if c["id"] in ok], incoming, cfg.extract.max_sentence_chars)
+    new_mentions = mention_rows(extracted["entities"] + titled, extracted["relations"])
     touched = {m["key"] for m in old_mentions if m["chunk_id"] in gone_chunks} | {m["key"] for m in new_mentions}
     mentions = [m for m in old_mentions if m["chunk_id"] not in gone_chunks] + new_mentions
     old_entities = _rows(catalog, "entities", snap)

@@ -8,8 +8,10 @@ and weighted by the number of distinct supporting sentences.
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from pathlib import PurePath
 from typing import Any
 
 from tasks.chunk import count_tokens
@@ -56,6 +58,35 @@ def join_within_budget(parts: list[str], max_tokens: int) -> str:
 
 def extractive_merge(max_tokens: int) -> DescriptionMerger:
     return lambda _name, parts: join_within_budget(parts, max_tokens)
+
+
+_DISAMBIGUATION = re.compile(r"\s*\([^()]*\)\s*$")
+_FIRST_SENTENCE = re.compile(r"^(.{20,}?[.!?])(?:\s|$)", re.DOTALL)
+
+
+def explicit_title(doc: dict[str, Any]) -> str | None:
+    """A document's own title (JSONL/Parquet ``title``, Markdown heading), without a trailing
+    disambiguation such as "(band)"; None when the title is only the file or record name."""
+    title = (doc.get("title") or "").strip()
+    source = doc.get("source_id") or ""
+    if not title or title in (source, PurePath(source).stem):
+        return None
+    return _DISAMBIGUATION.sub("", title).strip() or title
+
+
+def title_mentions(chunks: list[dict[str, Any]], documents: list[dict[str, Any]], max_chars: int) -> list[dict[str, Any]]:
+    """Document titles as entities: one mention of the title in every chunk of a titled document,
+    described by the chunk's first sentence. A chunk elsewhere that names the same entity links to it."""
+    titles = {d["id"]: explicit_title(d) for d in documents}
+    out = []
+    for c in chunks:
+        title = titles.get(c["document_id"])
+        if title and normalize_name(title):
+            text = " ".join(c["text"].split())
+            m = _FIRST_SENTENCE.match(text)
+            sentence = (m.group(1) if m else text)[:max_chars]
+            out.append({"name": title, "type": "concept", "description": sentence, "chunk_id": c["id"]})
+    return out
 
 
 def mention_rows(extracted_entities: list[dict[str, Any]], extracted_relations: list[dict[str, Any]]) -> list[dict[str, Any]]:

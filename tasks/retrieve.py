@@ -5,12 +5,17 @@
 * bridge (eq. 14-16): from each retrieved community its top-m question-related entities, in a
   deterministic order; shortest paths in G_k between consecutive key entities; the triples of
   G_k whose two ends lie on those paths;
-* plus the source chunks of the local entities.
+* sources: whole chunks, ranked by Personalized PageRank over the entity–chunk graph
+  (``tasks.graph_rank``) with BM25 + dense as its prior, the dense top-3 always included. They
+  get the largest share of the budget: they are what a multi-hop answer needs, and the graph's
+  job is to find the passages dense search misses (the second hop).
 
 Modes, all at the same token budget: ``hi`` (all of the above), ``hi-nobridge``, ``flat``
-(layer-0 KG only: no summary entities in the local level or on paths) and ``naive`` (chunk
-vector search only). The snapshot is loaded once (vectors as in-memory matrices, G_k as a
-graph) and reused across questions.
+(layer-0 KG only: no summary entities in the local level or on paths), ``ppr`` (graph-ranked
+sources only), ``hybrid`` (BM25 fused with dense by reciprocal rank, no graph) and ``naive``
+(dense chunk search only). Sources are packed whole: a chunk that does not fit the budget left
+is skipped, never cut. The snapshot is loaded once (vectors as in-memory matrices, G_k as a
+graph, the BM25 index and the passage graph on first use) and reused across questions.
 """
 
 from __future__ import annotations
@@ -25,17 +30,25 @@ import networkx as nx
 import numpy as np
 
 from schemas.config import RetrievalConfig
+from schemas.tables import schema_for
 from tasks.catalog import Catalog
 from tasks.chunk import count_tokens, truncate_tokens
+from tasks.graph_rank import PassageGraph, RankParams, build_passage_graph, rank_chunks
+from tasks.lexical import BM25Index, rrf
 
-MODES = ("hi", "hi-nobridge", "flat", "naive")
+MODES = ("hi", "hi-nobridge", "flat", "ppr", "hybrid", "naive")
 SECTIONS = ("entities", "communities", "bridge", "chunks")
 MODE_SECTIONS = {
     "hi": ("entities", "communities", "bridge", "chunks"),
     "hi-nobridge": ("entities", "communities", "chunks"),
     "flat": ("entities", "communities", "bridge", "chunks"),
+    "ppr": ("chunks",),
+    "hybrid": ("chunks",),
     "naive": ("chunks",),
 }
+#: how each mode orders its sources
+SOURCE_RANKING = {"hi": "ppr", "hi-nobridge": "ppr", "flat": "ppr", "ppr": "ppr", "hybrid": "hybrid", "naive": "dense"}
+MAX_SOURCES = 200  # candidates considered for the sources section
 
 
 def _matrix(table) -> np.ndarray:
@@ -73,6 +86,38 @@ class IndexView:
     doc_title: dict[str, str]
     ent_index: dict[str, int] = field(default_factory=dict)
     flat_graph: nx.Graph = field(default=None)  # type: ignore[assignment]
+    catalog: Catalog | None = None
+    snap: dict[str, Any] | None = None
+    _lazy: dict[str, Any] = field(default_factory=dict)
+    _lazy_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _once(self, name: Any, build):
+        with self._lazy_lock:
+            if name not in self._lazy:
+                self._lazy[name] = build()
+            return self._lazy[name]
+
+    def lexical(self) -> BM25Index:
+        """BM25 over the chunk texts, built on first use."""
+        return self._once("bm25", lambda: BM25Index(self.chunk_text))
+
+    def passage_graph(self, params: RankParams) -> PassageGraph:
+        """The entity–chunk graph for Personalized PageRank, built on first use from ``mentions`` and ``relations``."""
+        key = ("graph", params.relation_share, params.damping, params.max_df)
+        return self._once(key, lambda: self._build_graph(params))
+
+    def _build_graph(self, params: RankParams) -> PassageGraph:
+        import polars as pl
+
+        if self.catalog is not None and self.snap is not None:
+            table = self.catalog.read("mentions", snap=self.snap).select(["kind", "chunk_id", "key", "description"])
+        else:
+            table = schema_for("mentions", 0).empty_table().select(["kind", "chunk_id", "key", "description"])
+        mentions = pl.from_arrow(table).filter(pl.col("kind") == "entity").drop("kind")
+        relations = [(self.ent_index.get(r["source_id"]), self.ent_index.get(r["target_id"]), float(r["weight"]))
+                     for r in self.rel_rows if r["kind"] == "extracted"]
+        return build_passage_graph(self.chunk_index, self.ent_name, self.ent_type, self.ent_layer, mentions,
+                                   [r for r in relations if r[0] is not None and r[1] is not None], params)
 
     @classmethod
     def load(cls, catalog: Catalog, as_of: int | None = None) -> "IndexView":
@@ -119,6 +164,7 @@ class IndexView:
         )
         view.flat_graph = flat
         view.ent_index = index
+        view.catalog, view.snap = catalog, snap
         return view
 
 
@@ -229,6 +275,34 @@ def bridge_triples(view: IndexView, paths: list[list[int]], graph: nx.Graph) -> 
     return ordered
 
 
+# ---------------------------------------------------------------------------- sources
+def rank_params(cfg: RetrievalConfig) -> RankParams:
+    return RankParams(damping=cfg.ppr_damping, relation_share=cfg.ppr_relation_share, prior_weight=cfg.ppr_prior_weight,
+                      chain_chunks=cfg.ppr_chain_chunks, chain_weight=cfg.ppr_chain_weight, max_df=cfg.ppr_max_df)
+
+
+def source_ranking(
+    view: IndexView, question: str, dense: np.ndarray, how: str, cfg: RetrievalConfig
+) -> tuple[list[int], dict[str, Any]]:
+    """Chunk indices best first (at most ``MAX_SOURCES``) by ``how``: dense, hybrid (BM25 + dense by
+    reciprocal rank) or ppr (Personalized PageRank with the hybrid score as prior, dense top-N first).
+
+    A chunk under ``min_similarity`` with no question word counts for nothing in the fusion; the walk
+    may still reach it through the graph (that is the second hop)."""
+    if not len(view.chunk_ids):
+        return [], {}
+    related = dense >= cfg.min_similarity
+    if how == "dense":
+        return [i for i in top_k(dense, MAX_SOURCES) if related[i]], {}
+    fused = rrf([np.where(related, dense, 0.0), view.lexical().scores(question)], cfg.rrf_k)
+    if how == "hybrid":
+        return [i for i in top_k(fused, MAX_SOURCES) if fused[i] > 0], {}
+    params = rank_params(cfg)
+    scores, seeds = rank_chunks(view.passage_graph(params), question, fused, params)
+    safety = [i for i in top_k(dense, cfg.safety_top) if related[i]] if cfg.safety_top else []
+    return safety + [j for j in top_k(scores, MAX_SOURCES) if scores[j] > 0 and j not in safety], seeds
+
+
 # ---------------------------------------------------------------------------- context assembly
 @dataclass
 class Context:
@@ -241,6 +315,8 @@ class Context:
     chunks: list[dict[str, Any]] = field(default_factory=list)
     tokens: dict[str, int] = field(default_factory=dict)
     message: str = ""
+    ranked_chunk_ids: list[str] = field(default_factory=list)  # the source ranking before the budget
+    seeds: dict[str, list[str]] = field(default_factory=dict)  # graph-ranked sources: entities that seeded the walk
 
     @property
     def empty(self) -> bool:
@@ -263,7 +339,7 @@ class Context:
         return {
             "question": self.question, "mode": self.mode, "version": self.version, "message": self.message,
             "tokens": self.tokens, "entities": self.entities, "communities": self.communities,
-            "bridge": self.bridge, "chunks": self.chunks,
+            "bridge": self.bridge, "chunks": self.chunks, "seeds": self.seeds,
         }
 
 
@@ -290,8 +366,21 @@ def _fill(items: list[dict[str, Any]], budget: int) -> tuple[list[dict[str, Any]
     return out, used
 
 
+def _pack(items: list[dict[str, Any]], budget: int, min_tokens: int = 20) -> tuple[list[dict[str, Any]], int]:
+    """Whole items in rank order; one that does not fit the budget left is skipped, never cut."""
+    out, used = [], 0
+    for it in items:
+        if budget - used < min_tokens:
+            break
+        n = count_tokens(it["text"])
+        if used + n <= budget:
+            out.append(it)
+            used += n
+    return out, used
+
+
 def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: RetrievalConfig) -> Context:
-    """The three-level context (or the naive one) for one question, within ``cfg.token_budget``."""
+    """The three-level context (or a sources-only one) for one question, within ``cfg.token_budget``."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     ctx = Context(question=question, mode=mode, version=view.version)
@@ -299,10 +388,9 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
     budgets = _budgets(cfg, mode)
     flat = mode == "flat"
     chunk_scores = view.chunk_vecs @ q if len(view.chunk_ids) else np.zeros(0, dtype=np.float32)
+    chunk_order, seeds = source_ranking(view, question, chunk_scores, SOURCE_RANKING[mode], cfg)
 
-    if mode == "naive":
-        chunk_order = [i for i in top_k(chunk_scores, 200) if chunk_scores[i] >= cfg.min_similarity]
-    else:
+    if "entities" in budgets:
         local, scores = local_entities(view, q, cfg.top_n, flat, cfg.min_similarity)
         ent_items = [
             {"id": view.ent_ids[i], "name": view.ent_name[i], "type": view.ent_type[i], "layer": int(view.ent_layer[i]),
@@ -340,23 +428,18 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
                 )
             ctx.bridge, ctx.tokens["bridge"] = _fill(items, budgets["bridge"])
 
-        # source chunks of the local entities: most referenced first, then most similar
-        refs: dict[int, int] = defaultdict(int)
-        for i in local:
-            for cid in view.ent_chunks[i] or []:
-                j = view.chunk_index.get(cid)
-                if j is not None:
-                    refs[j] += 1
-        chunk_order = sorted(refs, key=lambda j: (-float(chunk_scores[j]), -refs[j], view.chunk_ids[j]))
-
-    left = cfg.token_budget - sum(ctx.tokens.values())  # chunks take their share and whatever the others left
+    left = cfg.token_budget - sum(ctx.tokens.values())  # sources take their share and whatever the others left
     chunk_items = [
         {"id": view.chunk_ids[j], "document_id": view.chunk_doc[j], "source_id": view.doc_source.get(view.chunk_doc[j]),
          "title": view.doc_title.get(view.chunk_doc[j]), "score": round(float(chunk_scores[j]), 4),
          "text": f"[{view.doc_title.get(view.chunk_doc[j])}] {view.chunk_text[j]}"}
         for j in chunk_order
     ]
-    ctx.chunks, ctx.tokens["chunks"] = _fill(chunk_items, max(left, 0))
+    ctx.chunks, ctx.tokens["chunks"] = _pack(chunk_items, max(left, 0))
+    ctx.ranked_chunk_ids = [view.chunk_ids[j] for j in chunk_order]
+    if seeds:
+        graph = view.passage_graph(rank_params(cfg))
+        ctx.seeds = {k: [view.ent_name[graph.ent_view[e]] for e in v] for k, v in seeds.items()}
     if ctx.empty:
         best = float(max(view.ent_vecs @ q, default=-1.0)) if len(view.ent_ids) else None
         ctx.message = (
