@@ -429,7 +429,9 @@ def query(
 def eval_(
     dataset: Path = typer.Option(..., "--dataset", "-d", help="Folder with corpus.jsonl and queries.jsonl."),
     index: str = IndexOpt,
-    modes: Optional[list[str]] = typer.Option(None, "--modes", "-m", help="Modes to compare (default: all four)."),
+    modes: Optional[list[str]] = typer.Option(None, "--modes", "-m", help="Modes to compare, repeatable (default: all)."),
+    budgets: Optional[list[int]] = typer.Option(
+        None, "--budgets", "-b", help="Context token budgets, repeatable (default: retrieval.token_budget)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where to write results (default: <index>/eval)."),
     limit: Optional[int] = typer.Option(None, help="Only the first N questions."),
     config: Optional[Path] = ConfigOpt,
@@ -438,8 +440,11 @@ def eval_(
 ) -> None:
     """Context recall of each retrieval mode on a QA dataset; builds the index from its corpus.jsonl if needed.
 
-    Reports supporting-passage recall, answer-in-context rate, mean context tokens and retrieval latency
-    p50/p95 per mode, and writes results.json, per_query.csv and a bar chart."""
+    Per budget and mode: supporting-passage recall (whole passages only), its paired difference to
+    naive with a bootstrap 95 % interval and wins/losses, recall@2/5/10 of the ranking, answer-in-context
+    rate, mean context tokens and retrieval latency p50/p95; writes results.json, per_query.csv and one
+    bar chart per budget."""
+    import csv
     import dataclasses
 
     from tasks.catalog import Catalog
@@ -451,6 +456,9 @@ def eval_(
     bad = [m for m in modes if m not in MODES]
     if bad:
         _fail(ValueError(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}"), 2)
+    small = [b for b in budgets or [] if b < 100]
+    if small:
+        _fail(ValueError(f"token budget(s) {small} too small: at least 100 tokens"), 2)
     try:
         cfg = load_config(config, _overrides(set_))
         queries = load_queries(dataset)[:limit]
@@ -464,40 +472,70 @@ def eval_(
         view = load_view(cat)
         embedder = get_embedder(cfg.embedding, cfg.llm)
         check_dimension(embedder, view.dim)
-        results, rows = evaluate(view, embedder.embed, queries, modes, cfg.retrieval)
+        budgets = list(dict.fromkeys(budgets or [cfg.retrieval.token_budget]))
+        results, rows = evaluate(view, embedder.embed, queries, modes, cfg.retrieval, budgets)
     except ConfigError as exc:
         _fail(exc, 2)
     except Exception as exc:  # noqa: BLE001
         _fail(exc)
     target = out_dir or (Path(cat.root) / "eval" if cat.root else Path("eval"))
     target.mkdir(parents=True, exist_ok=True)
+    by_budget = {b: [r for r in results if r.token_budget == b] for b in budgets}
+    per_budget = [{"token_budget": b, "modes": [dataclasses.asdict(r) for r in rs]} for b, rs in by_budget.items()]
     summary = {"dataset": str(dataset), "index": cat.uri, "version": view.version, "n_queries": len(queries),
-               "token_budget": cfg.retrieval.token_budget, "modes": [dataclasses.asdict(r) for r in results]}
+               **per_budget[0], "budgets": per_budget}
     (target / "results.json").write_text(json.dumps(summary, indent=2))
-    import csv
-
     with (target / "per_query.csv").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["mode"])
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["mode", "token_budget"])
         writer.writeheader()
         writer.writerows(rows)
-    plot = plot_results(results, target / "recall.png", f"{dataset.name}: {len(queries)} questions, v{view.version}")
-    summary["files"] = {"results": str(target / "results.json"), "per_query": str(target / "per_query.csv"), "plot": str(plot)}
+    plots = [plot_results(rs, target / f"recall-{b}.png",
+                          f"{dataset.name}: {len(queries)} questions, v{view.version}, budget {b}")
+             for b, rs in by_budget.items()]
+    summary["files"] = {"results": str(target / "results.json"), "per_query": str(target / "per_query.csv"),
+                        "plots": [str(p) for p in plots]}
     if as_json:
         out.print_json(json.dumps(summary, default=str))
         return
-    t = Table(title=f"{dataset.name}: {len(queries)} questions, budget {cfg.retrieval.token_budget} tokens")
-    for col in ("mode", "passage recall", "answer in context", "mean tokens", "p50 ms", "p95 ms"):
-        t.add_column(col, justify="right" if col != "mode" else "left")
-    for r in results:
-        t.add_row(r.mode, f"{r.passage_recall:.3f}", f"{r.answer_in_context:.3f}", f"{r.mean_context_tokens:.0f}",
-                  f"{r.latency_p50_ms:.1f}", f"{r.latency_p95_ms:.1f}")
-    out.print(t)
-    out.print(f"results: {target / 'results.json'}  plot: {plot}")
+    cols = ("mode", "passage recall", "Δ vs naive [95 % CI]", "W/L", "R@2", "R@5", "R@10", "answer in context",
+            "mean tokens", "p50 ms", "p95 ms")
+    for b, rs in by_budget.items():
+        t = Table(title=f"{dataset.name}: {len(queries)} questions, budget {b} tokens")
+        for col in cols:
+            t.add_column(col, justify="right" if col != "mode" else "left")
+        for r in rs:
+            v = r.vs_naive
+            delta = f"{v['mean_diff']:+.3f} [{v['ci_low']:+.3f}, {v['ci_high']:+.3f}]" if v else "—"
+            t.add_row(r.mode, f"{r.passage_recall:.3f}", delta, f"{v['wins']}/{v['losses']}" if v else "—",
+                      f"{r.recall_at_2:.3f}", f"{r.recall_at_5:.3f}", f"{r.recall_at_10:.3f}",
+                      f"{r.answer_in_context:.3f}", f"{r.mean_context_tokens:.0f}",
+                      f"{r.latency_p50_ms:.1f}", f"{r.latency_p95_ms:.1f}")
+        out.print(t)
+    out.print(f"results: {target / 'results.json'}  plots: {', '.join(str(p) for p in plots)}")
+
+
+#: list options that also take several values after one flag (``--budgets 1000 4000``)
+MULTI_VALUE_OPTIONS = ("--budgets", "-b", "--modes", "-m")
+
+
+def spread_multi_values(argv: list[str]) -> list[str]:
+    """``--budgets 1000 4000`` -> ``--budgets 1000 --budgets 4000`` (typer repeats the flag per value)."""
+    out: list[str] = []
+    flag = None
+    for arg in argv:
+        if arg.startswith("-"):
+            flag = arg if arg in MULTI_VALUE_OPTIONS else None
+            out.append(arg)
+        elif flag and out[-1] != flag:
+            out += [flag, arg]
+        else:
+            out.append(arg)
+    return out
 
 
 def main() -> None:  # console-script entry point
     try:
-        app()
+        app(args=spread_multi_values(sys.argv[1:]))
     except KeyboardInterrupt:
         console.print("interrupted; the previous snapshot is still the published one")
         sys.exit(130)
