@@ -370,7 +370,8 @@ def export(
 def query(
     question: str = typer.Argument(..., help="The question to answer."),
     index: str = IndexOpt,
-    mode: str = typer.Option("hi", help="hi | hi-nobridge | flat | naive (all at the same token budget)."),
+    mode: str = typer.Option("hi", help="hi (three levels + graph-ranked sources) | hi-nobridge | flat | ppr (graph-ranked "
+                                        "sources only) | hybrid (BM25 + dense) | naive (dense); all at the same token budget."),
     as_of: Optional[int] = typer.Option(None, "--as-of", help="Query this snapshot version."),
     config: Optional[Path] = ConfigOpt,
     set_: Optional[list[str]] = SetOpt,
@@ -412,6 +413,9 @@ def query(
         out.print(f"[yellow]{ctx.message}[/]")
     sections = [("Local: entities", ctx.entities), ("Global: community reports", ctx.communities),
                 ("Bridge: reasoning-path triples", ctx.bridge), ("Sources: chunks", ctx.chunks)]
+    if ctx.seeds:
+        out.print(f"[dim]graph seeds — named in the question: {', '.join(ctx.seeds.get('named', [])) or '(none)'}; "
+                  f"chained from the best sentences: {', '.join(ctx.seeds.get('chained', [])) or '(none)'}[/]")
     for title, items in sections:
         if not items:
             continue
@@ -497,12 +501,12 @@ def eval_(
     if as_json:
         out.print_json(json.dumps(summary, default=str))
         return
-    cols = ("mode", "passage recall", "Δ vs naive [95 % CI]", "W/L", "R@2", "R@5", "R@10", "answer in context",
-            "mean tokens", "p50 ms", "p95 ms")
+    cols = ("mode", "recall", "Δ naive [95% CI]", "W/L", "R@2", "R@5", "R@10", "answer", "tokens", "p50 ms", "p95 ms")
     for b, rs in by_budget.items():
-        t = Table(title=f"{dataset.name}: {len(queries)} questions, budget {b} tokens")
+        t = Table(title=f"{dataset.name}: {len(queries)} questions, budget {b} tokens "
+                        "(recall: whole supporting passages in the context; answer: gold answer in the context)")
         for col in cols:
-            t.add_column(col, justify="right" if col != "mode" else "left")
+            t.add_column(col, justify="right" if col != "mode" else "left", no_wrap=True)
         for r in rs:
             v = r.vs_naive
             delta = f"{v['mean_diff']:+.3f} [{v['ci_low']:+.3f}, {v['ci_high']:+.3f}]" if v else "—"

@@ -134,6 +134,8 @@ class RetrievalConfig(_Section):
     ppr_chain_chunks: int = Field(5, ge=0, description="PPR seeds: entities of the best-matching sentence of this many top chunks.")
     ppr_chain_weight: float = Field(1.0, ge=0, description="PPR seeds: weight of those sentence entities against the question's own entities.")
     ppr_max_df: float = Field(0.05, gt=0, le=1, description="PPR seeds: entities found in more than this share of chunks are too generic to seed.")
+    ppr_vector_seeds: int = Field(5, ge=0, description="PPR seeds: also the N entities nearest to the question vector...")
+    ppr_vector_threshold: float = Field(0.4, description="... when at least this similar (names the question writes differently).")
     safety_top: int = Field(3, ge=0, description="Graph-ranked sources always include the top-N chunks of dense search.")
 
 

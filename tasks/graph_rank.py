@@ -13,7 +13,9 @@ The walk restarts (probability ``1 - damping``) at a personalization vector buil
 question, never from file order or ids:
 
 * the entities the question names: every word n-gram of the question is normalised the way
-  entity names are resolved at merge and looked up (longest matches first);
+  entity names are resolved at merge and looked up (longest matches first); and the
+  ``vector_seeds`` entities nearest to the question vector, if at least ``vector_threshold``
+  similar (names written differently), weighted by that similarity;
 * the entities of the best-matching sentence (BM25 over the sentences entities were extracted
   from) in each of the ``chain_chunks`` best chunks of the prior ranking that also occur in
   another chunk — the bridge to the next hop, which may share no word with the question;
@@ -51,6 +53,8 @@ class RankParams:
     chain_weight: float = 1.0
     max_df: float = 0.05
     max_ngram: int = 6
+    vector_seeds: int = 5
+    vector_threshold: float = 0.4
     iterations: int = 30
     tol: float = 1e-7
 
@@ -62,7 +66,7 @@ class PassageGraph:
     keys: dict[str, int]  # normalised entity name -> entity node
     df: np.ndarray  # chunks each entity node occurs in
     seedable: np.ndarray  # bool: may be a seed (not a date/number, not in too many chunks)
-    sent_chunk: np.ndarray  # chunk of each sentence
+    sent_chunk: np.ndarray  # chunk of each sentence (sorted)
     sent_ent: sp.csr_matrix  # sentences x entity nodes (1 where the sentence mentions the entity)
     sent_index: BM25Index
     walk: sp.csr_matrix  # transposed row-stochastic transition matrix over chunks + entities
@@ -161,7 +165,7 @@ def question_entities(graph: PassageGraph, question: str, max_ngram: int = 6) ->
 
 
 def personalization(
-    graph: PassageGraph, question: str, prior: np.ndarray, params: RankParams
+    graph: PassageGraph, question: str, prior: np.ndarray, params: RankParams, ent_sims: np.ndarray | None = None
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """The restart distribution over [chunks, entities] and what seeded it (for explanations)."""
     n = graph.n_chunks
@@ -169,15 +173,23 @@ def personalization(
     ent = np.zeros(graph.n_entities)
     named = [e for e in question_entities(graph, question, params.max_ngram) if graph.seedable[e]]
     ent[named] += spec[named]
+    if params.vector_seeds and ent_sims is not None:
+        k = min(params.vector_seeds, len(ent_sims))
+        near = np.argpartition(-ent_sims, k - 1)[:k] if k else np.zeros(0, dtype=np.int64)
+        near = np.sort(near[(ent_sims[near] >= params.vector_threshold) & graph.seedable[near]])
+        ent[near] += ent_sims[near] * spec[near]
+        named = list(dict.fromkeys(named + [int(e) for e in near]))
     chained: list[int] = []
     if params.chain_chunks and params.chain_weight > 0 and graph.sent_ent.shape[0]:
-        top = np.argsort(-prior, kind="stable")[: params.chain_chunks]
+        k = min(params.chain_chunks, n)
+        top = np.argpartition(-prior, k - 1)[:k] if k else []
+        top = top[np.lexsort((top, -prior[top]))] if k else top  # best first, ties by index
         scores = graph.sent_index.scores(question)
         for rank, c in enumerate(top):
-            cand = np.flatnonzero((graph.sent_chunk == c) & (scores > 0))
-            if not len(cand):
+            lo, hi = np.searchsorted(graph.sent_chunk, [c, c + 1])  # sentences are sorted by chunk
+            if hi == lo or scores[lo:hi].max() <= 0:
                 continue
-            best = cand[np.argmax(scores[cand])]
+            best = lo + int(np.argmax(scores[lo:hi]))
             ents = graph.sent_ent[best].indices
             ents = ents[graph.seedable[ents] & (graph.df[ents] > 1)]  # only what leads elsewhere: a bridge
             ent[ents] += params.chain_weight * spec[ents] / (rank + 1)
@@ -203,9 +215,10 @@ def ppr(walk: sp.csr_matrix, restart: np.ndarray, damping: float, iterations: in
     return r
 
 
-def rank_chunks(graph: PassageGraph, question: str, prior: np.ndarray, params: RankParams) -> tuple[np.ndarray, dict[str, Any]]:
+def rank_chunks(graph: PassageGraph, question: str, prior: np.ndarray, params: RankParams,
+                ent_sims: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, Any]]:
     """PPR score of every chunk (higher first) and the seeds used."""
-    restart, seeds = personalization(graph, question, prior, params)
+    restart, seeds = personalization(graph, question, prior, params, ent_sims)
     if restart.sum() == 0:  # no related chunk and no seed: nothing to rank
         return np.zeros(graph.n_chunks), seeds
     r = ppr(graph.walk, restart, params.damping, params.iterations, params.tol)

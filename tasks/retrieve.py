@@ -35,6 +35,7 @@ from tasks.catalog import Catalog
 from tasks.chunk import count_tokens, truncate_tokens
 from tasks.graph_rank import PassageGraph, RankParams, build_passage_graph, rank_chunks
 from tasks.lexical import BM25Index, rrf
+from tasks.merge import explicit_title
 
 MODES = ("hi", "hi-nobridge", "flat", "ppr", "hybrid", "naive")
 SECTIONS = ("entities", "communities", "bridge", "chunks")
@@ -98,8 +99,12 @@ class IndexView:
             return self._lazy[name]
 
     def lexical(self) -> BM25Index:
-        """BM25 over the chunk texts, built on first use."""
-        return self._once("bm25", lambda: BM25Index(self.chunk_text))
+        """BM25 over the chunk texts (each led by its document's own title, if it has one), built on first use."""
+        def build() -> BM25Index:
+            titles = {d: explicit_title({"title": self.doc_title[d], "source_id": self.doc_source[d]}) for d in self.doc_title}
+            return BM25Index([f"{titles.get(d) or ''} {t}" for d, t in zip(self.chunk_doc, self.chunk_text)])
+
+        return self._once("bm25", build)
 
     def passage_graph(self, params: RankParams) -> PassageGraph:
         """The entity–chunk graph for Personalized PageRank, built on first use from ``mentions`` and ``relations``."""
@@ -202,11 +207,10 @@ def top_k(scores: np.ndarray, k: int, candidates: np.ndarray | None = None) -> l
     return [int(i) for i in idx[order]]
 
 
-def local_entities(view: IndexView, q: np.ndarray, n: int, flat: bool, min_sim: float) -> tuple[list[int], np.ndarray]:
-    """Eq. 12: TopN over all layers (layer 0 only when ``flat``); entities under ``min_sim`` are dropped."""
+def local_entities(view: IndexView, scores: np.ndarray, n: int, flat: bool, min_sim: float) -> tuple[list[int], np.ndarray]:
+    """Eq. 12: TopN by similarity ``scores`` over all layers (layer 0 only when ``flat``); those under ``min_sim`` dropped."""
     if len(view.ent_ids) == 0:
         return [], np.zeros(0, dtype=np.float32)
-    scores = view.ent_vecs @ q
     candidates = np.flatnonzero(view.ent_layer == 0) if flat else None
     return [i for i in top_k(scores, n, candidates) if scores[i] >= min_sim], scores
 
@@ -278,14 +282,16 @@ def bridge_triples(view: IndexView, paths: list[list[int]], graph: nx.Graph) -> 
 # ---------------------------------------------------------------------------- sources
 def rank_params(cfg: RetrievalConfig) -> RankParams:
     return RankParams(damping=cfg.ppr_damping, relation_share=cfg.ppr_relation_share, prior_weight=cfg.ppr_prior_weight,
-                      chain_chunks=cfg.ppr_chain_chunks, chain_weight=cfg.ppr_chain_weight, max_df=cfg.ppr_max_df)
+                      chain_chunks=cfg.ppr_chain_chunks, chain_weight=cfg.ppr_chain_weight, max_df=cfg.ppr_max_df,
+                      vector_seeds=cfg.ppr_vector_seeds, vector_threshold=cfg.ppr_vector_threshold)
 
 
 def source_ranking(
-    view: IndexView, question: str, dense: np.ndarray, how: str, cfg: RetrievalConfig
+    view: IndexView, question: str, dense: np.ndarray, ent_scores: np.ndarray, how: str, cfg: RetrievalConfig
 ) -> tuple[list[int], dict[str, Any]]:
     """Chunk indices best first (at most ``MAX_SOURCES``) by ``how``: dense, hybrid (BM25 + dense by
-    reciprocal rank) or ppr (Personalized PageRank with the hybrid score as prior, dense top-N first).
+    reciprocal rank) or ppr (Personalized PageRank with the hybrid score as prior; the dense top-N follow
+    the walk's own top-N, so they are always in a context that holds 2N chunks).
 
     A chunk under ``min_similarity`` with no question word counts for nothing in the fusion; the walk
     may still reach it through the graph (that is the second hop)."""
@@ -298,9 +304,14 @@ def source_ranking(
     if how == "hybrid":
         return [i for i in top_k(fused, MAX_SOURCES) if fused[i] > 0], {}
     params = rank_params(cfg)
-    scores, seeds = rank_chunks(view.passage_graph(params), question, fused, params)
+    graph = view.passage_graph(params)
+    scores, seeds = rank_chunks(graph, question, fused, params, ent_scores[graph.ent_view])
+    ranked = [j for j in top_k(scores, MAX_SOURCES) if scores[j] > 0]
+    # safety net: the dense top-N right after the graph's own top-N, wherever the walk put them
     safety = [i for i in top_k(dense, cfg.safety_top) if related[i]] if cfg.safety_top else []
-    return safety + [j for j in top_k(scores, MAX_SOURCES) if scores[j] > 0 and j not in safety], seeds
+    head = ranked[: cfg.safety_top]
+    head += [i for i in safety if i not in head]
+    return head + [j for j in ranked[cfg.safety_top :] if j not in head], seeds
 
 
 # ---------------------------------------------------------------------------- context assembly
@@ -388,10 +399,11 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
     budgets = _budgets(cfg, mode)
     flat = mode == "flat"
     chunk_scores = view.chunk_vecs @ q if len(view.chunk_ids) else np.zeros(0, dtype=np.float32)
-    chunk_order, seeds = source_ranking(view, question, chunk_scores, SOURCE_RANKING[mode], cfg)
+    ent_scores = view.ent_vecs @ q if len(view.ent_ids) and mode != "naive" else np.zeros(len(view.ent_ids), np.float32)
+    chunk_order, seeds = source_ranking(view, question, chunk_scores, ent_scores, SOURCE_RANKING[mode], cfg)
 
     if "entities" in budgets:
-        local, scores = local_entities(view, q, cfg.top_n, flat, cfg.min_similarity)
+        local, scores = local_entities(view, ent_scores, cfg.top_n, flat, cfg.min_similarity)
         ent_items = [
             {"id": view.ent_ids[i], "name": view.ent_name[i], "type": view.ent_type[i], "layer": int(view.ent_layer[i]),
              "score": round(float(scores[i]), 4),
