@@ -120,6 +120,7 @@ class RetrievalConfig(_Section):
     top_n: int = Field(20, gt=0, description="Local level: entities retrieved by similarity over all layers (HiRAG n).")
     top_m: int = Field(10, gt=0, description="Bridge level: key entities taken from each retrieved community (HiRAG m).")
     max_key_entities: int = Field(40, gt=1, description="Bridge level: at most this many key entities are chained by shortest paths.")
+    max_path_hops: int = Field(6, gt=0, description="Bridge level: key entities further apart than this many hops are not chained.")
     max_communities: int = Field(12, gt=0, description="Global level: at most this many communities are considered.")
     token_budget: int = Field(4000, ge=100, description="Total context tokens; every mode gets the same budget.")
     share_entities: float = Field(0.1, ge=0, description="Budget share of the local (entity) section.")

@@ -56,7 +56,7 @@ class RankParams:
     vector_seeds: int = 5
     vector_threshold: float = 0.4
     iterations: int = 30
-    tol: float = 1e-7
+    tol: float = 1e-4  # L1 change per iteration; the top ranks are settled well before (measured at 100k entities)
 
 
 @dataclass
@@ -119,7 +119,7 @@ def build_passage_graph(
 
     walk = _transition(chunk_ent, relations, node_of_view, n_chunks, n_ent, params.relation_share)
     return PassageGraph(n_chunks, ent_view, keys, df, seedable, sent_chunk, sent_ent, sent_index,
-                        (params.damping * walk.T).tocsr())
+                        (params.damping * walk.T).tocsr().astype(np.float32))
 
 
 def _row_normalize(m: sp.csr_matrix) -> sp.csr_matrix:
@@ -205,8 +205,8 @@ def personalization(
 
 def ppr(walk: sp.csr_matrix, restart: np.ndarray, damping: float, iterations: int = 30, tol: float = 1e-7) -> np.ndarray:
     """Personalized PageRank by power iteration: r = (1 - d) s + d Pᵀ r (``walk`` is d Pᵀ)."""
-    base = (1.0 - damping) * restart
-    r = restart.copy()
+    base = ((1.0 - damping) * restart).astype(walk.dtype)
+    r = restart.astype(walk.dtype)
     for _ in range(iterations):
         nxt = base + walk @ r
         if np.abs(nxt - r).sum() < tol:

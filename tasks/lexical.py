@@ -39,7 +39,7 @@ class BM25Index:
 
 def ranks(scores: np.ndarray) -> np.ndarray:
     """1-based rank of every item by descending score, ties broken by index (deterministic)."""
-    order = np.lexsort((np.arange(len(scores)), -scores))
+    order = np.argsort(-scores, kind="stable")
     out = np.empty(len(scores), dtype=np.int64)
     out[order] = np.arange(1, len(scores) + 1)
     return out

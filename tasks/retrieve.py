@@ -90,6 +90,7 @@ class IndexView:
     catalog: Catalog | None = None
     snap: dict[str, Any] | None = None
     _lazy: dict[str, Any] = field(default_factory=dict)
+    _ntok: dict[int, int] = field(default_factory=dict)
     _lazy_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _once(self, name: Any, build):
@@ -97,6 +98,18 @@ class IndexView:
             if name not in self._lazy:
                 self._lazy[name] = build()
             return self._lazy[name]
+
+    def adjacency(self, flat: bool) -> list[list[int]]:
+        """Sorted neighbour lists of G_k (or of its layer-0 part), for bridge-path search."""
+        graph = self.flat_graph if flat else self.graph
+        return self._once(("adj", flat), lambda: [sorted(graph.adj[n]) if n in graph else [] for n in range(len(self.ent_ids))])
+
+    def tokens(self, j: int, text: str) -> int:
+        """Token count of chunk ``j``'s source text, counted once per view."""
+        n = self._ntok.get(j)
+        if n is None:
+            n = self._ntok[j] = count_tokens(text)
+        return n
 
     def lexical(self) -> BM25Index:
         """BM25 over the chunk texts (each led by its document's own title, if it has one), built on first use."""
@@ -245,16 +258,50 @@ def key_entities(view: IndexView, comms: list[int], scores: np.ndarray, m: int, 
     return keys
 
 
-def bridge_paths(graph: nx.Graph, keys: list[int]) -> list[list[int]]:
-    """Eq. 15: shortest paths between consecutive key entities; a missing path is skipped."""
+def shortest_path(adj: list[list[int]], a: int, b: int, max_hops: int) -> list[int] | None:
+    """A shortest path from ``a`` to ``b`` of at most ``max_hops`` edges (bidirectional BFS over sorted
+    adjacency lists, so ties resolve the same way every time), or None."""
+    if a == b:
+        return [a]
+    pred, succ = {a: -1}, {b: -1}
+    front_a, front_b = [a], [b]
+    for _ in range(max_hops):
+        grow_a = len(front_a) <= len(front_b)
+        front, seen, other = (front_a, pred, succ) if grow_a else (front_b, succ, pred)
+        nxt = []
+        for u in front:
+            for v in adj[u]:
+                if v in seen:
+                    continue
+                seen[v] = u
+                if v in other:
+                    half_a, half_b = [], []
+                    x = v
+                    while x != -1:
+                        half_a.append(x)
+                        x = pred[x]
+                    x = succ[v]
+                    while x != -1:
+                        half_b.append(x)
+                        x = succ[x]
+                    return half_a[::-1] + half_b
+                nxt.append(v)
+        if not nxt:
+            return None
+        if grow_a:
+            front_a = nxt
+        else:
+            front_b = nxt
+    return None
+
+
+def bridge_paths(adj: list[list[int]], keys: list[int], max_hops: int) -> list[list[int]]:
+    """Eq. 15: shortest paths between consecutive key entities; a missing (or longer than ``max_hops``) path is skipped."""
     paths = []
     for a, b in zip(keys, keys[1:]):
-        if a not in graph or b not in graph:
-            continue
-        try:
-            paths.append(nx.bidirectional_shortest_path(graph, a, b))
-        except nx.NetworkXNoPath:
-            continue
+        path = shortest_path(adj, a, b, max_hops)
+        if path is not None:
+            paths.append(path)
     return paths
 
 
@@ -377,15 +424,19 @@ def _fill(items: list[dict[str, Any]], budget: int) -> tuple[list[dict[str, Any]
     return out, used
 
 
-def _pack(items: list[dict[str, Any]], budget: int, min_tokens: int = 20) -> tuple[list[dict[str, Any]], int]:
-    """Whole items in rank order; one that does not fit the budget left is skipped, never cut."""
+def _pack_sources(view: IndexView, order: list[int], scores: np.ndarray, budget: int,
+                  min_tokens: int = 20) -> tuple[list[dict[str, Any]], int]:
+    """Whole chunks in rank order; one that does not fit the budget left is skipped, never cut."""
     out, used = [], 0
-    for it in items:
+    for j in order:
         if budget - used < min_tokens:
             break
-        n = count_tokens(it["text"])
+        doc = view.chunk_doc[j]
+        text = f"[{view.doc_title.get(doc)}] {view.chunk_text[j]}"
+        n = view.tokens(j, text)
         if used + n <= budget:
-            out.append(it)
+            out.append({"id": view.chunk_ids[j], "document_id": doc, "source_id": view.doc_source.get(doc),
+                        "title": view.doc_title.get(doc), "score": round(float(scores[j]), 4), "text": text})
             used += n
     return out, used
 
@@ -399,7 +450,8 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
     budgets = _budgets(cfg, mode)
     flat = mode == "flat"
     chunk_scores = view.chunk_vecs @ q if len(view.chunk_ids) else np.zeros(0, dtype=np.float32)
-    ent_scores = view.ent_vecs @ q if len(view.ent_ids) and mode != "naive" else np.zeros(len(view.ent_ids), np.float32)
+    needs_entities = "entities" in budgets or (SOURCE_RANKING[mode] == "ppr" and cfg.ppr_vector_seeds)
+    ent_scores = view.ent_vecs @ q if needs_entities and len(view.ent_ids) else np.zeros(len(view.ent_ids), np.float32)
     chunk_order, seeds = source_ranking(view, question, chunk_scores, ent_scores, SOURCE_RANKING[mode], cfg)
 
     if "entities" in budgets:
@@ -430,7 +482,7 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
         if "bridge" in budgets:
             graph = view.flat_graph if flat else view.graph
             keys = key_entities(view, comms, scores, cfg.top_m, flat, cfg.max_key_entities)
-            triples = bridge_triples(view, bridge_paths(graph, keys), graph)
+            triples = bridge_triples(view, bridge_paths(view.adjacency(flat), keys, cfg.max_path_hops), graph)
             items = []
             for k in triples:
                 r = view.rel_rows[k]
@@ -441,13 +493,7 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
             ctx.bridge, ctx.tokens["bridge"] = _fill(items, budgets["bridge"])
 
     left = cfg.token_budget - sum(ctx.tokens.values())  # sources take their share and whatever the others left
-    chunk_items = [
-        {"id": view.chunk_ids[j], "document_id": view.chunk_doc[j], "source_id": view.doc_source.get(view.chunk_doc[j]),
-         "title": view.doc_title.get(view.chunk_doc[j]), "score": round(float(chunk_scores[j]), 4),
-         "text": f"[{view.doc_title.get(view.chunk_doc[j])}] {view.chunk_text[j]}"}
-        for j in chunk_order
-    ]
-    ctx.chunks, ctx.tokens["chunks"] = _pack(chunk_items, max(left, 0))
+    ctx.chunks, ctx.tokens["chunks"] = _pack_sources(view, chunk_order, chunk_scores, max(left, 0))
     ctx.ranked_chunk_ids = [view.chunk_ids[j] for j in chunk_order]
     if seeds:
         graph = view.passage_graph(rank_params(cfg))

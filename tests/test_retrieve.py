@@ -126,3 +126,26 @@ def test_eval_measures_by_hand():
     assert not answer_in_context(["Hall"], "Hallway")
     assert passage_recall(["p1", "p2"], {"p2", "p9"}) == 0.5
     assert np.isnan(passage_recall([], {"p1"}))
+
+
+def test_bridge_path_search_is_shortest_and_bounded():
+    import networkx as nx
+
+    from tasks.retrieve import shortest_path
+
+    # a chain 0-1-2-3-4-5 with a shortcut 1-4: 0 -> 5 takes 0-1-4-5 (3 hops)
+    g = nx.Graph([(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (1, 4)])
+    adj = [sorted(g.adj[n]) for n in range(6)]
+    assert shortest_path(adj, 0, 5, 6) == [0, 1, 4, 5]
+    assert shortest_path(adj, 0, 5, 2) is None  # longer than the cap: skipped
+    assert shortest_path(adj, 3, 3, 1) == [3]
+    rng = np.random.default_rng(3)
+    r = nx.gnm_random_graph(60, 90, seed=3)
+    adj = [sorted(r.adj[n]) for n in range(60)]
+    for a, b in rng.integers(0, 60, (40, 2)):
+        path = shortest_path(adj, int(a), int(b), 60)
+        if nx.has_path(r, int(a), int(b)):
+            assert len(path) - 1 == nx.shortest_path_length(r, int(a), int(b))
+            assert all(r.has_edge(u, v) for u, v in zip(path, path[1:]))
+        else:
+            assert path is None
