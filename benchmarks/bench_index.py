@@ -30,7 +30,9 @@ DEFAULT_CORPUS = REPO.parent / "shared" / "datasets" / "musique" / "corpus.jsonl
 
 def child(mode: str, corpus: str, index: str) -> None:
     sys.path.insert(0, str(REPO))
-    import flows  # noqa: F401
+    from flows.env import apply_offline_defaults
+
+    apply_offline_defaults()
 
     t0 = time.perf_counter()
     if mode == "direct":

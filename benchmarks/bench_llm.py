@@ -23,7 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import flows  # noqa: E402,F401
+from flows.env import apply_offline_defaults  # noqa: E402
+
+apply_offline_defaults()
 
 
 def main() -> None:

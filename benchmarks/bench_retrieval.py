@@ -40,8 +40,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import flows  # noqa: E402,F401
-from flows.pipeline import _to_table  # noqa: E402
+from flows.env import apply_offline_defaults  # noqa: E402
+
+apply_offline_defaults()
+from tests.helpers import _to_table  # noqa: E402
 from schemas.config import RetrievalConfig  # noqa: E402
 from tasks.catalog import Catalog  # noqa: E402
 from tasks.chunk import count_tokens  # noqa: E402

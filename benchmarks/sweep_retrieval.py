@@ -22,7 +22,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import flows  # noqa: E402,F401
+from flows.env import apply_offline_defaults  # noqa: E402
+
+apply_offline_defaults()
 from schemas.config import load_config  # noqa: E402
 from tasks.catalog import Catalog  # noqa: E402
 from tasks.embed import get_embedder  # noqa: E402

@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-import flows  # noqa: F401  (offline defaults first)
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from schemas.config import ConfigError, default_toml, load_config
+from flows.env import apply_offline_defaults
+from schemas.config import ConfigError, default_toml, load_config, parse_overrides
 from schemas.tables import ALL_TABLES, SNAPSHOT_TABLES
 
 app = typer.Typer(
@@ -44,23 +44,10 @@ SetOpt = typer.Option(None, "--set", help="Override one setting, e.g. --set chun
 
 
 def _overrides(pairs: list[str] | None) -> dict[str, Any]:
-    data: dict[str, Any] = {}
-    for pair in pairs or []:
-        if "=" not in pair:
-            raise ConfigError(f"--set expects section.key=value, got {pair!r}")
-        key, raw = pair.split("=", 1)
-        try:
-            value: Any = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        if key.strip() == "llm.api_key":  # never a flow parameter (Prefect records those): hand it over by env
-            os.environ["STRATA_LLM__API_KEY"] = str(value)
-            continue
-        node = data
-        parts = key.strip().split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
+    data = parse_overrides(pairs or [])
+    key = data.get("llm", {}).pop("api_key", None)
+    if key is not None:  # never a flow parameter (Prefect records those): hand it over by environment
+        os.environ["STRATA_LLM__API_KEY"] = str(key)
     return data
 
 
@@ -538,6 +525,7 @@ def spread_multi_values(argv: list[str]) -> list[str]:
 
 
 def main() -> None:  # console-script entry point
+    apply_offline_defaults()
     try:
         app(args=spread_multi_values(sys.argv[1:]))
     except KeyboardInterrupt:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-import flows  # noqa: F401  (offline defaults before prefect is imported)
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
+from flows.env import apply_offline_defaults
 from flows.pipeline import build_index, dask_pool, update_index
 from schemas.config import load_config
 from tasks.catalog import Catalog
@@ -39,10 +39,11 @@ def index_flow(
     lock_timeout: float = 0.0,
 ) -> dict[str, Any]:
     """Full build of the index at ``index`` from the corpus at ``corpus``; publishes one snapshot."""
+    apply_offline_defaults()
     cfg = load_config(config_path, overrides)
     catalog = Catalog(index)
     with catalog.writer_lock(lock_timeout), dask_pool(cfg) as pool:
-        result = build_index(corpus, catalog, cfg, run=prefect_runner, mapper=pool, run_id=_flow_run_id(),
+        result = build_index(corpus, catalog, cfg, task=prefect_runner, mapper=pool, run_id=_flow_run_id(),
                              flow_name="strata-index")
     publish_layer_artifacts(result.layers, result.layers_plot)
     return asdict(result)
@@ -79,10 +80,11 @@ def refresh_flow(
     """Incremental update of ``index`` from ``corpus`` (new, changed and deleted documents by content hash).
 
     Builds the index when it is empty; ``full`` forces a rebuild. Publishes nothing when nothing changed."""
+    apply_offline_defaults()
     cfg = load_config(config_path, overrides)
     catalog = Catalog(index)
     with catalog.writer_lock(lock_timeout), dask_pool(cfg) as pool:
-        result = update_index(corpus, catalog, cfg, run=prefect_runner, mapper=pool,
+        result = update_index(corpus, catalog, cfg, task=prefect_runner, mapper=pool,
                               run_id=_flow_run_id(), flow_name="strata-refresh", full=full)
     publish_layer_artifacts(result.layers, result.layers_plot)
     return asdict(result)
@@ -100,13 +102,14 @@ def backfill_flow(
 
     On an empty index the first partition builds it. A partition already applied has nothing to do,
     so re-running a backfill after a failure redoes only the failed and the remaining partitions."""
+    apply_offline_defaults()
     cfg = load_config(config_path, overrides)
     catalog = Catalog(index)
     results = []
     with dask_pool(cfg) as pool:  # one pool for all partitions: up while each extracts, prestarted during its ingest
         for part in partitions:
             with catalog.writer_lock(lock_timeout):
-                result = update_index(part, catalog, cfg, run=prefect_runner, mapper=pool,
+                result = update_index(part, catalog, cfg, task=prefect_runner, mapper=pool,
                                       run_id=None, flow_name=f"strata-backfill:{part}")
             results.append({"partition": part, "status": result.status, "version": result.version})
     return results

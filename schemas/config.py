@@ -26,6 +26,11 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class IndexConfig(_Section):
+    method: Literal["hirag"] = Field("hirag", description="Index method: what is built above layer 0 and which "
+                                     "retrieval modes it adds (hirag: GMM summary layers, Leiden communities, reports).")
+
+
 class CorpusConfig(_Section):
     max_file_bytes: int = Field(50_000_000, gt=0, description="Files larger than this are quarantined.")
     extensions: list[str] = Field(
@@ -175,6 +180,7 @@ class LLMConfig(_Section):
 
 class StrataConfig(_Section):
     seed: int = 42
+    index: IndexConfig = Field(default_factory=IndexConfig)
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
     extract: ExtractConfig = Field(default_factory=ExtractConfig)
@@ -204,6 +210,17 @@ def _set_nested(data: dict[str, Any], path: list[str], raw: str) -> None:
     except json.JSONDecodeError:
         value = raw
     node[path[-1]] = value
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``section.key=value`` pairs (``--set``) as a nested dict, values parsed as JSON when they can be."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"--set expects section.key=value, got {pair!r}")
+        key, raw = pair.split("=", 1)
+        _set_nested(out, [p for p in key.strip().split(".") if p], raw)
+    return out
 
 
 def env_overrides(environ: dict[str, str] | None = None) -> dict[str, Any]:

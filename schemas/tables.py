@@ -7,6 +7,9 @@ dimension comes from the embedding model.
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import NotRequired, TypedDict
+
 import pyarrow as pa
 
 STR_LIST = pa.list_(pa.string())
@@ -182,6 +185,106 @@ def quarantine_schema() -> pa.Schema:
             ("version", pa.int64()),
         ]
     )
+
+
+# ---------------------------------------------------------------------------- typed rows
+# What stages pass each other: one row type per table (vectors travel apart, as matrices aligned with
+# the rows, and ``version`` is added when a table is written).
+
+
+class DocumentRow(TypedDict):
+    id: str
+    uri: str
+    root: str
+    source_id: str
+    title: str
+    text: str
+    content_hash: str
+    n_tokens: int
+    ingested_at: datetime
+
+
+class ChunkRow(TypedDict):
+    id: str
+    document_id: str
+    chunk_index: int
+    text: str
+    n_tokens: int
+    start: int
+    end: int
+    status: NotRequired[str]  # set by extraction: extracted | quarantined
+
+
+class EntityRow(TypedDict):
+    id: str
+    name: str
+    type: str
+    description: str
+    layer: int
+    source_chunk_ids: list[str]
+    degree: int
+    staleness: NotRequired[float]
+
+
+class RelationRow(TypedDict):
+    id: str
+    source_id: str
+    target_id: str
+    kind: str
+    description: str
+    weight: float
+    source_chunk_ids: list[str]
+
+
+class LayerRow(TypedDict):
+    layer: int
+    n_entities: int
+    n_clusters: int
+    cluster_sparsity: float | None
+    change_rate: float | None
+    stopped: bool
+    stop_reason: str | None
+    seconds: float
+
+
+class CommunityRow(TypedDict):
+    id: str
+    level: int
+    parent_id: str | None
+    entity_ids: list[str]
+    size: int
+
+
+class ReportRow(TypedDict):
+    id: str
+    community_id: str
+    level: int
+    title: str
+    summary: str
+    rating: float
+    findings: list[str]
+    full_text: str
+    staleness: NotRequired[float]
+
+
+class MentionRow(TypedDict):
+    id: str
+    chunk_id: str
+    seq: int
+    kind: str
+    key: str
+    name: str
+    target: str | None
+    type: str | None
+    description: str
+    weight: float | None
+
+
+class QuarantineRow(TypedDict):
+    id: str
+    item: str
+    stage: str
+    error: str
 
 
 #: Tables pinned by a snapshot, in publish order.

@@ -57,6 +57,35 @@ def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pydict(cols, schema=schema)
 
 
+def to_table(name: str, rows: list[dict[str, Any]], dim: int, version: int, vectors: Any = None) -> pa.Table:
+    """Rows of table ``name`` as Arrow, stamped with ``version``; ``vectors`` (an n x dim matrix aligned with
+    the rows) fills the vector column. A summary or report written now has ``staleness`` 0 unless it says otherwise."""
+    import numpy as np
+
+    schema = schema_for(name, dim)
+    extra: dict[str, Any] = {"version": version}
+    rows = [dict(r, **extra, **({"staleness": 0.0} if "staleness" in schema.names and r.get("staleness") is None else {}))
+            for r in rows]
+    if "vector" not in schema.names:
+        return rows_to_table(rows, schema)
+    table = rows_to_table(rows, schema.remove(schema.get_field_index("vector")))
+    vecs = np.zeros((len(rows), dim), np.float32) if vectors is None and not rows else np.asarray(vectors, dtype=np.float32)
+    if vecs.shape != (len(rows), dim):
+        raise ValueError(f"{name}: {len(rows)} rows but a {vecs.shape} vector matrix (dimension {dim})")
+    column = pa.FixedSizeListArray.from_arrays(pa.array(vecs.reshape(-1), type=pa.float32()), dim)
+    return table.append_column(schema.field("vector"), column).select(schema.names)
+
+
+def vector_matrix(table: pa.Table) -> Any:
+    """The ``vector`` column of a table as an n x dim float32 matrix."""
+    import numpy as np
+
+    if table.num_rows == 0:
+        return np.zeros((0, table.schema.field("vector").type.list_size), dtype=np.float32)
+    col = table.column("vector").combine_chunks()
+    return np.asarray(col.values.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(table.num_rows, -1)
+
+
 class Catalog:
     def __init__(self, uri: str | Path):
         self.uri = str(uri)

@@ -86,11 +86,11 @@ def chunk_document(doc: dict[str, Any], cfg: ChunkingConfig) -> tuple[list[dict[
     return chunks, len(tokens)
 
 
-def chunk_documents(documents: list[dict[str, Any]], cfg: ChunkingConfig) -> list[dict[str, Any]]:
-    """Chunk every document (sets each document's ``n_tokens``)."""
+def chunk_documents(documents: list[dict[str, Any]], cfg: ChunkingConfig) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Chunks of every document, in document order, and each document's token count (by id)."""
     out: list[dict[str, Any]] = []
+    tokens: dict[str, int] = {}
     for doc in documents:
-        chunks, n = chunk_document(doc, cfg)
-        doc["n_tokens"] = n
+        chunks, tokens[doc["id"]] = chunk_document(doc, cfg)
         out.extend(chunks)
-    return out
+    return out, tokens

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from tasks.text import clip_at_word
+
 if TYPE_CHECKING:
     from schemas.config import EmbeddingConfig, LLMConfig
 
@@ -225,13 +227,9 @@ def entity_text(name: str, etype: str, description: str, max_chars: int = 160) -
     """What an entity is embedded as: its name and type first, then the start of its description.
 
     Short texts keep MiniLM fast on CPU (cost grows with sequence length) and keep the name dominant."""
-    return f"{name} ({etype}): {_clip(description, max_chars)}"
+    return f"{name} ({etype}): {clip_at_word(description, max_chars)}"
 
 
 def report_text(title: str, summary: str, max_chars: int = 200) -> str:
     """What a community report is embedded as: its title and the start of its summary."""
-    return f"{title}: {_clip(summary, max_chars)}"
-
-
-def _clip(text: str, max_chars: int) -> str:
-    return text if len(text) <= max_chars else text[:max_chars].rsplit(" ", 1)[0]
+    return f"{title}: {clip_at_word(summary, max_chars)}"

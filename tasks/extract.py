@@ -10,9 +10,59 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
 
 from schemas.config import ExtractConfig
+from schemas.tables import QuarantineRow
+from tasks.parallel import Mapper
+from tasks.ids import quarantine_row
+from tasks.text import squash_clip
+
+
+class RawEntity(TypedDict):
+    """One entity mention as an extractor found it."""
+
+    name: str
+    type: str
+    description: str
+    chunk_id: str
+
+
+class RawRelation(TypedDict):
+    source: str
+    target: str
+    description: str
+    weight: float
+    chunk_id: str
+
+
+@dataclass
+class ExtractionResult:
+    """What extraction returns, per batch and for the whole stage (offline and LLM extractors alike)."""
+
+    entities: list[RawEntity] = field(default_factory=list)
+    relations: list[RawRelation] = field(default_factory=list)
+    quarantine: list[QuarantineRow] = field(default_factory=list)
+    ok: list[str] = field(default_factory=list)  # chunk ids extracted
+    usage: dict[str, int] = field(default_factory=dict)  # LLM calls and tokens (empty offline)
+
+    @classmethod
+    def combine(cls, parts: list["ExtractionResult"]) -> "ExtractionResult":
+        """Batches merged in batch order (chunk order), usage summed."""
+        out = cls()
+        for r in parts:
+            out.entities += r.entities
+            out.relations += r.relations
+            out.quarantine += r.quarantine
+            out.ok += r.ok
+            for k, v in r.usage.items():
+                out.usage[k] = out.usage.get(k, 0) + v
+        return out
+
+    @property
+    def llm_tokens(self) -> int:
+        return self.usage.get("prompt_tokens", 0) + self.usage.get("completion_tokens", 0)
 
 #: spaCy NER label -> Strata entity type (labels absent here are ignored: numbers, money, ...)
 NER_TYPES = {
@@ -31,7 +81,6 @@ NER_TYPES = {
 }
 _HAS_DIGIT = re.compile(r"\d")
 _WORDY = re.compile(r"[A-Za-z]")
-_SPACE = re.compile(r"\s+")
 _STRIP_POS = {"DET", "PRON", "PUNCT", "NUM", "CCONJ", "ADP", "PART", "SYM", "SPACE"}
 
 
@@ -52,11 +101,6 @@ def load_nlp(model: str):
 def warm(model: str) -> None:
     """Load the spaCy pipeline ahead of the first batch (run on every Dask worker when the run starts)."""
     load_nlp(model)
-
-
-def _clip(text: str, limit: int) -> str:
-    text = _SPACE.sub(" ", text).strip()
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
 def _noun_phrase(span) -> str | None:
@@ -90,7 +134,7 @@ def mentions_of(doc, cfg: ExtractConfig) -> list[tuple[int, int, str, str]]:
         etype = NER_TYPES.get(ent.label_)
         if etype is None or (etype == "time" and not _HAS_DIGIT.search(ent.text)):
             continue
-        name = _clip(ent.text.strip(" \n\t'\"“”‘’"), 120)
+        name = squash_clip(ent.text.strip(" \n\t'\"“”‘’"), 120)
         if not _WORDY.search(name) and etype != "time":
             continue
         if name.lower().startswith("the "):
@@ -103,7 +147,7 @@ def mentions_of(doc, cfg: ExtractConfig) -> list[tuple[int, int, str, str]]:
                 continue
             phrase = _noun_phrase(np_span)
             if phrase:
-                found.append((np_span.start_char, np_span.end_char, _clip(phrase, 120), "concept"))
+                found.append((np_span.start_char, np_span.end_char, squash_clip(phrase, 120), "concept"))
     found.sort(key=lambda m: (m[0], m[1]))
     return found
 
@@ -123,7 +167,7 @@ def extract_doc(doc, chunk_id: str, cfg: ExtractConfig) -> tuple[list[dict[str, 
             si += 1
         by_sentence.setdefault(si, []).append(m)
     for si, ms in sorted(by_sentence.items()):
-        sentence = _clip(sentences[si][2], cfg.max_sentence_chars)
+        sentence = squash_clip(sentences[si][2], cfg.max_sentence_chars)
         for _, _, name, etype in ms:
             entities.append({"name": name, "type": etype, "description": sentence, "chunk_id": chunk_id})
         names = []
@@ -138,10 +182,10 @@ def extract_doc(doc, chunk_id: str, cfg: ExtractConfig) -> tuple[list[dict[str, 
     return entities, relations
 
 
-def extract_batch(chunks: list[dict[str, Any]], cfg: ExtractConfig) -> dict[str, Any]:
+def extract_batch(chunks: list[dict[str, Any]], cfg: ExtractConfig) -> ExtractionResult:
     """The parallel unit: a batch of ``{id, text}`` chunks -> raw entities, raw relations, quarantine rows."""
     nlp = load_nlp(cfg.spacy_model)
-    out: dict[str, Any] = {"entities": [], "relations": [], "quarantine": [], "ok": []}
+    out = ExtractionResult()
     texts = [c["text"] for c in chunks]
     try:
         docs = list(nlp.pipe(texts, batch_size=len(texts) or 1))
@@ -158,41 +202,20 @@ def extract_batch(chunks: list[dict[str, Any]], cfg: ExtractConfig) -> dict[str,
                 raise doc
             ents, rels = extract_doc(doc, chunk["id"], cfg)
         except Exception as exc:  # noqa: BLE001
-            out["quarantine"].append({"item": chunk["id"], "stage": "extract", "error": f"{type(exc).__name__}: {exc}"})
+            out.quarantine.append(quarantine_row(chunk["id"], "extract", f"{type(exc).__name__}: {exc}"))
             continue
-        out["entities"].extend(ents)
-        out["relations"].extend(rels)
-        out["ok"].append(chunk["id"])
-    return out
-
-
-Mapper = Any  # Callable[[fn, batches, **kwargs], list[results]] — Dask or in-process
-
-
-def local_mapper(fn, batches, on_done=None, **kwargs):
-    """In-process, sequential: the baseline the orchestration overhead is measured against."""
-    out = []
-    for i, b in enumerate(batches):
-        out.append(fn(b, **kwargs))
-        if on_done:
-            on_done(i, out[-1])
+        out.entities.extend(ents)
+        out.relations.extend(rels)
+        out.ok.append(chunk["id"])
     return out
 
 
 def extract_chunks(
-    chunks: list[dict[str, Any]], cfg: ExtractConfig, mapper: Mapper = local_mapper, on_done=None, batch_fn=None,
-    **fn_kwargs: Any,
-) -> dict[str, Any]:
+    chunks: list[dict[str, Any]], cfg: ExtractConfig, mapper: Mapper, on_done=None, batch_fn=None, **fn_kwargs: Any,
+) -> ExtractionResult:
     """Run ``batch_fn`` (default: the offline ``extract_batch``) over all chunks in batches through ``mapper``.
 
-    Results are merged in chunk order; LLM usage reported by the batches is summed under ``usage``."""
+    Results are merged in chunk order; LLM usage reported by the batches is summed."""
     payload = [{"id": c["id"], "text": c["text"]} for c in chunks]
     batches = [payload[i : i + cfg.batch_size] for i in range(0, len(payload), cfg.batch_size)]
-    results = mapper(batch_fn or extract_batch, batches, on_done=on_done, cfg=cfg, **fn_kwargs)
-    merged: dict[str, Any] = {"entities": [], "relations": [], "quarantine": [], "ok": [], "usage": {}}
-    for r in results:
-        for key in ("entities", "relations", "quarantine", "ok"):
-            merged[key].extend(r[key])
-        for k, v in r.get("usage", {}).items():
-            merged["usage"][k] = merged["usage"].get(k, 0) + v
-    return merged
+    return ExtractionResult.combine(mapper(batch_fn or extract_batch, batches, on_done=on_done, cfg=cfg, **fn_kwargs))

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from schemas.config import ExtractConfig, LLMConfig
+from tasks.extract import ExtractionResult
+from tasks.ids import quarantine_row
 from tasks.llm import ParseError, event_loop, parse_json, run_sync
 
 PROMPT_VERSION = "extract/1"
@@ -156,7 +158,7 @@ def warm() -> None:
 
 
 def extract_batch_llm(chunks: list[dict[str, Any]], cfg: ExtractConfig, llm: LLMConfig, cache_dir: str,
-                      share: int | None = 1, client=None) -> dict[str, Any]:
+                      share: int | None = 1, client=None) -> ExtractionResult:
     """The LLM parallel unit: all chunks of the batch concurrently; per-chunk failures are quarantined.
 
     ``share`` is how many workers split the global concurrency and rate limits."""
@@ -171,14 +173,13 @@ def extract_batch_llm(chunks: list[dict[str, Any]], cfg: ExtractConfig, llm: LLM
         return results, usage
 
     results, usage = run_sync(run_all())
-    out: dict[str, Any] = {"entities": [], "relations": [], "quarantine": [], "ok": []}
+    out = ExtractionResult(usage=asdict(usage))
     for chunk, res in zip(chunks, results):
         if isinstance(res, BaseException):
-            out["quarantine"].append({"item": chunk["id"], "stage": "extract", "error": f"{type(res).__name__}: {res}"[:1000]})
+            out.quarantine.append(quarantine_row(chunk["id"], "extract", f"{type(res).__name__}: {res}"[:1000]))
             continue
         ents, rels = res
-        out["entities"].extend(ents)
-        out["relations"].extend(rels)
-        out["ok"].append(chunk["id"])
-    out["usage"] = asdict(usage)
+        out.entities.extend(ents)
+        out.relations.extend(rels)
+        out.ok.append(chunk["id"])
     return out

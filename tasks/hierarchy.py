@@ -240,32 +240,34 @@ def build_hierarchy(
     summarizer: Any,
     embed: Callable[[list[str]], np.ndarray],
     on_layer: Callable[[LayerStat], None] | None = None,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[LayerStat]]:
-    """Layers >= 1 over the layer-0 ``entities``: summary entities (with ``vector``), summary_of relations, stats."""
+) -> tuple[list[dict[str, Any]], np.ndarray, list[dict[str, Any]], list[LayerStat]]:
+    """Layers >= 1 over the layer-0 ``entities`` (``vectors`` aligned with them): summary entities, their
+    vectors (a matrix aligned with them), the summary_of relations and one statistic per clustering tried."""
     from tasks.embed import entity_text
     from tasks.summarize import Cluster, summary_rows
 
     new_entities: list[dict[str, Any]] = []
+    new_vectors: list[np.ndarray] = []
     new_relations: list[dict[str, Any]] = []
+    below_vectors = vectors
 
     def build_layer(i: int, below: list[dict[str, Any]], clusters: list[np.ndarray]):
-        below_vectors = np.stack([e["vector"] for e in below])
+        nonlocal below_vectors
         groups = [Cluster([below[j] for j in c], below_vectors[c]) for c in clusters]
         summaries = summarizer.summarize_layer(i, groups)
         ents, rels = summary_rows(i, groups, summaries)
         vecs = embed([entity_text(e["name"], e["type"], e["description"]) for e in ents])
-        for e, v in zip(ents, vecs):
-            e["vector"] = v
         new_entities.extend(ents)
+        new_vectors.append(vecs)
         new_relations.extend(rels)
+        below_vectors = vecs
         return ents, vecs
 
-    for e, v in zip(entities, vectors):
-        e["vector"] = v
     if not cfg.enabled:
-        return [], [], []
+        return [], np.zeros((0, vectors.shape[1]), np.float32), [], []
     _, stats = build_layers(entities, vectors, cfg, seed, build_layer, on_layer=on_layer)
-    return new_entities, new_relations, stats
+    matrix = np.concatenate(new_vectors) if new_vectors else np.zeros((0, vectors.shape[1]), np.float32)
+    return new_entities, matrix, new_relations, stats
 
 
 def stat_rows(stats: list[LayerStat]) -> list[dict[str, Any]]:

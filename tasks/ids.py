@@ -11,6 +11,11 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def quarantine_row(item: str, stage: str, error: str) -> dict[str, str]:
+    """The one constructor of ``quarantine`` rows (every stage): what, where, why, with a content id."""
+    return {"id": make_id("q", stage, item, error), "item": item, "stage": stage, "error": error}
+
+
 def make_id(kind: str, *parts: object) -> str:
     """``kind-<24 hex>`` from the content key ``parts`` (joined unambiguously)."""
     key = "\x1f".join([kind, *map(str, parts)])

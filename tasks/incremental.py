@@ -111,8 +111,7 @@ def recompute_layer0(
     for r in relations:
         degree[r["source_id"]] += 1
         degree[r["target_id"]] += 1
-    for e in entities:
-        e["degree"] = degree[e["id"]]
+    entities = [dict(e, degree=degree[e["id"]]) for e in entities]
     return sorted(entities, key=lambda e: e["id"]), sorted(relations, key=lambda r: r["id"]), added, removed, changed
 
 
@@ -127,6 +126,7 @@ def _members(relations: list[dict[str, Any]]) -> dict[str, set[str]]:
 @dataclass
 class AttachResult:
     entities: list[dict[str, Any]]  # summary entities (layers >= 1) after the update
+    vectors: np.ndarray  # their vectors, aligned
     relations: list[dict[str, Any]]  # summary_of relations after the update
     attached: dict[str, str]  # new entity id -> summary id it joined
     refreshed: set[str]  # summary ids re-summarised
@@ -138,6 +138,7 @@ def attach(
     layer0: list[dict[str, Any]],
     summaries: list[dict[str, Any]],
     summary_relations: list[dict[str, Any]],
+    vectors: dict[str, np.ndarray],
     added: set[str],
     removed: set[str],
     changed: set[str],
@@ -148,6 +149,7 @@ def attach(
 ) -> AttachResult:
     """HyGRAG attachment of ``added`` layer-0 entities; refresh of the summaries on the touched paths.
 
+    ``vectors`` maps every layer-0 and summary id to its vector.
     ``summarize(layer, member_lists, member_vectors)`` returns one summary dict per member list;
     ``embed(entities)`` returns their vectors. A summary that lost members is always re-summarised;
     one that only gained or changed members accumulates ``staleness`` (changes / members) and is
@@ -156,17 +158,18 @@ def attach(
     from tasks.merge import relation_id
 
     by_id = {e["id"]: e for e in list(layer0) + list(summaries)}
-    rels = [r for r in summary_relations if r["source_id"] not in removed]
+    vec = dict(vectors)
+    rels = [dict(r) for r in summary_relations if r["source_id"] not in removed]
     top = max((s["layer"] for s in summaries), default=0)
     layers = {l: [s for s in summaries if s["layer"] == l] for l in range(1, top + 1)}
-    mats = {l: np.stack([np.asarray(s["vector"], dtype=np.float32) for s in ss]) for l, ss in layers.items() if ss}
+    mats = {l: np.stack([vec[s["id"]] for s in ss]).astype(np.float32) for l, ss in layers.items() if ss}
     attached: dict[str, str] = {}
     changes: Counter = Counter()  # summary id -> members added, changed or re-summarised this update
     lost: set[str] = set()  # summaries that lost members: always re-summarised
     for eid in sorted(added):
         if not mats:
             break
-        v = np.asarray(by_id[eid]["vector"], dtype=np.float32)
+        v = np.asarray(vec[eid], dtype=np.float32)
         target = None
         for l in range(1, top + 1):  # lowest layer whose best node passes tau; climb when none does
             if l not in mats:
@@ -215,7 +218,7 @@ def attach(
                 by_id[sid] = dict(by_id[sid], degree=len(live), staleness=staleness)
         if alive:
             lists = [[by_id[m] for m in live] for _, live in alive]
-            vecs = [np.stack([np.asarray(by_id[m]["vector"], dtype=np.float32) for m in live]) for _, live in alive]
+            vecs = [np.stack([vec[m] for m in live]).astype(np.float32) for _, live in alive]
             new = summarize(layer, lists, vecs)
             operations += len(alive)
             refreshed_rows = []
@@ -225,8 +228,8 @@ def attach(
                 by_id[sid] = row
                 refreshed_rows.append(row)
                 refreshed.add(sid)
-            for row, vec in zip(refreshed_rows, embed(refreshed_rows)):
-                row["vector"] = vec
+            for row, v in zip(refreshed_rows, embed(refreshed_rows)):
+                vec[row["id"]] = v
             for sid, _ in alive:
                 for p in parents.get(sid, set()):
                     changes[p] += 1
@@ -238,7 +241,9 @@ def attach(
         if r["source_id"] in changed or r["source_id"] in refreshed or r["target_id"] in refreshed:
             r["description"] = f"{by_id[r['source_id']]['name']} belongs to {by_id[r['target_id']]['name']}"
     out = [by_id[s["id"]] for s in summaries if s["id"] not in dropped]
-    return AttachResult(out, sorted(rels, key=lambda r: r["id"]), attached, refreshed, dropped, operations)
+    dim = next(iter(vec.values())).shape[0] if vec else 0
+    matrix = np.stack([vec[e["id"]] for e in out]).astype(np.float32) if out else np.zeros((0, dim), np.float32)
+    return AttachResult(out, matrix, sorted(rels, key=lambda r: r["id"]), attached, refreshed, dropped, operations)
 
 
 def place_in_communities(

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.config import CorpusConfig
-from tasks.ids import content_hash, make_id
+from tasks.ids import content_hash, make_id, quarantine_row
 
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 
@@ -25,10 +25,6 @@ class IngestResult:
     documents: list[dict[str, Any]] = field(default_factory=list)
     quarantine: list[dict[str, Any]] = field(default_factory=list)
     files_seen: int = 0
-
-
-def quarantine_row(item: str, stage: str, error: str) -> dict[str, Any]:
-    return {"id": make_id("q", stage, item, error), "item": item, "stage": stage, "error": error}
 
 
 def _decode(raw: bytes) -> tuple[str | None, str | None]:

@@ -13,7 +13,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from schemas.config import DaskConfig
 
@@ -58,6 +58,51 @@ def dask_client(cfg: DaskConfig, threads_per_worker: int = 1) -> Iterator[Any]:
     finally:
         client.close()
         cluster.close()
+
+
+class Mapper(Protocol):
+    """Runs ``fn(batch, **kwargs)`` over batches, results in batch order; ``on_done(i, result)`` as each ends.
+
+    ``start`` may bring its workers up in the background, ``ready`` waits for them, ``release`` frees them
+    once the parallel stage is over. A ``share=None`` keyword is filled with the number of workers (each
+    takes its share of global limits)."""
+
+    def start(self) -> Any: ...
+    def ready(self) -> Any: ...
+    def release(self) -> None: ...
+    def __call__(self, fn: Callable[..., R], batches: list[Any], on_done=None, **kwargs: Any) -> list[R]: ...
+
+
+class LocalMapper:
+    """In-process and sequential: the baseline the orchestration overhead is measured against."""
+
+    def start(self) -> "LocalMapper":
+        return self
+
+    def ready(self) -> None:
+        return None
+
+    def release(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "LocalMapper":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def __call__(self, fn: Callable[..., R], batches: list[Any], on_done=None, **kwargs: Any) -> list[R]:
+        if "share" in kwargs and kwargs["share"] is None:
+            kwargs["share"] = 1
+        out = []
+        for i, b in enumerate(batches):
+            out.append(fn(b, **kwargs))
+            if on_done:
+                on_done(i, out[-1])
+        return out
 
 
 class DaskPool:

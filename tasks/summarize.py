@@ -51,6 +51,8 @@ class Cluster:
 
 
 class Summarizer(Protocol):
+    failures: list[dict[str, str]]  # clusters whose LLM summary was unusable (an offline one stands in)
+
     def summarize_layer(self, layer: int, clusters: list[Cluster]) -> list[list[dict[str, Any]]]:
         """For each cluster, at least one summary entity ``{name, type, description}``."""
         ...
@@ -130,6 +132,7 @@ class OfflineSummarizer:
     def __init__(self, meta_entities: list[str], max_description_tokens: int = 250):
         self.meta = meta_entities
         self.max_tokens = max_description_tokens
+        self.failures: list[dict[str, str]] = []  # never any: the same interface as the LLM summarizer
 
     def summarize_layer(self, layer: int, clusters: list[Cluster]) -> list[list[dict[str, Any]]]:
         phrases = key_phrases(clusters)

@@ -13,21 +13,16 @@ import pytest
 _HOME = Path(tempfile.mkdtemp(prefix="strata-test-home-"))
 os.environ["PREFECT_HOME"] = str(_HOME / "prefect")
 os.environ["STRATA_HOME"] = str(_HOME / "strata")
-for key, value in {
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DO_NOT_TRACK": "1",
-    "PREFECT_LOGGING_LEVEL": "WARNING",
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-    "GX_ANALYTICS_ENABLED": "false",
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-}.items():
-    os.environ[key] = value
+os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
 for key in [k for k in os.environ if k.startswith("STRATA_") and k not in ("STRATA_HOME",)]:
     del os.environ[key]
 
-import flows  # noqa: E402,F401  (offline defaults)
+from flows.env import OFFLINE_DEFAULTS, apply_offline_defaults  # noqa: E402
+
+for key in OFFLINE_DEFAULTS:  # the test run's own settings, whatever the developer's shell has
+    if key not in ("PREFECT_HOME", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"):
+        os.environ.pop(key, None)
+apply_offline_defaults()
 
 REPO = Path(__file__).resolve().parent.parent
 CAROL = REPO / "data" / "a_christmas_carol.txt"

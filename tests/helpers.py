@@ -6,9 +6,16 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from flows.pipeline import _to_table
+from tasks.catalog import to_table
 
 DIM = 8
+
+
+def _to_table(name: str, rows: list[dict], dim: int, version: int):
+    """Hand-written rows that carry their ``vector`` inline, as a table (production stages pass a matrix)."""
+    vectors = [r["vector"] for r in rows if "vector" in r]
+    plain = [{k: v for k, v in r.items() if k != "vector"} for r in rows]
+    return to_table(name, plain, dim, version, np.stack(vectors) if vectors else None)
 
 
 def vec(i: int) -> np.ndarray:
@@ -48,7 +55,8 @@ def tiny_tables(version: int = 1, suffix: str = "") -> dict:
 KILL_DURING_PUBLISH = """
 import os, signal, sys
 sys.path.insert(0, {repo!r})
-import flows
+from flows.env import apply_offline_defaults
+apply_offline_defaults()
 from tasks.catalog import Catalog
 real = Catalog._write
 written = []

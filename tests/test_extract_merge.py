@@ -9,23 +9,23 @@ def test_extract_finds_typed_entities_and_sentence_relations():
         "The Journal of Mathematical Physics is published by the American Institute of Physics."
     )
     out = extract_batch([{"id": "c1", "text": text}], ExtractConfig())
-    assert out["ok"] == ["c1"] and out["quarantine"] == []
-    types = {e["name"]: e["type"] for e in out["entities"]}
+    assert out.ok == ["c1"] and out.quarantine == []
+    types = {e["name"]: e["type"] for e in out.entities}
     assert types["Ebenezer Scrooge"] == "person"
     assert types["London"] == "location"
     assert types["Jacob Marley"] == "person"
-    pairs = {(r["source"], r["target"]) for r in out["relations"]}
+    pairs = {(r["source"], r["target"]) for r in out.relations}
     assert ("Ebenezer Scrooge", "London") in pairs
     # relations never cross sentences
-    assert not any({r["source"], r["target"]} == {"Jacob Marley", "American Institute of Physics"} for r in out["relations"])
-    marley = next(e for e in out["entities"] if e["name"] == "Jacob Marley")
+    assert not any({r["source"], r["target"]} == {"Jacob Marley", "American Institute of Physics"} for r in out.relations)
+    marley = next(e for e in out.entities if e["name"] == "Jacob Marley")
     assert marley["description"] == "Ebenezer Scrooge worked in London with Jacob Marley."
 
 
 def test_extract_quarantines_a_failing_chunk_and_keeps_the_rest():
     out = extract_batch([{"id": "good", "text": "Scrooge lived in London."}, {"id": "bad", "text": None}], ExtractConfig())
-    assert out["ok"] == ["good"]
-    assert [q["item"] for q in out["quarantine"]] == ["bad"]
+    assert out.ok == ["good"]
+    assert [q["item"] for q in out.quarantine] == ["bad"]
 
 
 def test_merge_resolves_by_normalised_name():

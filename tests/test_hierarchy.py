@@ -161,8 +161,8 @@ def test_summaries_link_every_member_and_cs_recomputes_from_links():
     cfg = HierarchyConfig(cluster_size_hint=5, min_entities=4, max_layers=3)
     summ = OfflineSummarizer(cfg.meta_entities)
     embed = lambda texts: np.stack([x[hash(t) % len(x)] for t in texts])  # noqa: E731 - stable fake vectors
-    new_ents, rels, stats = build_hierarchy(ents, x, cfg, 3, summ, embed)
-    assert new_ents and rels
+    new_ents, new_vecs, rels, stats = build_hierarchy(ents, x, cfg, 3, summ, embed)
+    assert new_ents and rels and new_vecs.shape == (len(new_ents), x.shape[1])
     by_id = {e["id"]: e for e in ents + new_ents}
     members: dict[str, set[str]] = {}
     for r in rels:

@@ -41,6 +41,10 @@ def _e(i, layer, v):
             "source_chunk_ids": [], "vector": v / np.linalg.norm(v)}
 
 
+def _vecs(rows):
+    return {r["id"]: r["vector"] for r in rows}
+
+
 def _so(a, b):
     return {"id": f"{a}>{b}", "source_id": a, "target_id": b, "kind": "summary_of", "description": "", "weight": 1.0,
             "source_chunk_ids": []}
@@ -57,7 +61,7 @@ def test_attach_lowest_layer_passing_tau_climbs_and_refreshes_ancestors():
         calls.append((layer, [[m["id"] for m in ms] for ms in member_lists]))
         return [{"name": "+".join(m["id"] for m in ms), "type": "concept", "description": "d"} for ms in member_lists]
 
-    res = attach(l0[:2] + l0[3:], summaries, rels, added={"new1", "new2"}, removed={"gone"}, changed=set(), tau=0.65,
+    res = attach(l0[:2] + l0[3:], summaries, rels, _vecs(l0 + summaries), added={"new1", "new2"}, removed={"gone"}, changed=set(), tau=0.65,
                  summarize=summarize, embed=lambda rows: np.ones((len(rows), 3), np.float32))
     # new1 is .99 similar to S1, new2 .70 (>= tau): both join layer 1
     assert res.attached == {"new1": "S1", "new2": "S1"}
@@ -73,7 +77,7 @@ def test_attach_lowest_layer_passing_tau_climbs_and_refreshes_ancestors():
 def test_attach_climbs_when_no_lower_node_passes_tau():
     l0 = [_e("a", 0, [1, 0, 0]), _e("new", 0, [0.1, 0.1, 1])]
     summaries = [_e("S1", 1, [1, 0, 0]), _e("T", 2, [0, 0, 1])]
-    res = attach(l0, summaries, [_so("a", "S1"), _so("S1", "T")], added={"new"}, removed=set(), changed=set(), tau=0.65,
+    res = attach(l0, summaries, [_so("a", "S1"), _so("S1", "T")], _vecs(l0 + summaries), added={"new"}, removed=set(), changed=set(), tau=0.65,
                  summarize=lambda l, ms, vs: [{"name": "x", "type": "concept", "description": "d"} for _ in ms],
                  embed=lambda rows: np.ones((len(rows), 3), np.float32))
     assert res.attached == {"new": "T"}  # layer-1 best is .10 < tau, layer 2 passes
@@ -112,14 +116,14 @@ def test_attach_accumulates_staleness_below_threshold():
     rels = [_so(f"m{i}", "S1") for i in range(9)] + [_so("c", "S2"), _so("S1", "T"), _so("S2", "T")]
     summarize = lambda l, ms, vs: [{"name": "x", "type": "concept", "description": "d"} for _ in ms]  # noqa: E731
     embed = lambda rows: np.ones((len(rows), 3), np.float32)  # noqa: E731
-    res = attach(l0, summaries, rels, added={"new"}, removed=set(), changed=set(), tau=0.65,
+    res = attach(l0, summaries, rels, _vecs(l0 + summaries), added={"new"}, removed=set(), changed=set(), tau=0.65,
                  summarize=summarize, embed=embed, refresh_staleness=0.2)
     by = {e["id"]: e for e in res.entities}
     # S1 gained 1 member of 10: 0.05 + 0.1 = 0.15 < 0.2, kept; its parent is not touched
     assert res.attached == {"new": "S1"} and res.refreshed == set() and res.operations == 0
     assert by["S1"]["staleness"] == pytest.approx(0.15) and by["S1"]["degree"] == 10 and by["S1"]["name"] == "S1"
     # a changed member of S2 (1 of 1) passes the threshold: S2 is re-summarised, then its parent T (1 of 2 = 0.5)
-    res = attach(l0, summaries, rels, added=set(), removed=set(), changed={"c"}, tau=0.65,
+    res = attach(l0, summaries, rels, _vecs(l0 + summaries), added=set(), removed=set(), changed={"c"}, tau=0.65,
                  summarize=summarize, embed=embed, refresh_staleness=0.2)
     assert res.refreshed == {"S2", "T"} and {e["id"]: e for e in res.entities}["S2"]["staleness"] == 0.0
 

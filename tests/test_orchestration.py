@@ -17,8 +17,8 @@ import flows.index_flow as index_flow_module
 from flows.cli import app, date_partitions
 from schemas.config import DaskConfig, ExtractConfig
 from tasks.catalog import Catalog
-from tasks.extract import extract_chunks, local_mapper
-from tasks.parallel import DaskPool
+from tasks.extract import extract_chunks
+from tasks.parallel import DaskPool, LocalMapper
 from tests.conftest import REPO, musique_passages
 
 runner = CliRunner()
@@ -122,8 +122,8 @@ def test_extraction_on_an_external_dask_cluster(tmp_path, small_corpus):
         cfg = ExtractConfig(batch_size=3)
         with DaskPool(DaskConfig(address=address)) as pool:
             remote = extract_chunks(chunks, cfg, pool)
-        local = extract_chunks(chunks, cfg, local_mapper)
-        assert remote["ok"] == local["ok"] and remote["entities"] == local["entities"]
+        local = extract_chunks(chunks, cfg, LocalMapper())
+        assert remote.ok == local.ok and remote.entities == local.entities
         res = runner.invoke(app, ["index", str(small_corpus), "--index", str(tmp_path / "index"), "--quiet",
                                   "--set", f"dask.address={address}", "--set", "chunking.size=200"])
         assert res.exit_code == 0, res.output

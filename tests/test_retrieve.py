@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from flows.pipeline import _to_table
+from tests.helpers import _to_table
 from schemas.config import RetrievalConfig
 from tasks.catalog import Catalog
 from tasks.evaluate import answer_in_context, normalize_answer, passage_recall

@@ -1,0 +1,80 @@
+"""Index methods: what builds the hierarchy above layer 0, and which retrieval modes it offers.
+
+The shared stages (ingest, chunk, extract, merge, embed, validate, publish, the incremental diff)
+produce layer 0 and never ask which method runs. A method gets layer 0 and the run's ``MethodContext``
+and returns a ``Hierarchy``: summary nodes with their vectors, their relations, the communities and
+their reports (with vectors), and the layer statistics. ``index.method`` picks it by name.
+
+To add one: implement ``IndexMethod`` (``build``, ``update``, ``modes``, ``levels``) in a module of
+this package and register it in ``METHODS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from schemas.tables import CommunityRow, EntityRow, LayerRow, QuarantineRow, RelationRow, ReportRow
+
+if TYPE_CHECKING:
+    from schemas.config import StrataConfig
+    from tasks.stages import Stage
+
+
+@dataclass
+class Layer0:
+    """The extracted graph after merge and embed: what every method builds on."""
+
+    entities: list[EntityRow]
+    vectors: np.ndarray  # aligned with ``entities``
+    relations: list[RelationRow]
+    added: set[str] = field(default_factory=set)  # update: ids new since the previous snapshot
+    removed: set[str] = field(default_factory=set)  # update: ids gone
+    changed: set[str] = field(default_factory=set)  # update: ids whose name, type or description changed
+
+
+@dataclass
+class Hierarchy:
+    """What a method adds above layer 0."""
+
+    entities: list[EntityRow]  # summary nodes (layer >= 1)
+    vectors: np.ndarray  # aligned with ``entities``
+    relations: list[RelationRow]  # summary_of links and any other method edges
+    communities: list[CommunityRow]
+    reports: list[ReportRow]
+    report_vectors: np.ndarray  # aligned with ``reports``
+    layers: list[LayerRow] | None  # None: the previous snapshot's layer statistics still hold
+    quarantine: list[QuarantineRow] = field(default_factory=list)  # LLM output that fell back to offline
+
+
+class MethodContext(Protocol):
+    """What the pipeline hands a method: settings, named stages, the embedder, the LLM, the previous snapshot."""
+
+    cfg: StrataConfig
+    llm: Any  # LiteLLMClient or None (offline)
+
+    def stage(self, name: str, total: int | None = None) -> AbstractContextManager[Stage]: ...
+    def embed(self, texts: list[str], progress: Callable[[int], None] | None = None) -> np.ndarray: ...
+    def previous(self, name: str) -> pa.Table: ...
+
+
+class IndexMethod(Protocol):
+    name: str
+    modes: tuple[str, ...]  # retrieval modes it offers besides the shared ppr, hybrid and naive
+
+    def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy: ...
+    def update(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy: ...
+
+
+def get_method(name: str) -> IndexMethod:
+    from tasks.methods.hirag import HiRAG
+
+    methods: dict[str, IndexMethod] = {"hirag": HiRAG()}
+    if name not in methods:
+        raise ValueError(f"unknown index.method {name!r}; choose one of {', '.join(methods)}")
+    return methods[name]

@@ -1,0 +1,120 @@
+"""HiRAG (HiRAG §4): GMM summary layers stopped by the cluster-sparsity rule, Leiden communities over all
+layers and bottom-up reports; updates attach new entities HyGRAG-style and refresh only touched paths."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tasks.catalog import vector_matrix
+from tasks.ids import quarantine_row
+from tasks.methods import Hierarchy, Layer0, MethodContext
+
+SUMMARY_FALLBACK = "LLM summary unusable, offline summary used: "
+REPORT_FALLBACK = "LLM report unusable, offline report used: "
+
+
+def summarizer_for(ctx: MethodContext, per_cluster: int):
+    from tasks.summarize import LLMSummarizer, OfflineSummarizer
+
+    cfg = ctx.cfg
+    if ctx.llm is not None:
+        return LLMSummarizer(ctx.llm, cfg.hierarchy.meta_entities, per_cluster, cfg.extract.max_description_tokens)
+    return OfflineSummarizer(cfg.hierarchy.meta_entities, cfg.extract.max_description_tokens)
+
+
+def _failed(failures: list[dict[str, str]], stage: str, why: str) -> list[dict[str, str]]:
+    return [quarantine_row(f["item"], stage, why + f["error"]) for f in failures]
+
+
+def _rows(table) -> list[dict[str, Any]]:
+    return table.drop([c for c in ("version", "vector") if c in table.column_names]).to_pylist()
+
+
+def _report_vectors(ctx: MethodContext, st, reports: list[dict[str, Any]]) -> np.ndarray:
+    from tasks.embed import report_text
+
+    return st.run(ctx.embed, [report_text(r["title"], r["summary"]) for r in reports])
+
+
+class HiRAG:
+    name = "hirag"
+    modes = ("hi", "hi-nobridge", "flat")
+
+    def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
+        from tasks.communities import detect_communities
+        from tasks.hierarchy import build_hierarchy, stat_rows
+        from tasks.reports import build_reports
+
+        cfg = ctx.cfg
+        with ctx.stage("hierarchy") as st:
+            summarizer = summarizer_for(ctx, cfg.hierarchy.summaries_per_cluster)
+            ents, vecs, rels, stats = st.run(build_hierarchy, layer0.entities, layer0.vectors, cfg.hierarchy, cfg.seed,
+                                             summarizer, ctx.embed, on_layer=lambda _s: st.advance(1))
+            layers = stat_rows(stats)
+            built = [r for r in layers if not r["stopped"]]
+            st.done(f"{len(built)} layers, {len(ents)} summary entities, "
+                    f"stop: {layers[-1]['stop_reason'] if layers else 'disabled'}", layers=len(built), summary_entities=len(ents))
+        entities, relations = layer0.entities + ents, layer0.relations + rels
+        with ctx.stage("communities") as st:
+            communities = st.run(detect_communities, [e["id"] for e in entities], relations,
+                                 cfg.communities.max_cluster_size, cfg.seed, cfg.communities.resolution)
+            st.done(f"{len(communities)} communities", communities=len(communities),
+                    levels=len({c["level"] for c in communities}))
+        with ctx.stage("reports", len(communities)) as st:
+            reports, failures = st.run(build_reports, communities, entities, relations,
+                                       cfg.communities.report_max_tokens, ctx.llm)
+            report_vecs = _report_vectors(ctx, st, reports)
+            st.advance(len(reports))
+            st.done(f"{len(reports)} reports", reports=len(reports))
+        return Hierarchy(ents, vecs, rels, communities, reports, report_vecs, layers,
+                         _failed(summarizer.failures, "hierarchy", SUMMARY_FALLBACK) + _failed(failures, "reports", REPORT_FALLBACK))
+
+    def update(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
+        from tasks.embed import entity_text
+        from tasks.incremental import attach, place_in_communities, reports_to_rewrite
+        from tasks.reports import build_reports
+        from tasks.summarize import Cluster
+
+        cfg = ctx.cfg
+        with ctx.stage("attach") as st:
+            summarizer = summarizer_for(ctx, 1)
+
+            def summarize(layer, member_lists, vecs):
+                return [s[0] for s in summarizer.summarize_layer(layer, [Cluster(m, v) for m, v in zip(member_lists, vecs)])]
+
+            def embed_rows(rows):
+                return ctx.embed([entity_text(r["name"], r["type"], r["description"]) for r in rows])
+
+            old = ctx.previous("entities")
+            upper = np.flatnonzero(np.asarray(old.column("layer").to_pylist()) > 0)
+            summaries = _rows(old.take(upper))
+            vectors = dict(zip([e["id"] for e in layer0.entities], layer0.vectors))
+            vectors.update(zip([s["id"] for s in summaries], vector_matrix(old.take(upper))))
+            links = [r for r in _rows(ctx.previous("relations")) if r["kind"] == "summary_of"]
+            att = st.run(attach, layer0.entities, summaries, links, vectors, layer0.added, layer0.removed,
+                         layer0.changed, cfg.incremental.tau, summarize, embed_rows, cfg.incremental.refresh_staleness)
+            st.done(f"{len(att.attached)} attached, {len(att.refreshed)} summaries refreshed", attached=len(att.attached),
+                    refreshed=len(att.refreshed), dropped=len(att.removed), summary_operations=att.operations)
+        entities, relations = layer0.entities + att.entities, layer0.relations + att.relations
+        with ctx.stage("communities") as st:
+            comms, grown, forced = st.run(place_in_communities, _rows(ctx.previous("communities")),
+                                          {e["id"] for e in entities}, relations, layer0.added)
+            st.done(f"{len(comms)} communities, {len(grown)} grown", communities=len(comms), grown=len(grown))
+        with ctx.stage("reports") as st:
+            previous = ctx.previous("community_reports")
+            old_reports = {r["community_id"]: r for r in _rows(previous)}
+            old_vectors = dict(zip(previous.column("community_id").to_pylist(), vector_matrix(previous)))
+            rewrite, staleness = reports_to_rewrite(comms, old_reports, grown, forced, cfg.incremental.refresh_staleness)
+            existing = {cid: dict(r, staleness=staleness.get(cid, r.get("staleness")))
+                        for cid, r in old_reports.items() if cid not in rewrite}
+            reports, failures = st.run(build_reports, comms, entities, relations, cfg.communities.report_max_tokens,
+                                       ctx.llm, rewrite, existing)
+            redo = [r for r in reports if r["community_id"] in rewrite]
+            fresh = dict(zip([r["community_id"] for r in redo], _report_vectors(ctx, st, redo)))
+            report_vecs = np.stack([fresh.get(r["community_id"], old_vectors.get(r["community_id"])) for r in reports]) \
+                if reports else np.zeros((0, layer0.vectors.shape[1]), np.float32)
+            st.done(f"{len(redo)} reports rewritten", reports_rewritten=len(redo))
+        return Hierarchy(att.entities, att.vectors, att.relations, comms, reports, report_vecs, None,
+                         _failed(summarizer.failures, "hierarchy", SUMMARY_FALLBACK) + _failed(failures, "reports", REPORT_FALLBACK))

@@ -1,0 +1,71 @@
+"""The one stage runner: every step of a build or an update is a named stage.
+
+A stage owns its timing, its progress bar (through the run's ``Reporter``), its entry in the run
+record (seconds and counts, written to ``runs.stage_counts``) and the wrapping of its work as an
+orchestrator task (Prefect in the flows, a plain call in tests and benchmarks)::
+
+    with stages("embed", total=len(texts)) as st:
+        vectors = st.run(embedder.embed, texts, st.advance)
+        st.done(f"{len(texts)} vectors", vectors=len(texts))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from tasks.progress import Reporter
+
+#: run(name, fn, *args, **kwargs) -> fn(*args, **kwargs), as an orchestrator task named ``name``
+TaskRunner = Callable[..., Any]
+
+
+def direct_task(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
+
+
+class Stage:
+    """A running stage: ``run`` its work as a task, ``advance`` its progress, say what it ``done``."""
+
+    def __init__(self, stages: "Stages", name: str):
+        self.stages, self.name = stages, name
+        self.summary = ""
+        self.counts: dict[str, float] = {}
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return self.stages.task(self.name, fn, *args, **kwargs)
+
+    def advance(self, n: int = 1) -> None:
+        self.stages.reporter.advance(self.name, n)
+
+    def done(self, summary: str = "", **counts: float) -> None:
+        self.summary = summary
+        self.counts.update(counts)
+
+
+class Stages:
+    """The stage runner of one run; ``log`` holds ``{stage: {seconds, counts...}}`` in the order they ran."""
+
+    def __init__(self, reporter: Reporter, task: TaskRunner = direct_task):
+        self.reporter, self.task = reporter, task
+        self.log: dict[str, dict[str, float]] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str, total: int | None = None) -> Iterator[Stage]:
+        stage = Stage(self, name)
+        self.reporter.start(name, total)
+        started = time.perf_counter()
+        try:
+            yield stage
+        except BaseException:
+            self.log[name] = {"seconds": round(time.perf_counter() - started, 3), **stage.counts, "failed": 1}
+            self.reporter.finish(name, "FAILED")
+            raise
+        self.log[name] = {"seconds": round(time.perf_counter() - started, 3), **stage.counts}
+        self.reporter.finish(name, stage.summary)
+
+    def record(self, name: str, seconds: float, **counts: float) -> None:
+        """A log entry for something timed outside a stage (waiting for the Dask cluster)."""
+        self.log[name] = {"seconds": round(seconds, 3), **counts}
