@@ -20,6 +20,7 @@ graph, the BM25 index and the passage graph on first use) and reused across ques
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections import OrderedDict, defaultdict
@@ -31,32 +32,17 @@ import numpy as np
 
 from schemas.config import RetrievalConfig
 from schemas.tables import schema_for
-from tasks.catalog import Catalog
+from tasks.catalog import Catalog, vector_matrix
 from tasks.chunk import count_tokens, truncate_tokens
 from tasks.graph_rank import PassageGraph, RankParams, build_passage_graph, rank_chunks
 from tasks.lexical import BM25Index, rrf
 from tasks.merge import explicit_title
+from tasks.methods import all_methods, get_method
 
-MODES = ("hi", "hi-nobridge", "flat", "ppr", "hybrid", "naive")
-SECTIONS = ("entities", "communities", "bridge", "chunks")
-MODE_SECTIONS = {
-    "hi": ("entities", "communities", "bridge", "chunks"),
-    "hi-nobridge": ("entities", "communities", "chunks"),
-    "flat": ("entities", "communities", "bridge", "chunks"),
-    "ppr": ("chunks",),
-    "hybrid": ("chunks",),
-    "naive": ("chunks",),
-}
-#: how each mode orders its sources
-SOURCE_RANKING = {"hi": "ppr", "hi-nobridge": "ppr", "flat": "ppr", "ppr": "ppr", "hybrid": "hybrid", "naive": "dense"}
+#: sources-only modes every index offers, and how each ranks its sources; a method's own modes rank by ppr
+SHARED_MODES = {"ppr": "ppr", "hybrid": "hybrid", "naive": "dense"}
+MODES = tuple(m for method in all_methods() for m in method.modes) + tuple(SHARED_MODES)
 MAX_SOURCES = 200  # candidates considered for the sources section
-
-
-def _matrix(table) -> np.ndarray:
-    if table.num_rows == 0:
-        return np.zeros((0, 0), dtype=np.float32)
-    col = table.column("vector").combine_chunks()
-    return np.asarray(col.values.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(table.num_rows, -1)
 
 
 @dataclass
@@ -89,6 +75,7 @@ class IndexView:
     flat_graph: nx.Graph = field(default=None)  # type: ignore[assignment]
     catalog: Catalog | None = None
     snap: dict[str, Any] | None = None
+    method: str = "hirag"
     _lazy: dict[str, Any] = field(default_factory=dict)
     _ntok: dict[int, int] = field(default_factory=dict)
     _lazy_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -173,16 +160,18 @@ class IndexView:
             version=snap["version"], dim=snap["dim"], ent_ids=ids,
             ent_name=ents.column("name").to_pylist(), ent_type=ents.column("type").to_pylist(),
             ent_desc=ents.column("description").to_pylist(), ent_layer=layer,
-            ent_chunks=ents.column("source_chunk_ids").to_pylist(), ent_vecs=_matrix(ents),
+            ent_chunks=ents.column("source_chunk_ids").to_pylist(), ent_vecs=vector_matrix(ents),
             graph=graph, edge_rel=dict(edge_rel), rel_rows=rels, communities=comms, ent_communities=dict(ent_comms),
             reports=reports, chunk_ids=chunk_ids, chunk_text=chunks.column("text").to_pylist(),
-            chunk_doc=chunks.column("document_id").to_pylist(), chunk_vecs=_matrix(chunks),
+            chunk_doc=chunks.column("document_id").to_pylist(), chunk_vecs=vector_matrix(chunks),
             chunk_index={c: i for i, c in enumerate(chunk_ids)},
             doc_source={d["id"]: d["source_id"] for d in docs}, doc_title={d["id"]: d["title"] for d in docs},
         )
         view.flat_graph = flat
         view.ent_index = index
         view.catalog, view.snap = catalog, snap
+        note = json.loads(snap["note"]) if (snap.get("note") or "").startswith("{") else {}
+        view.method = note.get("method", "hirag")  # snapshots before index methods existed are hirag
         return view
 
 
@@ -218,112 +207,6 @@ def top_k(scores: np.ndarray, k: int, candidates: np.ndarray | None = None) -> l
         idx, s = idx[part], s[part]
     order = np.lexsort((idx, -s))
     return [int(i) for i in idx[order]]
-
-
-def local_entities(view: IndexView, scores: np.ndarray, n: int, flat: bool, min_sim: float) -> tuple[list[int], np.ndarray]:
-    """Eq. 12: TopN by similarity ``scores`` over all layers (layer 0 only when ``flat``); those under ``min_sim`` dropped."""
-    if len(view.ent_ids) == 0:
-        return [], np.zeros(0, dtype=np.float32)
-    candidates = np.flatnonzero(view.ent_layer == 0) if flat else None
-    return [i for i in top_k(scores, n, candidates) if scores[i] >= min_sim], scores
-
-
-def global_communities(view: IndexView, local: list[int], limit: int) -> list[int]:
-    """Eq. 13: communities that contain any local entity, most hits first, then rating, level, id."""
-    hits: dict[int, int] = defaultdict(int)
-    for e in local:
-        for c in view.ent_communities.get(e, []):
-            hits[c] += 1
-    def rank(c: int):
-        comm = view.communities[c]
-        rating = view.reports.get(comm["id"], {}).get("rating", 0.0)
-        return (-hits[c], -rating, comm["level"], comm["id"])
-    return sorted(hits, key=rank)[:limit]
-
-
-def key_entities(view: IndexView, comms: list[int], scores: np.ndarray, m: int, flat: bool, limit: int) -> list[int]:
-    """Eq. 14: the top-m question-related members of each community, in community order, without repeats."""
-    keys: list[int] = []
-    seen: set[int] = set()
-    for c in comms:
-        members = np.asarray(view.communities[c]["members"], dtype=np.int64)
-        if flat:
-            members = members[view.ent_layer[members] == 0]
-        for e in top_k(scores, m, members):
-            if e not in seen:
-                seen.add(e)
-                keys.append(e)
-                if len(keys) >= limit:
-                    return keys
-    return keys
-
-
-def shortest_path(adj: list[list[int]], a: int, b: int, max_hops: int) -> list[int] | None:
-    """A shortest path from ``a`` to ``b`` of at most ``max_hops`` edges (bidirectional BFS over sorted
-    adjacency lists, so ties resolve the same way every time), or None."""
-    if a == b:
-        return [a]
-    pred, succ = {a: -1}, {b: -1}
-    front_a, front_b = [a], [b]
-    for _ in range(max_hops):
-        grow_a = len(front_a) <= len(front_b)
-        front, seen, other = (front_a, pred, succ) if grow_a else (front_b, succ, pred)
-        nxt = []
-        for u in front:
-            for v in adj[u]:
-                if v in seen:
-                    continue
-                seen[v] = u
-                if v in other:
-                    half_a, half_b = [], []
-                    x = v
-                    while x != -1:
-                        half_a.append(x)
-                        x = pred[x]
-                    x = succ[v]
-                    while x != -1:
-                        half_b.append(x)
-                        x = succ[x]
-                    return half_a[::-1] + half_b
-                nxt.append(v)
-        if not nxt:
-            return None
-        if grow_a:
-            front_a = nxt
-        else:
-            front_b = nxt
-    return None
-
-
-def bridge_paths(adj: list[list[int]], keys: list[int], max_hops: int) -> list[list[int]]:
-    """Eq. 15: shortest paths between consecutive key entities; a missing (or longer than ``max_hops``) path is skipped."""
-    paths = []
-    for a, b in zip(keys, keys[1:]):
-        path = shortest_path(adj, a, b, max_hops)
-        if path is not None:
-            paths.append(path)
-    return paths
-
-
-def bridge_triples(view: IndexView, paths: list[list[int]], graph: nx.Graph) -> list[int]:
-    """Eq. 16: relations of G_k whose both ends lie on the paths — path edges first, in path order."""
-    on_path = sorted({n for p in paths for n in p})
-    ordered: list[int] = []
-    seen: set[int] = set()
-    def add(a: int, b: int) -> None:
-        for k in view.edge_rel.get((a, b) if a < b else (b, a), []):
-            if k not in seen:
-                seen.add(k)
-                ordered.append(k)
-    for p in paths:
-        for a, b in zip(p, p[1:]):
-            add(a, b)
-    nodes = set(on_path)
-    for a in on_path:
-        for b in sorted(graph.adj[a]):
-            if b in nodes and a < b:
-                add(a, b)
-    return ordered
 
 
 # ---------------------------------------------------------------------------- sources
@@ -401,8 +284,8 @@ class Context:
         }
 
 
-def _budgets(cfg: RetrievalConfig, mode: str) -> dict[str, int]:
-    shares = {s: getattr(cfg, f"share_{s}") for s in MODE_SECTIONS[mode]}
+def _budgets(cfg: RetrievalConfig, sections: tuple[str, ...]) -> dict[str, int]:
+    shares = {s: getattr(cfg, f"share_{s}") for s in (*sections, "chunks")}
     total = sum(shares.values()) or 1.0
     return {s: int(cfg.token_budget * v / total) for s, v in shares.items()}
 
@@ -443,54 +326,21 @@ def _pack_sources(view: IndexView, order: list[int], scores: np.ndarray, budget:
 
 def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: RetrievalConfig) -> Context:
     """The three-level context (or a sources-only one) for one question, within ``cfg.token_budget``."""
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    method = get_method(view.method)
+    if mode not in method.modes and mode not in SHARED_MODES:
+        raise ValueError(f"unknown mode {mode!r}; this {view.method} index offers "
+                         f"{', '.join((*method.modes, *SHARED_MODES))}")
     ctx = Context(question=question, mode=mode, version=view.version)
     q = np.asarray(q, dtype=np.float32)  # a float64 query would upcast the whole vector matrix on every search
-    budgets = _budgets(cfg, mode)
-    flat = mode == "flat"
+    budgets = _budgets(cfg, method.modes.get(mode, ()))
+    ranking = SHARED_MODES.get(mode, "ppr")
     chunk_scores = view.chunk_vecs @ q if len(view.chunk_ids) else np.zeros(0, dtype=np.float32)
-    needs_entities = "entities" in budgets or (SOURCE_RANKING[mode] == "ppr" and cfg.ppr_vector_seeds)
+    needs_entities = mode in method.modes or (ranking == "ppr" and cfg.ppr_vector_seeds)
     ent_scores = view.ent_vecs @ q if needs_entities and len(view.ent_ids) else np.zeros(len(view.ent_ids), np.float32)
-    chunk_order, seeds = source_ranking(view, question, chunk_scores, ent_scores, SOURCE_RANKING[mode], cfg)
+    chunk_order, seeds = source_ranking(view, question, chunk_scores, ent_scores, ranking, cfg)
 
-    if "entities" in budgets:
-        local, scores = local_entities(view, ent_scores, cfg.top_n, flat, cfg.min_similarity)
-        ent_items = [
-            {"id": view.ent_ids[i], "name": view.ent_name[i], "type": view.ent_type[i], "layer": int(view.ent_layer[i]),
-             "score": round(float(scores[i]), 4),
-             "text": f"- {view.ent_name[i]} ({view.ent_type[i]}, layer {int(view.ent_layer[i])}): {view.ent_desc[i]}"}
-            for i in local
-        ]
-        ctx.entities, ctx.tokens["entities"] = _fill(ent_items, budgets["entities"])
-
-        comms = global_communities(view, local, cfg.max_communities)
-        comm_items = []
-        for c in comms:
-            comm = view.communities[c]
-            rep = view.reports.get(comm["id"])
-            if rep is None:
-                continue
-            findings = " ".join(f"• {f}" for f in (rep["findings"] or [])[:3])
-            comm_items.append(
-                {"id": comm["id"], "level": comm["level"], "title": rep["title"], "rating": rep["rating"],
-                 "summary": rep["summary"], "findings": rep["findings"],
-                 "text": f"- [{rep['title']}] {rep['summary']} {findings}".strip()}
-            )
-        ctx.communities, ctx.tokens["communities"] = _fill(comm_items, budgets["communities"])
-
-        if "bridge" in budgets:
-            graph = view.flat_graph if flat else view.graph
-            keys = key_entities(view, comms, scores, cfg.top_m, flat, cfg.max_key_entities)
-            triples = bridge_triples(view, bridge_paths(view.adjacency(flat), keys, cfg.max_path_hops), graph)
-            items = []
-            for k in triples:
-                r = view.rel_rows[k]
-                items.append(
-                    {"source": r["source_id"], "target": r["target_id"], "kind": r["kind"],
-                     "text": f"- {_name(view, r['source_id'])} —[{r['kind']}]→ {_name(view, r['target_id'])}: {r['description']}"}
-                )
-            ctx.bridge, ctx.tokens["bridge"] = _fill(items, budgets["bridge"])
+    if mode in method.modes:
+        method.levels(view, ctx, ent_scores, budgets, cfg)
 
     left = cfg.token_budget - sum(ctx.tokens.values())  # sources take their share and whatever the others left
     ctx.chunks, ctx.tokens["chunks"] = _pack_sources(view, chunk_order, chunk_scores, max(left, 0))
@@ -506,11 +356,6 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
                  f"retrieval.min_similarity {cfg.min_similarity})"
         )
     return ctx
-
-
-def _name(view: IndexView, eid: str) -> str:
-    i = view.ent_index.get(eid)
-    return view.ent_name[i] if i is not None else eid
 
 
 # ---------------------------------------------------------------------------- extractive answer

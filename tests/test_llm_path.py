@@ -203,3 +203,30 @@ def test_litellm_embeddings_dimension_from_model_retries_and_checked(tmp_path, s
         assert Catalog(index).snapshot()["version"] == version
     finally:
         fake.stop()
+
+
+def test_update_quarantines_a_failed_llm_summary(tmp_path, small_corpus, monkeypatch):
+    """An update whose LLM summaries come back unusable keeps offline summaries and says so in quarantine."""
+    from flows.pipeline import build_index, update_index
+    from schemas.config import load_config
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(small_corpus, corpus)
+    (corpus / "notes" / "fezziwig.md").unlink(missing_ok=True)
+    base = {"chunking": {"size": 200, "overlap": 20}, "dask": {"processes": False}, "extract": {"method": "nlp"}}
+    build_index(str(corpus), Catalog(tmp_path / "index"), load_config(overrides=base))
+    (corpus / "notes" / "fezziwig.md").write_text(
+        "# Fezziwig\n\nOld Fezziwig was the merchant to whom young Ebenezer Scrooge was apprenticed in London.\n")
+    fake = FakeLLM(malformed=1.0).start()  # every LLM answer is unparseable
+    try:
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-fake")
+        cfg = load_config(overrides={**base, "incremental": {"refresh_staleness": 0.0},
+                                     "llm": {"model": "openai/fake", "api_base": fake.url, "max_retries": 0}})
+        result = update_index(str(corpus), Catalog(tmp_path / "index"), cfg)
+    finally:
+        fake.stop()
+    assert result.status == "published" and result.stages["attach"]["refreshed"] > 0
+    rows = Catalog(tmp_path / "index").read("quarantine").to_pylist()
+    summaries = [q for q in rows if q["stage"] == "hierarchy"]
+    assert summaries and all(q["error"].startswith("LLM summary unusable, offline summary used: ") for q in summaries)
+    assert any(q["stage"] == "reports" for q in rows)

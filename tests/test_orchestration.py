@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -197,3 +198,40 @@ def test_real_prefect_server_deploys_and_runs_a_refresh(tmp_path, small_corpus):
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+SHARED_STAGES = ["ingest", "chunk", "extract", "merge", "embed", "communities", "reports", "validate", "publish"]
+
+
+def _task_names(flow_run_id: str) -> set[str]:
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read():
+        async with get_client() as client:
+            runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            return {r.name.rsplit("-", 1)[0] for r in runs}
+
+    return asyncio.run(read())
+
+
+def test_build_and_update_show_every_stage_as_a_prefect_task(tmp_path, small_corpus):
+    import shutil
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(small_corpus, corpus)
+    overrides = {"dask": {"processes": False}, "chunking": {"size": 300}}
+    index = str(tmp_path / "index")
+    built = index_flow_module.refresh_flow(str(corpus), index, None, overrides)
+    (corpus / "notes" / "fezziwig.md").write_text("# Fezziwig\n\nOld Fezziwig employed young Ebenezer Scrooge.\n")
+    updated = index_flow_module.refresh_flow(str(corpus), index, None, overrides)
+    assert built["status"] == updated["status"] == "published"
+    build_tasks = _task_names(built["run_id"].removeprefix("run-"))
+    update_tasks = _task_names(updated["run_id"].removeprefix("run-"))
+    assert build_tasks == set(SHARED_STAGES) | {"hierarchy"}
+    assert update_tasks == set(SHARED_STAGES) | {"diff", "attach"}  # the update-only steps are named stages
+    # the run record lists the same stages
+    stages = json.loads(Catalog(index).runs()[-1]["stage_counts"])
+    assert set(stages) - {"dask-start"} == update_tasks

@@ -131,7 +131,7 @@ def test_eval_measures_by_hand():
 def test_bridge_path_search_is_shortest_and_bounded():
     import networkx as nx
 
-    from tasks.retrieve import shortest_path
+    from tasks.methods.hirag_retrieval import shortest_path
 
     # a chain 0-1-2-3-4-5 with a shortcut 1-4: 0 -> 5 takes 0-1-4-5 (3 hops)
     g = nx.Graph([(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (1, 4)])

@@ -6,7 +6,7 @@ and returns a ``Hierarchy``: summary nodes with their vectors, their relations, 
 their reports (with vectors), and the layer statistics. ``index.method`` picks it by name.
 
 To add one: implement ``IndexMethod`` (``build``, ``update``, ``modes``, ``levels``) in a module of
-this package and register it in ``METHODS``.
+this package and register it in ``all_methods``.
 """
 
 from __future__ import annotations
@@ -65,16 +65,24 @@ class MethodContext(Protocol):
 
 class IndexMethod(Protocol):
     name: str
-    modes: tuple[str, ...]  # retrieval modes it offers besides the shared ppr, hybrid and naive
+    #: retrieval modes it offers besides the shared ppr, hybrid and naive: mode -> the context sections it
+    #: adds to the graph-ranked sources (entities, communities, bridge)
+    modes: dict[str, tuple[str, ...]]
 
     def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy: ...
     def update(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy: ...
+    def levels(self, view: Any, ctx: Any, scores: np.ndarray, budgets: dict[str, int], cfg: Any) -> None:
+        """Fill the context's method sections for one question (``scores``: similarity of every entity)."""
+
+
+def all_methods() -> list[IndexMethod]:
+    from tasks.methods.hirag import HiRAG
+
+    return [HiRAG()]
 
 
 def get_method(name: str) -> IndexMethod:
-    from tasks.methods.hirag import HiRAG
-
-    methods: dict[str, IndexMethod] = {"hirag": HiRAG()}
+    methods = {m.name: m for m in all_methods()}
     if name not in methods:
         raise ValueError(f"unknown index.method {name!r}; choose one of {', '.join(methods)}")
     return methods[name]

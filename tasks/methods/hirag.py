@@ -40,7 +40,15 @@ def _report_vectors(ctx: MethodContext, st, reports: list[dict[str, Any]]) -> np
 
 class HiRAG:
     name = "hirag"
-    modes = ("hi", "hi-nobridge", "flat")
+    #: retrieval modes and the sections each adds to the shared graph-ranked sources
+    modes = {"hi": ("entities", "communities", "bridge"), "hi-nobridge": ("entities", "communities"),
+             "flat": ("entities", "communities", "bridge")}
+
+    def levels(self, view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) -> None:
+        """HiRetrieval's local, global and bridge sections (``flat``: over layer 0 only)."""
+        from tasks.methods.hirag_retrieval import fill_levels
+
+        fill_levels(view, ctx, scores, budgets, cfg)
 
     def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
         from tasks.communities import detect_communities
