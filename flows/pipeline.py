@@ -139,7 +139,7 @@ def _execute(corpus, catalog, cfg, task, mapper, run_id, flow_name, snap) -> Bui
         try:
             result = run_stages(run)
         finally:  # the run's calls and tokens: the LLM client's and, for a litellm embedding model, the embedder's
-            for client in (run.llm, getattr(run._embedder.inner, "client", None) if run._embedder else None):
+            for client in (run.llm, run._embedder.inner.client if run._embedder else None):
                 if client is not None:
                     usage.add(client.usage)
         return done(result)

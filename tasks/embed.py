@@ -49,6 +49,7 @@ class LocalEmbedder:
 
     name = LOCAL_MODEL_NAME
     dim = 384
+    client = None  # no LLM client: nothing to bill
 
     def __init__(self, batch_size: int = 32, precision: str = "auto"):
         self.batch_size = batch_size

@@ -81,7 +81,7 @@ def retrieved_passages(ctx: Context, view: IndexView) -> set[str]:
 def ranked_passages(ctx: Context, view: IndexView, limit: int) -> list[str]:
     """The first ``limit`` distinct passages in rank order: ``ctx.ranked_chunk_ids`` when the context
     has a non-empty one (the mode's ranking before budgeting), else the order of ``ctx.chunks``."""
-    ranked = getattr(ctx, "ranked_chunk_ids", None) or [c["id"] for c in ctx.chunks]
+    ranked = ctx.ranked_chunk_ids or [c["id"] for c in ctx.chunks]
     out: list[str] = []
     for cid in ranked:
         j = view.chunk_index.get(cid)

@@ -339,11 +339,16 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
     ent_scores = view.ent_vecs @ q if needs_entities and len(view.ent_ids) else np.zeros(len(view.ent_ids), np.float32)
     chunk_order, seeds = source_ranking(view, question, chunk_scores, ent_scores, ranking, cfg)
 
+    # sources first, in their share; then the method's levels, which skip what only repeats a source;
+    # then the sources take whatever budget the levels left
+    ctx.chunks, ctx.tokens["chunks"] = _pack_sources(view, chunk_order, chunk_scores, budgets["chunks"])
     if mode in method.modes:
         method.levels(view, ctx, ent_scores, budgets, cfg)
-
-    left = cfg.token_budget - sum(ctx.tokens.values())  # sources take their share and whatever the others left
-    ctx.chunks, ctx.tokens["chunks"] = _pack_sources(view, chunk_order, chunk_scores, max(left, 0))
+        packed = {c["id"] for c in ctx.chunks}
+        rest = [j for j in chunk_order if view.chunk_ids[j] not in packed]
+        more, used = _pack_sources(view, rest, chunk_scores, cfg.token_budget - sum(ctx.tokens.values()))
+        ctx.chunks += more
+        ctx.tokens["chunks"] += used
     ctx.ranked_chunk_ids = [view.chunk_ids[j] for j in chunk_order]
     if seeds:
         graph = view.passage_graph(rank_params(cfg))

@@ -79,7 +79,7 @@ def test_recall_at_k_uses_distinct_passages_in_rank_order():
 
 def test_recall_at_k_falls_back_to_context_order():
     view = make_view()
-    ctx = SimpleNamespace(chunks=[chunk("c4", view), chunk("c2", view, truncated=True), chunk("c1a", view)])
+    ctx = SimpleNamespace(chunks=[chunk("c4", view), chunk("c2", view, truncated=True), chunk("c1a", view)], ranked_chunk_ids=[])
     assert ranked_passages(ctx, view, 10) == ["p4", "p2", "p1"]
     assert recall_at_k(["p1"], ranked_passages(ctx, view, 10), 2) == 0.0
 
@@ -155,7 +155,7 @@ def test_evaluate_budgets_and_vs_naive(monkeypatch, budgets):
             chunks = [chunk("c2", view)]
         else:
             chunks = [chunk("c1a", view)] + ([chunk("c1b", view)] if cfg.token_budget >= 1000 else [])
-        return SimpleNamespace(chunks=chunks, tokens={"chunks": 10 * len(chunks)}, text=lambda: "Paris")
+        return SimpleNamespace(chunks=chunks, ranked_chunk_ids=[], tokens={"chunks": 10 * len(chunks)}, text=lambda: "Paris")
 
     monkeypatch.setattr(ev, "retrieve", fake_retrieve)
     from schemas.config import RetrievalConfig

@@ -11,6 +11,7 @@ The sources section is shared by every mode (``tasks.retrieve``).
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -24,13 +25,14 @@ from tasks.retrieve import Context, IndexView, _fill, top_k
 def fill_levels(view: IndexView, ctx: Context, scores: np.ndarray, budgets: dict[str, int], cfg: RetrievalConfig) -> None:
     """The local, global and (when budgeted) bridge sections of ``ctx``; ``scores``: entity similarities."""
     flat = ctx.mode == "flat"
+    sources = "\n".join(c["text"] for c in ctx.chunks)
     if "entities" in budgets:
         local, scores = local_entities(view, scores, cfg.top_n, flat, cfg.min_similarity)
         ent_items = [
             {"id": view.ent_ids[i], "name": view.ent_name[i], "type": view.ent_type[i], "layer": int(view.ent_layer[i]),
              "score": round(float(scores[i]), 4),
              "text": f"- {view.ent_name[i]} ({view.ent_type[i]}, layer {int(view.ent_layer[i])}): {view.ent_desc[i]}"}
-            for i in local
+            for i in local if not repeats(view.ent_desc[i], sources)
         ]
         ctx.entities, ctx.tokens["entities"] = _fill(ent_items, budgets["entities"])
 
@@ -56,11 +58,22 @@ def fill_levels(view: IndexView, ctx: Context, scores: np.ndarray, budgets: dict
             items = []
             for k in triples:
                 r = view.rel_rows[k]
+                if r["kind"] == "extracted" and repeats(r["description"], sources):
+                    continue
                 items.append(
                     {"source": r["source_id"], "target": r["target_id"], "kind": r["kind"],
                      "text": f"- {_name(view, r['source_id'])} —[{r['kind']}]→ {_name(view, r['target_id'])}: {r['description']}"}
                 )
             ctx.bridge, ctx.tokens["bridge"] = _fill(items, budgets["bridge"])
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?…])\s+")
+
+
+def repeats(description: str, sources: str) -> bool:
+    """Whether every sentence of an (extractive) description is already in the sources text."""
+    parts = [p for p in _SENTENCE_END.split(description or "") if p.strip()]
+    return bool(parts) and all(p.rstrip("…").strip() in sources for p in parts)
 
 
 def local_entities(view: IndexView, scores: np.ndarray, n: int, flat: bool, min_sim: float) -> tuple[list[int], np.ndarray]:
