@@ -373,6 +373,8 @@ def query(
     from tasks.llm_client import LiteLLMClient
     from tasks.retrieve import MODES, load_view, retrieve
 
+    if not question.strip():
+        _fail(ValueError("the question is empty: ask something, e.g. strata query \"Who employed Bob Cratchit?\""), 2)
     if mode not in MODES:
         _fail(ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}"), 2)
     try:

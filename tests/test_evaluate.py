@@ -186,3 +186,16 @@ def test_several_values_after_one_flag():
     assert spread_multi_values(["eval", "-d", "x", "--budgets", "1000", "4000", "--modes", "hi", "naive", "--json"]) == [
         "eval", "-d", "x", "--budgets", "1000", "--budgets", "4000", "--modes", "hi", "--modes", "naive", "--json"]
     assert spread_multi_values(["query", "who?", "--mode", "hi"]) == ["query", "who?", "--mode", "hi"]
+
+
+def test_query_input_errors_exit_2_with_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    index = str(tmp_path / "none")
+    for args, says in ((["query", "   ", "--index", index], "the question is empty"),
+                       (["query", "Who?", "--index", index, "--mode", "fast"], "unknown mode 'fast'"),
+                       (["query", "Who?", "--index", index, "--set", "retrieval.token_budget=50"], "token_budget")):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2 and says in res.output, res.output
