@@ -39,7 +39,7 @@ def ops_full(res) -> int:
 
 def ops_update(res) -> int:
     s = res.stages
-    return s["extract"]["chunks"] + s["attach"]["summary_operations"] + s["communities"]["reports_rewritten"]
+    return s["extract"]["chunks"] + s["attach"]["summary_operations"] + s["reports"]["reports_rewritten"]
 
 
 def main() -> None:
