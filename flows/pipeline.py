@@ -54,6 +54,7 @@ def run_stages(run: "PipelineRun") -> BuildResult:
     delta = ingest(run)
     if delta.empty:
         return run.result("nothing-to-do", delta)
+    run.open_embedder()  # an update with an embedding model of another dimension stops here, before extraction
     run.mapper.start()  # the Dask cluster comes up while the run chunks
     documents, chunks = chunk(run, delta)
     chunks, extraction = extract(run, chunks)
@@ -99,8 +100,8 @@ class PipelineRun:
     def stage(self, name: str, total: int | None = None):
         return self.stages(name, total)
 
-    @property
-    def embedder(self):
+    def open_embedder(self):
+        """The run's embedder, cached by text hash; an update checks it gives the index's vector dimension."""
         from tasks.embed import CachedEmbedder, EmbeddingCache, check_dimension, get_embedder
 
         if self._embedder is None:
@@ -109,6 +110,10 @@ class PipelineRun:
             if self.snap:
                 check_dimension(self._embedder, self.snap["dim"])
         return self._embedder
+
+    @property
+    def embedder(self):
+        return self.open_embedder()
 
     def embed(self, texts: list[str], progress=None) -> np.ndarray:
         return self.embedder.embed(texts, progress)
