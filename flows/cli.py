@@ -323,6 +323,54 @@ def validate(
 
 
 @app.command()
+def rollback(
+    index: str = IndexOpt,
+    to: int = typer.Option(..., "--to", help="The snapshot version to return to (see `strata inspect --versions`)."),
+    lock_timeout: float = typer.Option(0.0, help="Seconds to wait if another run is writing this index."),
+) -> None:
+    """Undo a bad refresh in seconds: publish a new snapshot that pins the tables of an earlier one (nothing rewritten)."""
+    from datetime import datetime, timezone
+
+    from tasks.catalog import Catalog
+    from tasks.ids import make_id
+
+    try:
+        cat = Catalog(index)
+        with cat.writer_lock(lock_timeout):
+            started = datetime.now(timezone.utc)
+            run_id = make_id("run", started.isoformat(), "rollback", to)
+            cat.log_run({"id": run_id, "flow": "rollback", "started_at": started, "status": "running",
+                         "parameters": json.dumps({"index": cat.uri, "to": to})})
+            version = cat.rollback(to, run_id)
+            cat.finish_run(run_id, {"status": "published", "ended_at": datetime.now(timezone.utc),
+                                    "snapshot_version": version})
+    except Exception as exc:  # noqa: BLE001
+        _fail(exc)
+    out.print(f"snapshot v{version} published: the tables of v{to}")
+
+
+@app.command()
+def gc(
+    index: str = IndexOpt,
+    keep: int = typer.Option(..., "--keep", help="How many of the newest snapshots to keep (at least 1)."),
+    lock_timeout: float = typer.Option(0.0, help="Seconds to wait if another run is writing this index."),
+) -> None:
+    """Drop old snapshots and the table versions no kept snapshot needs (never a version a kept snapshot pins)."""
+    from tasks.catalog import Catalog
+
+    if keep < 1:
+        _fail(ValueError("--keep must be at least 1: the latest snapshot is always kept"), 2)
+    try:
+        cat = Catalog(index)
+        with cat.writer_lock(lock_timeout):
+            done = cat.gc(keep)
+    except Exception as exc:  # noqa: BLE001
+        _fail(exc)
+    out.print(f"kept snapshots {done['kept']}, dropped {done['dropped'] or 'none'}; table versions removed: "
+              f"{sum(done['versions_removed'].values())}")
+
+
+@app.command()
 def export(
     index: str = IndexOpt,
     out_dir: Path = typer.Option(..., "--out", "-o", help="Folder for <table>.parquet files."),

@@ -190,21 +190,52 @@ class Catalog:
             if name in tables:
                 pins[name] = self._write(name, tables[name])
         new_version = version if version is not None else (previous["version"] + 1 if previous else 1)
-        row = {
-            "version": new_version,
-            "created_at": datetime.now(timezone.utc),
-            "run_id": run_id,
-            "kind": kind,
-            "tables": json.dumps(pins, sort_keys=True),
-            "dim": dim,
-            "note": note,
-        }
+        return self._commit(new_version, run_id, kind, pins, dim, note)
+
+    def _commit(self, version: int, run_id: str, kind: str, pins: dict[str, int], dim: int, note: str) -> int:
+        row = {"version": version, "created_at": datetime.now(timezone.utc), "run_id": run_id, "kind": kind,
+               "tables": json.dumps(pins, sort_keys=True), "dim": dim, "note": note}
         data = rows_to_table([row], _SNAPSHOT_SCHEMA)
         if self.has_table(SNAPSHOTS):
             self.db.open_table(SNAPSHOTS).add(data)  # the atomic commit point
         else:
             self.db.create_table(SNAPSHOTS, data=data)
-        return new_version
+        return version
+
+    def rollback(self, to_version: int, run_id: str) -> int:
+        """Publish a new snapshot that pins the table versions of snapshot ``to_version``: nothing is rewritten."""
+        target = self.snapshot(to_version)
+        latest = self.require_snapshot()
+        note = json.loads(target["note"]) if (target.get("note") or "").startswith("{") else {}
+        return self._commit(latest["version"] + 1, run_id, "rollback", dict(target["tables"]), target["dim"],
+                            json.dumps({**note, "rollback_to": to_version}))
+
+    def gc(self, keep: int) -> dict[str, Any]:
+        """Keep the newest ``keep`` snapshots; drop the older ones and every table version older than the oldest
+        version a kept snapshot pins (a pinned version is never removed; Lance keeps each table's latest)."""
+        from datetime import timedelta
+
+        snaps = self.snapshots()
+        if keep < 1:
+            raise ValueError("gc --keep must be at least 1: the latest snapshot is always kept")
+        kept, dropped = snaps[-keep:], snaps[:-keep]
+        removed: dict[str, int] = {}
+        now = datetime.now(timezone.utc)
+        for name in SNAPSHOT_TABLES:
+            pinned = [s["tables"][name] for s in kept if name in s["tables"]]
+            if not pinned or not self.has_table(name):
+                continue
+            tbl = self.db.open_table(name)
+            stamps = {v["version"]: v["timestamp"] for v in tbl.list_versions()}
+            oldest = stamps[min(pinned)]
+            oldest = oldest if oldest.tzinfo else oldest.replace(tzinfo=timezone.utc)
+            before = len(stamps)
+            # a margin of a second: a version written just before the oldest pinned one survives, never the reverse
+            tbl.optimize(cleanup_older_than=now - oldest + timedelta(seconds=1))
+            removed[name] = before - len(tbl.list_versions())
+        if dropped:
+            self.db.open_table(SNAPSHOTS).delete(f"version < {kept[0]['version']}")
+        return {"kept": [s["version"] for s in kept], "dropped": [s["version"] for s in dropped], "versions_removed": removed}
 
     # ------------------------------------------------------------------ run log
     def log_run(self, row: dict[str, Any]) -> None:
