@@ -130,6 +130,16 @@ def test_api_key_never_reaches_tables(fake, tmp_path, small_corpus, monkeypatch)
     assert res.exit_code == 0, res.output
     for table in ("runs", "quarantine"):
         assert "sk-SECRET-123" not in json.dumps(Catalog(index).read(table).to_pylist(), default=str)
+    # nowhere on disk either: every table file, the LLM and embedding caches, the layer plot, and Prefect's
+    # database (flow parameters, logs, artifacts) — and not in what the command printed
+    import os
+    from pathlib import Path
+
+    assert "sk-SECRET-123" not in res.output
+    for root in (index, Path(os.environ["PREFECT_HOME"])):
+        for path in Path(root).rglob("*"):
+            if path.is_file():
+                assert b"sk-SECRET-123" not in path.read_bytes(), path
     monkeypatch.delenv("STRATA_LLM__API_KEY", raising=False)
 
 
