@@ -180,9 +180,11 @@ def chunk(run: PipelineRun, delta: Delta) -> tuple[list[DocumentRow], list[Chunk
     from tasks.chunk import chunk_documents
 
     with run.stage("chunk", len(delta.incoming)) as st:
-        chunks, tokens = st.run(chunk_documents, delta.incoming, run.cfg.chunking)
+        chunks, tokens, cut = st.run(chunk_documents, delta.incoming, run.cfg.chunking, run.cfg.corpus.max_document_tokens)
+        run.quarantine += cut
         st.advance(len(delta.incoming))
-        st.done(f"{len(chunks)} chunks", chunks=len(chunks), tokens=sum(tokens.values()))
+        st.done(f"{len(chunks)} chunks" + (f", {len(cut)} documents cut at corpus.max_document_tokens" if cut else ""),
+                chunks=len(chunks), tokens=sum(tokens.values()), cut=len(cut))
     return delta.kept + [dict(d, n_tokens=tokens[d["id"]]) for d in delta.incoming], chunks
 
 

@@ -38,6 +38,15 @@ class CorpusConfig(_Section):
         description="File suffixes read from a corpus folder; anything else is quarantined.",
     )
     min_chars: int = Field(1, ge=1, description="Documents with fewer non-blank characters are quarantined.")
+    screen_prose: bool = Field(True, description="Quarantine documents that are not prose (base64, dumps, tables, "
+                               "minified code, logs): see the three thresholds below, measured on a sample of the text.")
+    min_word_share: float = Field(0.5, ge=0, le=1, description="Prose: at least this share of whitespace-separated "
+                                  "tokens are words (letters, with trailing punctuation).")
+    max_mean_word_chars: float = Field(15.0, gt=0, description="Prose: mean token length at most this many characters.")
+    min_compression_ratio: float = Field(0.15, ge=0, le=1, description="Prose: zlib-compressed size over raw size at "
+                                         "least this (machine logs and repeated records compress far better).")
+    max_document_tokens: int = Field(2_000_000, gt=0, description="Tokens indexed per document; the rest is "
+                                     "quarantined with the count, never dropped silently.")
 
 
 class ChunkingConfig(_Section):

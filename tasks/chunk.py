@@ -57,13 +57,17 @@ def token_windows(n_tokens: int, size: int, overlap: int) -> list[tuple[int, int
         start += step
 
 
-def chunk_document(doc: dict[str, Any], cfg: ChunkingConfig) -> tuple[list[dict[str, Any]], int]:
-    """Chunks of one document and its token count. ``text[start:end]`` of the document is the chunk text."""
+def chunk_document(doc: dict[str, Any], cfg: ChunkingConfig, max_tokens: int | None = None) -> tuple[list[dict[str, Any]], int]:
+    """Chunks of one document (of its first ``max_tokens`` tokens) and its token count. ``text[start:end]`` of
+    the document is the chunk text."""
     enc = get_encoding()
     text = doc["text"]
     tokens = enc.encode_ordinary(text)
     if not tokens:
         return [], 0
+    n_tokens = len(tokens)
+    if max_tokens is not None and n_tokens > max_tokens:
+        tokens = tokens[:max_tokens]
     # byte offset where each token starts; map to character offsets
     tok_bytes = enc.decode_tokens_bytes(tokens)
     byte_starts = np.concatenate([[0], np.cumsum([len(b) for b in tok_bytes])])
@@ -71,7 +75,7 @@ def chunk_document(doc: dict[str, Any], cfg: ChunkingConfig) -> tuple[list[dict[
     chunks = []
     for index, (t0, t1) in enumerate(token_windows(len(tokens), cfg.size, cfg.overlap)):
         start = int(b2c[byte_starts[t0]])
-        end = int(b2c[byte_starts[t1]]) if t1 < len(tokens) else len(text)
+        end = int(b2c[byte_starts[t1]]) if t1 < len(tokens) or n_tokens > len(tokens) else len(text)
         chunks.append(
             {
                 "id": make_id("chunk", doc["id"], start, end),
@@ -83,14 +87,23 @@ def chunk_document(doc: dict[str, Any], cfg: ChunkingConfig) -> tuple[list[dict[
                 "end": end,
             }
         )
-    return chunks, len(tokens)
+    return chunks, n_tokens
 
 
-def chunk_documents(documents: list[dict[str, Any]], cfg: ChunkingConfig) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """Chunks of every document, in document order, and each document's token count (by id)."""
+def chunk_documents(
+    documents: list[dict[str, Any]], cfg: ChunkingConfig, max_tokens: int | None = None
+) -> tuple[list[dict[str, Any]], dict[str, int], list[dict[str, str]]]:
+    """Chunks of every document, in document order, each document's token count (by id), and a quarantine
+    row for every document cut at ``max_tokens`` (what was not indexed is said, never dropped silently)."""
+    from tasks.ids import quarantine_row
+
     out: list[dict[str, Any]] = []
     tokens: dict[str, int] = {}
+    cut: list[dict[str, str]] = []
     for doc in documents:
-        chunks, tokens[doc["id"]] = chunk_document(doc, cfg)
+        chunks, tokens[doc["id"]] = chunk_document(doc, cfg, max_tokens)
         out.extend(chunks)
-    return out, tokens
+        if max_tokens is not None and tokens[doc["id"]] > max_tokens:
+            cut.append(quarantine_row(doc["uri"], "chunk", f"document has {tokens[doc['id']]} tokens: tokens {max_tokens} "
+                                      f"to {tokens[doc['id']]} are not indexed (corpus.max_document_tokens {max_tokens})"))
+    return out, tokens, cut

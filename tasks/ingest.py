@@ -52,7 +52,44 @@ def _check_text(text: Any, cfg: CorpusConfig) -> str | None:
         return "empty text"
     if len(text.encode("utf-8")) > cfg.max_file_bytes:
         return f"text larger than corpus.max_file_bytes ({cfg.max_file_bytes})"
-    return None
+    return not_prose(text, cfg)
+
+
+_WORD = re.compile(r"[^\W\d_][^\W\d_'’\-]*[.,;:!?\"”’)]*")
+_SAMPLE_WINDOWS, _WINDOW_CHARS = 4, 16_384
+
+
+def prose_measures(text: str) -> tuple[float, float, float]:
+    """(word share, mean token length, compression ratio) of a sample of ``text``: four 16 KB windows spread
+    over it, so a blob anywhere in a large file counts and a 40 MB file costs milliseconds."""
+    import zlib
+
+    if len(text) <= _SAMPLE_WINDOWS * _WINDOW_CHARS:
+        sample = text
+    else:  # windows that do not overlap (an overlap would look compressible)
+        step = (len(text) - _WINDOW_CHARS) // (_SAMPLE_WINDOWS - 1)
+        sample = "\n".join(text[k * step : k * step + _WINDOW_CHARS] for k in range(_SAMPLE_WINDOWS))
+    tokens = sample.split()
+    if not tokens:
+        return 0.0, 0.0, 1.0
+    words = sum(1 for t in tokens if _WORD.fullmatch(t))
+    raw = sample.encode("utf-8")
+    return words / len(tokens), sum(map(len, tokens)) / len(tokens), len(zlib.compress(raw)) / len(raw)
+
+
+def not_prose(text: str, cfg: CorpusConfig) -> str | None:
+    """Why ``text`` is not prose (with the measured values and the settings they failed), or None."""
+    if not cfg.screen_prose:
+        return None
+    share, mean, ratio = prose_measures(text)
+    failed = []
+    if share < cfg.min_word_share:
+        failed.append(f"{share:.0%} of tokens are words (corpus.min_word_share {cfg.min_word_share:.0%})")
+    if mean > cfg.max_mean_word_chars:
+        failed.append(f"mean token length {mean:.1f} chars (corpus.max_mean_word_chars {cfg.max_mean_word_chars:g})")
+    if ratio < cfg.min_compression_ratio:
+        failed.append(f"compresses to {ratio:.2f} of its size (corpus.min_compression_ratio {cfg.min_compression_ratio:g})")
+    return ("not prose: " + "; ".join(failed)) if failed else None
 
 
 def _title_of(text: str, fallback: str) -> str:

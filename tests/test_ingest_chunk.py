@@ -7,6 +7,7 @@ from schemas.config import ChunkingConfig, CorpusConfig
 from tasks.chunk import chunk_document, count_tokens, get_encoding, token_windows
 from tasks.ids import normalize_name
 from tasks.ingest import ingest_corpus
+from tests.conftest import CAROL
 
 
 def test_ingest_formats_and_ids(tmp_path):
@@ -77,3 +78,38 @@ def test_normalize_name():
     assert normalize_name("The  Ghost of Christmas Past") == "ghost of christmas past"
     assert normalize_name("Scrooge's") == normalize_name("SCROOGE") == "scrooge"
     assert normalize_name("AT&T") == "at&t"
+
+
+def test_non_prose_documents_are_quarantined_with_the_measured_values(tmp_path):
+    import base64
+    import random
+
+    from tasks.ingest import ingest_corpus, not_prose
+
+    rng = random.Random(0)
+    (tmp_path / "blob.txt").write_text(base64.b64encode(bytes(rng.getrandbits(8) for _ in range(300_000))).decode())
+    (tmp_path / "app.log").write_text("\n".join(
+        f"2026-01-0{i % 9} 12:00:{i % 60:02d} INFO worker-{i % 7} processed batch {i} in {i * 3 % 97} ms status=ok"
+        for i in range(3000)))
+    (tmp_path / "table.txt").write_text("\n".join(",".join(str(i * j % 1000) for j in range(12)) for i in range(2000)))
+    (tmp_path / "story.txt").write_text(CAROL.read_text(encoding="utf-8")[5000:40000])
+    cfg = CorpusConfig(extensions=[".txt", ".log"])
+    out = ingest_corpus(tmp_path, cfg)
+    assert [d["source_id"] for d in out.documents] == ["story.txt"]
+    why = {q["item"].rsplit("/", 1)[-1]: q["error"] for q in out.quarantine}
+    assert why["blob.txt"].startswith("not prose: 0% of tokens are words") and "mean token length" in why["blob.txt"]
+    assert "compresses to" in why["app.log"]
+    assert "of tokens are words" in why["table.txt"]
+    assert not_prose("Scrooge kept a counting-house in London. " * 3, cfg) is None  # short prose is prose
+    assert ingest_corpus(tmp_path, CorpusConfig(extensions=[".txt", ".log"], screen_prose=False)).quarantine == []
+
+
+def test_a_document_past_max_tokens_is_cut_and_the_rest_quarantined():
+    from tasks.chunk import chunk_documents
+
+    doc = {"id": "doc-1", "uri": "/c/long.txt", "text": CAROL.read_text(encoding="utf-8")[:20000]}
+    chunks, tokens, cut = chunk_documents([doc], ChunkingConfig(size=100, overlap=10), max_tokens=500)
+    assert tokens["doc-1"] > 500 and chunks[-1]["end"] < len(doc["text"])
+    assert sum(c["n_tokens"] for c in chunks) - 10 * (len(chunks) - 1) == 500  # exactly the first 500 tokens
+    assert [q["item"] for q in cut] == ["/c/long.txt"] and "are not indexed (corpus.max_document_tokens 500)" in cut[0]["error"]
+    assert chunk_documents([doc], ChunkingConfig(size=100, overlap=10))[2] == []
