@@ -131,6 +131,9 @@ def update(
     config: Optional[Path] = ConfigOpt,
     set_: Optional[list[str]] = SetOpt,
     full: bool = typer.Option(False, "--full", help="Rebuild everything instead of applying the delta."),
+    replace_root: Optional[str] = typer.Option(
+        None, "--replace-root", help="An indexed corpus root that CORPUS is the new location of (a moved mount, a new "
+        "export folder): diff against its documents instead of adding CORPUS as a new root. Remembered afterwards."),
     lock_timeout: float = typer.Option(0.0, help="Seconds to wait if another run is writing this index."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
@@ -138,7 +141,12 @@ def update(
 
     New entities attach to the most similar summary nodes (HyGRAG), only the touched ancestors, communities
     and reports are refreshed, and one new snapshot is published. Nothing changed means nothing published."""
-    result, seconds = _run_writer("refresh_flow", corpus, index, config, set_, quiet, lock_timeout, full)
+    result, seconds = _run_writer("refresh_flow", corpus, index, config, set_, quiet, lock_timeout, full, replace_root)
+    diff = result["stages"].get("diff", {})
+    if diff.get("new_root"):
+        out.print(f"new corpus root: {diff.get('new', 0)} documents of {corpus} added next to the index's other roots "
+                  "(if it is the new location of an indexed root, run again with --replace-root THAT_ROOT after "
+                  "`strata rollback`)")
     if result["status"] == "nothing-to-do":
         out.print(f"nothing changed under {corpus}: snapshot v{result['version']} stays published, nothing written")
         return

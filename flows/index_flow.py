@@ -76,16 +76,18 @@ def refresh_flow(
     overrides: dict[str, Any] | None = None,
     lock_timeout: float = 0.0,
     full: bool = False,
+    replace_root: str | None = None,
 ) -> dict[str, Any]:
     """Incremental update of ``index`` from ``corpus`` (new, changed and deleted documents by content hash).
 
-    Builds the index when it is empty; ``full`` forces a rebuild. Publishes nothing when nothing changed."""
+    Builds the index when it is empty; ``full`` forces a rebuild. Publishes nothing when nothing changed.
+    ``replace_root``: the indexed corpus root that ``corpus`` is the new location of."""
     apply_offline_defaults()
     cfg = load_config(config_path, overrides)
     catalog = Catalog(index)
     with catalog.writer_lock(lock_timeout), dask_pool(cfg) as pool:
         result = update_index(corpus, catalog, cfg, task=prefect_runner, mapper=pool,
-                              run_id=_flow_run_id(), flow_name="strata-refresh", full=full)
+                              run_id=_flow_run_id(), flow_name="strata-refresh", full=full, replace_root=replace_root)
     publish_layer_artifacts(result.layers, result.layers_plot)
     return asdict(result)
 

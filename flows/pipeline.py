@@ -38,15 +38,19 @@ from tasks.stages import Stages, TaskRunner, direct_task
 def build_index(corpus: str, catalog: Catalog, cfg: StrataConfig, task: TaskRunner = direct_task,
                 mapper: Mapper | None = None, run_id: str | None = None, flow_name: str = "index") -> BuildResult:
     """Full build: every document of ``corpus`` through every stage, one new snapshot."""
-    return _execute(corpus, catalog, cfg, task, mapper or LocalMapper(), run_id, flow_name, None)
+    return _execute(corpus, catalog, cfg, task, mapper or LocalMapper(), run_id, flow_name, None, None)
 
 
 def update_index(corpus: str, catalog: Catalog, cfg: StrataConfig, task: TaskRunner = direct_task,
                  mapper: Mapper | None = None, run_id: str | None = None, flow_name: str = "refresh",
-                 full: bool = False) -> BuildResult:
-    """Apply the corpus delta to the published index (a full build when the index is empty or ``full``)."""
+                 full: bool = False, replace_root: str | None = None) -> BuildResult:
+    """Apply the corpus delta to the published index (a full build when the index is empty or ``full``).
+
+    ``replace_root``: an indexed corpus root that ``corpus`` is the new location of (a moved mount, a new
+    export folder): its documents are diffed against that root's instead of being added as a new root."""
     snap = catalog.snapshot()
-    return _execute(corpus, catalog, cfg, task, mapper or LocalMapper(), run_id, flow_name, None if full else snap)
+    return _execute(corpus, catalog, cfg, task, mapper or LocalMapper(), run_id, flow_name, None if full else snap,
+                    replace_root)
 
 
 def run_stages(run: "PipelineRun") -> BuildResult:
@@ -94,11 +98,19 @@ class PipelineRun:
         self.method = get_method(cfg.index.method)
         self.llm = LiteLLMClient(cfg.llm, catalog.cache_dir) if cfg.llm.model else None
         self.quarantine: list[QuarantineRow] = []
+        self.location = str(Path(corpus).expanduser().resolve())
+        self.root = self.location  # the corpus root the documents belong to (see corpus_root)
         self._embedder = None
         self._previous: dict[str, pa.Table] = {}
 
     def stage(self, name: str, total: int | None = None):
         return self.stages(name, total)
+
+    @property
+    def note(self) -> dict[str, Any]:
+        """The previous snapshot's note (drift, root locations, method), empty for a build."""
+        text = (self.snap or {}).get("note") or ""
+        return json.loads(text) if text.startswith("{") else {}
 
     def open_embedder(self):
         """The run's embedder, cached by text hash; an update checks it gives the index's vector dimension."""
@@ -136,11 +148,12 @@ class PipelineRun:
                            layers_plot=plot, input_digest=delta.digest, n_inputs=delta.n_inputs)
 
 
-def _execute(corpus, catalog, cfg, task, mapper, run_id, flow_name, snap) -> BuildResult:
+def _execute(corpus, catalog, cfg, task, mapper, run_id, flow_name, snap, replace_root) -> BuildResult:
     latest = catalog.snapshot()
     version = latest["version"] + 1 if latest else 1
     with recorded_run(catalog, run_id, flow_name, corpus, cfg, version, task) as (run_id, stages, usage, done):
         run = PipelineRun(corpus, catalog, cfg, stages, mapper, run_id, version, snap, usage)
+        run.root = corpus_root(run, replace_root)
         try:
             result = run_stages(run)
         finally:  # the run's calls and tokens: the LLM client's and, for a litellm embedding model, the embedder's
@@ -150,17 +163,30 @@ def _execute(corpus, catalog, cfg, task, mapper, run_id, flow_name, snap) -> Bui
         return done(result)
 
 
+def corpus_root(run: PipelineRun, replace_root: str | None) -> str:
+    """The root this run's documents belong to: where they are, unless that location was recorded as (or is now
+    declared with ``replace_root``) the new place of an indexed root."""
+    if replace_root is None:
+        return run.note.get("roots", {}).get(run.location, run.location)
+    target = str(Path(replace_root).expanduser().resolve())
+    indexed = set(run.previous("documents").column("root").to_pylist()) if run.snap else set()
+    if target not in indexed:
+        raise ValueError(f"--replace-root {replace_root}: no indexed documents come from {target}; indexed roots: "
+                         f"{', '.join(sorted(indexed)) or '(none)'}")
+    return target
+
+
 # ---------------------------------------------------------------------------- shared stages
 def ingest(run: PipelineRun) -> Delta:
     from tasks.incremental import diff_documents
     from tasks.ingest import ingest_corpus
 
     with run.stage("ingest") as st:
-        ingested = st.run(ingest_corpus, run.corpus, run.cfg.corpus)
+        ingested = st.run(ingest_corpus, run.corpus, run.cfg.corpus, None, run.root)
         run.quarantine += ingested.quarantine
         st.done(f"{len(ingested.documents)} documents, {len(ingested.quarantine)} quarantined",
                 files=ingested.files_seen, documents=len(ingested.documents), quarantined=len(ingested.quarantine))
-    root = str(Path(run.corpus).expanduser().resolve())
+    root = run.root
     digest = digest_of(ingested.documents)
     if run.snap is None:
         if not ingested.documents:
@@ -169,7 +195,13 @@ def ingest(run: PipelineRun) -> Delta:
         return Delta(root, ingested.documents, digest=digest, n_inputs=len(ingested.documents))
     with run.stage("diff") as st:
         diff = st.run(diff_documents, run.previous_rows("documents"), ingested.documents, root)
-        st.done(", ".join(f"{k} {v}" for k, v in diff.counts().items()), **diff.counts())
+        roots = sorted(set(run.previous("documents").column("root").to_pylist()) - {root})
+        summary = ", ".join(f"{k} {v}" for k, v in diff.counts().items())
+        new_root = root not in set(run.previous("documents").column("root").to_pylist())
+        if new_root:
+            summary = (f"new corpus root: {len(diff.new)} documents added next to roots {', '.join(roots)} "
+                       f"(if {run.location} is the new place of one of them: --replace-root THAT_ROOT)")
+        st.done(summary, **diff.counts(), new_root=int(new_root))
     gone = {d["id"] for d in diff.deleted}
     return Delta(root, diff.new + diff.changed, [d for d in run.previous_rows("documents") if d["id"] not in gone],
                  gone, diff.counts(), digest, len(ingested.documents))
@@ -294,7 +326,7 @@ def assemble(run: PipelineRun, delta: Delta, documents, chunks, chunk_vectors, l
     kept_chunks = old_chunks.filter(pa.array(keep, type=pa.bool_())) if old_chunks.num_rows else old_chunks
     gone = gone_chunks(run, delta)
     quarantine = [q for q in run.previous_rows("quarantine")
-                  if not q["item"].startswith(delta.root) and q["item"] not in gone]
+                  if not q["item"].startswith((delta.root, run.location)) and q["item"] not in gone]
     quarantine += run.quarantine + hierarchy.quarantine
     tables = {
         "documents": to_table("documents", documents, dim, version),
@@ -345,8 +377,11 @@ def publish(run: PipelineRun, delta: Delta, tables: dict[str, pa.Table], layer0:
 
     cfg, dim = run.cfg, (run.snap or {}).get("dim") or run.embedder.dim
     note: dict[str, Any] = {"method": run.method.name}
+    roots = dict(run.note.get("roots", {}), **({run.location: run.root} if run.location != run.root else {}))
+    if roots:
+        note["roots"] = roots  # locations that are the new place of an indexed root
     if run.snap:
-        previous = json.loads(run.snap["note"]) if (run.snap.get("note") or "").startswith("{") else {}
+        previous = run.note
         added = previous.get("added_since_full", 0) + len(layer0.added)
         note |= {"added_since_full": added, "drift": round(added / max(1, tables["entities"].num_rows), 4),
                  "diff": delta.counts}

@@ -100,7 +100,7 @@ def _title_of(text: str, fallback: str) -> str:
 def _document(uri: str, root: str, source_id: str, title: str, text: str, now: datetime) -> dict[str, Any]:
     digest = content_hash(text)
     return {
-        "id": make_id("doc", source_id, digest),
+        "id": make_id("doc", root, source_id, digest),
         "uri": uri,
         "root": root,
         "source_id": source_id,
@@ -162,13 +162,17 @@ def _ingest_records(path: Path, root: str, records, cfg: CorpusConfig, out: Inge
         out.documents.append(_document(item, root, source_id, title, rec["text"], now))
 
 
-def ingest_corpus(corpus: str | Path, cfg: CorpusConfig, now: datetime | None = None) -> IngestResult:
-    """Read every document under ``corpus`` (a folder or one file). Never raises for bad content."""
+def ingest_corpus(corpus: str | Path, cfg: CorpusConfig, now: datetime | None = None, root: str | None = None) -> IngestResult:
+    """Read every document under ``corpus`` (a folder or one file). Never raises for bad content.
+
+    ``root`` is the corpus root the documents belong to (default: the folder's absolute path); a document's
+    id hashes it with the document's path inside the root (or record id) and its content hash, so the same
+    file under two roots is two documents."""
     now = now or datetime.now(timezone.utc)
     root_path = Path(corpus).expanduser().resolve()
     if not root_path.exists():
         raise FileNotFoundError(f"corpus not found: {corpus}")
-    root = str(root_path)
+    root = root or str(root_path)
     if root_path.is_file():
         files = [root_path]
         base = root_path.parent

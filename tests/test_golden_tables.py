@@ -10,6 +10,7 @@ import hashlib
 import json
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -52,13 +53,18 @@ def _corpus(root: Path, step: int) -> Path:
     return root
 
 
+#: document ids hash their corpus root, so the corpus always lies at the same place
+CORPUS = Path(tempfile.gettempdir()) / "strata-golden-corpus"
+
+
 def build_cases(work: Path) -> dict[str, dict[str, str]]:
     from flows.pipeline import build_index, update_index
     from schemas.config import load_config
     from tasks.catalog import Catalog
 
     cfg = load_config(overrides=CONFIG)
-    corpus = work / "corpus"
+    shutil.rmtree(CORPUS, ignore_errors=True)
+    corpus = CORPUS
     build_index(str(_corpus(corpus, 1)), Catalog(work / "built"), cfg)
     cases = {"build": table_digests(work / "built")}
     shutil.copytree(work / "built", work / "updated")
@@ -74,8 +80,6 @@ def test_build_and_update_publish_the_pinned_tables(tmp_path):
 
 
 if __name__ == "__main__":
-    import tempfile
-
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import tests.conftest  # noqa: F401  (offline settings)
 

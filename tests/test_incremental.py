@@ -244,3 +244,51 @@ def test_killed_update_leaves_previous_snapshot_and_rerun_completes(corpus_copy,
     res = update_index(str(corpus), Catalog(index), CFG)
     assert res.status == "published" and Catalog(index).snapshot()["version"] == 2
     _valid(Catalog(index))
+
+
+# ------------------------------------------------------------------------------------------ document identity
+def _folder(root, rows):
+    root.mkdir(parents=True, exist_ok=True)
+    for r in rows:
+        (root / f"{r['id']}.txt").write_text(f"# {r['title']}\n\n{r['text']}\n")
+    return root
+
+
+def test_a_copy_under_another_root_is_a_new_root_unless_replaced(tmp_path):
+    from tests.conftest import musique_passages
+
+    rows = musique_passages(10)
+    a = _folder(tmp_path / "exports" / "2026-01-01", rows[:8])
+    b = _folder(tmp_path / "exports" / "2026-01-02", rows)  # the same 8 files and 2 more, in a new folder
+    cfg = load_config(overrides={"dask": {"processes": False}})
+    build_index(str(a), Catalog(tmp_path / "second"), cfg)
+    shutil.copytree(tmp_path / "second", tmp_path / "moved")
+    # without the flag: a second root, every document new, ids distinct, publish accepted
+    res = update_index(str(b), Catalog(tmp_path / "second"), cfg)
+    assert res.status == "published" and res.stages["diff"]["new_root"] == 1 and res.stages["diff"]["new"] == 10
+    docs = Catalog(tmp_path / "second").read("documents").to_pylist()
+    assert len(docs) == 18 and len({d["id"] for d in docs}) == 18
+    # with the flag: b is the new place of a: exactly the 2 new files are new, the 8 others keep their ids
+    before = {d["source_id"]: d["id"] for d in Catalog(tmp_path / "moved").read("documents").to_pylist()}
+    res = update_index(str(b), Catalog(tmp_path / "moved"), cfg, replace_root=str(a))
+    assert res.stages["diff"]["new"] == 2 and res.stages["diff"]["unchanged"] == 8 and not res.stages["diff"]["new_root"]
+    after = {d["source_id"]: d["id"] for d in Catalog(tmp_path / "moved").read("documents").to_pylist()}
+    assert len(after) == 10 and all(after[k] == v for k, v in before.items())
+    # remembered: the next refresh of b needs no flag and has nothing to do
+    assert update_index(str(b), Catalog(tmp_path / "moved"), cfg).status == "nothing-to-do"
+    with pytest.raises(ValueError, match="no indexed documents come from"):
+        update_index(str(b), Catalog(tmp_path / "moved"), cfg, replace_root=str(tmp_path / "elsewhere"))
+
+
+def test_backfill_partitions_holding_the_same_file_publish(tmp_path):
+    from tests.conftest import musique_passages
+
+    rows = musique_passages(4)
+    cfg = load_config(overrides={"dask": {"processes": False}})
+    cat = Catalog(tmp_path / "index")
+    for i, part in enumerate((rows[:2], rows[2:])):
+        folder = _folder(tmp_path / f"day-{i}", part)
+        (folder / "README.txt").write_text("Exported nightly from the archive of the Journal of Glorpology.\n")
+        assert update_index(str(folder), cat, cfg).status == "published"
+    docs = cat.read("documents").to_pylist()
+    assert [d["source_id"] for d in docs].count("README.txt") == 2 and len({d["id"] for d in docs}) == len(docs)
