@@ -241,6 +241,7 @@ def _inspect_data(index: str, as_of: int | None, runs: int) -> dict[str, Any]:
         "run_id": snap["run_id"],
         "vector_dim": snap["dim"],
         "tables": cat.counts(snap),
+        "problems": cat.verify(snap),
         "layers": [
             {k: l[k] for k in ("layer", "n_entities", "n_clusters", "cluster_sparsity", "change_rate", "stop_reason")}
             for l in sorted(layers, key=lambda r: r["layer"])
@@ -273,8 +274,10 @@ def inspect(
         _fail(exc)
     if as_json:
         out.print_json(json.dumps(data, default=str))
-        return
+        raise typer.Exit(1 if data["problems"] else 0)
     out.print(f"[bold]{data['index']}[/]  snapshot v{data['version']} ({data['kind']}, {data['created_at']})")
+    for problem in data["problems"]:
+        out.print(f"[bold red]damaged:[/] {problem}", markup=True, highlight=False)
     t = Table(title="tables")
     t.add_column("table")
     t.add_column("rows", justify="right")
@@ -302,6 +305,8 @@ def inspect(
     for r in data["runs"]:
         rt.add_row(r["started_at"] or "", r["flow"], r["status"], str(r["snapshot_version"] or ""), (r["error"] or "")[:80])
     out.print(rt)
+    if data["problems"]:
+        raise typer.Exit(1)
 
 
 @app.command()

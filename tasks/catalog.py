@@ -157,10 +157,33 @@ class Catalog:
     def read(self, name: str, as_of: int | None = None, snap: dict[str, Any] | None = None) -> pa.Table:
         snap = snap if snap is not None else (self.snapshot(as_of) if name not in LOG_TABLES else None)
         dim = (snap or {}).get("dim") or 384
-        tbl = self.open_table(name, snap=snap) if (snap or name in LOG_TABLES) else None
-        if tbl is None:
-            return schema_for(name, dim).empty_table()
-        return tbl.to_arrow()
+        try:
+            tbl = self.open_table(name, snap=snap) if (snap or name in LOG_TABLES) else None
+            return schema_for(name, dim).empty_table() if tbl is None else tbl.to_arrow()
+        except IndexError_:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a damaged or missing file: say which table and version
+            raise self._damaged(name, snap, exc) from None
+
+    def _damaged(self, name: str, snap: dict[str, Any] | None, exc: Exception) -> "IndexError_":
+        pinned = (snap or {}).get("tables", {}).get(name, "latest")
+        where = f"version {pinned} of snapshot v{snap['version']}" if snap else "latest version"
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        return IndexError_(f"table {name} ({where}) cannot be read: {first}. Its files under {self._db_uri} are damaged "
+                           "or missing: `strata rollback --to` an earlier snapshot whose tables read, or rebuild with "
+                           "`strata update --full`")
+
+    def verify(self, snap: dict[str, Any]) -> list[str]:
+        """Read one column of every table the snapshot pins, through every data file: what cannot be read."""
+        problems = []
+        for name in SNAPSHOT_TABLES:
+            try:
+                tbl = self.open_table(name, snap=snap)
+                if tbl is not None:  # one column of every row: every data file of the version is opened
+                    tbl.search().select([tbl.schema.names[0]]).limit(None).to_arrow()
+            except Exception as exc:  # noqa: BLE001
+                problems.append(str(self._damaged(name, snap, exc)))
+        return problems
 
     def counts(self, snap: dict[str, Any]) -> dict[str, int]:
         out = {}

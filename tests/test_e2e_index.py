@@ -210,3 +210,23 @@ def test_corrupted_table_on_disk_fails_validation(built, tmp_path):
     res = runner.invoke(app, ["validate", "--index", str(index)])
     assert res.exit_code == 1
     assert "relations: expect_column_values_to_be_null(source_id_dangling)" in res.output  # names the missing ids
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate"])
+def test_a_damaged_table_file_is_named_with_its_version_not_a_stack_trace(built, tmp_path, damage):
+    import shutil
+
+    index = tmp_path / "copy"
+    shutil.copytree(built, index)
+    data = sorted((index / "lance" / "entities.lance" / "data").glob("*.lance"))[0]
+    if damage == "delete":
+        data.unlink()
+    else:
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    version = Catalog(index).snapshot()["version"]
+    for command in ("inspect", "validate"):
+        res = runner.invoke(app, [command, "--index", str(index)])
+        assert res.exit_code == 1, res.output
+        text = " ".join(res.output.split())
+        assert f"table entities (version" in text and f"of snapshot v{version}) cannot be read" in text, res.output
+        assert "Traceback" not in res.output and "strata rollback --to" in text

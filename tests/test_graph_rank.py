@@ -99,10 +99,10 @@ def test_bm25_prefers_rare_exact_names():
 SECOND_HOP = [
     {"id": "p1", "title": "Journal of Glorpology", "text": "The Journal of Glorpology is a quarterly periodical issued by the Vantress Academy since 1950."},
     {"id": "p2", "title": "Vantress Academy", "text": "The Vantress Academy elected Mirela Oduya as its inaugural chairwoman in 1901, in Brussels."},
-    {"id": "d1", "title": "Founding heads", "text": "The founding head of an organization that publishes a journal is often its first editor."},
-    {"id": "d2", "title": "Publishing organizations", "text": "Many organizations publish journals; the founding head of each is recorded in its charter."},
-    {"id": "d3", "title": "Journal of Astrophysics", "text": "The Journal of Astrophysics is published by an organization whose founding head was an astronomer."},
-    {"id": "d4", "title": "Learned societies", "text": "A learned society publishes journals, and its founding head is usually a scholar of the field."},
+    {"id": "d1", "title": "Editors", "text": "The founding head of an organization that publishes a journal is often its first editor."},
+    {"id": "d2", "title": "Charters", "text": "Many organizations publish journals; the founding head of each is recorded in its charter."},
+    {"id": "d3", "title": "First issues", "text": "An organization that publishes a journal often names its founding head in the first issue."},
+    {"id": "d4", "title": "Scholars", "text": "A learned society publishes journals, and its founding head is usually a scholar of the field."},
     {"id": "d5", "title": "Periodicals", "text": "A periodical is a publication issued at regular intervals, such as a journal or a magazine."},
 ]
 
@@ -115,7 +115,11 @@ def test_ppr_finds_the_second_hop_that_naive_misses(tmp_path):
     from tasks.embed import get_embedder
     from tasks.retrieve import load_view, retrieve
 
-    corpus = tmp_path / "hops.jsonl"
+    import tempfile
+    from pathlib import Path
+
+    corpus = Path(tempfile.gettempdir()) / "strata-second-hop" / "hops.jsonl"  # ids hash the root: one fixed place
+    corpus.parent.mkdir(exist_ok=True)
     corpus.write_text("\n".join(json.dumps(r) for r in SECOND_HOP) + "\n")
     cfg = load_config(overrides={"dask": {"processes": False}})
     build_index(str(corpus), Catalog(tmp_path / "idx"), cfg)
