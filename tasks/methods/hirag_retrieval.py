@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Any
 
 import networkx as nx
 import numpy as np
