@@ -47,6 +47,12 @@ class LockTimeout(IndexError_):
     pass
 
 
+def _disk_full(exc: BaseException) -> bool:
+    import errno
+
+    return (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "No space left on device" in str(exc)
+
+
 def is_local(uri: str) -> bool:
     return "://" not in uri or uri.startswith("file://")
 
@@ -211,7 +217,15 @@ class Catalog:
         pins: dict[str, int] = dict(previous["tables"]) if previous else {}
         for name in SNAPSHOT_TABLES:
             if name in tables:
-                pins[name] = self._write(name, tables[name])
+                try:
+                    pins[name] = self._write(name, tables[name])
+                except Exception as exc:  # noqa: BLE001 - nothing is committed until the _snapshots append
+                    if not _disk_full(exc):
+                        raise
+                    kept = f"snapshot v{previous['version']} stays published" if previous else "nothing was published"
+                    raise IndexError_(f"disk full while writing table {name} to {self._db_uri}: {kept}. Free space "
+                                      "(`strata gc --keep N` drops old table versions) and run the same command "
+                                      "again") from exc
         new_version = version if version is not None else (previous["version"] + 1 if previous else 1)
         return self._commit(new_version, run_id, kind, pins, dim, note)
 

@@ -104,3 +104,27 @@ def test_unaccounted_chunk_fails():
 def test_wrong_vector_dimension_fails():
     report = validate_tables(tiny_tables(), DIM + 1)
     assert {f["column"] for f in report.failures} == {"vector_dim"}
+
+
+def test_disk_full_during_publish_leaves_the_previous_snapshot(tmp_path, monkeypatch):
+    import errno
+
+    cat = Catalog(tmp_path / "idx")
+    cat.publish(tiny_tables(1), "run-1", "full", DIM)
+    before = {name: cat.read(name).to_pylist() for name in ("documents", "chunks", "entities")}
+    real, written = Catalog._write, []
+
+    def full_disk(self, name, data):
+        written.append(name)
+        if len(written) == 3:  # two tables already rewritten, the third hits ENOSPC
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, name, data)
+
+    monkeypatch.setattr(Catalog, "_write", full_disk)
+    with pytest.raises(IndexError_, match="disk full while writing table entities .*snapshot v1 stays published"):
+        cat.publish(tiny_tables(2, suffix="-new"), "run-2", "full", DIM)
+    monkeypatch.undo()
+    again = Catalog(tmp_path / "idx")
+    assert again.snapshot()["version"] == 1
+    # documents and chunks were rewritten before the failure, but v1 still pins its own versions of them
+    assert {name: again.read(name).to_pylist() for name in before} == before
