@@ -186,8 +186,7 @@ def ingest(run: PipelineRun) -> Delta:
         run.quarantine += ingested.quarantine
         st.done(f"{len(ingested.documents)} documents, {len(ingested.quarantine)} quarantined",
                 files=ingested.files_seen, documents=len(ingested.documents), quarantined=len(ingested.quarantine))
-    root = run.root
-    digest = digest_of(ingested.documents)
+    root, digest = run.root, digest_of(ingested.documents)
     if run.snap is None:
         if not ingested.documents:
             raise RuntimeError(f"no readable documents under {run.corpus} ({len(ingested.quarantine)} quarantined): "
@@ -195,13 +194,12 @@ def ingest(run: PipelineRun) -> Delta:
         return Delta(root, ingested.documents, digest=digest, n_inputs=len(ingested.documents))
     with run.stage("diff") as st:
         diff = st.run(diff_documents, run.previous_rows("documents"), ingested.documents, root)
-        roots = sorted(set(run.previous("documents").column("root").to_pylist()) - {root})
+        indexed = set(run.previous("documents").column("root").to_pylist())
         summary = ", ".join(f"{k} {v}" for k, v in diff.counts().items())
-        new_root = root not in set(run.previous("documents").column("root").to_pylist())
-        if new_root:
-            summary = (f"new corpus root: {len(diff.new)} documents added next to roots {', '.join(roots)} "
+        if root not in indexed:
+            summary = (f"new corpus root: {len(diff.new)} documents added next to roots {', '.join(sorted(indexed))} "
                        f"(if {run.location} is the new place of one of them: --replace-root THAT_ROOT)")
-        st.done(summary, **diff.counts(), new_root=int(new_root))
+        st.done(summary, **diff.counts(), new_root=int(root not in indexed))
     gone = {d["id"] for d in diff.deleted}
     return Delta(root, diff.new + diff.changed, [d for d in run.previous_rows("documents") if d["id"] not in gone],
                  gone, diff.counts(), digest, len(ingested.documents))
