@@ -27,7 +27,7 @@ import pyarrow as pa
 from flows.lineage import BuildResult, code_version, deployment_name, digest_of
 from schemas.config import StrataConfig
 from schemas.tables import ChunkRow, DocumentRow, MentionRow, QuarantineRow, schema_for
-from tasks.catalog import Catalog, to_table, vector_matrix
+from tasks.catalog import Catalog, plain_rows, snapshot_note, to_table, vector_matrix
 from tasks.llm_client import LiteLLMClient, Usage
 from tasks.methods import Hierarchy, Layer0, get_method
 from tasks.parallel import DaskPool, LocalMapper, Mapper
@@ -79,6 +79,7 @@ class Delta:
     incoming: list[DocumentRow]  # documents to chunk and extract (new and changed)
     kept: list[DocumentRow] = field(default_factory=list)  # previous documents that stay
     gone: set[str] = field(default_factory=set)  # previous document ids deleted or replaced
+    gone_chunks: set[str] = field(default_factory=set)  # their chunk ids
     counts: dict[str, int] = field(default_factory=dict)
     digest: str = ""
     n_inputs: int = 0
@@ -109,8 +110,7 @@ class PipelineRun:
     @property
     def note(self) -> dict[str, Any]:
         """The previous snapshot's note (drift, root locations, method), empty for a build."""
-        text = (self.snap or {}).get("note") or ""
-        return json.loads(text) if text.startswith("{") else {}
+        return snapshot_note(self.snap)
 
     def open_embedder(self):
         """The run's embedder, cached by text hash; an update checks it gives the index's vector dimension."""
@@ -138,8 +138,7 @@ class PipelineRun:
         return self._previous[name]
 
     def previous_rows(self, name: str) -> list[dict[str, Any]]:
-        table = self.previous(name)
-        return table.drop([c for c in ("version", "vector") if c in table.column_names]).to_pylist()
+        return plain_rows(self.previous(name))
 
     def result(self, status: str, delta: Delta, version: int | None = None, counts: dict[str, int] | None = None,
                layers: list[dict[str, Any]] | None = None, plot: str | None = None) -> BuildResult:
@@ -201,8 +200,10 @@ def ingest(run: PipelineRun) -> Delta:
                        f"(if {run.location} is the new place of one of them: --replace-root THAT_ROOT)")
         st.done(summary, **diff.counts(), new_root=int(root not in indexed))
     gone = {d["id"] for d in diff.deleted}
+    chunks = run.previous("chunks")
+    gone_chunks = {c for c, d in zip(chunks.column("id").to_pylist(), chunks.column("document_id").to_pylist()) if d in gone}
     return Delta(root, diff.new + diff.changed, [d for d in run.previous_rows("documents") if d["id"] not in gone],
-                 gone, diff.counts(), digest, len(ingested.documents))
+                 gone, gone_chunks, diff.counts(), digest, len(ingested.documents))
 
 
 def chunk(run: PipelineRun, delta: Delta) -> tuple[list[DocumentRow], list[ChunkRow]]:
@@ -262,7 +263,7 @@ def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], extraction) ->
         titled = title_mentions(extracted, delta.incoming, cfg.extract.max_sentence_chars)
         new = mention_rows(extraction.entities + titled, extraction.relations)
         layer0, mentions = st.run(_layer0, run.previous_rows("mentions"), run.previous_rows("entities"),
-                                  run.previous_rows("relations"), gone_chunks(run, delta), new,
+                                  run.previous_rows("relations"), delta.gone_chunks, new,
                                   cfg.extract.max_description_tokens, run.snap is None)
         st.done(f"{len(layer0.entities)} entities, {len(layer0.relations)} relations", entities=len(layer0.entities),
                 relations=len(layer0.relations), added=len(layer0.added), removed=len(layer0.removed),
@@ -282,12 +283,6 @@ def _layer0(old_mentions, old_entities, old_relations, gone, new_mentions, max_t
     entities, relations, added, removed, changed = recompute_layer0(
         [e for e in old_entities if e["layer"] == 0], old_relations, mentions, touched, max_tokens)
     return Layer0(entities, np.zeros((0, 0)), relations, added, removed, changed), mentions
-
-
-def gone_chunks(run: PipelineRun, delta: Delta) -> set[str]:
-    chunks = run.previous("chunks")
-    return {c for c, d in zip(chunks.column("id").to_pylist(), chunks.column("document_id").to_pylist())
-            if d in delta.gone}
 
 
 def embed(run: PipelineRun, layer0: Layer0, chunks: list[ChunkRow]) -> tuple[Layer0, np.ndarray]:
@@ -320,15 +315,14 @@ def assemble(run: PipelineRun, delta: Delta, documents, chunks, chunk_vectors, l
     """Every table of the new snapshot (kept rows of the previous one first, then what this run made)."""
     dim, version = (run.snap or {}).get("dim") or run.embedder.dim, run.version
     old_chunks = run.previous("chunks")
-    keep = np.asarray([d not in delta.gone for d in old_chunks.column("document_id").to_pylist()], dtype=bool)
+    keep = [c not in delta.gone_chunks for c in old_chunks.column("id").to_pylist()]
     kept_chunks = old_chunks.filter(pa.array(keep, type=pa.bool_())) if old_chunks.num_rows else old_chunks
-    gone = gone_chunks(run, delta)
     quarantine = [q for q in run.previous_rows("quarantine")
-                  if not q["item"].startswith((delta.root, run.location)) and q["item"] not in gone]
+                  if not q["item"].startswith((delta.root, run.location)) and q["item"] not in delta.gone_chunks]
     quarantine += run.quarantine + hierarchy.quarantine
     tables = {
         "documents": to_table("documents", documents, dim, version),
-        "chunks": to_table("chunks", _plain(kept_chunks) + chunks, dim, version,
+        "chunks": to_table("chunks", plain_rows(kept_chunks) + chunks, dim, version,
                            np.concatenate([vector_matrix(kept_chunks), chunk_vectors]) if kept_chunks.num_rows else chunk_vectors),
         "entities": to_table("entities", layer0.entities + hierarchy.entities, dim, version,
                              np.concatenate([layer0.vectors.reshape(-1, dim), hierarchy.vectors.reshape(-1, dim)])),
@@ -343,10 +337,6 @@ def assemble(run: PipelineRun, delta: Delta, documents, chunks, chunk_vectors, l
     if hierarchy.layers is None:  # the previous snapshot's layer statistics still hold
         del tables["layers"]
     return tables
-
-
-def _plain(table: pa.Table) -> list[dict[str, Any]]:
-    return table.drop([c for c in ("version", "vector") if c in table.column_names]).to_pylist()
 
 
 def _dedupe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

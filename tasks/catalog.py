@@ -82,6 +82,17 @@ def to_table(name: str, rows: list[dict[str, Any]], dim: int, version: int, vect
     return table.append_column(schema.field("vector"), column).select(schema.names)
 
 
+def plain_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """A table's rows as dicts, without the ``version`` stamp and the ``vector`` column (vectors travel as matrices)."""
+    return table.drop([c for c in ("version", "vector") if c in table.column_names]).to_pylist()
+
+
+def snapshot_note(snap: dict[str, Any] | None) -> dict[str, Any]:
+    """A snapshot's note (method, drift, root locations, rollback), empty for snapshots written without one."""
+    text = (snap or {}).get("note") or ""
+    return json.loads(text) if text.startswith("{") else {}
+
+
 def vector_matrix(table: pa.Table) -> Any:
     """The ``vector`` column of a table as an n x dim float32 matrix."""
     import numpy as np
@@ -243,9 +254,8 @@ class Catalog:
         """Publish a new snapshot that pins the table versions of snapshot ``to_version``: nothing is rewritten."""
         target = self.snapshot(to_version)
         latest = self.require_snapshot()
-        note = json.loads(target["note"]) if (target.get("note") or "").startswith("{") else {}
         return self._commit(latest["version"] + 1, run_id, "rollback", dict(target["tables"]), target["dim"],
-                            json.dumps({**note, "rollback_to": to_version}))
+                            json.dumps({**snapshot_note(target), "rollback_to": to_version}))
 
     def gc(self, keep: int) -> dict[str, Any]:
         """Keep the newest ``keep`` snapshots; drop the older ones and every table version older than the oldest

@@ -20,7 +20,6 @@ graph, the BM25 index and the passage graph on first use) and reused across ques
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections import OrderedDict, defaultdict
@@ -32,7 +31,7 @@ import numpy as np
 
 from schemas.config import RetrievalConfig
 from schemas.tables import schema_for
-from tasks.catalog import Catalog, vector_matrix
+from tasks.catalog import Catalog, snapshot_note, vector_matrix
 from tasks.chunk import count_tokens, truncate_tokens
 from tasks.graph_rank import PassageGraph, RankParams, build_passage_graph, rank_chunks
 from tasks.lexical import BM25Index, rrf
@@ -170,8 +169,7 @@ class IndexView:
         view.flat_graph = flat
         view.ent_index = index
         view.catalog, view.snap = catalog, snap
-        note = json.loads(snap["note"]) if (snap.get("note") or "").startswith("{") else {}
-        view.method = note.get("method", "hirag")  # snapshots before index methods existed are hirag
+        view.method = snapshot_note(snap).get("method", "hirag")  # snapshots before index methods existed are hirag
         return view
 
 

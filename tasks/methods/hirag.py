@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.catalog import vector_matrix
+from tasks.catalog import plain_rows, vector_matrix
 from tasks.ids import quarantine_row
 from tasks.methods import Hierarchy, Layer0, MethodContext
 
@@ -26,10 +26,6 @@ def summarizer_for(ctx: MethodContext, per_cluster: int):
 
 def _failed(failures: list[dict[str, str]], stage: str, why: str) -> list[dict[str, str]]:
     return [quarantine_row(f["item"], stage, why + f["error"]) for f in failures]
-
-
-def _rows(table) -> list[dict[str, Any]]:
-    return table.drop([c for c in ("version", "vector") if c in table.column_names]).to_pylist()
 
 
 def _report_vectors(ctx: MethodContext, st, reports: list[dict[str, Any]]) -> np.ndarray:
@@ -97,22 +93,22 @@ class HiRAG:
 
             old = ctx.previous("entities")
             upper = np.flatnonzero(np.asarray(old.column("layer").to_pylist()) > 0)
-            summaries = _rows(old.take(upper))
+            summaries = plain_rows(old.take(upper))
             vectors = dict(zip([e["id"] for e in layer0.entities], layer0.vectors))
             vectors.update(zip([s["id"] for s in summaries], vector_matrix(old.take(upper))))
-            links = [r for r in _rows(ctx.previous("relations")) if r["kind"] == "summary_of"]
+            links = [r for r in plain_rows(ctx.previous("relations")) if r["kind"] == "summary_of"]
             att = st.run(attach, layer0.entities, summaries, links, vectors, layer0.added, layer0.removed,
                          layer0.changed, cfg.incremental.tau, summarize, embed_rows, cfg.incremental.refresh_staleness)
             st.done(f"{len(att.attached)} attached, {len(att.refreshed)} summaries refreshed", attached=len(att.attached),
                     refreshed=len(att.refreshed), dropped=len(att.removed), summary_operations=att.operations)
         entities, relations = layer0.entities + att.entities, layer0.relations + att.relations
         with ctx.stage("communities") as st:
-            comms, grown, forced = st.run(place_in_communities, _rows(ctx.previous("communities")),
+            comms, grown, forced = st.run(place_in_communities, plain_rows(ctx.previous("communities")),
                                           {e["id"] for e in entities}, relations, layer0.added)
             st.done(f"{len(comms)} communities, {len(grown)} grown", communities=len(comms), grown=len(grown))
         with ctx.stage("reports") as st:
             previous = ctx.previous("community_reports")
-            old_reports = {r["community_id"]: r for r in _rows(previous)}
+            old_reports = {r["community_id"]: r for r in plain_rows(previous)}
             old_vectors = dict(zip(previous.column("community_id").to_pylist(), vector_matrix(previous)))
             rewrite, staleness = reports_to_rewrite(comms, old_reports, grown, forced, cfg.incremental.refresh_staleness)
             existing = {cid: dict(r, staleness=staleness.get(cid, r.get("staleness")))
