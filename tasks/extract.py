@@ -46,11 +46,15 @@ class ExtractionResult:
     quarantine: list[QuarantineRow] = field(default_factory=list)
     ok: list[str] = field(default_factory=list)  # chunk ids extracted
     usage: dict[str, int] = field(default_factory=dict)  # LLM calls and tokens (empty offline)
+    mentions: Any = None  # the same as ``mentions`` rows (a pyarrow Table), once ``batch_mentions`` made them
 
     @classmethod
     def combine(cls, parts: list["ExtractionResult"]) -> "ExtractionResult":
-        """Batches merged in batch order (chunk order), usage summed."""
+        """Batches merged in batch order (chunk order), usage summed, mention tables concatenated."""
+        import pyarrow as pa
+
         out = cls()
+        tables = []
         for r in parts:
             out.entities += r.entities
             out.relations += r.relations
@@ -58,6 +62,10 @@ class ExtractionResult:
             out.ok += r.ok
             for k, v in r.usage.items():
                 out.usage[k] = out.usage.get(k, 0) + v
+            if r.mentions is not None:
+                tables.append(r.mentions)
+        if tables:
+            out.mentions = pa.concat_tables(tables)
         return out
 
     @property
@@ -216,6 +224,37 @@ def extract_chunks(
     """Run ``batch_fn`` (default: the offline ``extract_batch``) over all chunks in batches through ``mapper``.
 
     Results are merged in chunk order; LLM usage reported by the batches is summed."""
-    payload = [{"id": c["id"], "text": c["text"]} for c in chunks]
-    batches = [payload[i : i + cfg.batch_size] for i in range(0, len(payload), cfg.batch_size)]
-    return ExtractionResult.combine(mapper(batch_fn or extract_batch, batches, on_done=on_done, cfg=cfg, **fn_kwargs))
+    return ExtractionResult.combine(mapper(batch_fn or extract_batch, _batches(chunks, cfg), on_done=on_done, cfg=cfg,
+                                           **fn_kwargs))
+
+
+def extract_mentions(
+    chunks: list[dict[str, Any]], titles: dict[str, str | None], cfg: ExtractConfig, mapper: Mapper, version: int,
+    on_done=None, batch_fn=None, **fn_kwargs: Any,
+) -> ExtractionResult:
+    """What the pipeline runs: ``extract_chunks`` with each batch turned into ``mentions`` rows where it was
+    extracted (``batch_mentions``), so the result holds one Arrow table instead of the extractor's dicts.
+    ``titles``: document id -> its own title (``merge.explicit_title``), mentioned in each of its chunks."""
+    batches = _batches(chunks, cfg, titles)
+    return ExtractionResult.combine(mapper(batch_mentions, batches, on_done=on_done, cfg=cfg, version=version,
+                                           batch_fn=batch_fn or extract_batch, **fn_kwargs))
+
+
+def batch_mentions(chunks: list[dict[str, Any]], cfg: ExtractConfig, version: int, batch_fn=extract_batch,
+                   **fn_kwargs: Any) -> ExtractionResult:
+    """One batch extracted, then its raw entities, document titles and relations as a ``mentions`` table."""
+    from tasks.catalog import to_table
+    from tasks.merge import mention_rows, title_mentions
+
+    res = batch_fn(chunks, cfg=cfg, **fn_kwargs)
+    ok = set(res.ok)
+    titled = title_mentions([c for c in chunks if c["id"] in ok], cfg.max_sentence_chars)
+    rows = mention_rows(res.entities + titled, res.relations)
+    return ExtractionResult(quarantine=res.quarantine, ok=res.ok, usage=res.usage,
+                            mentions=to_table("mentions", rows, 0, version))
+
+
+def _batches(chunks: list[dict[str, Any]], cfg: ExtractConfig, titles: dict[str, str | None] | None = None):
+    payload = [{"id": c["id"], "text": c["text"], **({"title": titles.get(c["document_id"])} if titles else {})}
+               for c in chunks]
+    return [payload[i : i + cfg.batch_size] for i in range(0, len(payload), cfg.batch_size)]

@@ -64,26 +64,36 @@ def diff_documents(existing: list[dict[str, Any]], incoming: list[dict[str, Any]
 def recompute_layer0(
     old_entities: list[dict[str, Any]],
     old_relations: list[dict[str, Any]],
-    mentions: list[dict[str, Any]],
+    mentions: Any,  # rows, an Arrow table or a polars frame
     touched_keys: set[str],
     max_description_tokens: int,
+    order: dict[str, tuple[str, int]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], set[str], set[str], set[str]]:
     """Layer-0 entities/extracted relations after the delta. Returns (entities, relations, added, removed, changed ids).
 
     ``mentions`` are all surviving + new mentions; ``touched_keys`` the entity keys and relation pair
-    keys that appear in removed or new chunks."""
+    keys that appear in removed or new chunks; ``order`` places chunks in corpus order (``graph_from_mentions``)."""
     from tasks.ids import normalize_name
     from tasks.merge import entity_id
+
+    import polars as pl
+
+    from tasks.merge import mention_frame
 
     ent_keys = {k for k in touched_keys if "|" not in k}
     pair_keys = {k for k in touched_keys if "|" in k}
     ent_keys |= {p for k in pair_keys for p in k.split("|")}
-    relevant = [m for m in mentions if (m["kind"] == "entity" and m["key"] in ent_keys)
-                or (m["kind"] == "relation" and (m["key"] in pair_keys or set(m["key"].split("|")) & ent_keys))]
+    frame = mention_frame(mentions).with_columns(
+        pl.col("key").str.split_exact("|", 1).struct.rename_fields(["a", "b"]).alias("ab")).unnest("ab")
+    is_entity, keys = pl.col("kind") == "entity", sorted(ent_keys)
+    related = (pl.col("kind") == "relation") & (pl.col("key").is_in(sorted(pair_keys)) | pl.col("a").is_in(keys)
+                                                | pl.col("b").is_in(keys))
+    relevant = frame.filter((is_entity & pl.col("key").is_in(keys)) | related)
     # a relation needs both endpoint entities, so include the mentions of every endpoint it names
-    endpoints = {p for m in relevant if m["kind"] == "relation" for p in m["key"].split("|")} - ent_keys
-    relevant += [m for m in mentions if m["kind"] == "entity" and m["key"] in endpoints]
-    new_ents, new_rels = graph_from_mentions(relevant, max_description_tokens)
+    rel = relevant.filter(pl.col("kind") == "relation")
+    endpoints = (set(rel.get_column("a").to_list()) | set(rel.get_column("b").to_list())) - ent_keys
+    relevant = pl.concat([relevant, frame.filter(is_entity & pl.col("key").is_in(sorted(endpoints)))])
+    new_ents, new_rels = graph_from_mentions(relevant.drop("a", "b"), max_description_tokens, order=order)
     touched_ids = {entity_id(0, k) for k in ent_keys}
     new_by_id = {e["id"]: e for e in new_ents if e["id"] in touched_ids}
     old_by_id = {e["id"]: e for e in old_entities if e["layer"] == 0}

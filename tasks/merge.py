@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from pathlib import PurePath
 from typing import Any
 
@@ -20,7 +19,6 @@ from tasks.ids import make_id, normalize_name
 #: named types win over the generic noun-phrase type when counts tie
 TYPE_PRIORITY = ["person", "organization", "location", "event", "work", "technology", "group", "law", "language", "time", "concept"]
 
-DescriptionMerger = Callable[[str, list[str]], str]
 
 
 def entity_id(layer: int, key: str) -> str:
@@ -56,10 +54,6 @@ def join_within_budget(parts: list[str], max_tokens: int) -> str:
     return " ".join(out)
 
 
-def extractive_merge(max_tokens: int) -> DescriptionMerger:
-    return lambda _name, parts: join_within_budget(parts, max_tokens)
-
-
 _DISAMBIGUATION = re.compile(r"\s*\([^()]*\)\s*$")
 _FIRST_SENTENCE = re.compile(r"^(.{20,}?[.!?])(?:\s|$)", re.DOTALL)
 
@@ -74,13 +68,13 @@ def explicit_title(doc: dict[str, Any]) -> str | None:
     return _DISAMBIGUATION.sub("", title).strip() or title
 
 
-def title_mentions(chunks: list[dict[str, Any]], documents: list[dict[str, Any]], max_chars: int) -> list[dict[str, Any]]:
-    """Document titles as entities: one mention of the title in every chunk of a titled document,
-    described by the chunk's first sentence. A chunk elsewhere that names the same entity links to it."""
-    titles = {d["id"]: explicit_title(d) for d in documents}
+def title_mentions(chunks: list[dict[str, Any]], max_chars: int) -> list[dict[str, Any]]:
+    """Document titles as entities: one mention of a chunk's ``title`` (its document's ``explicit_title``, if
+    any) in the chunk, described by the chunk's first sentence. A chunk elsewhere that names the same entity
+    links to it."""
     out = []
     for c in chunks:
-        title = titles.get(c["document_id"])
+        title = c.get("title")
         if title and normalize_name(title):
             text = " ".join(c["text"].split())
             m = _FIRST_SENTENCE.match(text)
@@ -110,78 +104,117 @@ def mention_rows(extracted_entities: list[dict[str, Any]], extracted_relations: 
     return rows
 
 
-def graph_from_mentions(mentions: list[dict[str, Any]], max_description_tokens: int, merge_descriptions=None):
-    """Layer-0 entities and relations from mention rows (canonical order makes the result order-independent)."""
-    ordered = sorted(mentions, key=lambda m: (m["chunk_id"], m["seq"]))
-    ents = [{"name": m["name"], "type": m["type"], "description": m["description"], "chunk_id": m["chunk_id"]}
-            for m in ordered if m["kind"] == "entity"]
-    rels = [{"source": m["name"], "target": m["target"], "description": m["description"], "weight": m["weight"],
-             "chunk_id": m["chunk_id"]} for m in ordered if m["kind"] == "relation"]
-    return merge_graph(ents, rels, max_description_tokens, merge_descriptions)
+ChunkOrder = dict[str, tuple[str, int]]  # chunk id -> (document source id, position of the chunk in it)
+
+#: the columns of ``mentions`` that layer 0 is computed from
+MENTION_COLUMNS = {"chunk_id": "str", "seq": "int", "kind": "str", "key": "str", "name": "str", "target": "str",
+                   "type": "str", "description": "str", "weight": "float"}
+
+
+def mention_frame(mentions: Any):
+    """Mentions (rows, an Arrow table or a polars frame) as a polars frame of ``MENTION_COLUMNS``."""
+    import polars as pl
+    import pyarrow as pa
+
+    types = {"str": pl.Utf8, "int": pl.Int64, "float": pl.Float64}
+    schema = {c: types[t] for c, t in MENTION_COLUMNS.items()}
+    if isinstance(mentions, pa.Table):
+        mentions = pl.from_arrow(mentions)
+    if isinstance(mentions, pl.DataFrame):
+        return mentions.select([pl.col(c).cast(t) for c, t in schema.items()])
+    return pl.from_dicts(mentions, schema=schema) if mentions else pl.DataFrame(schema=schema)
+
+
+def _budgeted(frame, group: str, max_tokens: int):
+    """Per ``group``: its distinct descriptions in first-seen order, joined within the token budget
+    (``join_within_budget``), and how many distinct ones there are. ``frame`` is in corpus order."""
+    import polars as pl
+
+    distinct = frame.select(group, "description").with_row_index("at").unique([group, "description"], keep="first")
+    texts = distinct.get_column("description").unique().to_list()
+    tokens = dict(zip(texts, _token_counts(texts)))
+    distinct = distinct.sort(group, "at").with_columns(
+        n=pl.col("description").replace_strict(tokens, return_dtype=pl.Int64))
+    distinct = distinct.with_columns(used=pl.col("n").cum_sum().over(group), first=pl.int_range(pl.len()).over(group) == 0)
+    kept = distinct.filter(pl.col("first") | (pl.col("used") <= max_tokens))
+    joined = kept.group_by(group, maintain_order=True).agg(pl.col("description").str.join(" "))
+    return joined.join(distinct.group_by(group).agg(parts=pl.len()), on=group)
+
+
+def _token_counts(texts: list[str]) -> list[int]:
+    from tasks.chunk import get_encoding
+
+    encode = get_encoding().encode_ordinary
+    return [len(encode(t)) for t in texts]
+
+
+def graph_from_mentions(mentions: Any, max_description_tokens: int, order: ChunkOrder | None = None):
+    """Layer-0 entities and relations from mention rows (list, Arrow table or polars frame), columnar.
+
+    Mentions are read in corpus order: by document source, then position in the document (``order``),
+    whatever order the rows come in. Entity resolution is by the normalised name (``key``); the most
+    frequent surface form and type win (ties broken deterministically); a description is the distinct
+    supporting sentences in corpus order within the token budget, so a document appended later, under a
+    source that sorts after the others, does not change the text (nor the vector) of an entity it mentions
+    again. Relations are undirected (canonical endpoint order) and weighted by their distinct sentences."""
+    import polars as pl
+
+    m = mention_frame(mentions)
+    where = pl.DataFrame({"chunk_id": list((order or {}).keys()),
+                          "source": [v[0] for v in (order or {}).values()],
+                          "position": [v[1] for v in (order or {}).values()]},
+                         schema={"chunk_id": pl.Utf8, "source": pl.Utf8, "position": pl.Int64})
+    m = (m.join(where, on="chunk_id", how="left")
+         .with_columns(pl.col("source").fill_null(""), pl.col("position").fill_null(0))
+         .sort("source", "position", "chunk_id", "seq").drop("source", "position"))
+
+    ents = m.filter((pl.col("kind") == "entity") & (pl.col("key") != ""))
+    names = (ents.group_by("key", "name").agg(n=pl.len())
+             .with_columns(upper=(pl.col("name") == pl.col("name").str.to_uppercase())
+                           & (pl.col("name") != pl.col("name").str.to_lowercase()),
+                           apostrophe=pl.col("name").str.contains("['’]"), chars=pl.col("name").str.len_chars())
+             .sort("key", pl.col("n"), "upper", "apostrophe", "chars", "name", descending=[False, True, False, False, False, False])
+             .unique("key", keep="first").select("key", "name"))
+    rank = {t: i for i, t in enumerate(TYPE_PRIORITY)}
+    types = (ents.group_by("key", "type").agg(n=pl.len())
+             .with_columns(rank=pl.col("type").replace_strict(rank, default=len(rank), return_dtype=pl.Int64))
+             .sort("key", "n", "rank", "type", descending=[False, True, False, False])
+             .unique("key", keep="first").select("key", "type"))
+    chunks = ents.group_by("key").agg(pl.col("chunk_id").unique().sort().alias("source_chunk_ids"))
+    entity = (names.join(types, on="key").join(_budgeted(ents, "key", max_description_tokens), on="key")
+              .join(chunks, on="key").sort("key"))
+    keys = entity.get_column("key").to_list()
+    ids = pl.DataFrame({"key": keys, "id": [entity_id(0, k) for k in keys]})
+
+    rels = (m.filter(pl.col("kind") == "relation")
+            .with_columns(pl.col("key").str.split_exact("|", 1).struct.rename_fields(["a", "b"]).alias("ab"))
+            .unnest("ab").filter(pl.col("a") != pl.col("b"))
+            .join(ids.rename({"key": "a", "id": "ida"}), on="a")
+            .join(ids.rename({"key": "b", "id": "idb"}), on="b")
+            .with_columns(pair=pl.concat_str(pl.min_horizontal("ida", "idb"), pl.max_horizontal("ida", "idb"),
+                                             separator="|")))
+    relation = (_budgeted(rels, "pair", max_description_tokens)
+                .join(rels.group_by("pair").agg(pl.col("chunk_id").unique().sort().alias("source_chunk_ids")), on="pair")
+                .with_columns(pl.col("pair").str.split_exact("|", 1).struct.rename_fields(["source_id", "target_id"])
+                              .alias("st")).unnest("st").sort("source_id", "target_id"))
+    relations = [{"id": relation_id(r["source_id"], r["target_id"], "extracted"), "source_id": r["source_id"],
+                  "target_id": r["target_id"], "kind": "extracted", "description": r["description"],
+                  "weight": float(r["parts"]), "source_chunk_ids": r["source_chunk_ids"]}
+                 for r in relation.iter_rows(named=True)]
+    degree = Counter(e for r in relations for e in (r["source_id"], r["target_id"]))
+    entities = [{"id": i, "name": e["name"], "type": e["type"], "description": e["description"], "layer": 0,
+                 "source_chunk_ids": e["source_chunk_ids"], "degree": degree[i]}
+                for i, e in zip(ids.get_column("id").to_list(), entity.iter_rows(named=True))]
+    return entities, relations
 
 
 def merge_graph(
     raw_entities: list[dict[str, Any]],
     raw_relations: list[dict[str, Any]],
     max_description_tokens: int,
-    merge_descriptions: DescriptionMerger | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Resolve raw mentions into layer-0 entities and relations (inputs in corpus order)."""
-    merge_descriptions = merge_descriptions or extractive_merge(max_description_tokens)
-    names: dict[str, Counter] = defaultdict(Counter)
-    types: dict[str, Counter] = defaultdict(Counter)
-    descs: dict[str, list[str]] = defaultdict(list)
-    chunks: dict[str, set[str]] = defaultdict(set)
-    for e in raw_entities:
-        key = normalize_name(e["name"])
-        if not key:
-            continue
-        names[key][e["name"]] += 1
-        types[key][e["type"]] += 1
-        descs[key].append(e["description"])
-        chunks[key].add(e["chunk_id"])
-
-    ids = {key: entity_id(0, key) for key in names}
-    rel_desc: dict[tuple[str, str], list[str]] = defaultdict(list)
-    rel_chunks: dict[tuple[str, str], set[str]] = defaultdict(set)
-    for r in raw_relations:
-        a, b = normalize_name(r["source"]), normalize_name(r["target"])
-        if a == b or a not in ids or b not in ids:
-            continue
-        pair = tuple(sorted((ids[a], ids[b])))
-        rel_desc[pair].append(r["description"])
-        rel_chunks[pair].add(r["chunk_id"])
-
-    relations = []
-    degree: Counter = Counter()
-    for (src, tgt) in sorted(rel_desc):
-        parts = rel_desc[(src, tgt)]
-        relations.append(
-            {
-                "id": relation_id(src, tgt, "extracted"),
-                "source_id": src,
-                "target_id": tgt,
-                "kind": "extracted",
-                "description": join_within_budget(parts, max_description_tokens),
-                "weight": float(len(set(parts))),
-                "source_chunk_ids": sorted(rel_chunks[(src, tgt)]),
-            }
-        )
-        degree[src] += 1
-        degree[tgt] += 1
-
-    entities = []
-    for key in sorted(names):
-        name = _pick_name(names[key])
-        entities.append(
-            {
-                "id": ids[key],
-                "name": name,
-                "type": _pick(types[key], TYPE_PRIORITY),
-                "description": merge_descriptions(name, descs[key]),
-                "layer": 0,
-                "source_chunk_ids": sorted(chunks[key]),
-                "degree": degree[ids[key]],
-            }
-        )
-    return entities, relations
+    """Resolve raw mentions (extractor output, in corpus order) into layer-0 entities and relations."""
+    order = {}
+    for r in [*raw_entities, *raw_relations]:
+        order.setdefault(r["chunk_id"], ("", len(order)))
+    return graph_from_mentions(mention_rows(raw_entities, raw_relations), max_description_tokens, order)

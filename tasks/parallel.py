@@ -178,12 +178,15 @@ def map_batches(
     on_done: Callable[[int, R], None] | None = None,
     **kwargs: Any,
 ) -> list[R]:
-    """Run ``fn(batch, **kwargs)`` for every batch on the cluster; results in batch order."""
+    """Run ``fn(batch, **kwargs)`` for every batch on the cluster; results in batch order.
+
+    The batches are scattered to the workers first: the task graph carries references, not the chunk
+    text (a corpus inside the graph makes the scheduler hold and forward all of it)."""
     from distributed import as_completed
 
     if not batches:
         return []
-    futures = client.map(fn, batches, pure=False, **kwargs)
+    futures = client.map(fn, client.scatter(batches), pure=False, **kwargs)
     index = {f.key: i for i, f in enumerate(futures)}
     results: list[Any] = [None] * len(batches)
     for fut in as_completed(futures):

@@ -12,6 +12,8 @@ orchestrator task (Prefect in the flows, a plain call in tests and benchmarks)::
 from __future__ import annotations
 
 import contextlib
+import os
+import resource
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -63,9 +65,19 @@ class Stages:
             self.log[name] = {"seconds": round(time.perf_counter() - started, 3), **stage.counts, "failed": 1}
             self.reporter.finish(name, "FAILED")
             raise
-        self.log[name] = {"seconds": round(time.perf_counter() - started, 3), **stage.counts}
+        self.log[name] = {"seconds": round(time.perf_counter() - started, 3), **stage.counts, **memory()}
         self.reporter.finish(name, stage.summary)
 
     def record(self, name: str, seconds: float, **counts: float) -> None:
         """A log entry for something timed outside a stage (waiting for the Dask cluster)."""
         self.log[name] = {"seconds": round(seconds, 3), **counts}
+
+
+def memory() -> dict[str, float]:
+    """The process's resident memory now and at its peak so far, in MB (Linux; empty elsewhere)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            now = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return {}
+    return {"rss_mb": round(now, 1), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}

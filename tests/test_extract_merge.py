@@ -60,3 +60,21 @@ def test_descriptions_stay_within_budget():
     parts = ["one two three.", "four five six.", "seven eight nine."]
     assert join_within_budget(parts, 8) == "one two three. four five six."
     assert join_within_budget(parts, 1) == "one two three."  # at least one part
+
+
+def test_descriptions_follow_corpus_order_not_chunk_ids():
+    from tasks.merge import graph_from_mentions, mention_rows
+
+    def mention(chunk, sentence):
+        return {"name": "Scrooge", "type": "person", "description": sentence, "chunk_id": chunk}
+
+    # chunk ids are hashes: "c-zz" sorts last but is the first chunk of the first source
+    order = {"c-zz": ("a.md", 0), "c-aa": ("a.md", 1), "c-mm": ("b.md", 0)}
+    rows = mention_rows([mention("c-mm", "Three."), mention("c-aa", "Two."), mention("c-zz", "One.")], [])
+    (ent,), _ = graph_from_mentions(rows, 100, order=order)
+    assert ent["description"] == "One. Two. Three."
+    # a source appended later (sorting after the others) leaves a full description as it was
+    (full,), _ = graph_from_mentions(rows, 4, order=order)
+    more = rows + mention_rows([mention("c-new", "Four.")], [])
+    (again,), _ = graph_from_mentions(more, 4, order={**order, "c-new": ("c.md", 0)})
+    assert full["description"] == again["description"] == "One. Two."

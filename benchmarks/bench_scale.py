@@ -1,0 +1,161 @@
+"""Scale benchmark: offline builds of generated corpora of growing size (prints figures; not a test).
+
+For each size N (documents of ``benchmarks/gen_corpus.py``, about one chunk each) it:
+
+1. generates the corpus (deterministic by seed) into ``WORK/N/corpus/corpus.jsonl``;
+2. builds an index in a fresh process under ``/usr/bin/time -v`` (peak RSS as the kernel counts it) with
+   the stage functions called directly (``--flow`` adds the same build through the Prefect flow on a local
+   Dask cluster and prints the flow/direct wall ratio);
+3. appends 1 % more documents to the same file and runs ``update`` in a fresh process: the incremental
+   wall time as a share of the full build's.
+
+Prints per stage seconds, chunks/s end to end, peak RSS, table sizes on disk, the growth curve.
+
+    .venv/bin/python benchmarks/bench_scale.py --sizes 5000 20000 [--work DIR] [--flow] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def child(mode: str, corpus: str, index: str) -> None:
+    sys.path.insert(0, str(REPO))
+    from flows.env import apply_offline_defaults
+
+    apply_offline_defaults()
+    from flows.pipeline import build_index, update_index
+    from schemas.config import load_config
+    from tasks.catalog import Catalog
+
+    t0 = time.perf_counter()
+    if mode == "flow":
+        from flows.index_flow import index_flow
+
+        out = index_flow(corpus, index)
+        result = {"stages": out["stages"], "counts": out["counts"]}
+    else:
+        run = build_index if mode == "direct" else update_index
+        res = run(corpus, Catalog(index), load_config())
+        result = {"stages": res.stages, "counts": res.counts}
+    result["wall_s"] = time.perf_counter() - t0
+    print("RESULT " + json.dumps(result, default=str))
+
+
+def timed(mode: str, corpus: Path, index: Path) -> dict:
+    env = dict(os.environ, PREFECT_HOME=str(index.parent / "prefect"))
+    t0 = time.perf_counter()
+    proc = subprocess.run(["/usr/bin/time", "-v", sys.executable, __file__, "--child", mode, str(corpus), str(index)],
+                          capture_output=True, text=True, env=env, cwd=REPO)
+    outer = time.perf_counter() - t0
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        sys.exit(f"{mode} run on {corpus} failed:\n{proc.stderr[-4000:]}")
+    res = json.loads(line[len("RESULT "):])
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
+    res["peak_rss_mb"] = int(rss.group(1)) / 1024 if rss else float("nan")
+    res["process_wall_s"] = outer
+    return res
+
+
+def disk_mb(path: Path) -> dict[str, float]:
+    sizes = {}
+    for table in sorted((path / "lance").glob("*.lance")):
+        sizes[table.stem] = sum(f.stat().st_size for f in table.rglob("*") if f.is_file()) / 2**20
+    return sizes
+
+
+def one_size(n: int, work: Path, seed: int, flow: bool) -> dict:
+    base = work / str(n)
+    corpus_dir = base / "corpus"
+    corpus = corpus_dir / "corpus.jsonl"
+    extra = max(1, n // 100)
+    if not corpus.exists():
+        corpus_dir.mkdir(parents=True, exist_ok=True)
+        full = base / "all.jsonl"
+        subprocess.run([sys.executable, str(REPO / "benchmarks" / "gen_corpus.py"), str(full), "--docs", str(n + extra),
+                        "--seed", str(seed), "--vocab", str(max(200, n // 4))], check=True, capture_output=True)
+        lines = full.read_text(encoding="utf-8").splitlines(keepends=True)
+        corpus.write_text("".join(lines[:n]), encoding="utf-8")
+        (base / "delta.jsonl").write_text("".join(lines[n:]), encoding="utf-8")
+    base_text = corpus.read_text(encoding="utf-8")
+    n_lines = base_text.count("\n")
+    if n_lines != n:  # an earlier run appended the delta: back to the base corpus
+        corpus.write_text("".join(base_text.splitlines(keepends=True)[:n]), encoding="utf-8")
+    index = base / "index"
+    shutil.rmtree(index, ignore_errors=True)
+    shutil.rmtree(base / "cache", ignore_errors=True)
+    print(f"[{n}] building ...", flush=True)
+    full = timed("direct", corpus_dir, index)
+    full["disk_mb"] = disk_mb(index)
+    with corpus.open("a", encoding="utf-8") as fh:
+        fh.write((base / "delta.jsonl").read_text(encoding="utf-8"))
+    print(f"[{n}] updating with {extra} documents ...", flush=True)
+    upd = timed("update", corpus_dir, index)
+    corpus.write_text(base_text, encoding="utf-8")
+    out = {"docs": n, "build": full, "update": upd}
+    if flow:
+        print(f"[{n}] building through the Prefect flow on a local Dask cluster ...", flush=True)
+        flow_index = base / "index-flow"
+        shutil.rmtree(flow_index, ignore_errors=True)
+        out["flow"] = timed("flow", corpus_dir, flow_index)
+        shutil.rmtree(flow_index, ignore_errors=True)
+    return out
+
+
+def report(results: list[dict]) -> None:
+    for r in results:
+        b, u = r["build"], r["update"]
+        chunks = b["counts"]["chunks"]
+        print(f"\n== {r['docs']} documents, {chunks} chunks, {b['counts']['entities']} entities")
+        print(f"{'stage':<14}{'seconds':>9}{'share':>8}{'RSS after':>11}{'peak so far':>13}")
+        total = sum(v["seconds"] for v in b["stages"].values())
+        for stage, v in b["stages"].items():
+            print(f"{stage:<14}{v['seconds']:>9.1f}{v['seconds'] / total:>8.0%}{v.get('rss_mb', 0):>8.0f} MB"
+                  f"{v.get('peak_rss_mb', 0):>10.0f} MB")
+        print(f"wall {b['wall_s']:.1f} s in process ({b['process_wall_s']:.1f} s with start-up); "
+              f"{chunks / b['wall_s']:.1f} chunks/s; peak RSS {b['peak_rss_mb']:.0f} MB")
+        print("tables on disk (MB): " + ", ".join(f"{k} {v:.1f}" for k, v in b["disk_mb"].items()))
+        print(f"update +1 %: {u['wall_s']:.1f} s = {u['wall_s'] / b['wall_s']:.1%} of the build; "
+              f"peak RSS {u['peak_rss_mb']:.0f} MB; stages " +
+              ", ".join(f"{k} {v['seconds']:.1f}" for k, v in u["stages"].items()))
+        if "flow" in r:
+            f = r["flow"]
+            print(f"flow on local Dask: {f['wall_s']:.1f} s, ratio flow/direct {f['wall_s'] / b['wall_s']:.2f}; "
+                  f"peak RSS {f['peak_rss_mb']:.0f} MB")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(*sys.argv[2:5])
+        return
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[5000, 20000])
+    ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "strata-scale")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--flow", action="store_true", help="also build through the Prefect flow on local Dask")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    results = []
+    for n in args.sizes:
+        results.append(one_size(n, args.work, args.seed, args.flow))
+        report(results[-1:])
+    if len(results) > 1:
+        print("\ngrowth: " + "; ".join(f"{r['build']['counts']['chunks']} chunks: {r['build']['wall_s']:.0f} s, "
+                                       f"{r['build']['peak_rss_mb']:.0f} MB" for r in results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
