@@ -65,6 +65,7 @@ class LocalEmbedder:
     name = LOCAL_MODEL_NAME
     dim = 384
     max_tokens = 256  # the model's own sequence limit (sentence-transformers' max_seq_length)
+    batch_tokens = 1024  # padded tokens per ONNX batch (more costs memory, not speed)
     client = None  # no LLM client: nothing to bill
 
     def __init__(self, batch_size: int = 32, precision: str = "auto", runtime: str = "auto"):
@@ -112,6 +113,9 @@ class LocalEmbedder:
                 export_onnx(self._load(), path)
             options = ort.SessionOptions()
             options.log_severity_level = 3
+            # every batch has its own shape: an arena would keep the largest of each (1 GB+ over a corpus)
+            options.enable_cpu_mem_arena = False
+            options.enable_mem_pattern = False
             self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         return self._session
 
@@ -131,16 +135,27 @@ class LocalEmbedder:
         return np.asarray(vecs, dtype=np.float32)
 
     def _embed_onnx(self, texts: list[str]) -> np.ndarray:
+        """Longest texts first, in batches of at most ``batch_tokens`` padded tokens: similar lengths pad little,
+        and a batch of long texts stays small (the attention buffers grow with rows x tokens^2)."""
         session, tokenizer = self._onnx(), self._load().tokenizer
-        order = np.argsort([-len(t) for t in texts], kind="stable")  # similar lengths together: less padding
+        ids = tokenizer(texts, truncation=True, max_length=self.max_tokens)["input_ids"]
+        order = sorted(range(len(texts)), key=lambda i: (-len(ids[i]), i))
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for s in range(0, len(texts), self.batch_size):
-            idx = order[s : s + self.batch_size]
-            enc = tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=self.max_tokens,
-                            return_tensors="np")
-            hidden = session.run(None, {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")})[0]
-            mask = enc["attention_mask"][..., None].astype(np.float32)
-            pooled = (hidden * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)
+        start = 0
+        while start < len(order):
+            width = len(ids[order[start]])
+            rows = max(1, min(self.batch_size * 4, self.batch_tokens // max(1, width)))
+            idx = order[start : start + rows]
+            start += rows
+            input_ids = np.zeros((len(idx), width), dtype=np.int64)
+            mask = np.zeros((len(idx), width), dtype=np.int64)
+            for r, i in enumerate(idx):
+                input_ids[r, : len(ids[i])] = ids[i]
+                mask[r, : len(ids[i])] = 1
+            hidden = session.run(None, {"input_ids": input_ids, "attention_mask": mask,
+                                        "token_type_ids": np.zeros_like(input_ids)})[0]
+            m = mask[..., None].astype(np.float32)
+            pooled = (hidden * m).sum(1) / np.maximum(m.sum(1), 1e-9)
             out[idx] = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
         return out
 
