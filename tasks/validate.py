@@ -63,10 +63,12 @@ def _vector_columns(table: pa.Table) -> dict[str, np.ndarray]:
     return {"vector_dim": np.nan_to_num(dims.astype(float), nan=-1).astype(int), "vector_finite": finite}
 
 
-def _frame(name: str, table: pa.Table, refs: dict[str, set[str]]) -> pd.DataFrame:
+def _frame(name: str, table: pa.Table, refs: dict[str, set[str]], columns: set[str]) -> pd.DataFrame:
+    """The pandas frame a suite reads: the table's ``columns`` that are scalar, plus the derived columns."""
     from schemas.expectations import REFERENCES  # imports great-expectations: only when validating
 
-    scalar = [f.name for f in table.schema if not pa.types.is_list(f.type) and not pa.types.is_fixed_size_list(f.type)]
+    scalar = [f.name for f in table.schema if f.name in columns
+              and not pa.types.is_list(f.type) and not pa.types.is_fixed_size_list(f.type)]
     df = table.select(scalar).to_pandas()
     if "vector" in table.column_names:
         for k, v in _vector_columns(table).items():
@@ -88,7 +90,8 @@ def _frame(name: str, table: pa.Table, refs: dict[str, set[str]]) -> pd.DataFram
     if name == "chunks":
         q_items = refs["quarantine_items"]
         status = table.column("status").to_pylist()
-        df["accounted"] = [s == "extracted" or (s == "quarantined" and cid in q_items) for s, cid in zip(status, df["id"])]
+        ids = table.column("id").to_pylist()
+        df["accounted"] = [s == "extracted" or (s == "quarantined" and cid in q_items) for s, cid in zip(status, ids)]
     if name == "communities":
         ents, comms = refs["entities"], refs["communities"]
         df["members_known"] = [bool(m) and all(x in ents for x in m) for m in table.column("entity_ids").to_pylist()]
@@ -96,10 +99,28 @@ def _frame(name: str, table: pa.Table, refs: dict[str, set[str]]) -> pd.DataFram
     return df
 
 
-def validate_tables(tables: dict[str, pa.Table], dim: int) -> ValidationReport:
-    """Run each table's suite; cross-table references are resolved within ``tables``."""
+def _whole_table(expectations: list[Any], table: pa.Table) -> tuple[list[Any], dict[str, np.ndarray]]:
+    """Uniqueness is a property of the whole column, not of a slice: it is computed here, over the whole table,
+    as a derived ``<column>_unique`` column, and the suite checks that instead (same failure counts)."""
     import great_expectations as gx
+    import polars as pl
 
+    out, derived = [], {}
+    for exp in expectations:
+        if isinstance(exp, gx.expectations.ExpectColumnValuesToBeUnique):
+            values = pl.from_arrow(table.column(exp.column))
+            derived[f"{exp.column}_unique"] = (~values.is_duplicated() | values.is_null()).to_numpy()
+            exp = gx.expectations.ExpectColumnValuesToBeInSet(column=f"{exp.column}_unique", value_set=[True])
+        out.append(exp)
+    return out, derived
+
+
+def validate_tables(tables: dict[str, pa.Table], dim: int, batch_rows: int = 200_000) -> ValidationReport:
+    """Run each table's suite; cross-table references are resolved within ``tables``.
+
+    Tables are validated in slices of ``batch_rows`` rows, each read into pandas with only the columns its
+    suite names, so memory stays bounded however large a table grows (failure counts add up over slices)."""
+    import great_expectations as gx
     from schemas.expectations import suites
 
     def ids(name: str) -> list[str]:
@@ -113,32 +134,41 @@ def validate_tables(tables: dict[str, pa.Table], dim: int) -> ValidationReport:
     for name, table in tables.items():
         if name not in specs or table.num_rows == 0:
             continue
-        df = _frame(name, table, refs)
-        asset_name = f"{name}"
+        expectations, derived = _whole_table(specs[name], table)
+        columns = {kw[k] for e in expectations for kw in [e.configuration.kwargs] for k in ("column", "column_A", "column_B")
+                   if kw.get(k)}
         try:
-            asset = source.get_asset(asset_name)
+            asset = source.get_asset(name)
         except LookupError:
-            asset = source.add_dataframe_asset(name=asset_name)
+            asset = source.add_dataframe_asset(name=name)
         try:
             batch_def = asset.get_batch_definition("all")
         except (KeyError, LookupError):
             batch_def = asset.add_batch_definition_whole_dataframe("all")
         suite = gx.ExpectationSuite(name=f"strata-{name}")
-        for exp in specs[name]:
+        for exp in expectations:
             suite.add_expectation(exp)
-        result = batch_def.get_batch(batch_parameters={"dataframe": df}).validate(suite)
-        report.checked[name] = len(result.results)
-        for r in result.results:
-            if not r.success:
+        failed: dict[tuple[str, str], dict[str, Any]] = {}
+        for start in range(0, table.num_rows, batch_rows):
+            part = table.slice(start, batch_rows)
+            df = _frame(name, part, refs, columns)
+            for column, values in derived.items():
+                df[column] = values[start : start + part.num_rows]
+            result = batch_def.get_batch(batch_parameters={"dataframe": df}).validate(suite)
+            report.checked[name] = len(result.results)
+            for r in result.results:
+                if r.success:
+                    continue
                 kw = r.expectation_config.kwargs
-                report.failures.append(
-                    {
-                        "table": name,
-                        "expectation": r.expectation_config.type,
-                        "column": kw.get("column") or f"{kw.get('column_A')},{kw.get('column_B')}",
-                        "unexpected_count": r.result.get("unexpected_count"),
-                        "sample": (r.result.get("partial_unexpected_list") or [])[:3],
-                    }
-                )
+                column = kw.get("column") or f"{kw.get('column_A')},{kw.get('column_B')}"
+                kind = r.expectation_config.type
+                sample = (r.result.get("partial_unexpected_list") or [])[:3]
+                if column in derived:  # reported as the uniqueness expectation it stands for, with repeated values
+                    kind, column = "expect_column_values_to_be_unique", column.removesuffix("_unique")
+                    sample = table.column(column).filter(pa.array(~derived[f"{column}_unique"])).to_pylist()[:3]
+                entry = failed.setdefault((kind, column), {
+                    "table": name, "expectation": kind, "column": column, "unexpected_count": 0, "sample": sample})
+                entry["unexpected_count"] += r.result.get("unexpected_count") or 0
+        report.failures += list(failed.values())
     report.success = not report.failures
     return report

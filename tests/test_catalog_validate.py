@@ -128,3 +128,13 @@ def test_disk_full_during_publish_leaves_the_previous_snapshot(tmp_path, monkeyp
     assert again.snapshot()["version"] == 1
     # documents and chunks were rewritten before the failure, but v1 still pins its own versions of them
     assert {name: again.read(name).to_pylist() for name in before} == before
+
+
+def test_validation_in_slices_counts_every_bad_row_and_sees_repeats_across_slices():
+    tables = tiny_tables()
+    tables["entities"] = _replace(tables["entities"], "id", ["ent-a", "ent-a"])  # one row in each slice of 1
+    tables["chunks"] = _replace(tables["chunks"], "document_id", ["doc-gone", "doc-gone"])
+    failures = {(f["table"], f["expectation"]): f for f in validate_tables(tables, DIM, batch_rows=1).failures}
+    repeated = failures[("entities", "expect_column_values_to_be_unique")]
+    assert repeated["unexpected_count"] == 2 and repeated["sample"] == ["ent-a", "ent-a"]
+    assert failures[("chunks", "expect_column_values_to_be_null")]["unexpected_count"] == 2
