@@ -287,13 +287,18 @@ def _layer0(old_mentions: pa.Table, old_entities, old_relations, gone: set[str],
     from tasks.incremental import recompute_layer0
     from tasks.merge import graph_from_mentions
 
-    new_mentions = new_mentions.sort_by([("chunk_id", "ascending"), ("seq", "ascending")])
+    import polars as pl
+
+    rank = (pl.from_arrow(new_mentions.select(["chunk_id", "seq"])).with_row_index("i")
+            .sort(pl.col("chunk_id").cast(pl.Utf8), "seq").get_column("i"))
+    new_mentions = new_mentions.take(rank.to_arrow())  # canonical order: (chunk id, seq)
     if whole:
         entities, relations = graph_from_mentions(new_mentions, max_tokens, order=order)
         return Layer0(entities, np.zeros((0, 0)), relations, added={e["id"] for e in entities}), new_mentions
     leaving = pc.is_in(old_mentions.column("chunk_id"), value_set=pa.array(sorted(gone), pa.string()))
     touched = set(old_mentions.filter(leaving).column("key").to_pylist()) | set(new_mentions.column("key").to_pylist())
-    mentions = pa.concat_tables([old_mentions.filter(pc.invert(leaving)), new_mentions.select(old_mentions.column_names)])
+    mentions = pa.concat_tables([old_mentions.filter(pc.invert(leaving)),
+                                 new_mentions.select(old_mentions.column_names).cast(old_mentions.schema)])
     entities, relations, added, removed, changed = recompute_layer0(
         [e for e in old_entities if e["layer"] == 0], old_relations, mentions, touched, max_tokens, order)
     return Layer0(entities, np.zeros((0, 0)), relations, added, removed, changed), mentions

@@ -213,6 +213,10 @@ class Catalog:
 
     # ------------------------------------------------------------------ writes
     def _write(self, name: str, data: pa.Table) -> int:
+        plain = pa.schema([pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type) else f
+                           for f in data.schema])
+        if plain != data.schema:  # dictionary-encoded columns go out as plain strings, one batch at a time
+            data = pa.RecordBatchReader.from_batches(plain, (b.cast(plain) for b in data.to_batches(max_chunksize=65536)))
         if self.has_table(name):
             tbl = self.db.open_table(name)
             tbl.add(data, mode="overwrite")

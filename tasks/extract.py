@@ -244,14 +244,14 @@ def batch_mentions(chunks: list[dict[str, Any]], cfg: ExtractConfig, version: in
                    **fn_kwargs: Any) -> ExtractionResult:
     """One batch extracted, then its raw entities, document titles and relations as a ``mentions`` table."""
     from tasks.catalog import to_table
-    from tasks.merge import mention_rows, title_mentions
+    from tasks.merge import dictionary_encoded, mention_rows, title_mentions
 
     res = batch_fn(chunks, cfg=cfg, **fn_kwargs)
     ok = set(res.ok)
     titled = title_mentions([c for c in chunks if c["id"] in ok], cfg.max_sentence_chars)
     rows = mention_rows(res.entities + titled, res.relations)
     return ExtractionResult(quarantine=res.quarantine, ok=res.ok, usage=res.usage,
-                            mentions=to_table("mentions", rows, 0, version))
+                            mentions=dictionary_encoded(to_table("mentions", rows, 0, version)))
 
 
 def _batches(chunks: list[dict[str, Any]], cfg: ExtractConfig, titles: dict[str, str | None] | None = None):

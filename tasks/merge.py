@@ -106,9 +106,21 @@ def mention_rows(extracted_entities: list[dict[str, Any]], extracted_relations: 
 
 ChunkOrder = dict[str, tuple[str, int]]  # chunk id -> (document source id, position of the chunk in it)
 
-#: the columns of ``mentions`` that layer 0 is computed from
-MENTION_COLUMNS = {"chunk_id": "str", "seq": "int", "kind": "str", "key": "str", "name": "str", "target": "str",
-                   "type": "str", "description": "str", "weight": "float"}
+#: the columns of ``mentions`` that layer 0 is computed from; the text ones may stay categorical (dictionary
+#: encoded, as extraction writes them): they are grouped and compared, and turned into strings once aggregated
+MENTION_COLUMNS = {"chunk_id": "str", "seq": "int", "kind": "text", "key": "str", "name": "text", "type": "text",
+                   "description": "text", "weight": "float"}
+
+
+def dictionary_encoded(table):
+    """``table`` with its repeated string columns dictionary encoded (every column but ``id``): a sentence that
+    describes five mentions is held once. Written out as plain strings (``Catalog`` decodes batch by batch)."""
+    import pyarrow as pa
+
+    for i, f in enumerate(table.schema):
+        if f.name != "id" and pa.types.is_string(f.type):
+            table = table.set_column(i, f.name, table.column(i).dictionary_encode())
+    return table
 
 
 def mention_frame(mentions: Any):
@@ -116,12 +128,13 @@ def mention_frame(mentions: Any):
     import polars as pl
     import pyarrow as pa
 
-    types = {"str": pl.Utf8, "int": pl.Int64, "float": pl.Float64}
-    schema = {c: types[t] for c, t in MENTION_COLUMNS.items()}
+    types = {"str": pl.Utf8, "int": pl.Int64, "float": pl.Float64, "text": pl.Utf8}
     if isinstance(mentions, pa.Table):
-        mentions = pl.from_arrow(mentions)
+        mentions = pl.from_arrow(mentions.select(list(MENTION_COLUMNS)))
     if isinstance(mentions, pl.DataFrame):
-        return mentions.select([pl.col(c).cast(t) for c, t in schema.items()])
+        return mentions.select([pl.col(c) if t == "text" and mentions.schema[c] == pl.Categorical else pl.col(c).cast(types[t])
+                                for c, t in MENTION_COLUMNS.items()])
+    schema = {c: types[t] for c, t in MENTION_COLUMNS.items()}
     return pl.from_dicts(mentions, schema=schema) if mentions else pl.DataFrame(schema=schema)
 
 
@@ -130,7 +143,8 @@ def _budgeted(frame, group: str, max_tokens: int):
     (``join_within_budget``), and how many distinct ones there are. ``frame`` is in corpus order."""
     import polars as pl
 
-    distinct = frame.select(group, "description").with_row_index("at").unique([group, "description"], keep="first")
+    distinct = (frame.select(group, "description").with_row_index("at").unique([group, "description"], keep="first")
+                .with_columns(pl.col("description").cast(pl.Utf8)))
     texts = distinct.get_column("description").unique().to_list()
     tokens = dict(zip(texts, _token_counts(texts)))
     distinct = distinct.sort(group, "at").with_columns(
@@ -169,14 +183,14 @@ def graph_from_mentions(mentions: Any, max_description_tokens: int, order: Chunk
          .sort("source", "position", "chunk_id", "seq").drop("source", "position"))
 
     ents = m.filter((pl.col("kind") == "entity") & (pl.col("key") != ""))
-    names = (ents.group_by("key", "name").agg(n=pl.len())
+    names = (ents.group_by("key", "name").agg(n=pl.len()).with_columns(pl.col("name").cast(pl.Utf8))
              .with_columns(upper=(pl.col("name") == pl.col("name").str.to_uppercase())
                            & (pl.col("name") != pl.col("name").str.to_lowercase()),
                            apostrophe=pl.col("name").str.contains("['’]"), chars=pl.col("name").str.len_chars())
              .sort("key", pl.col("n"), "upper", "apostrophe", "chars", "name", descending=[False, True, False, False, False, False])
              .unique("key", keep="first").select("key", "name"))
     rank = {t: i for i, t in enumerate(TYPE_PRIORITY)}
-    types = (ents.group_by("key", "type").agg(n=pl.len())
+    types = (ents.group_by("key", "type").agg(n=pl.len()).with_columns(pl.col("type").cast(pl.Utf8))
              .with_columns(rank=pl.col("type").replace_strict(rank, default=len(rank), return_dtype=pl.Int64))
              .sort("key", "n", "rank", "type", descending=[False, True, False, False])
              .unique("key", keep="first").select("key", "type"))
