@@ -395,7 +395,7 @@ def publish(run: PipelineRun, delta: Delta, tables: dict[str, pa.Table], layer0:
                  "diff": delta.counts}
     with run.stage("publish") as st:
         version = st.run(run.catalog.publish, tables, run.run_id, "incremental" if run.snap else "full", dim,
-                         run.version, json.dumps(note))
+                         run.version, json.dumps(note), cfg.retrieval.ann_min_vectors)
         drift = note.get("drift", 0.0)
         hint = (f"; drift {drift:.0%} > {cfg.incremental.max_drift:.0%}: consider `strata update --full`"
                 if drift > cfg.incremental.max_drift else "")

@@ -141,6 +141,10 @@ class RetrievalConfig(_Section):
     max_path_hops: int = Field(6, gt=0, description="Bridge level: key entities further apart than this many hops are not chained.")
     max_communities: int = Field(12, gt=0, description="Global level: at most this many communities are considered.")
     token_budget: int = Field(4000, ge=100, description="Total context tokens; every mode gets the same budget.")
+    ann_min_vectors: int = Field(
+        500_000, gt=0, description="A vector table (entities, chunks) with at least this many rows gets a LanceDB vector "
+                                   "index at publish, and queries search it instead of holding its vectors in memory.")
+    ann_candidates: int = Field(1000, gt=0, description="Nearest rows a query takes from a vector index (the rest score -1).")
     share_entities: float = Field(0.1, ge=0, description="Budget share of the local (entity) section.")
     share_communities: float = Field(0.1, ge=0, description="Budget share of the global (community report) section.")
     share_bridge: float = Field(0.1, ge=0, description="Budget share of the bridge (path triple) section.")

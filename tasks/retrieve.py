@@ -28,10 +28,11 @@ from typing import Any
 
 import networkx as nx
 import numpy as np
+import pyarrow as pa
 
 from schemas.config import RetrievalConfig
 from schemas.tables import schema_for
-from tasks.catalog import Catalog, snapshot_note, vector_matrix
+from tasks.catalog import Catalog, ann_search, has_vector_index, snapshot_note, vector_matrix
 from tasks.chunk import count_tokens, truncate_tokens
 from tasks.graph_rank import PassageGraph, RankParams, build_passage_graph, rank_chunks
 from tasks.lexical import BM25Index, rrf
@@ -56,7 +57,7 @@ class IndexView:
     ent_desc: list[str]
     ent_layer: np.ndarray
     ent_chunks: list[list[str]]
-    ent_vecs: np.ndarray
+    ent_vecs: np.ndarray | None  # None: searched through the table's vector index (``ann``)
     graph: nx.Graph
     edge_rel: dict[tuple[int, int], list[int]]
     rel_rows: list[dict[str, Any]]
@@ -66,7 +67,7 @@ class IndexView:
     chunk_ids: list[str]
     chunk_text: list[str]
     chunk_doc: list[str]
-    chunk_vecs: np.ndarray
+    chunk_vecs: np.ndarray | None
     chunk_index: dict[str, int]
     doc_source: dict[str, str]
     doc_title: dict[str, str]
@@ -75,6 +76,7 @@ class IndexView:
     catalog: Catalog | None = None
     snap: dict[str, Any] | None = None
     method: str = "hirag"
+    ann: dict[str, Any] = field(default_factory=dict)  # table name -> its LanceDB table at the snapshot's version
     _lazy: dict[str, Any] = field(default_factory=dict)
     _ntok: dict[int, int] = field(default_factory=dict)
     _lazy_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -84,6 +86,20 @@ class IndexView:
             if name not in self._lazy:
                 self._lazy[name] = build()
             return self._lazy[name]
+
+    def similarity(self, name: str, q: np.ndarray, k: int) -> np.ndarray:
+        """Cosine of ``q`` to every row of ``name`` (entities or chunks): a product with the vectors in memory,
+        or, for a table past ``retrieval.ann_min_vectors``, its ``k`` nearest through the vector index (-1 elsewhere)."""
+        ids, index, vecs = ((self.chunk_ids, self.chunk_index, self.chunk_vecs) if name == "chunks"
+                            else (self.ent_ids, self.ent_index, self.ent_vecs))
+        if not ids:
+            return np.zeros(0, dtype=np.float32)
+        if vecs is not None:
+            return vecs @ q
+        out = np.full(len(ids), -1.0, dtype=np.float32)
+        found, sims = ann_search(self.ann[name], q, k)
+        out[[index[i] for i in found]] = sims
+        return out
 
     def adjacency(self, flat: bool) -> list[list[int]]:
         """Sorted neighbour lists of G_k (or of its layer-0 part), for bridge-path search."""
@@ -126,11 +142,21 @@ class IndexView:
     @classmethod
     def load(cls, catalog: Catalog, as_of: int | None = None) -> "IndexView":
         snap = catalog.require_snapshot(as_of)
-        ents = catalog.read("entities", snap=snap)
+        ann = {}  # vector tables searched through their LanceDB index: their vectors stay on disk
+        for name in ("entities", "chunks"):
+            tbl = catalog.open_table(name, snap=snap)
+            if tbl is not None and has_vector_index(tbl):
+                ann[name] = tbl
+
+        def table(name: str) -> pa.Table:
+            names = schema_for(name, snap["dim"]).names
+            return catalog.read(name, snap=snap, columns=[c for c in names if c != "vector"] if name in ann else None)
+
+        ents = table("entities")
         rels = catalog.read("relations", snap=snap).drop(["version"]).to_pylist()
         comms = catalog.read("communities", snap=snap).to_pylist()
         reports = {r["community_id"]: r for r in catalog.read("community_reports", snap=snap).drop(["vector"]).to_pylist()}
-        chunks = catalog.read("chunks", snap=snap)
+        chunks = table("chunks")
         docs = catalog.read("documents", snap=snap).select(["id", "source_id", "title"]).to_pylist()
         ids = ents.column("id").to_pylist()
         index = {e: i for i, e in enumerate(ids)}
@@ -159,16 +185,16 @@ class IndexView:
             version=snap["version"], dim=snap["dim"], ent_ids=ids,
             ent_name=ents.column("name").to_pylist(), ent_type=ents.column("type").to_pylist(),
             ent_desc=ents.column("description").to_pylist(), ent_layer=layer,
-            ent_chunks=ents.column("source_chunk_ids").to_pylist(), ent_vecs=vector_matrix(ents),
+            ent_chunks=ents.column("source_chunk_ids").to_pylist(), ent_vecs=None if "entities" in ann else vector_matrix(ents),
             graph=graph, edge_rel=dict(edge_rel), rel_rows=rels, communities=comms, ent_communities=dict(ent_comms),
             reports=reports, chunk_ids=chunk_ids, chunk_text=chunks.column("text").to_pylist(),
-            chunk_doc=chunks.column("document_id").to_pylist(), chunk_vecs=vector_matrix(chunks),
+            chunk_doc=chunks.column("document_id").to_pylist(), chunk_vecs=None if "chunks" in ann else vector_matrix(chunks),
             chunk_index={c: i for i, c in enumerate(chunk_ids)},
             doc_source={d["id"]: d["source_id"] for d in docs}, doc_title={d["id"]: d["title"] for d in docs},
         )
         view.flat_graph = flat
         view.ent_index = index
-        view.catalog, view.snap = catalog, snap
+        view.catalog, view.snap, view.ann = catalog, snap, ann
         view.method = snapshot_note(snap).get("method", "hirag")  # snapshots before index methods existed are hirag
         return view
 
@@ -332,9 +358,10 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
     q = np.asarray(q, dtype=np.float32)  # a float64 query would upcast the whole vector matrix on every search
     budgets = _budgets(cfg, method.modes.get(mode, ()))
     ranking = SHARED_MODES.get(mode, "ppr")
-    chunk_scores = view.chunk_vecs @ q if len(view.chunk_ids) else np.zeros(0, dtype=np.float32)
+    chunk_scores = view.similarity("chunks", q, cfg.ann_candidates)
     needs_entities = mode in method.modes or (ranking == "ppr" and cfg.ppr_vector_seeds)
-    ent_scores = view.ent_vecs @ q if needs_entities and len(view.ent_ids) else np.zeros(len(view.ent_ids), np.float32)
+    ent_scores = (view.similarity("entities", q, cfg.ann_candidates) if needs_entities
+                  else np.zeros(len(view.ent_ids), np.float32))
     chunk_order, seeds = source_ranking(view, question, chunk_scores, ent_scores, ranking, cfg)
 
     # sources first, in their share; then the method's levels, which skip what only repeats a source;
@@ -352,7 +379,7 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
         graph = view.passage_graph(rank_params(cfg))
         ctx.seeds = {k: [view.ent_name[graph.ent_view[e]] for e in v] for k, v in seeds.items()}
     if ctx.empty:
-        best = float(max(view.ent_vecs @ q, default=-1.0)) if len(view.ent_ids) else None
+        best = float(max(view.similarity("entities", q, 1), default=-1.0)) if len(view.ent_ids) else None
         ctx.message = (
             "the index is empty: nothing to retrieve" if not view.ent_ids and not view.chunk_ids
             else f"nothing in the index is related to the question (best similarity {best:.2f} < "

@@ -31,7 +31,7 @@ EDGES = [("A", "B", "extracted"), ("B", "C", "extracted"), ("D", "E", "extracted
 COMMS = {"c1": ["A", "B", "C", "S1"], "c2": ["D", "E", "S2"], "c3": ["T"]}
 
 
-def build(tmp_path, empty=False) -> IndexView:
+def build(tmp_path, empty=False, ann_min_rows=None) -> IndexView:
     now = datetime(2026, 1, 1, tzinfo=timezone.utc)
     docs = [{"id": f"doc{i}", "uri": f"/c#{i}", "root": "/c", "source_id": f"p{i}", "title": f"Doc {i}", "text": t,
              "content_hash": "0" * 64, "n_tokens": 5, "ingested_at": now}
@@ -56,7 +56,7 @@ def build(tmp_path, empty=False) -> IndexView:
         "community_reports": _to_table("community_reports", reports, DIM, 1),
     }
     cat = Catalog(tmp_path / "idx")
-    cat.publish(tables, "run", "full", DIM)
+    cat.publish(tables, "run", "full", DIM, ann_min_rows=ann_min_rows)
     return IndexView.load(cat)
 
 
@@ -149,3 +149,19 @@ def test_bridge_path_search_is_shortest_and_bounded():
             assert all(r.has_edge(u, v) for u, v in zip(path, path[1:]))
         else:
             assert path is None
+
+
+def test_vector_tables_past_the_threshold_are_searched_through_their_index(tmp_path):
+    from tasks.catalog import has_vector_index
+
+    exact = build(tmp_path / "exact")
+    indexed = build(tmp_path / "ann", ann_min_rows=2)  # both vector tables have at least 2 rows
+    assert indexed.ent_vecs is None and indexed.chunk_vecs is None and exact.ent_vecs is not None
+    assert all(has_vector_index(t) for t in indexed.ann.values()) and set(indexed.ann) == {"entities", "chunks"}
+    # every partition is probed on a table this small: the same scores, so the same contexts
+    assert np.allclose(indexed.similarity("entities", Q, 8), exact.similarity("entities", Q, 8), atol=1e-5)
+    # only the k nearest come back from an index; the rest score -1
+    top2 = indexed.similarity("entities", Q, 2)
+    assert sorted(np.flatnonzero(top2 > -1)) == [exact.ent_index["A"], exact.ent_index["B"]]
+    for mode in ("hi", "naive"):
+        assert retrieve(indexed, "Alpha?", Q, mode, CFG).text() == retrieve(exact, "Alpha?", Q, mode, CFG).text()
