@@ -115,11 +115,13 @@ class PipelineRun:
 
     def open_embedder(self):
         """The run's embedder, cached by text hash; an update checks it gives the index's vector dimension."""
-        from tasks.embed import CachedEmbedder, EmbeddingCache, check_dimension, get_embedder
+        from tasks.embed import LOCAL_MODEL, CachedEmbedder, EmbeddingCache, MappedEmbedder, check_dimension, get_embedder
 
         if self._embedder is None:
-            self._embedder = CachedEmbedder(get_embedder(self.cfg.embedding, self.cfg.llm),
-                                            EmbeddingCache(self.catalog.cache_dir / "embeddings.sqlite"))
+            inner = get_embedder(self.cfg.embedding, self.cfg.llm)
+            if self.cfg.dask.address and self.cfg.embedding.model == LOCAL_MODEL and isinstance(self.mapper, DaskPool):
+                inner = MappedEmbedder(inner, self.cfg.embedding, self.mapper)  # on the cluster's workers
+            self._embedder = CachedEmbedder(inner, EmbeddingCache(self.catalog.cache_dir / "embeddings.sqlite"))
             if self.snap:
                 check_dimension(self._embedder, self.snap["dim"])
         return self._embedder

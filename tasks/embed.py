@@ -14,7 +14,7 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -293,9 +293,10 @@ class CachedEmbedder:
         if progress and len(texts) - sum(len(v) for v in todo.values()):
             progress(len(texts) - sum(len(v) for v in todo.values()))
         pending = list(todo.items())
-        for s in range(0, len(pending), batch):
-            part = pending[s : s + batch]
-            vecs = self.inner.embed([texts[idx[0]] for _, idx in part])
+        parts = [pending[s : s + batch] for s in range(0, len(pending), batch)]  # the same parts wherever they run
+
+        def store(i: int, vecs: np.ndarray) -> None:
+            part = parts[i]
             if vecs.shape[1] != self.dim:
                 raise ValueError(f"embedding model {self.name} returned {vecs.shape[1]}-d vectors, expected {self.dim}")
             for (k, idx), v in zip(part, vecs):
@@ -305,7 +306,35 @@ class CachedEmbedder:
             self.misses += len(part)
             if progress:
                 progress(sum(len(idx) for _, idx in part))
+
+        texts_of = [[texts[idx[0]] for _, idx in part] for part in parts]
+        if isinstance(self.inner, MappedEmbedder):
+            self.inner.embed_parts(texts_of, on_done=store)
+        else:
+            for i, part_texts in enumerate(texts_of):
+                store(i, self.inner.embed(part_texts))
         return out
+
+
+class MappedEmbedder:
+    """The packaged model run on the mapper's workers (a Dask cluster at ``dask.address``): each part of the
+    texts is one task, the model is loaded once per worker process (``get_embedder`` is cached there)."""
+
+    def __init__(self, local: "LocalEmbedder", cfg: EmbeddingConfig, mapper: Any):
+        self.name, self.dim, self.cache_name = local.name, local.dim, local.cache_name
+        self.client = None
+        self.cfg, self.mapper = cfg, mapper
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return self.embed_parts([texts])[0]
+
+    def embed_parts(self, parts: list[list[str]], on_done: Callable[[int, np.ndarray], None] | None = None):
+        return self.mapper(embed_part, parts, on_done=on_done, cfg=self.cfg)
+
+
+def embed_part(texts: list[str], cfg: EmbeddingConfig) -> np.ndarray:
+    """The unit of embedding work on a worker."""
+    return get_embedder(cfg).embed(texts)
 
 
 @functools.lru_cache(maxsize=4)

@@ -101,8 +101,9 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_extraction_on_an_external_dask_cluster(tmp_path, small_corpus):
-    """A scheduler and two workers as separate processes on 127.0.0.1, used through dask.address."""
+def test_extraction_and_embedding_on_an_external_dask_cluster(tmp_path, small_corpus):
+    """A scheduler and two workers as separate processes on 127.0.0.1, used through dask.address: extraction
+    and embedding run there, and the index built there equals the one built locally, table by table."""
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     dask = str(Path(sys.executable).parent / "dask")
@@ -128,6 +129,17 @@ def test_extraction_on_an_external_dask_cluster(tmp_path, small_corpus):
         res = runner.invoke(app, ["index", str(small_corpus), "--index", str(tmp_path / "index"), "--quiet",
                                   "--set", f"dask.address={address}", "--set", "chunking.size=200"])
         assert res.exit_code == 0, res.output
+        embedded = Catalog(tmp_path / "index").runs()[-1]
+        with Client(address, timeout="60s") as client:  # the workers loaded the model; this process did not need to
+            assert all(client.run(lambda: "tasks.embed" in sys.modules and
+                                  __import__("tasks.embed").embed._local.cache_info().currsize > 0).values())
+        res = runner.invoke(app, ["index", str(small_corpus), "--index", str(tmp_path / "local"), "--quiet",
+                                  "--set", "chunking.size=200"])
+        assert res.exit_code == 0, res.output
+        from tests.test_golden_tables import table_digests
+
+        assert table_digests(tmp_path / "index") == table_digests(tmp_path / "local")
+        assert json.loads(embedded["stage_counts"])["embed"]["vectors"] > 0
     finally:
         for p in procs:
             p.terminate()
