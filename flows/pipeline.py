@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from flows.lineage import BuildResult, code_version, deployment_name, digest_of
 from schemas.config import StrataConfig
 from schemas.tables import ChunkRow, DocumentRow, MentionRow, QuarantineRow, schema_for
-from tasks.catalog import Catalog, plain_rows, snapshot_note, to_table, vector_matrix
+from tasks.catalog import Catalog, TableDelta, plain_rows, snapshot_note, to_table, vector_matrix
 from tasks.llm_client import LiteLLMClient, Usage
 from tasks.methods import Hierarchy, Layer0, get_method
 from tasks.parallel import DaskPool, LocalMapper, Mapper
@@ -263,10 +263,15 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
 
 def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: pa.Table) -> tuple[Layer0, pa.Table]:
     """Layer 0 from the mentions: merged whole for a build, recomputed for the keys the delta touched for an
-    update. Returns it with the new snapshot's ``mentions`` table (kept rows first, then the new ones)."""
+    update. Returns it with the new snapshot's ``mentions``: the whole table for a build, the change (rows of
+    the chunks that went, rows of the new ones) for an update."""
+    from tasks.merge import MENTION_COLUMNS, dictionary_encoded
+
     cfg = run.cfg
     with run.stage("merge") as st:
-        layer0, mentions = st.run(_layer0, run.previous("mentions"), run.previous_rows("entities"),
+        old = (dictionary_encoded(run.catalog.read("mentions", snap=run.snap, columns=list(MENTION_COLUMNS)))
+               if run.snap else None)
+        layer0, mentions = st.run(_layer0, old, run.previous_rows("entities"),
                                   run.previous_rows("relations"), delta.gone_chunks, new,
                                   cfg.extract.max_description_tokens, run.snap is None, chunk_order(run, delta, chunks))
         st.done(f"{len(layer0.entities)} entities, {len(layer0.relations)} relations", entities=len(layer0.entities),
@@ -284,8 +289,8 @@ def chunk_order(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]) -> dict[
             [*pairs, *((c["id"], c["document_id"], c["chunk_index"]) for c in chunks)]}
 
 
-def _layer0(old_mentions: pa.Table, old_entities, old_relations, gone: set[str], new_mentions: pa.Table, max_tokens: int,
-            whole: bool, order) -> tuple[Layer0, pa.Table]:
+def _layer0(old_mentions: pa.Table | None, old_entities, old_relations, gone: set[str], new_mentions: pa.Table,
+            max_tokens: int, whole: bool, order) -> tuple[Layer0, pa.Table | TableDelta]:
     from tasks.incremental import recompute_layer0
     from tasks.merge import graph_from_mentions
 
@@ -299,11 +304,12 @@ def _layer0(old_mentions: pa.Table, old_entities, old_relations, gone: set[str],
         return Layer0(entities, np.zeros((0, 0)), relations, added={e["id"] for e in entities}), new_mentions
     leaving = pc.is_in(old_mentions.column("chunk_id"), value_set=pa.array(sorted(gone), pa.string()))
     touched = set(old_mentions.filter(leaving).column("key").to_pylist()) | set(new_mentions.column("key").to_pylist())
-    mentions = pa.concat_tables([old_mentions.filter(pc.invert(leaving)),
-                                 new_mentions.select(old_mentions.column_names).cast(old_mentions.schema)])
+    new_cols = new_mentions.select(old_mentions.column_names)
+    mentions = pa.concat_tables([old_mentions.filter(pc.invert(leaving)), new_cols.cast(old_mentions.schema)])
     entities, relations, added, removed, changed = recompute_layer0(
         [e for e in old_entities if e["layer"] == 0], old_relations, mentions, touched, max_tokens, order)
-    return Layer0(entities, np.zeros((0, 0)), relations, added, removed, changed), mentions
+    return (Layer0(entities, np.zeros((0, 0)), relations, added, removed, changed),
+            TableDelta("chunk_id", sorted(gone), new_mentions))
 
 
 def embed(run: PipelineRun, layer0: Layer0, chunks: list[ChunkRow]) -> tuple[Layer0, np.ndarray]:
@@ -352,13 +358,18 @@ def assemble(run: PipelineRun, delta: Delta, documents, chunks, chunk_vectors, l
         "communities": to_table("communities", hierarchy.communities, dim, version),
         "community_reports": to_table("community_reports", hierarchy.reports, dim, version,
                                       hierarchy.report_vectors.reshape(-1, dim)),
-        "mentions": mentions.set_column(mentions.schema.get_field_index("version"), "version",
-                                        pa.array(np.full(mentions.num_rows, version, dtype=np.int64))),
+        "mentions": (TableDelta(mentions.column, mentions.values, _stamped(mentions.add, version))
+                     if isinstance(mentions, TableDelta) else _stamped(mentions, version)),
         "quarantine": to_table("quarantine", _dedupe(quarantine), dim, version),
     }
     if hierarchy.layers is None:  # the previous snapshot's layer statistics still hold
         del tables["layers"]
     return tables
+
+
+def _stamped(table: pa.Table, version: int) -> pa.Table:
+    return table.set_column(table.schema.get_field_index("version"), "version",
+                            pa.array(np.full(table.num_rows, version, dtype=np.int64)))
 
 
 def _dedupe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -375,7 +386,8 @@ def validate(run: PipelineRun, tables: dict[str, pa.Table]) -> None:
 
     dim = (run.snap or {}).get("dim") or run.embedder.dim
     with run.stage("validate") as st:
-        report = st.run(validate_tables, {"layers": run.previous("layers"), **tables}, dim)
+        written = {k: t.add if isinstance(t, TableDelta) else t for k, t in tables.items()}  # kept rows passed before
+        report = st.run(validate_tables, {"layers": run.previous("layers"), **written}, dim)
         st.done(f"{sum(report.checked.values())} expectations passed" if report.success else "FAILED",
                 expectations=sum(report.checked.values()), failures=len(report.failures))
     if not report.success:
@@ -405,7 +417,10 @@ def publish(run: PipelineRun, delta: Delta, tables: dict[str, pa.Table], layer0:
     plot = None
     if hierarchy.layers and run.catalog.root is not None:
         plot = str(plot_layers(hierarchy.layers, run.catalog.root / "reports" / f"layers-v{version}.png", cfg.hierarchy.epsilon))
-    return run.result("published", delta, version, {k: t.num_rows for k, t in tables.items()}, hierarchy.layers, plot)
+    snap = run.catalog.snapshot(version)
+    counts = {k: run.catalog.open_table(k, snap=snap).count_rows() if isinstance(t, TableDelta) else t.num_rows
+              for k, t in tables.items()}
+    return run.result("published", delta, version, counts, hierarchy.layers, plot)
 
 
 # ---------------------------------------------------------------------------- the run record

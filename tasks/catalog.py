@@ -16,6 +16,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,28 @@ def vector_matrix(table: pa.Table) -> Any:
         return np.zeros((0, table.schema.field("vector").type.list_size), dtype=np.float32)
     col = table.column("vector").combine_chunks()
     return np.asarray(col.values.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(table.num_rows, -1)
+
+
+@dataclass
+class TableDelta:
+    """A table's change from the previous snapshot: the rows whose ``column`` is one of ``values`` go, the rows
+    of ``add`` come (the kept rows are not rewritten: an update's cost follows its delta)."""
+
+    column: str
+    values: list[str]
+    add: pa.Table
+
+    @property
+    def num_rows(self) -> int:  # rows written by this run
+        return self.add.num_rows
+
+
+def _plain(data: pa.Table) -> "pa.Table | pa.RecordBatchReader":
+    """Dictionary-encoded columns go out as plain strings, one batch at a time."""
+    plain = pa.schema([pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in data.schema])
+    if plain == data.schema:
+        return data
+    return pa.RecordBatchReader.from_batches(plain, (b.cast(plain) for b in data.to_batches(max_chunksize=65536)))
 
 
 class Catalog:
@@ -217,11 +240,13 @@ class Catalog:
         return out
 
     # ------------------------------------------------------------------ writes
-    def _write(self, name: str, data: pa.Table, ann_min_rows: int | None = None) -> int:
-        plain = pa.schema([pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type) else f
-                           for f in data.schema])
-        if plain != data.schema:  # dictionary-encoded columns go out as plain strings, one batch at a time
-            data = pa.RecordBatchReader.from_batches(plain, (b.cast(plain) for b in data.to_batches(max_chunksize=65536)))
+    def _write(self, name: str, data: "pa.Table | TableDelta", ann_min_rows: int | None = None,
+               pinned: int | None = None) -> int:
+        """Write one table's new version: a whole table replaces the rows; a ``TableDelta`` is applied to the
+        version the previous snapshot pinned (rows deleted, rows appended) without rewriting the others."""
+        if isinstance(data, TableDelta):
+            return self._apply_delta(name, data, pinned)
+        data = _plain(data)
         if self.has_table(name):
             tbl = self.db.open_table(name)
             tbl.add(data, mode="overwrite")
@@ -229,6 +254,20 @@ class Catalog:
             tbl = self.db.create_table(name, data=data)
         if ann_min_rows is not None and "vector" in data.schema.names and tbl.count_rows() >= ann_min_rows:
             build_vector_index(tbl)  # a version of its own: the snapshot pins the indexed one
+        return tbl.version
+
+    def _apply_delta(self, name: str, delta: "TableDelta", pinned: int | None) -> int:
+        if pinned is None or not self.has_table(name):
+            raise ValueError(f"table {name}: a delta needs the version the previous snapshot pinned")
+        tbl = self.db.open_table(name)
+        if tbl.version != pinned:  # a later version exists (a rollback, or a run that never committed): start over
+            tbl.checkout(pinned)  # from the pinned one, as the new latest
+            tbl.restore()
+        for s in range(0, len(delta.values), 5000):
+            part = ", ".join("'" + v.replace("'", "''") + "'" for v in delta.values[s : s + 5000])
+            tbl.delete(f"{delta.column} IN ({part})")
+        if delta.add.num_rows:
+            tbl.add(_plain(delta.add))
         return tbl.version
 
     def publish(
@@ -242,7 +281,7 @@ class Catalog:
         for name in SNAPSHOT_TABLES:
             if name in tables:
                 try:
-                    pins[name] = self._write(name, tables[name], ann_min_rows)
+                    pins[name] = self._write(name, tables[name], ann_min_rows, pins.get(name))
                 except Exception as exc:  # noqa: BLE001 - nothing is committed until the _snapshots append
                     if not _disk_full(exc):
                         raise

@@ -60,11 +60,11 @@ apply_offline_defaults()
 from tasks.catalog import Catalog
 real = Catalog._write
 written = []
-def write_then_die(self, name, data):
+def write_then_die(self, name, data, *args):
     written.append(name)
     if len(written) == {after}:  # tables overwritten, snapshot not committed: the worst moment
         os.kill(os.getpid(), signal.SIGKILL)
-    return real(self, name, data)
+    return real(self, name, data, *args)
 Catalog._write = write_then_die
 from flows.pipeline import {entry}
 from schemas.config import load_config

@@ -44,3 +44,20 @@ def test_gc_keeps_every_version_a_kept_snapshot_pins(tmp_path):
     versions = [v["version"] for v in cat.db.open_table("entities").list_versions()]
     assert 1 not in versions and {2, 4} <= set(versions)  # older than every pin: gone; pinned: kept
     assert CliRunner().invoke(app, ["gc", "--index", str(tmp_path / "idx"), "--keep", "0"]).exit_code == 2
+
+
+def test_a_table_delta_applies_to_the_pinned_version_not_to_an_uncommitted_one(tmp_path):
+    from tasks.catalog import TableDelta
+    from tests.helpers import _to_table
+
+    cat = Catalog(tmp_path / "idx")
+    cat.publish(tiny_tables(1), "run-1", "full", 8)
+    pinned = cat.snapshot()["tables"]["quarantine"]
+    # a run that wrote the table and died before its snapshot: its rows must not leak into the next one
+    cat._write("quarantine", _to_table("quarantine", [{"id": "q-x", "item": "x", "stage": "extract", "error": "e"}], 8, 2))
+    new = _to_table("quarantine", [{"id": "q-2", "item": "chunk-3", "stage": "extract", "error": "late"}], 8, 2)
+    cat.publish({"quarantine": TableDelta("item", ["chunk-2"], new)}, "run-2", "incremental", 8)
+    assert cat.read("quarantine").column("id").to_pylist() == ["q-2"]  # q-1 deleted, q-2 added, q-x never seen
+    assert cat.read("quarantine", as_of=1).column("id").to_pylist() == ["q-1"]  # the previous snapshot is intact
+    assert cat.snapshot()["tables"]["quarantine"] > pinned
+    assert cat.snapshot()["tables"]["entities"] == cat.snapshot(1)["tables"]["entities"]  # untouched tables stay pinned
