@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from flows.lineage import BuildResult, code_version, deployment_name, digest_of
 from schemas.config import StrataConfig
-from schemas.tables import ChunkRow, DocumentRow, MentionRow, QuarantineRow, schema_for
+from schemas.tables import ChunkRow, DocumentRow, QuarantineRow, schema_for
 from tasks.catalog import Catalog, TableDelta, plain_rows, snapshot_note, to_table, vector_matrix
 from tasks.llm_client import LiteLLMClient, Usage
 from tasks.methods import Hierarchy, Layer0, get_method
@@ -291,10 +291,10 @@ def chunk_order(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]) -> dict[
 
 def _layer0(old_mentions: pa.Table | None, old_entities, old_relations, gone: set[str], new_mentions: pa.Table,
             max_tokens: int, whole: bool, order) -> tuple[Layer0, pa.Table | TableDelta]:
+    import polars as pl
+
     from tasks.incremental import recompute_layer0
     from tasks.merge import graph_from_mentions
-
-    import polars as pl
 
     rank = (pl.from_arrow(new_mentions.select(["chunk_id", "seq"])).with_row_index("i")
             .sort(pl.col("chunk_id").cast(pl.Utf8), "seq").get_column("i"))

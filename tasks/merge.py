@@ -13,7 +13,6 @@ from collections import Counter, defaultdict
 from pathlib import PurePath
 from typing import Any
 
-from tasks.chunk import count_tokens
 from tasks.ids import make_id, normalize_name
 
 #: named types win over the generic noun-phrase type when counts tie
@@ -27,31 +26,6 @@ def entity_id(layer: int, key: str) -> str:
 
 def relation_id(source_id: str, target_id: str, kind: str) -> str:
     return make_id("rel", source_id, target_id, kind)
-
-
-def _pick(counter: Counter, priority: list[str] | None = None) -> str:
-    rank = {t: i for i, t in enumerate(priority or [])}
-    return min(counter, key=lambda v: (-counter[v], rank.get(v, len(rank)), v))
-
-
-def _pick_name(counter: Counter) -> str:
-    """Most frequent surface form; ties prefer normal casing over ALL CAPS, no possessive, then shortest."""
-    return min(counter, key=lambda v: (-counter[v], v.isupper(), "'" in v or "’" in v, len(v), v))
-
-
-def join_within_budget(parts: list[str], max_tokens: int) -> str:
-    """Distinct parts in order, joined with spaces, stopping before the token budget is exceeded (at least one)."""
-    out, used, seen = [], 0, set()
-    for p in parts:
-        if p in seen:
-            continue
-        seen.add(p)
-        n = count_tokens(p)
-        if out and used + n > max_tokens:
-            break
-        out.append(p)
-        used += n
-    return " ".join(out)
 
 
 _DISAMBIGUATION = re.compile(r"\s*\([^()]*\)\s*$")
@@ -139,8 +113,9 @@ def mention_frame(mentions: Any):
 
 
 def _budgeted(frame, group: str, max_tokens: int):
-    """Per ``group``: its distinct descriptions in first-seen order, joined within the token budget
-    (``join_within_budget``), and how many distinct ones there are. ``frame`` is in corpus order."""
+    """Per ``group``: its distinct descriptions in first-seen order, joined with spaces up to the first that would
+    pass the token budget (the first is always kept), and how many distinct ones there are. ``frame`` is in
+    corpus order."""
     import polars as pl
 
     distinct = (frame.select(group, "description").with_row_index("at").unique([group, "description"], keep="first")

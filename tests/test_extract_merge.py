@@ -1,6 +1,6 @@
 from schemas.config import ExtractConfig
 from tasks.extract import extract_batch
-from tasks.merge import join_within_budget, merge_graph
+from tasks.merge import merge_graph
 
 
 def test_extract_finds_typed_entities_and_sentence_relations():
@@ -57,9 +57,12 @@ def test_merge_resolves_by_normalised_name():
 
 
 def test_descriptions_stay_within_budget():
-    parts = ["one two three.", "four five six.", "seven eight nine."]
-    assert join_within_budget(parts, 8) == "one two three. four five six."
-    assert join_within_budget(parts, 1) == "one two three."  # at least one part
+    parts = ["one two three.", "four five six.", "one two three.", "seven eight nine."]  # 4 tokens each
+    ents = [{"name": "X", "type": "concept", "description": p, "chunk_id": f"c{i}"} for i, p in enumerate(parts)]
+    (x,), _ = merge_graph(ents, [], max_description_tokens=8)
+    assert x["description"] == "one two three. four five six."  # distinct, in order, stops before the budget
+    (x,), _ = merge_graph(ents, [], max_description_tokens=1)
+    assert x["description"] == "one two three."  # at least one part
 
 
 def test_descriptions_follow_corpus_order_not_chunk_ids():
