@@ -148,14 +148,11 @@ def graph_from_mentions(mentions: Any, max_description_tokens: int, order: Chunk
     again. Relations are undirected (canonical endpoint order) and weighted by their distinct sentences."""
     import polars as pl
 
+    order = order or {}
+    place = {c: i for i, c in enumerate(sorted(order, key=lambda c: (order[c], c)))}  # chunk -> rank in the corpus
     m = mention_frame(mentions)
-    where = pl.DataFrame({"chunk_id": list((order or {}).keys()),
-                          "source": [v[0] for v in (order or {}).values()],
-                          "position": [v[1] for v in (order or {}).values()]},
-                         schema={"chunk_id": pl.Utf8, "source": pl.Utf8, "position": pl.Int64})
-    m = (m.join(where, on="chunk_id", how="left")
-         .with_columns(pl.col("source").fill_null(""), pl.col("position").fill_null(0))
-         .sort("source", "position", "chunk_id", "seq").drop("source", "position"))
+    m = (m.with_columns(place=pl.col("chunk_id").replace_strict(place, default=-1, return_dtype=pl.Int64))
+         .sort("place", "chunk_id", "seq").drop("place"))
 
     ents = m.filter((pl.col("kind") == "entity") & (pl.col("key") != ""))
     names = (ents.group_by("key", "name").agg(n=pl.len()).with_columns(pl.col("name").cast(pl.Utf8))
