@@ -28,11 +28,11 @@ def test_a_publish_that_dies_before_its_commit_leaves_the_previous_snapshot(tmp_
     real_write = Catalog._write
     calls = []
 
-    def dying_write(self, name, data):
+    def dying_write(self, name, data, *args):
         calls.append(name)
         if len(calls) == 3:
             raise RuntimeError("disk full")
-        return real_write(self, name, data)
+        return real_write(self, name, data, *args)
 
     monkeypatch.setattr(Catalog, "_write", dying_write)
     with pytest.raises(RuntimeError, match="disk full"):
@@ -114,11 +114,11 @@ def test_disk_full_during_publish_leaves_the_previous_snapshot(tmp_path, monkeyp
     before = {name: cat.read(name).to_pylist() for name in ("documents", "chunks", "entities")}
     real, written = Catalog._write, []
 
-    def full_disk(self, name, data):
+    def full_disk(self, name, data, *args):
         written.append(name)
         if len(written) == 3:  # two tables already rewritten, the third hits ENOSPC
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(self, name, data)
+        return real(self, name, data, *args)
 
     monkeypatch.setattr(Catalog, "_write", full_disk)
     with pytest.raises(IndexError_, match="disk full while writing table entities .*snapshot v1 stays published"):
