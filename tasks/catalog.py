@@ -58,10 +58,20 @@ def is_local(uri: str) -> bool:
     return "://" not in uri or uri.startswith("file://")
 
 
-def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    """Rows (dicts) to an Arrow table of exactly ``schema`` (missing columns null, extra keys ignored)."""
-    cols = {f.name: [r.get(f.name) for r in rows] for f in schema}
-    return pa.Table.from_pydict(cols, schema=schema)
+def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema, fixed: dict[str, Any] | None = None,
+                  defaults: dict[str, Any] | None = None) -> pa.Table:
+    """Rows (dicts) to an Arrow table of exactly ``schema`` (missing columns null, extra keys ignored); a column in
+    ``fixed`` takes that value in every row, one in ``defaults`` takes it where the row has none (no row copied)."""
+    fixed, defaults = fixed or {}, defaults or {}
+
+    def column(name: str) -> list[Any]:
+        if name in fixed:
+            return [fixed[name]] * len(rows)
+        if name in defaults:
+            return [defaults[name] if r.get(name) is None else r[name] for r in rows]
+        return [r.get(name) for r in rows]
+
+    return pa.Table.from_pydict({f.name: column(f.name) for f in schema}, schema=schema)
 
 
 def to_table(name: str, rows: list[dict[str, Any]], dim: int, version: int, vectors: Any = None) -> pa.Table:
@@ -70,12 +80,10 @@ def to_table(name: str, rows: list[dict[str, Any]], dim: int, version: int, vect
     import numpy as np
 
     schema = schema_for(name, dim)
-    extra: dict[str, Any] = {"version": version}
-    rows = [dict(r, **extra, **({"staleness": 0.0} if "staleness" in schema.names and r.get("staleness") is None else {}))
-            for r in rows]
+    stamp = {"fixed": {"version": version}, "defaults": {"staleness": 0.0}}
     if "vector" not in schema.names:
-        return rows_to_table(rows, schema)
-    table = rows_to_table(rows, schema.remove(schema.get_field_index("vector")))
+        return rows_to_table(rows, schema, **stamp)
+    table = rows_to_table(rows, schema.remove(schema.get_field_index("vector")), **stamp)
     vecs = np.zeros((len(rows), dim), np.float32) if vectors is None and not rows else np.asarray(vectors, dtype=np.float32)
     if vecs.shape != (len(rows), dim):
         raise ValueError(f"{name}: {len(rows)} rows but a {vecs.shape} vector matrix (dimension {dim})")
