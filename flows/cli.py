@@ -465,6 +465,7 @@ def query(
                 ("Bridge: reasoning-path triples", ctx.bridge), ("Sources: chunks", ctx.chunks)]
     if ctx.seeds:
         out.print(f"[dim]graph seeds — named in the question: {', '.join(ctx.seeds.get('named', [])) or '(none)'}; "
+                  f"nearest to it: {', '.join(ctx.seeds.get('similar', [])) or '(none)'}; "
                   f"chained from the best sentences: {', '.join(ctx.seeds.get('chained', [])) or '(none)'}[/]")
     for title, items in sections:
         if not items:

@@ -178,7 +178,9 @@ def personalization(
         near = np.argpartition(-ent_sims, k - 1)[:k] if k else np.zeros(0, dtype=np.int64)
         near = np.sort(near[(ent_sims[near] >= params.vector_threshold) & graph.seedable[near]])
         ent[near] += ent_sims[near] * spec[near]
-        named = list(dict.fromkeys(named + [int(e) for e in near]))
+        similar = [int(e) for e in near if int(e) not in named]
+    else:
+        similar = []
     chained: list[int] = []
     if params.chain_chunks and params.chain_weight > 0 and graph.sent_ent.shape[0]:
         k = min(params.chain_chunks, n)
@@ -200,7 +202,7 @@ def personalization(
     chunk = np.where(prior > 0, params.prior_weight * (prior - lo) / (hi - lo) if hi > lo else params.prior_weight, 0.0)
     s = np.concatenate([chunk, ent])
     total = s.sum()
-    return (s / total if total > 0 else s), {"named": named, "chained": sorted(set(chained))}
+    return (s / total if total > 0 else s), {"named": named, "similar": similar, "chained": sorted(set(chained))}
 
 
 def ppr(walk: sp.csr_matrix, restart: np.ndarray, damping: float, iterations: int = 30, tol: float = 1e-7) -> np.ndarray:

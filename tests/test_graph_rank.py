@@ -136,3 +136,12 @@ def test_ppr_finds_the_second_hop_that_naive_misses(tmp_path):
     assert "p2" not in top3("naive")
     assert "p2" in top3("ppr")
     assert top3("ppr")[0] == "p1"
+
+
+def test_vector_seeds_are_reported_apart_from_named_ones():
+    rows = [("c0", "beatles", "Beatles."), ("c1", "wings", "Wings."), ("c2", "abba", "Abba.")]
+    params = RankParams(prior_weight=0.0, chain_chunks=0, vector_seeds=2, vector_threshold=0.4)
+    g = _graph(3, ["Beatles", "Wings", "Abba"], rows, params=params)
+    sims = np.array([0.9, 0.8, 0.1])  # Beatles is named and near; Wings only near; Abba neither
+    _, seeds = personalization(g, "Who were the Beatles?", np.zeros(3), params, sims)
+    assert seeds["named"] == [0] and seeds["similar"] == [1]
