@@ -30,6 +30,7 @@ from schemas.config import StrataConfig
 from schemas.tables import ChunkRow, DocumentRow, QuarantineRow, schema_for
 from tasks.catalog import Catalog, TableDelta, plain_rows, snapshot_note, to_table, vector_matrix
 from tasks.llm_client import LiteLLMClient, Usage
+from tasks.merge import ChunkOrder
 from tasks.methods import Hierarchy, Layer0, get_method
 from tasks.parallel import DaskPool, LocalMapper, Mapper
 from tasks.progress import reporter
@@ -280,7 +281,7 @@ def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: pa.Table)
     return layer0, mentions
 
 
-def chunk_order(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]) -> dict[str, tuple[str, int]]:
+def chunk_order(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]) -> ChunkOrder:
     """Every live chunk's place in the corpus: (its document's source id, its position in the document)."""
     source = {d["id"]: d["source_id"] for d in delta.kept + delta.incoming}
     old = run.previous("chunks")
@@ -290,7 +291,7 @@ def chunk_order(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]) -> dict[
 
 
 def _layer0(old_mentions: pa.Table | None, old_entities, old_relations, gone: set[str], new_mentions: pa.Table,
-            max_tokens: int, whole: bool, order) -> tuple[Layer0, pa.Table | TableDelta]:
+            max_tokens: int, whole: bool, order: ChunkOrder) -> tuple[Layer0, pa.Table | TableDelta]:
     import polars as pl
 
     from tasks.incremental import recompute_layer0

@@ -121,10 +121,6 @@ class TableDelta:
     values: list[str]
     add: pa.Table
 
-    @property
-    def num_rows(self) -> int:  # rows written by this run
-        return self.add.num_rows
-
 
 def _plain(data: pa.Table) -> "pa.Table | pa.RecordBatchReader":
     """Dictionary-encoded columns go out as plain strings, one batch at a time."""

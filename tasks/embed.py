@@ -48,16 +48,15 @@ def model_cache_dir() -> Path:
     """Where derived model files (the ONNX export of the packaged MiniLM) are kept: ``$STRATA_MODEL_CACHE``,
     else ``$XDG_CACHE_HOME/strata`` (``~/.cache/strata``)."""
     explicit = os.environ.get("STRATA_MODEL_CACHE")
-    base = Path(explicit) if explicit else Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "strata"
-    return base
+    return Path(explicit) if explicit else Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "strata"
 
 
 class LocalEmbedder:
     """The packaged all-MiniLM-L6-v2 (384-d, mean pooled, unit norm) on one of two runtimes.
 
     * ``onnx`` (default where bf16 is not native): ONNX Runtime over an export of the packaged weights, made
-      once per machine from site-packages (no download) and kept in ``model_cache_dir()``. About 1.3x the
-      texts/s of PyTorch on two cores with the same vectors (cosine to PyTorch's >= 0.99999, top-10
+      once per machine from site-packages (no download) and kept in ``model_cache_dir()``. 1.2-1.8x the
+      texts/s of PyTorch on two cores (more on short texts) with the same vectors (cosine to PyTorch's >= 0.99999, top-10
       neighbours identical; ``benchmarks/bench_embed.py``).
     * ``torch``: sentence-transformers, float32 or bf16 autocast (where the CPU does bf16 natively, it is the
       faster one)."""

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from tasks.communities import community_id
-from tasks.merge import graph_from_mentions
+from tasks.merge import ChunkOrder, graph_from_mentions
 
 
 @dataclass
@@ -67,18 +67,16 @@ def recompute_layer0(
     mentions: Any,  # rows, an Arrow table or a polars frame
     touched_keys: set[str],
     max_description_tokens: int,
-    order: dict[str, tuple[str, int]] | None = None,
+    order: ChunkOrder | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], set[str], set[str], set[str]]:
     """Layer-0 entities/extracted relations after the delta. Returns (entities, relations, added, removed, changed ids).
 
     ``mentions`` are all surviving + new mentions; ``touched_keys`` the entity keys and relation pair
     keys that appear in removed or new chunks; ``order`` places chunks in corpus order (``graph_from_mentions``)."""
-    from tasks.ids import normalize_name
-    from tasks.merge import entity_id
-
     import polars as pl
 
-    from tasks.merge import mention_frame
+    from tasks.ids import normalize_name
+    from tasks.merge import entity_id, mention_frame
 
     ent_keys = {k for k in touched_keys if "|" not in k}
     pair_keys = {k for k in touched_keys if "|" in k}

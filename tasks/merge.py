@@ -13,11 +13,11 @@ from collections import Counter, defaultdict
 from pathlib import PurePath
 from typing import Any
 
+from tasks.chunk import count_tokens
 from tasks.ids import make_id, normalize_name
 
 #: named types win over the generic noun-phrase type when counts tie
 TYPE_PRIORITY = ["person", "organization", "location", "event", "work", "technology", "group", "law", "language", "time", "concept"]
-
 
 
 def entity_id(layer: int, key: str) -> str:
@@ -120,21 +120,13 @@ def _budgeted(frame, group: str, max_tokens: int):
 
     distinct = (frame.select(group, "description").with_row_index("at").unique([group, "description"], keep="first")
                 .with_columns(pl.col("description").cast(pl.Utf8)))
-    texts = distinct.get_column("description").unique().to_list()
-    tokens = dict(zip(texts, _token_counts(texts)))
+    tokens = {t: count_tokens(t) for t in distinct.get_column("description").unique().to_list()}
     distinct = distinct.sort(group, "at").with_columns(
         n=pl.col("description").replace_strict(tokens, return_dtype=pl.Int64))
     distinct = distinct.with_columns(used=pl.col("n").cum_sum().over(group), first=pl.int_range(pl.len()).over(group) == 0)
     kept = distinct.filter(pl.col("first") | (pl.col("used") <= max_tokens))
     joined = kept.group_by(group, maintain_order=True).agg(pl.col("description").str.join(" "))
     return joined.join(distinct.group_by(group).agg(parts=pl.len()), on=group)
-
-
-def _token_counts(texts: list[str]) -> list[int]:
-    from tasks.chunk import get_encoding
-
-    encode = get_encoding().encode_ordinary
-    return [len(encode(t)) for t in texts]
 
 
 def graph_from_mentions(mentions: Any, max_description_tokens: int, order: ChunkOrder | None = None):
