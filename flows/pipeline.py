@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from flows.lineage import BuildResult, code_version, deployment_name, digest_of
 from schemas.config import StrataConfig
 from schemas.tables import ChunkRow, DocumentRow, QuarantineRow, schema_for
-from tasks.catalog import Catalog, TableDelta, plain_rows, snapshot_note, to_table, vector_matrix
+from tasks.catalog import Catalog, TableDelta, plain_rows, relation_table, snapshot_note, to_table, vector_matrix
 from tasks.llm_client import LiteLLMClient, Usage
 from tasks.merge import ChunkOrder
 from tasks.methods import Hierarchy, Layer0, get_method
@@ -273,10 +273,10 @@ def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: pa.Table)
         old = (dictionary_encoded(run.catalog.read("mentions", snap=run.snap, columns=list(MENTION_COLUMNS)))
                if run.snap else None)
         layer0, mentions = st.run(_layer0, old, run.previous_rows("entities"),
-                                  run.previous_rows("relations"), delta.gone_chunks, new,
+                                  run.previous("relations"), delta.gone_chunks, new,
                                   cfg.extract.max_description_tokens, run.snap is None, chunk_order(run, delta, chunks))
-        st.done(f"{len(layer0.entities)} entities, {len(layer0.relations)} relations", entities=len(layer0.entities),
-                relations=len(layer0.relations), added=len(layer0.added), removed=len(layer0.removed),
+        st.done(f"{len(layer0.entities)} entities, {layer0.relations.num_rows} relations", entities=len(layer0.entities),
+                relations=layer0.relations.num_rows, added=len(layer0.added), removed=len(layer0.removed),
                 changed=len(layer0.changed))
     return layer0, mentions
 
@@ -354,7 +354,7 @@ def assemble(run: PipelineRun, delta: Delta, documents, chunks, chunk_vectors, l
                            np.concatenate([vector_matrix(kept_chunks), chunk_vectors]) if kept_chunks.num_rows else chunk_vectors),
         "entities": to_table("entities", layer0.entities + hierarchy.entities, dim, version,
                              np.concatenate([layer0.vectors.reshape(-1, dim), hierarchy.vectors.reshape(-1, dim)])),
-        "relations": to_table("relations", layer0.relations + hierarchy.relations, dim, version),
+        "relations": _stamped(pa.concat_tables([layer0.relations, relation_table(hierarchy.relations)]), version),
         "layers": to_table("layers", hierarchy.layers or [], dim, version),
         "communities": to_table("communities", hierarchy.communities, dim, version),
         "community_reports": to_table("community_reports", hierarchy.reports, dim, version,

@@ -91,6 +91,15 @@ def to_table(name: str, rows: list[dict[str, Any]], dim: int, version: int, vect
     return table.append_column(schema.field("vector"), column).select(schema.names)
 
 
+def relation_table(relations: "pa.Table | list[dict[str, Any]]") -> pa.Table:
+    """Relations as an Arrow table of the ``relations`` schema: a table passes through, rows are converted (the
+    ``version`` stamp is 0 until the run stamps the snapshot's). Relations outnumber every other row of a
+    graph by far, so the pipeline holds them in this form, never as a dict per relation."""
+    if isinstance(relations, pa.Table):
+        return relations
+    return to_table("relations", relations, 0, 0)
+
+
 def plain_rows(table: pa.Table) -> list[dict[str, Any]]:
     """A table's rows as dicts, without the ``version`` stamp and the ``vector`` column (vectors travel as matrices)."""
     return table.drop([c for c in ("version", "vector") if c in table.column_names]).to_pylist()

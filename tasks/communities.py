@@ -10,19 +10,21 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+import pyarrow as pa
+
+from tasks.catalog import relation_table
 from tasks.ids import make_id
 
 
-def graph_edges(relations: list[dict[str, Any]]) -> list[tuple[str, str, float]]:
+def graph_edges(relations: pa.Table | list[dict[str, Any]]) -> list[tuple[str, str, float]]:
     """Undirected weighted edges of G_k (extracted and summary_of), merged per endpoint pair, sorted."""
-    weights: dict[tuple[str, str], float] = defaultdict(float)
-    for r in relations:
-        a, b = r["source_id"], r["target_id"]
-        if a == b:
-            continue
-        key = (a, b) if a < b else (b, a)
-        weights[key] += float(r["weight"])
-    return [(a, b, w) for (a, b), w in sorted(weights.items())]
+    import polars as pl
+
+    t = pl.from_arrow(relation_table(relations).select(["source_id", "target_id", "weight"]))
+    t = (t.filter(pl.col("source_id") != pl.col("target_id"))
+         .select(a=pl.min_horizontal("source_id", "target_id"), b=pl.max_horizontal("source_id", "target_id"), w="weight")
+         .group_by("a", "b", maintain_order=True).agg(pl.col("w").sum()).sort("a", "b"))
+    return list(zip(t.get_column("a").to_list(), t.get_column("b").to_list(), t.get_column("w").to_list()))
 
 
 def community_id(level: int, members: list[str]) -> str:
@@ -31,7 +33,7 @@ def community_id(level: int, members: list[str]) -> str:
 
 def detect_communities(
     entity_ids: list[str],
-    relations: list[dict[str, Any]],
+    relations: pa.Table | list[dict[str, Any]],
     max_cluster_size: int,
     seed: int,
     resolution: float = 1.0,

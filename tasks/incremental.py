@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from tasks.catalog import relation_table
 from tasks.communities import community_id
 from tasks.merge import ChunkOrder, graph_from_mentions
 
@@ -63,20 +66,20 @@ def diff_documents(existing: list[dict[str, Any]], incoming: list[dict[str, Any]
 
 def recompute_layer0(
     old_entities: list[dict[str, Any]],
-    old_relations: list[dict[str, Any]],
+    old_relations: pa.Table | list[dict[str, Any]],
     mentions: Any,  # rows, an Arrow table or a polars frame
     touched_keys: set[str],
     max_description_tokens: int,
     order: ChunkOrder | None = None,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], set[str], set[str], set[str]]:
-    """Layer-0 entities/extracted relations after the delta. Returns (entities, relations, added, removed, changed ids).
+) -> tuple[list[dict[str, Any]], pa.Table, set[str], set[str], set[str]]:
+    """Layer-0 entities/extracted relations after the delta. Returns (entities, relations (a table), added,
+    removed, changed ids).
 
     ``mentions`` are all surviving + new mentions; ``touched_keys`` the entity keys and relation pair
     keys that appear in removed or new chunks; ``order`` places chunks in corpus order (``graph_from_mentions``)."""
     import polars as pl
 
-    from tasks.ids import normalize_name
-    from tasks.merge import entity_id, mention_frame
+    from tasks.merge import entity_id, mention_frame, relation_degrees
 
     ent_keys = {k for k in touched_keys if "|" not in k}
     pair_keys = {k for k in touched_keys if "|" in k}
@@ -101,26 +104,25 @@ def recompute_layer0(
     changed = {i for i in set(new_by_id) & set(old_by_id)
                if (new_by_id[i]["description"], new_by_id[i]["type"], new_by_id[i]["name"])
                != (old_by_id[i]["description"], old_by_id[i]["type"], old_by_id[i]["name"])}
-    # relations whose pair or an endpoint was touched are replaced by the recomputed ones
-    key_of = {e["id"]: normalize_name(e["name"]) for e in old_entities if e["layer"] == 0}
-    live = {e["id"] for e in entities}
-    kept = []
-    for r in old_relations:
-        if r["kind"] != "extracted":
-            continue
-        a, b = sorted((key_of.get(r["source_id"], ""), key_of.get(r["target_id"], "")))
-        if f"{a}|{b}" in pair_keys or r["source_id"] in touched_ids or r["target_id"] in touched_ids:
-            continue
-        kept.append(r)
-    fresh = [r for r in new_rels if r["source_id"] in live and r["target_id"] in live
-             and (r["source_id"] in touched_ids or r["target_id"] in touched_ids)]
-    relations = kept + fresh
-    degree = Counter()
-    for r in relations:
-        degree[r["source_id"]] += 1
-        degree[r["target_id"]] += 1
-    entities = [dict(e, degree=degree[e["id"]]) for e in entities]
-    return sorted(entities, key=lambda e: e["id"]), sorted(relations, key=lambda r: r["id"]), added, removed, changed
+    # relations whose pair or an endpoint was touched are replaced by the recomputed ones (ids are ordered
+    # within a relation, and an entity's id is that of its key)
+    old = relation_table(old_relations)
+    old = old.filter(pc.equal(old.column("kind"), "extracted"))
+    pairs = pa.array(sorted("|".join(sorted(entity_id(0, p) for p in k.split("|"))) for k in pair_keys), pa.string())
+    ends = pa.array(sorted(touched_ids), pa.string())
+
+    def touching(t):
+        return pc.or_(pc.is_in(t.column("source_id"), value_set=ends), pc.is_in(t.column("target_id"), value_set=ends))
+
+    gone = pc.or_(touching(old), pc.is_in(pc.binary_join_element_wise(old.column("source_id"), old.column("target_id"), "|"),
+                                          value_set=pairs))
+    live = pa.array(sorted(e["id"] for e in entities), pa.string())
+    fresh = new_rels.filter(pc.and_(pc.and_(pc.is_in(new_rels.column("source_id"), value_set=live),
+                                            pc.is_in(new_rels.column("target_id"), value_set=live)), touching(new_rels)))
+    relations = pa.concat_tables([old.filter(pc.invert(gone)), fresh]).sort_by("id")
+    degree = relation_degrees(relations)
+    entities = [dict(e, degree=degree.get(e["id"], 0)) for e in entities]
+    return sorted(entities, key=lambda e: e["id"]), relations, added, removed, changed
 
 
 def _members(relations: list[dict[str, Any]]) -> dict[str, set[str]]:
@@ -257,7 +259,7 @@ def attach(
 def place_in_communities(
     communities: list[dict[str, Any]],
     entity_ids: set[str],
-    relations: list[dict[str, Any]],
+    relations: pa.Table | list[dict[str, Any]],
     new_ids: set[str],
 ) -> tuple[list[dict[str, Any]], Counter, set[str]]:
     """Keep community ids; drop gone members, add new nodes by neighbour majority, level by level down.
@@ -271,10 +273,13 @@ def place_in_communities(
         if len(kept) != len(c["entity_ids"]):
             forced.add(c["id"])
         c["entity_ids"] = kept
-    neighbours: dict[str, list[str]] = defaultdict(list)
-    for r in relations:
-        neighbours[r["source_id"]].append(r["target_id"])
-        neighbours[r["target_id"]].append(r["source_id"])
+    neighbours: dict[str, list[str]] = defaultdict(list)  # of the new nodes
+    rels = relation_table(relations)
+    new = pa.array(sorted(new_ids), pa.string())
+    rels = rels.filter(pc.or_(pc.is_in(rels.column("source_id"), value_set=new), pc.is_in(rels.column("target_id"), value_set=new)))
+    for a, b in zip(rels.column("source_id").to_pylist(), rels.column("target_id").to_pylist()):
+        neighbours[a].append(b)
+        neighbours[b].append(a)
     top_of: dict[str, list[str]] = defaultdict(list)  # entity -> its top-level (level 0) communities
     for c in comms:
         if c["level"] == 0:

@@ -9,7 +9,7 @@ and weighted by the number of distinct supporting sentences.
 from __future__ import annotations
 
 import re
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import PurePath
 from typing import Any
 
@@ -175,15 +175,33 @@ def graph_from_mentions(mentions: Any, max_description_tokens: int, order: Chunk
                 .join(rels.group_by("pair").agg(pl.col("chunk_id").unique().sort().alias("source_chunk_ids")), on="pair")
                 .with_columns(pl.col("pair").str.split_exact("|", 1).struct.rename_fields(["source_id", "target_id"])
                               .alias("st")).unnest("st").sort("source_id", "target_id"))
-    relations = [{"id": relation_id(r["source_id"], r["target_id"], "extracted"), "source_id": r["source_id"],
-                  "target_id": r["target_id"], "kind": "extracted", "description": r["description"],
-                  "weight": float(r["parts"]), "source_chunk_ids": r["source_chunk_ids"]}
-                 for r in relation.iter_rows(named=True)]
-    degree = Counter(e for r in relations for e in (r["source_id"], r["target_id"]))
+    pairs = zip(relation.get_column("source_id").to_list(), relation.get_column("target_id").to_list())
+    relations = relation_frame(relation.with_columns(
+        id=pl.Series([relation_id(a, b, "extracted") for a, b in pairs], dtype=pl.Utf8), kind=pl.lit("extracted"),
+        weight=pl.col("parts").cast(pl.Float64)))
+    degree = relation_degrees(relations)
     entities = [{"id": i, "name": e["name"], "type": e["type"], "description": e["description"], "layer": 0,
-                 "source_chunk_ids": e["source_chunk_ids"], "degree": degree[i]}
+                 "source_chunk_ids": e["source_chunk_ids"], "degree": degree.get(i, 0)}
                 for i, e in zip(ids.get_column("id").to_list(), entity.iter_rows(named=True))]
     return entities, relations
+
+
+def relation_frame(frame):
+    """A polars frame with the relation columns as an Arrow table of the ``relations`` schema (version 0)."""
+    import polars as pl
+
+    from schemas.tables import schema_for
+
+    schema = schema_for("relations", 0)
+    return frame.with_columns(version=pl.lit(0, pl.Int64)).select(schema.names).to_arrow().cast(schema)
+
+
+def relation_degrees(relations) -> dict[str, int]:
+    """Entity id -> number of relations it is an endpoint of (an Arrow table of relations)."""
+    import polars as pl
+
+    counts = pl.from_arrow(relations.select(["source_id", "target_id"])).unpivot().group_by("value").len()
+    return dict(zip(counts.get_column("value").to_list(), counts.get_column("len").to_list()))
 
 
 def merge_graph(

@@ -18,29 +18,63 @@ import math
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tasks.catalog import relation_table
 from tasks.chunk import count_tokens, truncate_tokens
 from tasks.ids import make_id
 from tasks.llm import LLMClient, ParseError, parse_json, run_sync
 
 PROMPT_VERSION = "community-report/1"
 MAX_FINDINGS = 5
+MAX_PROMPT_RELATIONS = 40
 
 
-def _material(comm: dict[str, Any], ents: dict[str, dict[str, Any]], rels_by_node: dict[str, list[dict[str, Any]]]):
-    members = set(comm["entity_ids"])
-    inner = {}
-    for eid in comm["entity_ids"]:
-        for r in rels_by_node.get(eid, []):
-            if r["source_id"] in members and r["target_id"] in members:
-                inner[r["id"]] = r
-    rels = sorted(inner.values(), key=lambda r: (r["kind"] != "extracted", -r["weight"], r["id"]))
-    degree: dict[str, float] = defaultdict(float)
-    for r in rels:
-        degree[r["source_id"]] += r["weight"]
-        degree[r["target_id"]] += r["weight"]
+class RelationIndex:
+    """The relations of G_k by entity, columnar (no dict per relation): what a community's report needs of them."""
+
+    def __init__(self, relations: pa.Table | list[dict[str, Any]], entity_ids: list[str]):
+        t = relation_table(relations)
+        at = {e: i for i, e in enumerate(entity_ids)}
+        src = np.array([at.get(e, -1) for e in t.column("source_id").to_pylist()], dtype=np.int64)
+        tgt = np.array([at.get(e, -1) for e in t.column("target_id").to_pylist()], dtype=np.int64)
+        known = np.flatnonzero((src >= 0) & (tgt >= 0))
+        self.table = t.take(pa.array(known)).select(["id", "source_id", "target_id", "kind", "description", "weight"])
+        self.src, self.tgt, self.at = src[known], tgt[known], at
+        self.weight = self.table.column("weight").to_numpy()
+        self.extracted = pc.equal(self.table.column("kind"), "extracted").to_numpy(zero_copy_only=False)
+        self.rank = np.empty(len(known), dtype=np.int64)  # order of the relation ids
+        self.rank[pc.sort_indices(self.table.column("id")).to_numpy()] = np.arange(len(known))
+        ends = np.concatenate([self.src, self.tgt])  # adjacency (CSR): entity i's relations are
+        order = np.argsort(ends, kind="stable")  # by_node[start[i]:start[i + 1]]
+        self.by_node = order % max(1, len(known))
+        self.start = np.searchsorted(ends[order], np.arange(len(entity_ids) + 1))
+
+    def inner(self, members: list[str]) -> np.ndarray:
+        """The relations between members, strongest first: extracted before summary_of, then by weight, then id."""
+        m = np.array(sorted({self.at[e] for e in members}), dtype=np.int64)
+        if not len(m) or not len(self.src):
+            return np.zeros(0, dtype=np.int64)
+        cand = np.unique(np.concatenate([self.by_node[self.start[i]:self.start[i + 1]] for i in m]))
+        cand = cand[np.isin(self.src[cand], m) & np.isin(self.tgt[cand], m)]
+        return cand[np.lexsort((self.rank[cand], -self.weight[cand], ~self.extracted[cand]))]
+
+    def rows(self, idx: np.ndarray) -> list[dict[str, Any]]:
+        return self.table.take(pa.array(idx, type=pa.int64())).to_pylist()
+
+
+def _material(comm: dict[str, Any], ents: dict[str, dict[str, Any]], index: RelationIndex):
+    """Members ranked for the report, the inner relations that can be shown (strongest first) and the total
+    weight of all of them."""
+    inner = index.inner(comm["entity_ids"])
+    ends = np.stack([index.src[inner], index.tgt[inner]], axis=1).reshape(-1)
+    degree = np.zeros(len(index.at), dtype=np.float64)
+    np.add.at(degree, ends, np.repeat(index.weight[inner], 2))  # in relation order, as a running sum would
     # concrete (layer-0) entities first, most connected first; summary entities after them
-    ranked = sorted(comm["entity_ids"], key=lambda e: (ents[e]["layer"] > 0, -degree[e], ents[e]["name"]))
-    return ranked, rels, sum(r["weight"] for r in rels)
+    ranked = sorted(comm["entity_ids"], key=lambda e: (ents[e]["layer"] > 0, -degree[index.at[e]], ents[e]["name"]))
+    return ranked, index.rows(inner[:MAX_PROMPT_RELATIONS]), sum(index.weight[inner].tolist())
 
 
 def _title(ranked: list[str], ents: dict[str, dict[str, Any]]) -> str:
@@ -62,8 +96,8 @@ def _finding(r: dict[str, Any], ents: dict[str, dict[str, Any]]) -> str:
     return f"{a} — {b}: {truncate_tokens(r['description'], 60)}"
 
 
-def offline_report(comm, ents, rels_by_node, child_reports: list[dict[str, Any]], budget: int) -> dict[str, Any]:
-    ranked, rels, weight = _material(comm, ents, rels_by_node)
+def offline_report(comm, ents, index, child_reports: list[dict[str, Any]], budget: int) -> dict[str, Any]:
+    ranked, rels, weight = _material(comm, ents, index)
     title = _title(ranked, ents)
     descriptions = [f"{ents[e]['name']}: {ents[e]['description']}" for e in ranked]
     own = " ".join(descriptions)
@@ -78,13 +112,13 @@ def offline_report(comm, ents, rels_by_node, child_reports: list[dict[str, Any]]
     return {"title": title, "summary": summary, "findings": findings, "weight": weight}
 
 
-def report_prompt(comm, ents, rels_by_node, child_reports, budget: int) -> list[dict[str, str]]:
-    ranked, rels, _ = _material(comm, ents, rels_by_node)
+def report_prompt(comm, ents, index, child_reports, budget: int) -> list[dict[str, str]]:
+    ranked, rels, _ = _material(comm, ents, index)
     if child_reports and sum(count_tokens(ents[e]["description"]) for e in ranked) > budget:
         material = "Sub-community reports:\n" + "\n".join(f"- {c['title']}: {c['summary']}" for c in child_reports)
     else:
         material = "Entities:\n" + "\n".join(f"- {ents[e]['name']} ({ents[e]['type']}): {ents[e]['description']}" for e in ranked)
-        material += "\nRelations:\n" + "\n".join(f"- {_finding(r, ents)}" for r in rels[:40])
+        material += "\nRelations:\n" + "\n".join(f"- {_finding(r, ents)}" for r in rels)
     return [
         {"role": "system", "content": "You write concise, factual reports about communities of a knowledge graph. Answer with JSON only."},
         {
@@ -98,7 +132,7 @@ def report_prompt(comm, ents, rels_by_node, child_reports, budget: int) -> list[
 def build_reports(
     communities: list[dict[str, Any]],
     entities: list[dict[str, Any]],
-    relations: list[dict[str, Any]],
+    relations: pa.Table | list[dict[str, Any]],
     budget: int,
     client: LLMClient | None = None,
     only: set[str] | None = None,
@@ -108,10 +142,7 @@ def build_reports(
 
     With ``only``, just those communities are (re)written; the others keep their ``existing`` report."""
     ents = {e["id"]: e for e in entities}
-    rels_by_node: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in relations:
-        rels_by_node[r["source_id"]].append(r)
-        rels_by_node[r["target_id"]].append(r)
+    index = RelationIndex(relations, list(ents))
     children: dict[str, list[str]] = defaultdict(list)
     for c in communities:
         if c["parent_id"]:
@@ -122,12 +153,12 @@ def build_reports(
         batch = [c for c in communities if c["level"] == level and (only is None or c["id"] in only or c["id"] not in done)]
         if not batch:
             continue
-        drafts = [offline_report(c, ents, rels_by_node, [done[k] for k in children[c["id"]]], budget) for c in batch]
+        drafts = [offline_report(c, ents, index, [done[k] for k in children[c["id"]]], budget) for c in batch]
         max_w = max((d["weight"] for d in drafts), default=0.0)
         for c, d in zip(batch, drafts):
             d["rating"] = round(10 * math.log1p(d["weight"]) / math.log1p(max_w), 2) if max_w > 0 else 0.0
         if client is not None:
-            answers = run_sync(_llm_level(client, batch, ents, rels_by_node, children, done, budget))
+            answers = run_sync(_llm_level(client, batch, ents, index, children, done, budget))
             for c, d, a in zip(batch, drafts, answers):
                 if isinstance(a, dict):
                     d.update(a)
@@ -168,9 +199,9 @@ def parse_report(text: str) -> dict[str, Any]:
     }
 
 
-async def _llm_level(client, batch, ents, rels_by_node, children, done, budget) -> list[dict[str, Any] | str]:
+async def _llm_level(client, batch, ents, index, children, done, budget) -> list[dict[str, Any] | str]:
     async def one(c):
-        messages = report_prompt(c, ents, rels_by_node, [done[k] for k in children[c["id"]]], budget)
+        messages = report_prompt(c, ents, index, [done[k] for k in children[c["id"]]], budget)
         try:
             return await client.complete(messages, prompt_version=PROMPT_VERSION, json_mode=True, parse=parse_report)
         except Exception as exc:  # noqa: BLE001 - keep the offline draft

@@ -48,8 +48,8 @@ def test_merge_resolves_by_normalised_name():
     assert s["description"] == "S1. S2."  # distinct, in order
     assert s["source_chunk_ids"] == ["c1", "c2"]
     assert s["degree"] == 1
-    assert len(relations) == 1  # both directions merged, self-loop dropped
-    r = relations[0]
+    assert relations.num_rows == 1  # both directions merged, self-loop dropped (relations stay an Arrow table)
+    r = relations.to_pylist()[0]
     assert r["weight"] == 2.0 and r["source_chunk_ids"] == ["c1", "c2"]
     assert {r["source_id"], r["target_id"]} == {s["id"], by_name["London"]["id"]}
     again, _ = merge_graph(ents, rels, max_description_tokens=100)

@@ -32,7 +32,7 @@ class Layer0:
 
     entities: list[EntityRow]
     vectors: np.ndarray  # aligned with ``entities``
-    relations: list[RelationRow]
+    relations: pa.Table  # the ``relations`` schema (``catalog.relation_table``): they outnumber all other rows
     added: set[str] = field(default_factory=set)  # update: ids new since the previous snapshot
     removed: set[str] = field(default_factory=set)  # update: ids gone
     changed: set[str] = field(default_factory=set)  # update: ids whose name, type or description changed

@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from tasks.catalog import plain_rows, vector_matrix
+from tasks.catalog import plain_rows, relation_table, vector_matrix
 from tasks.ids import quarantine_row
 from tasks.methods import Hierarchy, Layer0, MethodContext
 
@@ -60,7 +62,7 @@ class HiRAG:
             built = [r for r in layers if not r["stopped"]]
             st.done(f"{len(built)} layers, {len(ents)} summary entities, "
                     f"stop: {layers[-1]['stop_reason'] if layers else 'disabled'}", layers=len(built), summary_entities=len(ents))
-        entities, relations = layer0.entities + ents, layer0.relations + rels
+        entities, relations = layer0.entities + ents, pa.concat_tables([layer0.relations, relation_table(rels)])
         with ctx.stage("communities") as st:
             communities = st.run(detect_communities, [e["id"] for e in entities], relations,
                                  cfg.communities.max_cluster_size, cfg.seed, cfg.communities.resolution)
@@ -96,12 +98,14 @@ class HiRAG:
             summaries = plain_rows(old.take(upper))
             vectors = dict(zip([e["id"] for e in layer0.entities], layer0.vectors))
             vectors.update(zip([s["id"] for s in summaries], vector_matrix(old.take(upper))))
-            links = [r for r in plain_rows(ctx.previous("relations")) if r["kind"] == "summary_of"]
+            previous = ctx.previous("relations")
+            links = plain_rows(previous.filter(pc.equal(previous.column("kind"), "summary_of")))
             att = st.run(attach, layer0.entities, summaries, links, vectors, layer0.added, layer0.removed,
                          layer0.changed, cfg.incremental.tau, summarize, embed_rows, cfg.incremental.refresh_staleness)
             st.done(f"{len(att.attached)} attached, {len(att.refreshed)} summaries refreshed", attached=len(att.attached),
                     refreshed=len(att.refreshed), dropped=len(att.removed), summary_operations=att.operations)
-        entities, relations = layer0.entities + att.entities, layer0.relations + att.relations
+        entities = layer0.entities + att.entities
+        relations = pa.concat_tables([layer0.relations, relation_table(att.relations)])
         with ctx.stage("communities") as st:
             comms, grown, forced = st.run(place_in_communities, plain_rows(ctx.previous("communities")),
                                           {e["id"] for e in entities}, relations, layer0.added)
