@@ -142,11 +142,12 @@ def graph_from_mentions(mentions: Any, max_description_tokens: int, order: Chunk
 
     order = order or {}
     place = {c: i for i, c in enumerate(sorted(order, key=lambda c: (order[c], c)))}  # chunk -> rank in the corpus
-    m = mention_frame(mentions)
-    m = (m.with_columns(place=pl.col("chunk_id").replace_strict(place, default=-1, return_dtype=pl.Int64))
-         .sort("place", "chunk_id", "seq").drop("place"))
-
-    ents = m.filter((pl.col("kind") == "entity") & (pl.col("key") != ""))
+    m = mention_frame(mentions).with_columns(place=pl.col("chunk_id").replace_strict(place, default=-1, return_dtype=pl.Int64))
+    corpus_order = ("place", "chunk_id", "seq")  # each part holds only the columns it needs
+    ents = (m.filter((pl.col("kind") == "entity") & (pl.col("key") != ""))
+            .select(*corpus_order, "key", "name", "type", "description").sort(corpus_order))
+    rels = m.filter(pl.col("kind") == "relation").select(*corpus_order, "key", "description").sort(corpus_order)
+    del m
     names = (ents.group_by("key", "name").agg(n=pl.len()).with_columns(pl.col("name").cast(pl.Utf8))
              .with_columns(upper=(pl.col("name") == pl.col("name").str.to_uppercase())
                            & (pl.col("name") != pl.col("name").str.to_lowercase()),
@@ -164,16 +165,17 @@ def graph_from_mentions(mentions: Any, max_description_tokens: int, order: Chunk
     keys = entity.get_column("key").to_list()
     ids = pl.DataFrame({"key": keys, "id": [entity_id(0, k) for k in keys]})
 
-    rels = (m.filter(pl.col("kind") == "relation")
-            .with_columns(pl.col("key").str.split_exact("|", 1).struct.rename_fields(["a", "b"]).alias("ab"))
-            .unnest("ab").filter(pl.col("a") != pl.col("b"))
-            .join(ids.rename({"key": "a", "id": "ida"}), on="a")
-            .join(ids.rename({"key": "b", "id": "idb"}), on="b")
-            .with_columns(pair=pl.concat_str(pl.min_horizontal("ida", "idb"), pl.max_horizontal("ida", "idb"),
-                                             separator="|")))
+    pair_of = (rels.select(pl.col("key").unique())  # relation key "a|b" -> "id(a)|id(b)", ids in order
+               .with_columns(pl.col("key").str.split_exact("|", 1).struct.rename_fields(["a", "b"]).alias("ab"))
+               .unnest("ab").filter(pl.col("a") != pl.col("b"))
+               .join(ids.rename({"key": "a", "id": "ida"}), on="a")
+               .join(ids.rename({"key": "b", "id": "idb"}), on="b")
+               .select("key", pair=pl.concat_str(pl.min_horizontal("ida", "idb"), pl.max_horizontal("ida", "idb"),
+                                                 separator="|").cast(pl.Categorical)))
+    rels = rels.join(pair_of, on="key", maintain_order="left").drop("key")
     relation = (_budgeted(rels, "pair", max_description_tokens)
                 .join(rels.group_by("pair").agg(pl.col("chunk_id").unique().sort().alias("source_chunk_ids")), on="pair")
-                .with_columns(pl.col("pair").str.split_exact("|", 1).struct.rename_fields(["source_id", "target_id"])
+                .with_columns(pl.col("pair").cast(pl.Utf8).str.split_exact("|", 1).struct.rename_fields(["source_id", "target_id"])
                               .alias("st")).unnest("st").sort("source_id", "target_id"))
     pairs = zip(relation.get_column("source_id").to_list(), relation.get_column("target_id").to_list())
     relations = relation_frame(relation.with_columns(
