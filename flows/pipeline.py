@@ -266,15 +266,12 @@ def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: pa.Table)
     """Layer 0 from the mentions: merged whole for a build, recomputed for the keys the delta touched for an
     update. Returns it with the new snapshot's ``mentions``: the whole table for a build, the change (rows of
     the chunks that went, rows of the new ones) for an update."""
-    from tasks.merge import MENTION_COLUMNS, dictionary_encoded
-
     cfg = run.cfg
     with run.stage("merge") as st:
-        old = (dictionary_encoded(run.catalog.read("mentions", snap=run.snap, columns=list(MENTION_COLUMNS)))
-               if run.snap else None)
-        layer0, mentions = st.run(_layer0, old, run.previous_rows("entities"),
+        stored = (lambda columns: run.catalog.batches("mentions", run.snap, columns)) if run.snap else None
+        layer0, mentions = st.run(_layer0, stored, run.previous_rows("entities"),
                                   run.previous("relations"), delta.gone_chunks, new,
-                                  cfg.extract.max_description_tokens, run.snap is None, chunk_order(run, delta, chunks))
+                                  cfg.extract.max_description_tokens, chunk_order(run, delta, chunks))
         st.done(f"{len(layer0.entities)} entities, {layer0.relations.num_rows} relations", entities=len(layer0.entities),
                 relations=layer0.relations.num_rows, added=len(layer0.added), removed=len(layer0.removed),
                 changed=len(layer0.changed))
@@ -290,25 +287,28 @@ def chunk_order(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]) -> Chunk
             [*pairs, *((c["id"], c["document_id"], c["chunk_index"]) for c in chunks)]}
 
 
-def _layer0(old_mentions: pa.Table | None, old_entities, old_relations, gone: set[str], new_mentions: pa.Table,
-            max_tokens: int, whole: bool, order: ChunkOrder) -> tuple[Layer0, pa.Table | TableDelta]:
+def _layer0(stored, old_entities, old_relations, gone: set[str], new_mentions: pa.Table, max_tokens: int,
+            order: ChunkOrder) -> tuple[Layer0, pa.Table | TableDelta]:
+    """Layer 0 merged whole (a build: ``stored`` is None) or recomputed for the keys the delta touched (an update:
+    ``stored(columns)`` scans the previous snapshot's mentions batch by batch)."""
     import polars as pl
 
-    from tasks.incremental import recompute_layer0
-    from tasks.merge import graph_from_mentions
+    from tasks.incremental import recompute_layer0, stored_mention_select
+    from tasks.merge import MENTION_COLUMNS, graph_from_mentions
 
     rank = (pl.from_arrow(new_mentions.select(["chunk_id", "seq"])).with_row_index("i")
             .sort(pl.col("chunk_id").cast(pl.Utf8), "seq").get_column("i"))
     new_mentions = new_mentions.take(rank.to_arrow())  # canonical order: (chunk id, seq)
-    if whole:
+    if stored is None:
         entities, relations = graph_from_mentions(new_mentions, max_tokens, order=order)
         return Layer0(entities, np.zeros((0, 0)), relations, added={e["id"] for e in entities}), new_mentions
-    leaving = pc.is_in(old_mentions.column("chunk_id"), value_set=pa.array(sorted(gone), pa.string()))
-    touched = set(old_mentions.filter(leaving).column("key").to_pylist()) | set(new_mentions.column("key").to_pylist())
-    new_cols = new_mentions.select(old_mentions.column_names)
-    mentions = pa.concat_tables([old_mentions.filter(pc.invert(leaving)), new_cols.cast(old_mentions.schema)])
+    leaving = pa.array(sorted(gone), pa.string())
+    touched = set(new_mentions.column("key").to_pylist())
+    for batch in stored(["chunk_id", "key"]):  # the keys of the chunks that go
+        touched |= set(batch.filter(pc.is_in(batch.column("chunk_id"), value_set=leaving)).column("key").to_pylist())
+    select = stored_mention_select(lambda: stored(list(MENTION_COLUMNS)), gone, new_mentions)
     entities, relations, added, removed, changed = recompute_layer0(
-        [e for e in old_entities if e["layer"] == 0], old_relations, mentions, touched, max_tokens, order)
+        [e for e in old_entities if e["layer"] == 0], old_relations, select, touched, max_tokens, order)
     return (Layer0(entities, np.zeros((0, 0)), relations, added, removed, changed),
             TableDelta("chunk_id", sorted(gone), new_mentions))
 
@@ -350,8 +350,8 @@ def assemble(run: PipelineRun, delta: Delta, documents, chunks, chunk_vectors, l
     quarantine += run.quarantine + hierarchy.quarantine
     tables = {
         "documents": to_table("documents", documents, dim, version),
-        "chunks": to_table("chunks", plain_rows(kept_chunks) + chunks, dim, version,
-                           np.concatenate([vector_matrix(kept_chunks), chunk_vectors]) if kept_chunks.num_rows else chunk_vectors),
+        "chunks": _stamped(pa.concat_tables([kept_chunks.cast(schema_for("chunks", dim))] * bool(kept_chunks.num_rows)
+                                            + [to_table("chunks", chunks, dim, version, chunk_vectors)]), version),
         "entities": to_table("entities", layer0.entities + hierarchy.entities, dim, version,
                              np.concatenate([layer0.vectors.reshape(-1, dim), hierarchy.vectors.reshape(-1, dim)])),
         "relations": _stamped(pa.concat_tables([layer0.relations, relation_table(hierarchy.relations)]), version),

@@ -223,6 +223,20 @@ class Catalog:
         except Exception as exc:  # noqa: BLE001 - a damaged or missing file: say which table and version
             raise self._damaged(name, snap, exc) from None
 
+    def batches(self, name: str, snap: dict[str, Any], columns: list[str], batch_rows: int = 200_000
+                ) -> Iterator[pa.RecordBatch]:
+        """A table of the snapshot read ``batch_rows`` rows at a time, only ``columns``: for scans that keep
+        a few rows of a table too large to hold."""
+        try:
+            tbl = self.open_table(name, snap=snap)
+            if tbl is None:
+                return
+            yield from tbl.search().select(columns).limit(None).to_batches(batch_rows)
+        except IndexError_:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise self._damaged(name, snap, exc) from None
+
     def _damaged(self, name: str, snap: dict[str, Any] | None, exc: Exception) -> "IndexError_":
         pinned = (snap or {}).get("tables", {}).get(name, "latest")
         where = f"version {pinned} of snapshot v{snap['version']}" if snap else "latest version"

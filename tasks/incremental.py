@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -64,10 +65,46 @@ def diff_documents(existing: list[dict[str, Any]], incoming: list[dict[str, Any]
     return out
 
 
+MentionSelect = Callable[[Any], Any]  # a polars expression -> the mention rows (with ``a``, ``b``) it keeps
+
+
+def _with_ends(frame):
+    """Mentions with the two ends ``a`` and ``b`` of a relation key "a|b" (null ``b`` for entities), text as strings."""
+    import polars as pl
+
+    return (frame.with_columns(pl.col(pl.Categorical).cast(pl.Utf8))
+            .with_columns(pl.col("key").str.split_exact("|", 1).struct.rename_fields(["a", "b"]).alias("ab")).unnest("ab"))
+
+
+def mention_select(mentions: Any) -> MentionSelect:
+    """Selection from mentions held in memory (rows, an Arrow table or a polars frame)."""
+    from tasks.merge import mention_frame
+
+    return _with_ends(mention_frame(mentions)).filter
+
+
+def stored_mention_select(batches: Callable[[], Iterable[pa.RecordBatch]], gone: set[str], new: pa.Table) -> MentionSelect:
+    """Selection from the previous snapshot's mentions (``batches`` scans them), without those of the ``gone``
+    chunks, and the ``new`` ones: each selection reads the stored table batch by batch and holds only the rows
+    it keeps, so an update never loads the whole table."""
+    import polars as pl
+
+    from tasks.merge import mention_frame
+
+    gone_ids = sorted(gone)
+
+    def select(expr):
+        parts = [_with_ends(mention_frame(pa.Table.from_batches([b]))).filter(~pl.col("chunk_id").is_in(gone_ids) & expr)
+                 for b in batches()]
+        return pl.concat([*parts, _with_ends(mention_frame(new)).filter(expr)])
+
+    return select
+
+
 def recompute_layer0(
     old_entities: list[dict[str, Any]],
     old_relations: pa.Table | list[dict[str, Any]],
-    mentions: Any,  # rows, an Arrow table or a polars frame
+    mentions: Any,
     touched_keys: set[str],
     max_description_tokens: int,
     order: ChunkOrder | None = None,
@@ -75,25 +112,25 @@ def recompute_layer0(
     """Layer-0 entities/extracted relations after the delta. Returns (entities, relations (a table), added,
     removed, changed ids).
 
-    ``mentions`` are all surviving + new mentions; ``touched_keys`` the entity keys and relation pair
-    keys that appear in removed or new chunks; ``order`` places chunks in corpus order (``graph_from_mentions``)."""
+    ``mentions`` are all surviving + new mentions (rows, an Arrow table, a polars frame or a ``MentionSelect``
+    over them); ``touched_keys`` the entity keys and relation pair keys that appear in removed or new chunks;
+    ``order`` places chunks in corpus order (``graph_from_mentions``)."""
     import polars as pl
 
-    from tasks.merge import entity_id, mention_frame, relation_degrees
+    from tasks.merge import entity_id, relation_degrees
 
     ent_keys = {k for k in touched_keys if "|" not in k}
     pair_keys = {k for k in touched_keys if "|" in k}
     ent_keys |= {p for k in pair_keys for p in k.split("|")}
-    frame = mention_frame(mentions).with_columns(
-        pl.col("key").str.split_exact("|", 1).struct.rename_fields(["a", "b"]).alias("ab")).unnest("ab")
+    select = mentions if callable(mentions) else mention_select(mentions)
     is_entity, keys = pl.col("kind") == "entity", sorted(ent_keys)
     related = (pl.col("kind") == "relation") & (pl.col("key").is_in(sorted(pair_keys)) | pl.col("a").is_in(keys)
                                                 | pl.col("b").is_in(keys))
-    relevant = frame.filter((is_entity & pl.col("key").is_in(keys)) | related)
+    relevant = select((is_entity & pl.col("key").is_in(keys)) | related)
     # a relation needs both endpoint entities, so include the mentions of every endpoint it names
     rel = relevant.filter(pl.col("kind") == "relation")
     endpoints = (set(rel.get_column("a").to_list()) | set(rel.get_column("b").to_list())) - ent_keys
-    relevant = pl.concat([relevant, frame.filter(is_entity & pl.col("key").is_in(sorted(endpoints)))])
+    relevant = pl.concat([relevant, select(is_entity & pl.col("key").is_in(sorted(endpoints)))])
     new_ents, new_rels = graph_from_mentions(relevant.drop("a", "b"), max_description_tokens, order=order)
     touched_ids = {entity_id(0, k) for k in ent_keys}
     new_by_id = {e["id"]: e for e in new_ents if e["id"] in touched_ids}

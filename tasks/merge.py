@@ -129,7 +129,13 @@ def _budgeted(frame, group: str, max_tokens: int):
     return joined.join(distinct.group_by(group).agg(parts=pl.len()), on=group)
 
 
-def graph_from_mentions(mentions: Any, max_description_tokens: int, order: ChunkOrder | None = None):
+#: mentions are merged in parts of about this many rows, split by a hash of their key so that every entity and
+#: every relation is computed whole within one part: the merge's transient frames are a part's, not the corpus's
+MERGE_PART_ROWS = 400_000
+
+
+def graph_from_mentions(mentions: Any, max_description_tokens: int, order: ChunkOrder | None = None,
+                        part_rows: int = MERGE_PART_ROWS):
     """Layer-0 entities and relations from mention rows (list, Arrow table or polars frame), columnar.
 
     Mentions are read in corpus order: by document source, then position in the document (``order``),
@@ -137,17 +143,74 @@ def graph_from_mentions(mentions: Any, max_description_tokens: int, order: Chunk
     frequent surface form and type win (ties broken deterministically); a description is the distinct
     supporting sentences in corpus order within the token budget, so a document appended later, under a
     source that sorts after the others, does not change the text (nor the vector) of an entity it mentions
-    again. Relations are undirected (canonical endpoint order) and weighted by their distinct sentences."""
+    again. Relations are undirected (canonical endpoint order) and weighted by their distinct sentences.
+    An Arrow table is merged in parts of ``part_rows`` mentions (same result)."""
     import polars as pl
 
     order = order or {}
     place = {c: i for i, c in enumerate(sorted(order, key=lambda c: (order[c], c)))}  # chunk -> rank in the corpus
-    m = mention_frame(mentions).with_columns(place=pl.col("chunk_id").replace_strict(place, default=-1, return_dtype=pl.Int64))
-    corpus_order = ("place", "chunk_id", "seq")  # each part holds only the columns it needs
-    ents = (m.filter((pl.col("kind") == "entity") & (pl.col("key") != ""))
-            .select(*corpus_order, "key", "name", "type", "description").sort(corpus_order))
-    rels = m.filter(pl.col("kind") == "relation").select(*corpus_order, "key", "description").sort(corpus_order)
-    del m
+    corpus_order = ("place", "chunk_id", "seq")
+
+    def in_corpus_order(frame, *columns):
+        return (frame.with_columns(place=pl.col("chunk_id").replace_strict(place, default=-1, return_dtype=pl.Int64))
+                .select(*corpus_order, *columns).sort(corpus_order))
+
+    entity = pl.concat([_entity_part(in_corpus_order(m.filter(pl.col("key") != ""), "key", "name", "type", "description"),
+                                     max_description_tokens)
+                        for m in _mention_parts(mentions, "entity", part_rows)]).sort("key")
+    keys = entity.get_column("key").to_list()
+    ids = pl.DataFrame({"key": keys, "id": [entity_id(0, k) for k in keys]}, schema={"key": pl.Utf8, "id": pl.Utf8})
+    relation = pl.concat([_relation_part(in_corpus_order(m, "key", "description"), ids, max_description_tokens)
+                          for m in _mention_parts(mentions, "relation", part_rows)]).sort("source_id", "target_id")
+    pairs = zip(relation.get_column("source_id").to_list(), relation.get_column("target_id").to_list())
+    relations = relation_frame(relation.with_columns(
+        id=pl.Series([relation_id(a, b, "extracted") for a, b in pairs], dtype=pl.Utf8), kind=pl.lit("extracted"),
+        weight=pl.col("parts").cast(pl.Float64)))
+    degree = relation_degrees(relations)
+    entities = [{"id": i, "name": e["name"], "type": e["type"], "description": e["description"], "layer": 0,
+                 "source_chunk_ids": e["source_chunk_ids"], "degree": degree.get(i, 0)}
+                for i, e in zip(ids.get_column("id").to_list(), entity.iter_rows(named=True))]
+    return entities, relations
+
+
+def _mention_parts(mentions: Any, kind: str, part_rows: int):
+    """The mentions of one ``kind`` as polars frames, each holding every mention of the keys it has: an Arrow
+    table in parts of about ``part_rows`` rows by a hash of the key, anything else whole."""
+    import numpy as np
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not isinstance(mentions, pa.Table):
+        frame = mention_frame(mentions)
+        yield frame.filter(pl.col("kind") == kind)
+        return
+    n = max(1, -(-mentions.num_rows // part_rows))
+    part = _key_hash(mentions.column("key")) % n if n > 1 else np.zeros(mentions.num_rows, dtype=np.uint64)
+    of_kind = pc.equal(mentions.column("kind").cast(pa.string()), kind)
+    for p in range(n):
+        yield mention_frame(mentions.filter(pc.and_(of_kind, pa.array(part == p))))
+
+
+def _key_hash(column) -> Any:
+    """A stable hash of every value of a string column, hashing a dictionary column's distinct values once."""
+    import numpy as np
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def hashed(values):
+        return pl.from_arrow(values.cast(pa.string())).hash(seed=0).to_numpy()
+
+    out = [hashed(c.dictionary)[pc.fill_null(c.indices, 0).to_numpy()] if pa.types.is_dictionary(c.type) else hashed(c)
+           for c in column.chunks]
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)
+
+
+def _entity_part(ents, max_description_tokens: int):
+    """Entity rows (key, name, type, description, source_chunk_ids) of entity mentions in corpus order."""
+    import polars as pl
+
     names = (ents.group_by("key", "name").agg(n=pl.len()).with_columns(pl.col("name").cast(pl.Utf8))
              .with_columns(upper=(pl.col("name") == pl.col("name").str.to_uppercase())
                            & (pl.col("name") != pl.col("name").str.to_lowercase()),
@@ -160,10 +223,14 @@ def graph_from_mentions(mentions: Any, max_description_tokens: int, order: Chunk
              .sort("key", "n", "rank", "type", descending=[False, True, False, False])
              .unique("key", keep="first").select("key", "type"))
     chunks = ents.group_by("key").agg(pl.col("chunk_id").unique().sort().alias("source_chunk_ids"))
-    entity = (names.join(types, on="key").join(_budgeted(ents, "key", max_description_tokens), on="key")
-              .join(chunks, on="key").sort("key"))
-    keys = entity.get_column("key").to_list()
-    ids = pl.DataFrame({"key": keys, "id": [entity_id(0, k) for k in keys]})
+    return (names.join(types, on="key").join(_budgeted(ents, "key", max_description_tokens), on="key")
+            .join(chunks, on="key").select("key", "name", "type", "description", "source_chunk_ids"))
+
+
+def _relation_part(rels, ids, max_description_tokens: int):
+    """Relation rows (source_id, target_id, description, parts, source_chunk_ids) of relation mentions in corpus
+    order; ``ids`` maps every entity key to its id (a relation needs both endpoints)."""
+    import polars as pl
 
     pair_of = (rels.select(pl.col("key").unique())  # relation key "a|b" -> "id(a)|id(b)", ids in order
                .with_columns(pl.col("key").str.split_exact("|", 1).struct.rename_fields(["a", "b"]).alias("ab"))
@@ -173,19 +240,11 @@ def graph_from_mentions(mentions: Any, max_description_tokens: int, order: Chunk
                .select("key", pair=pl.concat_str(pl.min_horizontal("ida", "idb"), pl.max_horizontal("ida", "idb"),
                                                  separator="|").cast(pl.Categorical)))
     rels = rels.join(pair_of, on="key", maintain_order="left").drop("key")
-    relation = (_budgeted(rels, "pair", max_description_tokens)
-                .join(rels.group_by("pair").agg(pl.col("chunk_id").unique().sort().alias("source_chunk_ids")), on="pair")
-                .with_columns(pl.col("pair").cast(pl.Utf8).str.split_exact("|", 1).struct.rename_fields(["source_id", "target_id"])
-                              .alias("st")).unnest("st").sort("source_id", "target_id"))
-    pairs = zip(relation.get_column("source_id").to_list(), relation.get_column("target_id").to_list())
-    relations = relation_frame(relation.with_columns(
-        id=pl.Series([relation_id(a, b, "extracted") for a, b in pairs], dtype=pl.Utf8), kind=pl.lit("extracted"),
-        weight=pl.col("parts").cast(pl.Float64)))
-    degree = relation_degrees(relations)
-    entities = [{"id": i, "name": e["name"], "type": e["type"], "description": e["description"], "layer": 0,
-                 "source_chunk_ids": e["source_chunk_ids"], "degree": degree.get(i, 0)}
-                for i, e in zip(ids.get_column("id").to_list(), entity.iter_rows(named=True))]
-    return entities, relations
+    return (_budgeted(rels, "pair", max_description_tokens)
+            .join(rels.group_by("pair").agg(pl.col("chunk_id").unique().sort().alias("source_chunk_ids")), on="pair")
+            .with_columns(pl.col("pair").cast(pl.Utf8).str.split_exact("|", 1).struct.rename_fields(["source_id", "target_id"])
+                          .alias("st")).unnest("st")
+            .select("source_id", "target_id", "description", "parts", "source_chunk_ids"))
 
 
 def relation_frame(frame):

@@ -81,3 +81,33 @@ def test_descriptions_follow_corpus_order_not_chunk_ids():
     more = rows + mention_rows([mention("c-new", "Four.")], [])
     (again,), _ = graph_from_mentions(more, 4, order={**order, "c-new": ("c.md", 0)})
     assert full["description"] == again["description"] == "One. Two."
+
+
+def test_merge_in_parts_equals_merge_whole():
+    """A large mentions table is merged in parts split by key; the graph is the same as merged at once."""
+    import random
+
+    from tasks.catalog import to_table
+    from tasks.merge import dictionary_encoded, graph_from_mentions, mention_rows
+
+    rnd = random.Random(3)
+    names = ["Scrooge", "scrooge", "Marley", "Bob Cratchit", "London", "Fezziwig", "Belle", "Tiny Tim", "Fred"]
+    types = ["person", "location", "concept"]
+    ents, rels = [], []
+    for c in range(40):
+        chunk = f"c{rnd.randrange(10**6):06d}"
+        for _ in range(rnd.randrange(1, 6)):
+            ents.append({"name": rnd.choice(names), "type": rnd.choice(types), "chunk_id": chunk,
+                         "description": f"Sentence {rnd.randrange(30)}."})
+        for _ in range(rnd.randrange(0, 4)):
+            a, b = rnd.sample(names, 2)
+            rels.append({"source": a, "target": b, "chunk_id": chunk, "description": f"Link {rnd.randrange(20)}.",
+                         "weight": 1.0})
+    rows = mention_rows(ents, rels)
+    order = {r["chunk_id"]: (f"doc{i % 7}.md", i) for i, r in enumerate(rows)}
+    table = dictionary_encoded(to_table("mentions", rows, 0, 1))
+    whole_entities, whole_relations = graph_from_mentions(table, 12, order, part_rows=10**9)
+    part_entities, part_relations = graph_from_mentions(table, 12, order, part_rows=25)
+    assert len(whole_entities) > 5 and whole_relations.num_rows > 5
+    assert part_entities == whole_entities
+    assert part_relations.equals(whole_relations)
