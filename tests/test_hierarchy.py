@@ -179,3 +179,26 @@ def test_summaries_link_every_member_and_cs_recomputes_from_links():
     # the summary of the "river" entities is named after rivers
     river_summary = next(s for s, ms in members.items() if {"ent-0", "ent-1"} <= ms and by_id[s]["layer"] == 1)
     assert "river" in by_id[river_summary]["name"].lower()
+
+
+def test_restate_layers_recomputes_built_layers_from_the_published_membership():
+    from tasks.hierarchy import restate_layers
+
+    layer_of = {**dict.fromkeys("abcde", 0), "S1": 1, "S2": 1, "S3": 1, "T": 2}
+    links = [("a", "S1"), ("b", "S1"), ("c", "S1"), ("d", "S2"), ("S1", "T"), ("S2", "T")]  # S3 lost its members
+    recorded = [
+        {"layer": 1, "n_entities": 4, "n_clusters": 3, "cluster_sparsity": 0.5, "change_rate": None, "stopped": False,
+         "stop_reason": None, "seconds": 1.0},
+        {"layer": 2, "n_entities": 3, "n_clusters": 1, "cluster_sparsity": 0.9, "change_rate": 0.8, "stopped": False,
+         "stop_reason": None, "seconds": 0.5},
+        {"layer": 3, "n_entities": 1, "n_clusters": 0, "cluster_sparsity": None, "change_rate": None, "stopped": True,
+         "stop_reason": "single_cluster", "seconds": 0.0},
+    ]
+    rows = restate_layers(recorded, layer_of, links)
+    # layer 1: 5 nodes below, clusters of 3 and 1: CS = 1 - (3*2 + 0) / (5*4) = 0.7
+    assert rows[0] == {**recorded[0], "n_entities": 5, "n_clusters": 2, "cluster_sparsity": pytest.approx(0.7)}
+    # layer 2: 3 nodes below (S3 counts as a node), one cluster of 2: CS = 1 - 2 / 6; rate |2/3 - 0.7| / 0.7
+    assert rows[1]["n_entities"] == 3 and rows[1]["n_clusters"] == 1
+    assert rows[1]["cluster_sparsity"] == pytest.approx(2 / 3)
+    assert rows[1]["change_rate"] == pytest.approx((0.7 - 2 / 3) / 0.7)
+    assert rows[2] == recorded[2]  # a clustering tried and not built keeps its figures

@@ -16,7 +16,6 @@ from tasks.incremental import attach, diff_documents, place_in_communities, repo
 from tasks.validate import validate_tables
 from schemas.tables import SNAPSHOT_TABLES
 from tests.conftest import SMALL
-from tests.helpers import run_killed_during_publish
 
 
 def _doc(sid, h, root="/r"):
@@ -227,23 +226,6 @@ def test_update_of_another_root_deletes_nothing_here(corpus_copy, tmp_path):
     res = CliRunner().invoke(app, ["update", str(other), "--index", str(index), "--set", "dask.processes=false",
                                    "--set", "chunking.size=200", "--set", "chunking.overlap=20"])
     assert res.exit_code == 0 and "nothing changed" in res.output
-
-
-def test_killed_update_leaves_previous_snapshot_and_rerun_completes(corpus_copy, tmp_path):
-    corpus = tmp_path / "corpus"
-    shutil.copytree(corpus_copy, corpus)
-    index = tmp_path / "index"
-    build_index(str(corpus), Catalog(index), CFG)
-    before = Catalog(index).read("entities")
-    (corpus / "new.txt").write_text("Belle was once engaged to the young Scrooge.")
-    proc = run_killed_during_publish("update_index", corpus, index,
-                                     {"chunking": SMALL["chunking"], "extract": SMALL["extract"]}, after=2)
-    assert proc.returncode == -9, proc.stderr[-2000:]
-    cat = Catalog(index)
-    assert cat.snapshot()["version"] == 1 and cat.read("entities").equals(before)
-    res = update_index(str(corpus), Catalog(index), CFG)
-    assert res.status == "published" and Catalog(index).snapshot()["version"] == 2
-    _valid(Catalog(index))
 
 
 # ------------------------------------------------------------------------------------------ document identity

@@ -79,6 +79,7 @@ class HiRAG:
 
     def update(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
         from tasks.embed import entity_text
+        from tasks.hierarchy import restate_layers
         from tasks.incremental import attach, place_in_communities, reports_to_rewrite
         from tasks.reports import build_reports
         from tasks.summarize import Cluster
@@ -124,5 +125,7 @@ class HiRAG:
             report_vecs = np.stack([fresh.get(r["community_id"], old_vectors.get(r["community_id"])) for r in reports]) \
                 if reports else np.zeros((0, layer0.vectors.shape[1]), np.float32)
             st.done(f"{len(redo)} reports rewritten", reports_rewritten=len(redo))
-        return Hierarchy(att.entities, att.vectors, att.relations, comms, reports, report_vecs, None,
+        layers = restate_layers(plain_rows(ctx.previous("layers")), {e["id"]: e["layer"] for e in entities},
+                                [(r["source_id"], r["target_id"]) for r in att.relations if r["kind"] == "summary_of"])
+        return Hierarchy(att.entities, att.vectors, att.relations, comms, reports, report_vecs, layers,
                          _failed(summarizer.failures, "hierarchy", SUMMARY_FALLBACK) + _failed(failures, "reports", REPORT_FALLBACK))

@@ -1,0 +1,219 @@
+"""The crash matrix: SIGKILL the CLI (its whole process group) at every stage boundary and in the middle of
+extraction, embedding and publish, for ``index``, ``update`` and ``backfill``. After each kill the previous
+snapshot still reads exactly as before, and the same command run again publishes tables identical, row by
+row, to those of an uninterrupted run. On the LLM path (a local fake server) the re-run after a kill in the
+middle of extraction or of the reports pays again for at most 1 % of the calls the killed run had answered.
+The kill points come from the stages the uninterrupted run logged, so a new stage is covered without
+editing this file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from tasks.catalog import Catalog
+from tests.conftest import CAROL, REPO, musique_passages
+from tests.fake_llm_server import FakeLLM
+from tests.test_golden_tables import VOLATILE
+
+pytestmark = pytest.mark.slow
+
+SETS = ["--set", "chunking.size=200", "--set", "chunking.overlap=20", "--set", "extract.batch_size=2",
+        "--set", "embedding.batch_size=8", "--set", "embedding.runtime=onnx", "--set", "dask.processes=false", "--quiet"]
+#: stages that must be among those the runs log (the matrix covers all of them, and any added later)
+CORE = {"ingest", "chunk", "extract", "merge", "embed", "communities", "reports", "validate", "publish"}
+MID = ["during:extract", "during:embed", "during:publish"]
+
+
+def _write(root: Path, passages: range, carol: slice | None = None) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    rows = musique_passages(max(passages) + 1)
+    for i in passages:
+        (root / f"p{i}.txt").write_text(f"# {rows[i]['title']}\n\n{rows[i]['text']}\n", encoding="utf-8")
+    if carol:
+        text = CAROL.read_text(encoding="utf-8")
+        start = text.index("STAVE ONE")
+        (root / "carol.txt").write_text(text[start + carol.start : start + carol.stop], encoding="utf-8")
+    return root
+
+
+def content(index: Path) -> dict[str, str]:
+    """A digest per table of the published snapshot, over ids and content (not the version a row was
+    written in, nor where and when the corpus was read); every id unique."""
+    from schemas.tables import SNAPSHOT_TABLES
+
+    cat = Catalog(index)
+    snap = cat.require_snapshot()
+    out = {}
+    for name in SNAPSHOT_TABLES:
+        table = cat.read(name, snap=snap)
+        if "id" in table.column_names:
+            assert len(set(table.column("id").to_pylist())) == table.num_rows, f"duplicate ids in {name}"
+        table = table.drop([c for c in {"version", *VOLATILE.get(name, ())} if c in table.column_names])
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        out[name] = f"{table.num_rows}:{hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()[:16]}"
+    return out
+
+
+def strata(*args: str) -> str:
+    res = CliRunner().invoke(app, [*args])
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+class Forks:
+    """``tests/crash.py --serve``: the CLI's libraries imported once, each kill run in a forked child."""
+
+    def __init__(self, logs: Path):
+        self.logs, self.n = logs, 0
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.crash", "--serve"], cwd=REPO, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def kill_at(self, point: str, args: list[str], env: dict[str, str] | None = None) -> str | None:
+        """Run the CLI on ``args`` until ``point`` kills it; None, or what went wrong."""
+        self.n += 1
+        log = self.logs / f"{self.n:03d}.log"
+        self.proc.stdin.write(json.dumps({"point": point, "args": args, "env": env, "log": str(log)}) + "\n")
+        self.proc.stdin.flush()
+        status = json.loads(self.proc.stdout.readline())["status"]
+        text = log.read_text(errors="replace")
+        if status != -9 or f"KILLED {point}" not in text:
+            return f"{point}: not killed there (exit {status}): {text[-2000:]}"
+        return None
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory):
+    server = Forks(tmp_path_factory.mktemp("crash-logs"))
+    yield server
+    server.close()
+
+
+def stages_of_last_run(index: Path) -> list[str]:
+    """The stages the last run logged, in order."""
+    logged = json.loads(Catalog(index).runs()[-1]["stage_counts"])
+    return [s for s in logged if s != "dask-start"]
+
+
+def points(stages: list[str]) -> list[str]:
+    """Every stage boundary, and the middle of extraction, embedding and publish."""
+    return [f"after:{s}" for s in stages] + MID
+
+
+def published(index: Path) -> dict[str, str] | None:
+    return content(index) if Catalog(index).snapshot() else None
+
+
+def check_matrix(forks: Forks, work: Path, base: Path | None, command: list[str],
+                 kill_points: Callable[[list[str]], list[str]], earlier: list[dict[str, str] | None]) -> None:
+    """Run ``command`` uninterrupted on a copy of ``base`` (None: no index yet); then for each of the
+    ``kill_points`` of the stages it logged: kill the command there, check that what readers see is one of the
+    ``earlier`` snapshots (the one before the command; for a backfill, also those of its finished partitions),
+    unchanged, or the command's finished one; run the command again and compare with the uninterrupted run."""
+    reference = work / "reference"
+    if base:
+        shutil.copytree(base, reference)
+    strata(*command, "--index", str(reference), *SETS)
+    expected = content(reference)
+    assert expected not in earlier  # the command changes something
+    stages = stages_of_last_run(reference)
+    assert CORE <= set(stages), stages
+    failures = []
+    for point in kill_points(stages):
+        index = work / point.replace(":", "-").replace("#", "-")
+        if base:
+            shutil.copytree(base, index)
+        failure = forks.kill_at(point, [*command, "--index", str(index), *SETS])
+        if not failure and published(index) not in (expected, *earlier):  # reads every table of the snapshot
+            failure = f"{point}: readers see a snapshot that is neither an earlier one nor the finished one"
+        if not failure:
+            strata(*command, "--index", str(index), *SETS)
+            if content(index) != expected:
+                failure = f"{point}: the re-run differs from the uninterrupted run"
+        if failure:
+            failures.append(failure)
+        shutil.rmtree(index)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    """Ids hash the corpus root, so every run of a case reads the same folders."""
+    root = tmp_path_factory.mktemp("crash-corpora")
+    first = _write(root / "first", range(0, 5), slice(0, 2500))
+    second = _write(root / "second", range(5, 9))
+    return {"first": first, "second": second}
+
+
+def test_index_killed_anywhere_reruns_to_the_uninterrupted_tables(tmp_path, corpora, forks):
+    check_matrix(forks, tmp_path, None, ["index", str(corpora["first"])], points, [None])
+
+
+def test_update_killed_anywhere_reruns_to_the_uninterrupted_tables(tmp_path, corpora, forks):
+    corpus = tmp_path / "corpus"
+    shutil.copytree(corpora["first"], corpus)
+    base = tmp_path / "base"
+    strata("index", str(corpus), "--index", str(base), *SETS)
+    # tonight's change: one passage edited, one deleted, two added
+    (corpus / "p1.txt").write_text((corpus / "p1.txt").read_text() + "\nIt was renamed in 1998.\n")
+    (corpus / "p2.txt").unlink()
+    _write(corpus, range(9, 11))
+    check_matrix(forks, tmp_path, base, ["update", str(corpus)], points, [content(base)])
+
+
+def test_backfill_killed_between_and_within_partitions_reruns_to_the_uninterrupted_tables(tmp_path, corpora, forks):
+    command = ["backfill", str(corpora["first"]), str(corpora["second"])]
+    probe = tmp_path / "probe"
+    strata(*command[:2], "--index", str(probe), *SETS)
+    first = content(probe)  # what readers see once the first partition is published
+    shutil.rmtree(probe)
+    # a partition is an update of its own root, whose every stage boundary the update matrix covers; here
+    # the points a backfill adds: between partitions, and within the first and the second
+    kills = ["after:publish", "after:ingest#2", "after:attach", "during:extract#2", "during:embed#2",
+             "during:publish#2", "during:extract", "during:publish"]
+    check_matrix(forks, tmp_path, None, command, lambda _stages: kills, [None, first])
+
+
+@pytest.mark.parametrize("point", ["during:extract", "during:hierarchy"])
+def test_llm_calls_answered_before_a_kill_are_not_paid_again(tmp_path, corpora, forks, monkeypatch, point):
+    """On the LLM path, a kill in the middle of extraction or of the summaries: the re-run takes at least
+    99 % of the answers the killed run received from the cache, and publishes the uninterrupted tables."""
+    fake = FakeLLM().start()
+    try:
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-fake")
+        llm = ["--set", "llm.model=openai/fake", "--set", f"llm.api_base={fake.url}", "--set", "llm.max_concurrency=2"]
+        command = ["index", str(corpora["first"]), *llm]
+        reference = tmp_path / "reference"
+        strata(*command, "--index", str(reference), *SETS)
+        expected = content(reference)
+        index = tmp_path / "index"
+        start = len(fake.answered)
+        failure = forks.kill_at(point, [*command, "--index", str(index), *SETS], {"OPENAI_API_KEY": "sk-fake"})
+        assert not failure, failure
+        paid = set(fake.answered[start:])
+        assert paid, "the killed run made no LLM call"
+        start = len(fake.answered)
+        strata(*command, "--index", str(index), *SETS)
+        again = [a for a in fake.answered[start:] if a in paid]
+        # at most max_concurrency calls can be in flight when the process dies: answered by the server, never
+        # received; every answer received was cached and is not paid again
+        assert len(again) <= max(0.01 * len(paid), 2), f"{len(again)} of {len(paid)} answered calls paid again"
+        assert content(index) == expected
+    finally:
+        fake.stop()
