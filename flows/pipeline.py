@@ -237,7 +237,7 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
     included); each chunk marked extracted or quarantined."""
     from tasks.extract import extract_mentions
     from tasks.extract_llm import extract_batch_llm
-    from tasks.merge import explicit_title
+    from tasks.merge import explicit_title, in_chunk_order
 
     cfg = run.cfg
     waited = time.perf_counter()
@@ -252,7 +252,8 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
         run.mapper.release()  # idle workers would slow the CPU-bound stages that follow
         run.usage.add(Usage(**result.usage))
         run.quarantine += result.quarantine
-        mentions = result.mentions if result.mentions is not None else schema_for("mentions", 0).empty_table()
+        # in canonical order, (chunk id, seq), the one copy the run keeps: merge reads it, publish writes it
+        mentions = in_chunk_order(result.mentions if result.mentions is not None else schema_for("mentions", 0).empty_table())
         kinds = mentions.column("kind")
         n_entities = pc.sum(pc.equal(kinds, "entity")).as_py() or 0
         st.done(f"{n_entities} mentions from {len(result.ok)} chunks", chunks=len(result.ok), mentions=n_entities,
@@ -291,14 +292,9 @@ def _layer0(stored, old_entities, old_relations, gone: set[str], new_mentions: p
             order: ChunkOrder) -> tuple[Layer0, pa.Table | TableDelta]:
     """Layer 0 merged whole (a build: ``stored`` is None) or recomputed for the keys the delta touched (an update:
     ``stored(columns)`` scans the previous snapshot's mentions batch by batch)."""
-    import polars as pl
-
     from tasks.incremental import recompute_layer0, stored_mention_select
     from tasks.merge import MENTION_COLUMNS, graph_from_mentions
 
-    rank = (pl.from_arrow(new_mentions.select(["chunk_id", "seq"])).with_row_index("i")
-            .sort(pl.col("chunk_id").cast(pl.Utf8), "seq").get_column("i"))
-    new_mentions = new_mentions.take(rank.to_arrow())  # canonical order: (chunk id, seq)
     if stored is None:
         entities, relations = graph_from_mentions(new_mentions, max_tokens, order=order)
         return Layer0(entities, np.zeros((0, 0)), relations, added={e["id"] for e in entities}), new_mentions

@@ -134,6 +134,15 @@ def _budgeted(frame, group: str, max_tokens: int):
 MERGE_PART_ROWS = 400_000
 
 
+def in_chunk_order(mentions: pa.Table) -> pa.Table:
+    """Mentions in their canonical order, (chunk id, seq): the order merge reads them in and the table keeps."""
+    import polars as pl
+
+    rank = (pl.from_arrow(mentions.select(["chunk_id", "seq"])).with_row_index("i")
+            .sort(pl.col("chunk_id").cast(pl.Utf8), "seq").get_column("i"))
+    return mentions.take(rank.to_arrow())
+
+
 def graph_from_mentions(mentions: Any, max_description_tokens: int, order: ChunkOrder | None = None,
                         part_rows: int = MERGE_PART_ROWS):
     """Layer-0 entities and relations from mention rows (list, Arrow table or polars frame), columnar.
