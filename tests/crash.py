@@ -131,6 +131,8 @@ def main(argv: list[str]) -> None:
     if argv == ["--serve"]:
         serve()
         return
+    if os.getpgrp() != os.getpid():
+        os.setsid()  # a group of its own: the kill must not take the shell or script that started it
     sys.exit(run(argv[0], argv[1:]))
 
 

@@ -22,7 +22,8 @@ VOLATILE = {"documents": {"uri", "root", "ingested_at"}, "layers": {"seconds"}}
 CONFIG = {"chunking": {"size": 200, "overlap": 20}, "extract": {"batch_size": 4}, "dask": {"processes": False}}
 
 
-def table_digests(index: Path) -> dict[str, str]:
+def table_digests(index: Path, also_drop: tuple[str, ...] = ()) -> dict[str, str]:
+    """A digest per table of the published snapshot, without the ``VOLATILE`` columns and ``also_drop``."""
     from schemas.tables import SNAPSHOT_TABLES
     from tasks.catalog import Catalog
 
@@ -31,7 +32,7 @@ def table_digests(index: Path) -> dict[str, str]:
     out = {}
     for name in SNAPSHOT_TABLES:
         table = cat.read(name, snap=snap)
-        table = table.drop([c for c in VOLATILE.get(name, ()) if c in table.column_names])
+        table = table.drop([c for c in {*VOLATILE.get(name, ()), *also_drop} if c in table.column_names])
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
