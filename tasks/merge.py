@@ -129,11 +129,6 @@ def _budgeted(frame, group: str, max_tokens: int):
     return joined.join(distinct.group_by(group).agg(parts=pl.len()), on=group)
 
 
-#: mentions are merged in parts of about this many rows, split by a hash of their key so that every entity and
-#: every relation is computed whole within one part: the merge's transient frames are a part's, not the corpus's
-MERGE_PART_ROWS = 400_000
-
-
 def in_chunk_order(mentions: pa.Table) -> pa.Table:
     """Mentions in their canonical order, (chunk id, seq): the order merge reads them in and the table keeps."""
     import polars as pl
@@ -141,6 +136,11 @@ def in_chunk_order(mentions: pa.Table) -> pa.Table:
     rank = (pl.from_arrow(mentions.select(["chunk_id", "seq"])).with_row_index("i")
             .sort(pl.col("chunk_id").cast(pl.Utf8), "seq").get_column("i"))
     return mentions.take(rank.to_arrow())
+
+
+#: mentions are merged in parts of about this many rows, split by a hash of their key so that every entity and
+#: every relation is computed whole within one part: the merge's transient frames are a part's, not the corpus's
+MERGE_PART_ROWS = 400_000
 
 
 def graph_from_mentions(mentions: Any, max_description_tokens: int, order: ChunkOrder | None = None,

@@ -52,6 +52,23 @@ def tiny_tables(version: int = 1, suffix: str = "") -> dict:
     }
 
 
+def assert_layers_match_membership(entities: list[dict], relations: list[dict], built_layers: list[dict]) -> None:
+    """Each built layer's recorded ``n_entities``, ``n_clusters`` and cluster sparsity equal those recomputed
+    from the published entities and ``summary_of`` links (eq. 17 written out, independent of the code under test)."""
+    import pytest
+
+    layer_of = {e["id"]: e["layer"] for e in entities}
+    for layer in built_layers:
+        members: dict[str, int] = {}
+        for r in relations:
+            if r["kind"] == "summary_of" and layer_of[r["target_id"]] == layer["layer"]:
+                members[r["target_id"]] = members.get(r["target_id"], 0) + 1
+        n = sum(1 for e in entities if e["layer"] == layer["layer"] - 1)
+        assert (n, len(members)) == (layer["n_entities"], layer["n_clusters"]), layer
+        cs = 1 - sum(s * (s - 1) for s in members.values()) / (n * (n - 1))
+        assert cs == pytest.approx(layer["cluster_sparsity"]), layer
+
+
 KILL_DURING_PUBLISH = """
 import os, signal, sys
 sys.path.insert(0, {repo!r})

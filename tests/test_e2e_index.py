@@ -17,7 +17,7 @@ from flows.pipeline import build_index
 from schemas.config import load_config
 from tasks.catalog import Catalog
 from tests.conftest import SMALL
-from tests.helpers import run_killed_during_publish
+from tests.helpers import assert_layers_match_membership, run_killed_during_publish
 
 runner = CliRunner()
 
@@ -64,14 +64,7 @@ def test_hierarchy_layers_communities_and_reports_are_published(built):
     rels = cat.read("relations").to_pylist()
     layer_of = {e["id"]: e["layer"] for e in ents}
     # CS recomputed from the published membership (summary_of relations) equals the recorded value
-    for l in built_layers:
-        members: dict[str, int] = {}
-        for r in rels:
-            if r["kind"] == "summary_of" and layer_of[r["target_id"]] == l["layer"]:
-                members[r["target_id"]] = members.get(r["target_id"], 0) + 1
-        n = sum(1 for e in ents if e["layer"] == l["layer"] - 1)
-        assert n == l["n_entities"] and len(members) == l["n_clusters"]
-        assert 1 - sum(s * (s - 1) for s in members.values()) / (n * (n - 1)) == pytest.approx(l["cluster_sparsity"])
+    assert_layers_match_membership(ents, rels, built_layers)
     comms = cat.read("communities").to_pylist()
     level0 = [m for c in comms if c["level"] == 0 for m in c["entity_ids"]]
     assert sorted(level0) == sorted(layer_of)  # every node of G_k, every layer, exactly once at level 0

@@ -17,6 +17,7 @@ from flows.pipeline import build_index, update_index
 from schemas.config import load_config
 from tasks.catalog import Catalog
 from tests.conftest import CAROL, SMALL, musique_passages
+from tests.helpers import assert_layers_match_membership
 from tests.test_incremental import _layer0
 
 pytestmark = pytest.mark.slow
@@ -57,18 +58,7 @@ def check_references(cat: Catalog) -> None:
     assert {m for c in tables["communities"].to_pylist() for m in c["entity_ids"]} <= ids["entities"]
     assert set(tables["community_reports"].column("community_id").to_pylist()) == ids["communities"]
     # recorded CS of every built layer = CS recomputed from the published membership
-    layer_of = {e["id"]: e["layer"] for e in ents}
-    for layer in cat.read("layers").to_pylist():
-        if layer["stopped"]:
-            continue
-        members: dict[str, int] = {}
-        for r in rels:
-            if r["kind"] == "summary_of" and layer_of[r["target_id"]] == layer["layer"]:
-                members[r["target_id"]] = members.get(r["target_id"], 0) + 1
-        n = sum(1 for e in ents if e["layer"] == layer["layer"] - 1)
-        assert (n, len(members)) == (layer["n_entities"], layer["n_clusters"]), layer
-        cs = 1 - sum(s * (s - 1) for s in members.values()) / (n * (n - 1))
-        assert cs == pytest.approx(layer["cluster_sparsity"]), layer
+    assert_layers_match_membership(ents, rels, [r for r in cat.read("layers").to_pylist() if not r["stopped"]])
 
 
 @settings(max_examples=3, deadline=None, derandomize=True, database=None,
