@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -34,6 +35,7 @@ from tasks.merge import ChunkOrder
 from tasks.methods import Hierarchy, Layer0, get_method
 from tasks.parallel import DaskPool, LocalMapper, Mapper
 from tasks.progress import reporter
+from tasks.spill import SpilledTable
 from tasks.stages import Stages, TaskRunner, direct_task
 
 
@@ -106,6 +108,11 @@ class PipelineRun:
         self._embedder = None
         self._previous: dict[str, pa.Table] = {}
 
+    @property
+    def spill_dir(self) -> Path:
+        """Where the run keeps tables too large for memory until publish (removed when the run ends)."""
+        return self.catalog.cache_dir / "spill" / self.run_id
+
     def stage(self, name: str, total: int | None = None):
         return self.stages(name, total)
 
@@ -157,9 +164,11 @@ def _execute(corpus, catalog, cfg, task, mapper, run_id, flow_name, snap, replac
     with recorded_run(catalog, run_id, flow_name, corpus, cfg, version, task) as (run_id, stages, usage, done):
         run = PipelineRun(corpus, catalog, cfg, stages, mapper, run_id, version, snap, usage)
         run.root = corpus_root(run, replace_root)
+        shutil.rmtree(run.spill_dir.parent, ignore_errors=True)  # what a killed run left (one writer at a time)
         try:
             result = run_stages(run)
-        finally:  # the run's calls and tokens: the LLM client's and, for a litellm embedding model, the embedder's
+        finally:
+            shutil.rmtree(run.spill_dir.parent, ignore_errors=True)  # the run's calls and tokens: the LLM client's and, for a litellm embedding model, the embedder's
             for client in (run.llm, run._embedder.inner.client if run._embedder else None):
                 if client is not None:
                     usage.add(client.usage)
@@ -237,7 +246,8 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
     included); each chunk marked extracted or quarantined."""
     from tasks.extract import extract_mentions
     from tasks.extract_llm import extract_batch_llm
-    from tasks.merge import explicit_title, in_chunk_order
+    from tasks.merge import MERGE_PART_ROWS, MENTIONS_PER_CHUNK, explicit_title, in_chunk_order
+    from tasks.spill import SpillWriter
 
     cfg = run.cfg
     waited = time.perf_counter()
@@ -246,16 +256,26 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
     llm = ({"batch_fn": extract_batch_llm, "llm": cfg.llm, "cache_dir": str(run.catalog.cache_dir), "share": None}
            if extraction_method(cfg) == "llm" else {})
     titles = {d["id"]: explicit_title(d) for d in delta.incoming}
+    # mentions go to disk as each batch comes back, split by key hash for merge; read back per part in canonical
+    # (chunk id, seq) order, so the table does not depend on the order batches finish in
+    spill = SpillWriter(run.spill_dir / "mentions", schema_for("mentions", 0), "key",
+                        -(-len(chunks) * MENTIONS_PER_CHUNK // MERGE_PART_ROWS), in_chunk_order)
+    n_entities = 0
+
+    def done(_i, r):
+        nonlocal n_entities
+        st.advance(len(r.ok) + len(r.quarantine))
+        if r.mentions is not None:
+            n_entities += pc.sum(pc.equal(r.mentions.column("kind").cast(pa.string()), "entity")).as_py() or 0
+            spill.add(r.mentions)
+            r.mentions = None
+
     with run.stage("extract", len(chunks)) as st:
-        result = st.run(extract_mentions, chunks, titles, cfg.extract, run.mapper, run.version,
-                        on_done=lambda _i, r: st.advance(len(r.ok) + len(r.quarantine)), **llm)
+        result = st.run(extract_mentions, chunks, titles, cfg.extract, run.mapper, run.version, on_done=done, **llm)
         run.mapper.release()  # idle workers would slow the CPU-bound stages that follow
         run.usage.add(Usage(**result.usage))
         run.quarantine += result.quarantine
-        # in canonical order, (chunk id, seq), the one copy the run keeps: merge reads it, publish writes it
-        mentions = in_chunk_order(result.mentions if result.mentions is not None else schema_for("mentions", 0).empty_table())
-        kinds = mentions.column("kind")
-        n_entities = pc.sum(pc.equal(kinds, "entity")).as_py() or 0
+        mentions = spill.close()
         st.done(f"{n_entities} mentions from {len(result.ok)} chunks", chunks=len(result.ok), mentions=n_entities,
                 raw_relations=mentions.num_rows - n_entities, quarantined=len(result.quarantine),
                 llm_calls=result.usage.get("calls", 0), llm_tokens=result.llm_tokens)
@@ -263,7 +283,7 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
     return [dict(c, status="extracted" if c["id"] in ok else "quarantined") for c in chunks], mentions
 
 
-def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: pa.Table) -> tuple[Layer0, pa.Table]:
+def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: SpilledTable) -> tuple[Layer0, Any]:
     """Layer 0 from the mentions: merged whole for a build, recomputed for the keys the delta touched for an
     update. Returns it with the new snapshot's ``mentions``: the whole table for a build, the change (rows of
     the chunks that went, rows of the new ones) for an update."""
@@ -298,6 +318,7 @@ def _layer0(stored, old_entities, old_relations, gone: set[str], new_mentions: p
     if stored is None:
         entities, relations = graph_from_mentions(new_mentions, max_tokens, order=order)
         return Layer0(entities, np.zeros((0, 0)), relations, added={e["id"] for e in entities}), new_mentions
+    new_mentions = new_mentions.read_all()  # an update's new mentions: its delta's, held in memory
     leaving = pa.array(sorted(gone), pa.string())
     touched = set(new_mentions.column("key").to_pylist())
     for batch in stored(["chunk_id", "key"]):  # the keys of the chunks that go
@@ -355,8 +376,9 @@ def assemble(run: PipelineRun, delta: Delta, documents, chunks, chunk_vectors, l
         "communities": to_table("communities", hierarchy.communities, dim, version),
         "community_reports": to_table("community_reports", hierarchy.reports, dim, version,
                                       hierarchy.report_vectors.reshape(-1, dim)),
+        # a build's mentions stay spilled on disk, stamped with this version when extracted
         "mentions": (TableDelta(mentions.column, mentions.values, _stamped(mentions.add, version))
-                     if isinstance(mentions, TableDelta) else _stamped(mentions, version)),
+                     if isinstance(mentions, TableDelta) else mentions),
         "quarantine": to_table("quarantine", _dedupe(quarantine), dim, version),
     }
     if hierarchy.layers is None:  # the previous snapshot's layer statistics still hold

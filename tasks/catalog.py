@@ -25,6 +25,7 @@ import lancedb
 import pyarrow as pa
 
 from schemas.tables import LOG_TABLES, SNAPSHOT_TABLES, schema_for
+from tasks.spill import SpilledTable, plain_schema
 
 SNAPSHOTS = "_snapshots"
 _SNAPSHOT_SCHEMA = pa.schema(
@@ -133,7 +134,7 @@ class TableDelta:
 
 def _plain(data: pa.Table) -> "pa.Table | pa.RecordBatchReader":
     """Dictionary-encoded columns go out as plain strings, one batch at a time."""
-    plain = pa.schema([pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in data.schema])
+    plain = plain_schema(data.schema)
     if plain == data.schema:
         return data
     return pa.RecordBatchReader.from_batches(plain, (b.cast(plain) for b in data.to_batches(max_chunksize=65536)))
@@ -273,7 +274,7 @@ class Catalog:
         version the previous snapshot pinned (rows deleted, rows appended) without rewriting the others."""
         if isinstance(data, TableDelta):
             return self._apply_delta(name, data, pinned)
-        data = _plain(data)
+        data = data.reader() if isinstance(data, SpilledTable) else _plain(data)
         if self.has_table(name):
             tbl = self.db.open_table(name)
             tbl.add(data, mode="overwrite")

@@ -141,6 +141,8 @@ def in_chunk_order(mentions: pa.Table) -> pa.Table:
 #: mentions are merged in parts of about this many rows, split by a hash of their key so that every entity and
 #: every relation is computed whole within one part: the merge's transient frames are a part's, not the corpus's
 MERGE_PART_ROWS = 400_000
+#: what extraction plans its spill parts with (the offline extractor finds ~90 per chunk of 200 words, an LLM fewer)
+MENTIONS_PER_CHUNK = 100
 
 
 def graph_from_mentions(mentions: Any, max_description_tokens: int, order: ChunkOrder | None = None,
@@ -183,37 +185,33 @@ def graph_from_mentions(mentions: Any, max_description_tokens: int, order: Chunk
 
 
 def _mention_parts(mentions: Any, kind: str, part_rows: int):
-    """The mentions of one ``kind`` as polars frames, each holding every mention of the keys it has: an Arrow
-    table in parts of about ``part_rows`` rows by a hash of the key, anything else whole."""
+    """The mentions of one ``kind`` as polars frames, each holding every mention of the keys it has: a spilled
+    table's parts (split by key hash when they were written), an Arrow table in parts of about ``part_rows``
+    rows by a hash of the key, anything else whole."""
     import numpy as np
     import polars as pl
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from tasks.spill import SpilledTable, key_hash
+
+    if isinstance(mentions, SpilledTable):
+        empty = True
+        for t in mentions.parts(list(MENTION_COLUMNS), where=("kind", kind)):
+            empty = False
+            yield mention_frame(t)
+        if empty:
+            yield mention_frame([])
+        return
     if not isinstance(mentions, pa.Table):
         frame = mention_frame(mentions)
         yield frame.filter(pl.col("kind") == kind)
         return
     n = max(1, -(-mentions.num_rows // part_rows))
-    part = _key_hash(mentions.column("key")) % n if n > 1 else np.zeros(mentions.num_rows, dtype=np.uint64)
+    part = key_hash(mentions.column("key")) % n if n > 1 else np.zeros(mentions.num_rows, dtype=np.uint64)
     of_kind = pc.equal(mentions.column("kind").cast(pa.string()), kind)
     for p in range(n):
         yield mention_frame(mentions.filter(pc.and_(of_kind, pa.array(part == p))))
-
-
-def _key_hash(column) -> Any:
-    """A stable hash of every value of a string column, hashing a dictionary column's distinct values once."""
-    import numpy as np
-    import polars as pl
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    def hashed(values):
-        return pl.from_arrow(values.cast(pa.string())).hash(seed=0).to_numpy()
-
-    out = [hashed(c.dictionary)[pc.fill_null(c.indices, 0).to_numpy()] if pa.types.is_dictionary(c.type) else hashed(c)
-           for c in column.chunks]
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)
 
 
 def _entity_part(ents, max_description_tokens: int):

@@ -99,23 +99,68 @@ def _frame(name: str, table: pa.Table, refs: dict[str, set[str]], columns: set[s
     return df
 
 
-def _whole_table(expectations: list[Any], table: pa.Table) -> tuple[list[Any], dict[str, np.ndarray]]:
+def _whole_table(expectations: list[Any], table: Any) -> tuple[list[Any], dict[str, np.ndarray]]:
     """Uniqueness is a property of the whole column, not of a slice: it is computed here, over the whole table,
     as a derived ``<column>_unique`` column, and the suite checks that instead (same failure counts)."""
     import great_expectations as gx
-    import polars as pl
 
     out, derived = [], {}
     for exp in expectations:
         if isinstance(exp, gx.expectations.ExpectColumnValuesToBeUnique):
-            values = pl.from_arrow(table.column(exp.column))
-            derived[f"{exp.column}_unique"] = (~values.is_duplicated() | values.is_null()).to_numpy()
+            derived[f"{exp.column}_unique"] = unique_mask(lambda c=exp.column: (t.column(c) for t in _parts(table)))
             exp = gx.expectations.ExpectColumnValuesToBeInSet(column=f"{exp.column}_unique", value_set=[True])
         out.append(exp)
     return out, derived
 
 
-def validate_tables(tables: dict[str, pa.Table], dim: int, batch_rows: int = 200_000) -> ValidationReport:
+def unique_mask(columns) -> np.ndarray:
+    """True where a value occurs once in the whole column (or is null); ``columns()`` yields the column piece by
+    piece. Values are compared by a 64-bit hash, and by value only where hashes repeat, so that a column
+    larger than memory (a spilled table's) is checked holding its hashes and the repeated values only."""
+    from collections import Counter
+
+    from tasks.spill import key_hash
+
+    hashes, nulls = [], []
+    for col in columns():
+        hashes.append(key_hash(col))
+        nulls.append(pc.is_null(col).to_numpy(zero_copy_only=False))
+    if not hashes:
+        return np.zeros(0, dtype=bool)
+    h, null = np.concatenate(hashes), np.concatenate(nulls)
+    values, inverse, counts = np.unique(h[~null], return_inverse=True, return_counts=True)
+    repeated = np.zeros(len(h), dtype=bool)
+    repeated[np.flatnonzero(~null)[counts[inverse] > 1]] = True
+    mask = ~repeated
+    if repeated.any():  # the same hash: the same value, unless two values collide
+        at, start, seen = np.flatnonzero(repeated), 0, []
+        for col in columns():
+            here = at[(at >= start) & (at < start + len(col))]
+            seen += col.take(pa.array(here - start)).to_pylist() if len(here) else []
+            start += len(col)
+        count = Counter(seen)
+        mask[at] = [count[v] == 1 for v in seen]
+    return mask
+
+
+def _slices(table: Any, batch_rows: int):
+    """(first row, slice) of ``batch_rows`` rows at most, over the whole table."""
+    start = 0
+    for piece in _parts(table):
+        for s in range(0, piece.num_rows, batch_rows):
+            part = piece.slice(s, batch_rows)
+            yield start, part
+            start += part.num_rows
+
+
+def _parts(table: Any):
+    """A table's pieces: an Arrow table whole, a spilled one part by part."""
+    from tasks.spill import SpilledTable
+
+    return table.parts() if isinstance(table, SpilledTable) else [table]
+
+
+def validate_tables(tables: dict[str, Any], dim: int, batch_rows: int = 200_000) -> ValidationReport:
     """Run each table's suite; cross-table references are resolved within ``tables``.
 
     Tables are validated in slices of ``batch_rows`` rows, each read into pandas with only the columns its
@@ -149,8 +194,7 @@ def validate_tables(tables: dict[str, pa.Table], dim: int, batch_rows: int = 200
         for exp in expectations:
             suite.add_expectation(exp)
         failed: dict[tuple[str, str], dict[str, Any]] = {}
-        for start in range(0, table.num_rows, batch_rows):
-            part = table.slice(start, batch_rows)
+        for start, part in _slices(table, batch_rows):
             df = _frame(name, part, refs, columns)
             for column, values in derived.items():
                 df[column] = values[start : start + part.num_rows]

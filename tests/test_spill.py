@@ -1,0 +1,90 @@
+"""The spill that holds a run's mentions on disk: every row once, every key in one part, the same table
+whatever order the batches arrive in; the uniqueness check that reads a column piece by piece."""
+
+import pyarrow as pa
+import pytest
+
+from tasks.merge import graph_from_mentions, in_chunk_order, mention_rows
+from tasks.spill import SpillWriter
+from tasks.validate import unique_mask, validate_tables
+from tests.helpers import DIM, tiny_tables
+
+
+def _mentions(n_chunks: int) -> pa.Table:
+    from tasks.catalog import to_table
+
+    ents = [{"name": f"Name {(c * 7 + i) % 11}", "type": "person", "description": f"Sentence {c}.{i}.", "chunk_id": f"c{c:03d}"}
+            for c in range(n_chunks) for i in range(3)]
+    rels = [{"source": f"Name {c % 11}", "target": f"Name {(c + 1) % 11}", "description": f"Sentence {c}.0.",
+             "weight": 1.0, "chunk_id": f"c{c:03d}"} for c in range(n_chunks)]
+    return to_table("mentions", mention_rows(ents, rels), 0, 1)
+
+
+def _spill(tmp_path, batches, n_parts):
+    w = SpillWriter(tmp_path / "spill", batches[0].schema, "key", n_parts, in_chunk_order)
+    for b in batches:
+        w.add(b)
+    return w.close()
+
+
+def test_every_row_lands_once_with_each_key_in_one_part_and_arrival_order_does_not_matter(tmp_path, monkeypatch):
+    monkeypatch.setattr("tasks.spill.FLUSH_ROWS", 5)  # several row groups per part file
+    table = _mentions(40)
+    batches = [table.slice(i, 17) for i in range(0, table.num_rows, 17)]
+    forward = _spill(tmp_path / "a", batches, 4)
+    backward = _spill(tmp_path / "b", batches[::-1], 4)
+    assert forward.num_rows == table.num_rows == sum(t.num_rows for t in forward.parts())
+    assert sorted(forward.column("id").to_pylist()) == sorted(table.column("id").to_pylist())
+    assert forward.read_all().equals(backward.read_all())
+    parts_of_key: dict[str, set[int]] = {}
+    for p, part in enumerate(forward.parts(["key"])):
+        for k in part.column("key").to_pylist():
+            parts_of_key.setdefault(k, set()).add(p)
+    assert len(forward.files) == 4 and all(len(p) == 1 for p in parts_of_key.values())
+    for part in forward.parts():  # each part in canonical (chunk id, seq) order
+        assert part.equals(in_chunk_order(part))
+    assert forward.reader().read_all().equals(forward.read_all())
+
+
+def test_one_part_reads_back_the_whole_table_in_canonical_order(tmp_path):
+    table = _mentions(12)
+    shuffled = table.take(pa.array(list(range(table.num_rows))[::-1]))
+    assert _spill(tmp_path, [shuffled], 1).read_all().equals(in_chunk_order(table))
+
+
+def test_merge_from_a_spill_equals_merge_from_the_table(tmp_path):
+    table = _mentions(40)
+    spilled = _spill(tmp_path, [table], 3)
+    assert graph_from_mentions(spilled, 100) == graph_from_mentions(table, 100)
+    empty = _spill(tmp_path / "e", [table.slice(0, 0)], 3)
+    assert empty.num_rows == 0 and graph_from_mentions(empty, 100)[0] == []
+
+
+@pytest.mark.parametrize("collide", [False, True])
+def test_unique_mask_over_pieces_marks_every_repeat_and_no_null(monkeypatch, collide):
+    if collide:  # every hash the same: the values decide
+        import numpy as np
+
+        monkeypatch.setattr("tasks.spill.key_hash", lambda col: np.zeros(len(col), dtype=np.uint64))
+    pieces = [pa.array(["a", "b", None]), pa.array(["c", "a"]), pa.array([None, "d", "b", "e"])]
+    assert unique_mask(lambda: iter(pieces)).tolist() == [False, False, True, True, False, True, True, False, True]
+
+
+def test_validation_reads_a_spilled_table_part_by_part_and_sees_repeats_across_parts(tmp_path):
+    tables = tiny_tables()
+    chunk = tables["chunks"].column("id")[0].as_py()
+    rows = _mentions(6).to_pylist()
+    for r in rows:
+        r["chunk_id"] = chunk
+    rows[-1]["id"] = rows[0]["id"]  # the same id in two parts
+    rows[1]["chunk_id"] = "chunk-gone"
+    from tasks.catalog import to_table
+
+    table = to_table("mentions", rows, 0, 1)
+    spilled = _spill(tmp_path, [table], 3)
+    assert len(spilled.files) > 1
+    tables["mentions"] = spilled
+    failures = {f["expectation"]: f for f in validate_tables(tables, DIM, batch_rows=2).failures}
+    assert failures["expect_column_values_to_be_unique"]["unexpected_count"] == 2
+    assert failures["expect_column_values_to_be_unique"]["sample"] == [rows[0]["id"]] * 2
+    assert failures["expect_column_values_to_be_null"]["unexpected_count"] == 1
