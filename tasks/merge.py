@@ -197,7 +197,7 @@ def _mention_parts(mentions: Any, kind: str, part_rows: int):
 
     if isinstance(mentions, SpilledTable):
         empty = True
-        for t in mentions.parts(list(MENTION_COLUMNS), where=("kind", kind)):
+        for t in mentions.parts(list(MENTION_COLUMNS), where=("kind", kind), ordered=False, encoded=True):
             empty = False
             yield mention_frame(t)
         if empty:

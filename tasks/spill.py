@@ -94,13 +94,18 @@ class SpilledTable:
                  order: Callable[[pa.Table], pa.Table] | None = None):
         self.files, self.schema, self.num_rows, self.order = files, schema, num_rows, order
 
-    def parts(self, columns: list[str] | None = None, where: tuple[str, str] | None = None) -> Iterator[pa.Table]:
-        """Each part as one table (``columns`` only; rows with ``where`` = (column, value) only), in order."""
+    def parts(self, columns: list[str] | None = None, where: tuple[str, str] | None = None, ordered: bool = True,
+              encoded: bool = False) -> Iterator[pa.Table]:
+        """Each part as one table: ``columns`` only, rows with ``where`` = (column, value) only, in the canonical
+        order unless not ``ordered``; ``encoded``: string columns but ``id`` dictionary encoded (a sentence that
+        describes five mentions is held once)."""
+        columns = columns or self.schema.names
+        ordering = self.order is not None and ordered
+        dictionary = [f.name for f in self.schema if encoded and f.name != "id" and pa.types.is_string(f.type)]
         for f in self.files:
-            table = pq.read_table(f, filters=[(where[0], "=", where[1])] if where else None)
-            if self.order is not None:
-                table = self.order(table)
-            yield table.select(columns) if columns else table
+            table = pq.read_table(f, columns=None if ordering else columns, read_dictionary=dictionary,
+                                  filters=[(where[0], "=", where[1])] if where else None)
+            yield self.order(table).select(columns) if ordering else table
 
     def reader(self, batch_rows: int = 65_536) -> pa.RecordBatchReader:
         """Every row, part after part, as a stream (what publish writes)."""
