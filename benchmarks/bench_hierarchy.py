@@ -7,7 +7,12 @@ predict). On the smallest N, in the same script, a straightforward exact RAPTOR-
 the same two-level scheme with the full BIC sweep k = 1..49 on all points and full
 covariance — for the time ratio and the CS difference.
 
-    .venv/bin/python benchmarks/bench_hierarchy.py [--sizes 20000 100000 250000] [--no-exact]
+Next to it, on the same points, one HyGRAG layer (``index.method = "hygrag"``): LSH buckets of 5..50
+(16 seeded hyperplanes, split and merge), with the GMM / LSH time ratio. ``--index DIR`` does the same on the
+layer-0 entity and chunk vectors of a published index (HyGRAG's layer-0 nodes), Cleora's two steps over
+the hybrid graph timed on their own.
+
+    .venv/bin/python benchmarks/bench_hierarchy.py [--sizes 20000 100000 250000] [--no-exact] [--index DIR]
 """
 
 from __future__ import annotations
@@ -21,8 +26,57 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from schemas.config import HierarchyConfig  # noqa: E402
+from schemas.config import HierarchyConfig, HyGRAGConfig  # noqa: E402
 from tasks.hierarchy import cluster_sparsity, gmm_clusters, reduce_dims, soft_assign  # noqa: E402
+from tasks.methods.hygrag import lsh_buckets  # noqa: E402
+
+
+def both(x: np.ndarray, cfg: HierarchyConfig, label: str) -> tuple[float, float]:
+    """One GMM layer and one LSH layer on ``x``: prints both, returns (GMM seconds, CS)."""
+    h = HyGRAGConfig()
+    t0 = time.perf_counter()
+    clusters = gmm_clusters(x, cfg, seed=1)
+    secs = time.perf_counter() - t0
+    cs = cluster_sparsity([len(c) for c in clusters], len(x))
+    t0 = time.perf_counter()
+    buckets = lsh_buckets(x, h.lsh_bits, h.min_bucket, h.max_bucket, seed=1)
+    lsecs = time.perf_counter() - t0
+    sizes = [len(b) for b in buckets]
+    print(f"{label:>8}{secs:>10.1f}{len(clusters):>10}{cs:>9.4f}   | LSH {lsecs:>7.2f} s {len(buckets):>7} buckets "
+          f"(sizes {min(sizes)}..{max(sizes)}, CS {cluster_sparsity(sizes, len(x)):.4f})   GMM/LSH {secs / lsecs:>6.1f}x",
+          flush=True)
+    return secs, cs
+
+
+def index_nodes(index: str, cfg: HierarchyConfig) -> None:
+    """GMM vs LSH on a published index's layer-0 entities + chunks; Cleora over its hybrid graph."""
+    import pyarrow.compute as pc
+
+    from tasks.catalog import Catalog, vector_matrix
+    from tasks.methods.hygrag import chunk_links, cleora, hybrid_adjacency
+
+    cat = Catalog(index)
+    snap = cat.require_snapshot()
+    ents = cat.read("entities", snap=snap)
+    ents = ents.filter(pc.equal(ents.column("layer"), 0))
+    chunks = cat.read("chunks", snap=snap)
+    rels = cat.read("relations", snap=snap, columns=["source_id", "target_id", "weight", "kind"])
+    x = np.concatenate([vector_matrix(ents), vector_matrix(chunks)]).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    h = HyGRAGConfig()
+    t0 = time.perf_counter()
+    at = {c: j for j, c in enumerate(chunks.column("id").to_pylist())}
+    index_of = {e: i for i, e in enumerate(ents.column("id").to_pylist())}
+    entity_chunks = [[at[c] for c in cs if c in at] for cs in ents.column("source_chunk_ids").to_pylist()]
+    links = chunk_links(entity_chunks, len(at), h.shared_entities, max(1, int(h.max_entity_chunks * len(at))))
+    pairs = [(index_of.get(a), index_of.get(b), w) for a, b, w, k in zip(*(rels.column(c).to_pylist() for c in
+                                                                         ("source_id", "target_id", "weight", "kind")))
+             if k == "extracted"]
+    adj = hybrid_adjacency(len(index_of), [p for p in pairs if p[0] is not None and p[1] is not None], entity_chunks, links)
+    cleora(adj, x, h.cleora_iterations)
+    print(f"\n{index}: {len(index_of)} entities + {len(at)} chunks, {links.nnz // 2} chunk links; hybrid graph + "
+          f"Cleora ({h.cleora_iterations} steps) {time.perf_counter() - t0:.1f} s")
+    both(x, cfg, "index")
 
 
 def synthetic(n: int, seed: int = 0, d: int = 384, supers: int = 40, topics_per: int = 12) -> np.ndarray:
@@ -62,6 +116,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[20_000, 100_000, 250_000])
     ap.add_argument("--no-exact", action="store_true", help="skip the exact RAPTOR-style baseline")
+    ap.add_argument("--index", help="also the layer-0 entities + chunks of this published index")
     args = ap.parse_args()
     cfg = HierarchyConfig()
     print(f"config: reduction={cfg.reduction}({cfg.reduced_dim}) covariance={cfg.covariance_type} reg_covar={cfg.reg_covar} "
@@ -71,12 +126,10 @@ def main() -> None:
     ours = {}
     for n in args.sizes:
         x = synthetic(n)
-        t0 = time.perf_counter()
-        clusters = gmm_clusters(x, cfg, seed=1)
-        secs = time.perf_counter() - t0
-        cs = cluster_sparsity([len(c) for c in clusters], n)
+        secs, cs = both(x, cfg, str(n))
         ours[n] = (secs, cs, x if n == min(args.sizes) else None)
-        print(f"{n:>8}{secs:>10.1f}{len(clusters):>10}{cs:>9.4f}", flush=True)
+    if args.index:
+        index_nodes(args.index, cfg)
     if not args.no_exact:
         n = min(args.sizes)
         secs, cs, x = ours[n]

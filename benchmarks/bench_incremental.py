@@ -5,7 +5,7 @@ on a copy, in four steps; compares with a full build on 100 %: extraction and su
 operations (chunks extracted; summaries and reports written — LLM calls on the LLM path), wall
 time, and `strata eval` recall / answer-in-context of the final indexes.
 
-    .venv/bin/python benchmarks/bench_incremental.py [--dataset DIR] [--modes hi naive]
+    .venv/bin/python benchmarks/bench_incremental.py [--dataset DIR] [--modes hi naive] [--method hirag|hygrag]
 """
 
 from __future__ import annotations
@@ -45,13 +45,17 @@ def ops_update(res) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default=str(REPO.parent / "shared" / "datasets" / "musique"))
-    ap.add_argument("--modes", nargs="+", default=["hi", "naive"])
+    ap.add_argument("--modes", nargs="+", help="default: the method's first mode and naive")
+    ap.add_argument("--method", default="hirag", help="index.method of every index built")
     args = ap.parse_args()
+    from tasks.retrieve import index_modes
+
+    args.modes = args.modes or [index_modes(args.method)[0], "naive"]
     dataset = Path(args.dataset)
     lines = (dataset / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
     cut = int(len(lines) * 0.8)
     parts = [lines[cut + i * (len(lines) - cut) // 4: cut + (i + 1) * (len(lines) - cut) // 4] for i in range(4)]
-    cfg = load_config()
+    cfg = load_config(overrides={"index": {"method": args.method}})
     queries = load_queries(dataset)
     emb = get_embedder(cfg.embedding)
     with tempfile.TemporaryDirectory() as tmp:

@@ -239,14 +239,21 @@ def _print_summary(result: dict[str, Any], seconds: float) -> None:
 
 
 def _inspect_data(index: str, as_of: int | None, runs: int) -> dict[str, Any]:
-    from tasks.catalog import Catalog
+    import statistics
+
+    from tasks.catalog import Catalog, snapshot_note
 
     cat = Catalog(index)
     snap = cat.require_snapshot(as_of)
     layers = cat.read("layers", snap=snap).to_pylist()
+    comms = cat.read("communities", snap=snap, columns=["level", "size"])
+    sizes: dict[int, list[int]] = {}
+    for level, size in zip(comms.column("level").to_pylist(), comms.column("size").to_pylist()):
+        sizes.setdefault(level, []).append(size)
     return {
         "index": cat.uri,
         "version": snap["version"],
+        "method": snapshot_note(snap).get("method", "hirag"),
         "created_at": snap["created_at"].isoformat(),
         "kind": snap["kind"],
         "run_id": snap["run_id"],
@@ -257,6 +264,8 @@ def _inspect_data(index: str, as_of: int | None, runs: int) -> dict[str, Any]:
             {k: l[k] for k in ("layer", "n_entities", "n_clusters", "cluster_sparsity", "change_rate", "stop_reason")}
             for l in sorted(layers, key=lambda r: r["layer"])
         ],
+        "communities": [{"level": level, "count": len(v), "min_size": min(v), "median_size": statistics.median(v),
+                         "max_size": max(v)} for level, v in sorted(sizes.items())],
         "runs": [
             {
                 "id": r["id"], "flow": r["flow"], "status": r["status"],
@@ -286,7 +295,8 @@ def inspect(
     if as_json:
         out.print_json(json.dumps(data, default=str))
         raise typer.Exit(1 if data["problems"] else 0)
-    out.print(f"[bold]{data['index']}[/]  snapshot v{data['version']} ({data['kind']}, {data['created_at']})")
+    out.print(f"[bold]{data['index']}[/]  snapshot v{data['version']} ({data['kind']}, {data['created_at']}), "
+              f"method {data['method']}")
     for problem in data["problems"]:
         out.print(f"[bold red]damaged:[/] {problem}", markup=True, highlight=False)
     t = Table(title="tables")
@@ -303,6 +313,13 @@ def inspect(
             lt.add_row(*[("" if l[c] is None else f"{l[c]:.4f}" if isinstance(l[c], float) else str(l[c])) for c in
                          ("layer", "n_entities", "n_clusters", "cluster_sparsity", "change_rate", "stop_reason")])
         out.print(lt)
+    if data["communities"]:
+        ct = Table(title="communities per level")
+        for col in ("level", "count", "min_size", "median_size", "max_size"):
+            ct.add_column(col, justify="right")
+        for c in data["communities"]:
+            ct.add_row(*(str(c[k]) for k in ("level", "count", "min_size", "median_size", "max_size")))
+        out.print(ct)
     if versions:
         vt = Table(title="snapshots")
         for col in ("version", "created_at", "kind"):
@@ -429,8 +446,11 @@ def export(
 def query(
     question: str = typer.Argument(..., help="The question to answer."),
     index: str = IndexOpt,
-    mode: str = typer.Option("hi", help="hi (three levels + graph-ranked sources) | hi-nobridge | flat | ppr (graph-ranked "
-                                        "sources only) | hybrid (BM25 + dense) | naive (dense); all at the same token budget."),
+    mode: Optional[str] = typer.Option(
+        None, help="Default: the index method's first mode. hirag indexes: hi (three levels + graph-ranked sources) | "
+                   "hi-nobridge | flat; hygrag indexes: hygrag (communities, entities and relation triples + graph-ranked "
+                   "sources); any index: ppr (graph-ranked sources only) | hybrid (BM25 + dense) | naive (dense); all at "
+                   "the same token budget."),
     as_of: Optional[int] = typer.Option(None, "--as-of", help="Query this snapshot version."),
     config: Optional[Path] = ConfigOpt,
     set_: Optional[list[str]] = SetOpt,
@@ -443,16 +463,17 @@ def query(
     from tasks.embed import check_dimension, get_embedder
     from tasks.answer import answer as make_answer
     from tasks.llm_client import LiteLLMClient
-    from tasks.retrieve import MODES, load_view, retrieve
+    from tasks.retrieve import MODES, index_modes, load_view, retrieve
 
     if not question.strip():
         _fail(ValueError("the question is empty: ask something, e.g. strata query \"Who employed Bob Cratchit?\""), 2)
-    if mode not in MODES:
+    if mode is not None and mode not in MODES:
         _fail(ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}"), 2)
     try:
         cfg = load_config(config, _overrides(set_))
         cat = Catalog(index)
         view = load_view(cat, as_of)
+        mode = mode or index_modes(view.method)[0]
         embedder = get_embedder(cfg.embedding, cfg.llm)
         check_dimension(embedder, view.dim)
         t0 = time.perf_counter()
@@ -516,10 +537,9 @@ def eval_(
     from tasks.catalog import Catalog
     from tasks.embed import check_dimension, get_embedder
     from tasks.evaluate import evaluate, load_queries, plot_results
-    from tasks.retrieve import MODES, load_view
+    from tasks.retrieve import MODES, index_modes, load_view
 
-    modes = modes or list(MODES)
-    bad = [m for m in modes if m not in MODES]
+    bad = [m for m in modes or [] if m not in MODES]
     if bad:
         _fail(ValueError(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}"), 2)
     small = [b for b in budgets or [] if b < 100]
@@ -536,10 +556,17 @@ def eval_(
 
             index_flow(str(corpus), index, str(config) if config else None, _overrides(set_))
         view = load_view(cat)
+        offered = list(index_modes(view.method))
+        if modes and set(modes) - set(offered):
+            _fail(ValueError(f"mode(s) {sorted(set(modes) - set(offered))} not offered by this {view.method} index; "
+                             f"it offers {', '.join(offered)}"), 2)
+        modes = modes or offered
         embedder = get_embedder(cfg.embedding, cfg.llm)
         check_dimension(embedder, view.dim)
         budgets = list(dict.fromkeys(budgets or [cfg.retrieval.token_budget]))
         results, rows = evaluate(view, embedder.embed, queries, modes, cfg.retrieval, budgets)
+    except typer.Exit:
+        raise
     except ConfigError as exc:
         _fail(exc, 2)
     except Exception as exc:  # noqa: BLE001

@@ -17,7 +17,7 @@ import functools
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -326,7 +326,7 @@ def _layer0(stored, old_entities, old_relations, gone: set[str], new_mentions: p
     select = stored_mention_select(lambda: stored(list(MENTION_COLUMNS)), gone, new_mentions)
     entities, relations, added, removed, changed = recompute_layer0(
         [e for e in old_entities if e["layer"] == 0], old_relations, select, touched, max_tokens, order)
-    return (Layer0(entities, np.zeros((0, 0)), relations, added, removed, changed),
+    return (Layer0(entities, np.zeros((0, 0)), relations, added, removed, changed, gone),
             TableDelta("chunk_id", sorted(gone), new_mentions))
 
 
@@ -338,7 +338,7 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: list[ChunkRow]) -> tuple[Lay
     with run.stage("embed", len(fresh) + len(chunks)) as st:
         vectors = st.run(_embed_layer0, run, layer0, [entity_text(e["name"], e["type"], e["description"]) for e in fresh],
                          [c["text"] for c in chunks], st.advance)
-        layer0 = Layer0(layer0.entities, vectors[0], layer0.relations, layer0.added, layer0.removed, layer0.changed)
+        layer0 = replace(layer0, vectors=vectors[0], chunks=chunks, chunk_vectors=vectors[1])
         st.done(f"{run.embedder.misses} embedded, {run.embedder.hits} from cache",
                 vectors=len(fresh) + len(chunks), cache_hits=run.embedder.hits)
     return layer0, vectors[1]

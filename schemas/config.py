@@ -27,8 +27,9 @@ class _Section(BaseModel):
 
 
 class IndexConfig(_Section):
-    method: Literal["hirag"] = Field("hirag", description="Index method: what is built above layer 0 and which "
-                                     "retrieval modes it adds (hirag: GMM summary layers, Leiden communities, reports).")
+    method: Literal["hirag", "hygrag"] = Field(
+        "hirag", description="Index method: what is built above layer 0 and which retrieval modes it adds (hirag: GMM "
+        "summary layers, Leiden communities, reports; hygrag: a hybrid chunk-entity graph, Cleora + LSH layers).")
 
 
 class CorpusConfig(_Section):
@@ -128,6 +129,26 @@ class HierarchyConfig(_Section):
     )
 
 
+class HyGRAGConfig(_Section):
+    """``index.method = "hygrag"`` (HyGRAG §3.1-3.3, Table 8 defaults)."""
+
+    shared_entities: int = Field(3, ge=0, description="Two chunks are linked when they share more than this many entities (l).")
+    max_entity_chunks: float = Field(
+        0.05, gt=0, le=1, description="Entities found in more than this share of chunks do not link chunks (too generic).")
+    cleora_iterations: int = Field(2, ge=0, description="Cleora propagation steps over the hybrid graph.")
+    lsh_bits: int = Field(16, ge=1, le=62, description="Random hyperplanes of the LSH bucketing (k).")
+    min_bucket: int = Field(5, ge=1, description="Buckets smaller than this merge with their nearest neighbour (S_min).")
+    max_bucket: int = Field(50, ge=2, description="Buckets larger than this are split (S_max); at least 2 x S_min.")
+    max_layers: int = Field(4, ge=1, description="Summary layers built at most (L).")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "HyGRAGConfig":
+        if self.max_bucket < 2 * self.min_bucket:
+            raise ValueError(f"hygrag.max_bucket ({self.max_bucket}) must be at least 2 x hygrag.min_bucket "
+                             f"({self.min_bucket}): a split bucket's halves must not fall under the minimum")
+        return self
+
+
 class CommunityConfig(_Section):
     max_cluster_size: int = Field(10, gt=1, description="Leiden communities larger than this are split a level down.")
     resolution: float = Field(1.0, gt=0)
@@ -204,6 +225,7 @@ class StrataConfig(_Section):
     embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
     dask: DaskConfig = Field(default_factory=DaskConfig)
     hierarchy: HierarchyConfig = Field(default_factory=HierarchyConfig)
+    hygrag: HyGRAGConfig = Field(default_factory=HyGRAGConfig)
     communities: CommunityConfig = Field(default_factory=CommunityConfig)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
     incremental: IncrementalConfig = Field(default_factory=IncrementalConfig)

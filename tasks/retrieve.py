@@ -45,6 +45,11 @@ MODES = tuple(m for method in all_methods() for m in method.modes) + tuple(SHARE
 MAX_SOURCES = 200  # candidates considered for the sources section
 
 
+def index_modes(method: str) -> tuple[str, ...]:
+    """The retrieval modes an index built by ``method`` offers: its own, then the shared ones."""
+    return (*get_method(method).modes, *SHARED_MODES)
+
+
 @dataclass
 class IndexView:
     """Everything retrieval needs from one snapshot, in memory."""
@@ -352,8 +357,7 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
     """The three-level context (or a sources-only one) for one question, within ``cfg.token_budget``."""
     method = get_method(view.method)
     if mode not in method.modes and mode not in SHARED_MODES:
-        raise ValueError(f"unknown mode {mode!r}; this {view.method} index offers "
-                         f"{', '.join((*method.modes, *SHARED_MODES))}")
+        raise ValueError(f"unknown mode {mode!r}; this {view.method} index offers {', '.join(index_modes(view.method))}")
     ctx = Context(question=question, mode=mode, version=view.version)
     q = np.asarray(q, dtype=np.float32)  # a float64 query would upcast the whole vector matrix on every search
     budgets = _budgets(cfg, method.modes.get(mode, ()))

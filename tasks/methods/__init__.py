@@ -36,6 +36,9 @@ class Layer0:
     added: set[str] = field(default_factory=set)  # update: ids new since the previous snapshot
     removed: set[str] = field(default_factory=set)  # update: ids gone
     changed: set[str] = field(default_factory=set)  # update: ids whose name, type or description changed
+    gone_chunks: set[str] = field(default_factory=set)  # update: chunk ids deleted or replaced
+    chunks: list[dict[str, Any]] = field(default_factory=list)  # this run's new chunks (a build: all of them)
+    chunk_vectors: np.ndarray | None = None  # aligned with ``chunks``
 
 
 @dataclass
@@ -77,8 +80,9 @@ class IndexMethod(Protocol):
 
 def all_methods() -> list[IndexMethod]:
     from tasks.methods.hirag import HiRAG
+    from tasks.methods.hygrag import HyGRAG
 
-    return [HiRAG()]
+    return [HiRAG(), HyGRAG()]
 
 
 def get_method(name: str) -> IndexMethod:

@@ -3,6 +3,7 @@ layers and bottom-up reports; updates attach new entities HyGRAG-style and refre
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -78,54 +79,77 @@ class HiRAG:
                          _failed(summarizer.failures, "hierarchy", SUMMARY_FALLBACK) + _failed(failures, "reports", REPORT_FALLBACK))
 
     def update(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
-        from tasks.embed import entity_text
         from tasks.hierarchy import restate_layers
-        from tasks.incremental import attach, place_in_communities, reports_to_rewrite
-        from tasks.reports import build_reports
-        from tasks.summarize import Cluster
+        from tasks.incremental import place_in_communities, reports_to_rewrite
 
         cfg = ctx.cfg
-        with ctx.stage("attach") as st:
-            summarizer = summarizer_for(ctx, 1)
-
-            def summarize(layer, member_lists, vecs):
-                return [s[0] for s in summarizer.summarize_layer(layer, [Cluster(m, v) for m, v in zip(member_lists, vecs)])]
-
-            def embed_rows(rows):
-                return ctx.embed([entity_text(r["name"], r["type"], r["description"]) for r in rows])
-
-            old = ctx.previous("entities")
-            upper = np.flatnonzero(np.asarray(old.column("layer").to_pylist()) > 0)
-            summaries = plain_rows(old.take(upper))
-            vectors = dict(zip([e["id"] for e in layer0.entities], layer0.vectors))
-            vectors.update(zip([s["id"] for s in summaries], vector_matrix(old.take(upper))))
-            previous = ctx.previous("relations")
-            links = plain_rows(previous.filter(pc.equal(previous.column("kind"), "summary_of")))
-            att = st.run(attach, layer0.entities, summaries, links, vectors, layer0.added, layer0.removed,
-                         layer0.changed, cfg.incremental.tau, summarize, embed_rows, cfg.incremental.refresh_staleness)
-            st.done(f"{len(att.attached)} attached, {len(att.refreshed)} summaries refreshed", attached=len(att.attached),
-                    refreshed=len(att.refreshed), dropped=len(att.removed), summary_operations=att.operations)
+        att, summarizer = attach_stage(ctx, layer0)
         entities = layer0.entities + att.entities
         relations = pa.concat_tables([layer0.relations, relation_table(att.relations)])
         with ctx.stage("communities") as st:
             comms, grown, forced = st.run(place_in_communities, plain_rows(ctx.previous("communities")),
                                           {e["id"] for e in entities}, relations, layer0.added)
             st.done(f"{len(comms)} communities, {len(grown)} grown", communities=len(comms), grown=len(grown))
-        with ctx.stage("reports") as st:
-            previous = ctx.previous("community_reports")
-            old_reports = {r["community_id"]: r for r in plain_rows(previous)}
-            old_vectors = dict(zip(previous.column("community_id").to_pylist(), vector_matrix(previous)))
-            rewrite, staleness = reports_to_rewrite(comms, old_reports, grown, forced, cfg.incremental.refresh_staleness)
-            existing = {cid: dict(r, staleness=staleness.get(cid, r.get("staleness")))
-                        for cid, r in old_reports.items() if cid not in rewrite}
-            reports, failures = st.run(build_reports, comms, entities, relations, cfg.communities.report_max_tokens,
-                                       ctx.llm, rewrite, existing)
-            redo = [r for r in reports if r["community_id"] in rewrite]
-            fresh = dict(zip([r["community_id"] for r in redo], _report_vectors(ctx, st, redo)))
-            report_vecs = np.stack([fresh.get(r["community_id"], old_vectors.get(r["community_id"])) for r in reports]) \
-                if reports else np.zeros((0, layer0.vectors.shape[1]), np.float32)
-            st.done(f"{len(redo)} reports rewritten", reports_rewritten=len(redo))
+        reports, report_vecs, failures = rewrite_reports(
+            ctx, comms, entities, relations,
+            lambda old: reports_to_rewrite(comms, old, grown, forced, cfg.incremental.refresh_staleness))
         layers = restate_layers(plain_rows(ctx.previous("layers")), {e["id"]: e["layer"] for e in entities},
                                 [(r["source_id"], r["target_id"]) for r in att.relations if r["kind"] == "summary_of"])
         return Hierarchy(att.entities, att.vectors, att.relations, comms, reports, report_vecs, layers,
                          _failed(summarizer.failures, "hierarchy", SUMMARY_FALLBACK) + _failed(failures, "reports", REPORT_FALLBACK))
+
+
+def attach_stage(ctx: MethodContext, layer0: Layer0):
+    """HyGRAG attachment (stage ``attach``): new layer-0 entities join the summary nodes they are closest to
+    (τ), the summaries on touched paths are rewritten. Returns the ``AttachResult`` and the summarizer used."""
+    from tasks.embed import entity_text
+    from tasks.incremental import attach
+    from tasks.summarize import Cluster
+
+    cfg = ctx.cfg
+    with ctx.stage("attach") as st:
+        summarizer = summarizer_for(ctx, 1)
+
+        def summarize(layer, member_lists, vecs):
+            return [s[0] for s in summarizer.summarize_layer(layer, [Cluster(m, v) for m, v in zip(member_lists, vecs)])]
+
+        def embed_rows(rows):
+            return ctx.embed([entity_text(r["name"], r["type"], r["description"]) for r in rows])
+
+        old = ctx.previous("entities")
+        upper = np.flatnonzero(np.asarray(old.column("layer").to_pylist()) > 0)
+        summaries = plain_rows(old.take(upper))
+        vectors = dict(zip([e["id"] for e in layer0.entities], layer0.vectors))
+        vectors.update(zip([s["id"] for s in summaries], vector_matrix(old.take(upper))))
+        previous = ctx.previous("relations")
+        links = plain_rows(previous.filter(pc.equal(previous.column("kind"), "summary_of")))
+        att = st.run(attach, layer0.entities, summaries, links, vectors, layer0.added, layer0.removed,
+                     layer0.changed, cfg.incremental.tau, summarize, embed_rows, cfg.incremental.refresh_staleness)
+        st.done(f"{len(att.attached)} attached, {len(att.refreshed)} summaries refreshed", attached=len(att.attached),
+                refreshed=len(att.refreshed), dropped=len(att.removed), summary_operations=att.operations)
+    return att, summarizer
+
+
+def rewrite_reports(ctx: MethodContext, comms: list[dict[str, Any]], entities: list[dict[str, Any]], relations: pa.Table,
+                    decide: Callable[[dict[str, dict[str, Any]]], tuple[set[str], dict[str, float]]]):
+    """Stage ``reports`` of an update: ``decide(previous reports by community id)`` names the communities whose
+    report is written again and the staleness of the others, which are kept. Returns (reports, their vectors,
+    LLM failures)."""
+    from tasks.reports import build_reports
+
+    with ctx.stage("reports") as st:
+        previous = ctx.previous("community_reports")
+        old_reports = {r["community_id"]: r for r in plain_rows(previous)}
+        rewrite, staleness = decide(old_reports)
+        old_vectors = dict(zip(previous.column("community_id").to_pylist(), vector_matrix(previous)))
+        existing = {cid: dict(r, staleness=staleness.get(cid, r.get("staleness")))
+                    for cid, r in old_reports.items() if cid not in rewrite}
+        reports, failures = st.run(build_reports, comms, entities, relations, ctx.cfg.communities.report_max_tokens,
+                                   ctx.llm, rewrite, existing)
+        redo = [r for r in reports if r["community_id"] in rewrite]
+        fresh = dict(zip([r["community_id"] for r in redo], _report_vectors(ctx, st, redo)))
+        dim = previous.schema.field("vector").type.list_size
+        report_vecs = (np.stack([fresh.get(r["community_id"], old_vectors.get(r["community_id"])) for r in reports])
+                       if reports else np.zeros((0, dim), np.float32))
+        st.done(f"{len(redo)} reports rewritten", reports_rewritten=len(redo))
+    return reports, report_vecs, failures

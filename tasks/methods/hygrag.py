@@ -1,0 +1,367 @@
+"""HyGRAG (seed 003, §3.1-3.3, Algorithms 1-2, Table 8): chunks in the hierarchy.
+
+* **Hybrid graph** (§3.1): chunk nodes and entity nodes; entity–entity relation edges (their weights),
+  entity–chunk membership edges, and chunk–chunk edges where two chunks share more than ``l`` entities
+  (entities found in more than ``max_entity_chunks`` of the chunks link nothing: a hub links everything).
+* **Structure-aware vectors** (§3.2): Cleora over that graph — each step multiplies the row-normalised
+  adjacency with the node vectors and L2-normalises the rows — initialised from the text vectors (the
+  paper starts from random ±1 vectors; starting from the text keeps content and structure in one space).
+  A layer-0 node is bucketed by ``unit(text + cleora)``. The published entity vectors stay the text ones:
+  questions are compared with text.
+* **LSH hierarchy** (Algorithm 1): ``k`` seeded random hyperplanes hash each node to a ``k``-bit code; nodes
+  of one code form a bucket. Buckets under ``S_min`` merge with their nearest neighbour bucket — the
+  buckets that share the longest code prefix with them, the nearest centroid among those — and buckets over
+  ``S_max`` are split in halves along a seeded random direction, so every bucket holds ``S_min``..``S_max``
+  nodes unless the layer has fewer than ``S_min``. Each bucket is a community with one summary node; the
+  summary nodes are the next layer's nodes (text vectors: there is no graph among them); at most ``L``
+  layers. A summary's entity members are linked ``summary_of``; its chunk members are its
+  ``source_chunk_ids``. Each community lists its summary node first, then its members (level 0: the top layer).
+* **Bi-level retrieval** (§3.3), mode ``hygrag``: context-aware — communities by the similarity of their
+  summary node to the question, layer-0 entities by their own, the shared graph-ranked sources — then
+  relation-aware: the layer-0 entities under the retrieved communities with the context entities, and the
+  relations among them ranked by the similarity of their two ends to the question.
+* **Updates** are HiRAG's attachment (τ, ancestor re-summarisation) over the same ``summary_of`` links.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import scipy.sparse as sp
+
+from schemas.config import HyGRAGConfig
+from tasks.catalog import relation_table
+from tasks.ids import make_id
+from tasks.methods import Hierarchy, Layer0, MethodContext
+from tasks.methods.hirag import (REPORT_FALLBACK, SUMMARY_FALLBACK, _failed, _report_vectors, attach_stage, rewrite_reports,
+                                 summarizer_for)
+
+CHUNK_TYPE = "chunk"
+
+
+# ---------------------------------------------------------------------------- the hybrid graph
+def chunk_links(entity_chunks: list[list[int]], n_chunks: int, more_than: int, max_chunks: int) -> sp.csr_matrix:
+    """Chunk–chunk adjacency: the number of entities two chunks share, where it is more than ``more_than``
+    (entities in more than ``max_chunks`` chunks are left out)."""
+    rows, cols = [], []
+    for e, chunks in enumerate(entity_chunks):
+        if 0 < len(chunks) <= max_chunks:
+            rows += [e] * len(chunks)
+            cols += chunks
+    incidence = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)), shape=(len(entity_chunks), n_chunks))
+    shared = (incidence.T @ incidence).tocsr()
+    shared.setdiag(0)
+    shared.data[shared.data <= more_than] = 0
+    shared.eliminate_zeros()
+    return shared
+
+
+def hybrid_adjacency(n_entities: int, relations: list[tuple[int, int, float]], entity_chunks: list[list[int]],
+                     links: sp.csr_matrix) -> sp.csr_matrix:
+    """The symmetric adjacency of entities (first) and chunks (after them): relation weights, membership 1,
+    chunk links by shared entities."""
+    n_chunks = links.shape[0]
+    a = [r[0] for r in relations] + [e for e, cs in enumerate(entity_chunks) for _ in cs]
+    b = [r[1] for r in relations] + [n_entities + c for cs in entity_chunks for c in cs]
+    w = [r[2] for r in relations] + [1.0] * (len(a) - len(relations))
+    n = n_entities + n_chunks
+    upper = sp.csr_matrix((np.asarray(w, np.float32), (a, b)), shape=(n, n))
+    coo = sp.triu(links, k=1).tocoo()  # symmetric already: each pair once
+    upper = upper + sp.csr_matrix((coo.data, (coo.row + n_entities, coo.col + n_entities)), shape=(n, n))
+    adj = upper + upper.T
+    adj.sum_duplicates()
+    return adj.tocsr()
+
+
+def cleora(adjacency: sp.csr_matrix, init: np.ndarray, iterations: int) -> np.ndarray:
+    """Cleora: ``iterations`` times X <- rownorm(D^-1 A X); a node without edges keeps its (normalised) vector."""
+    x = _unit(np.asarray(init, dtype=np.float32))
+    degree = np.asarray(adjacency.sum(axis=1)).ravel()
+    isolated = degree == 0
+    walk = sp.diags(np.where(isolated, 0.0, 1.0 / np.where(isolated, 1.0, degree))) @ adjacency
+    for _ in range(iterations):
+        nxt = walk @ x
+        nxt[isolated] = x[isolated]
+        x = _unit(nxt)
+    return x
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return (x / np.where(norms == 0, 1.0, norms)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------- LSH buckets
+def lsh_buckets(x: np.ndarray, bits: int, s_min: int, s_max: int, seed: int) -> list[np.ndarray]:
+    """Row indices of ``x`` in buckets of ``s_min``..``s_max`` (all rows in one bucket when there are fewer than
+    ``s_min``); every row in exactly one bucket; the same buckets for the same input and seed."""
+    n = len(x)
+    if n == 0:
+        return []
+    rng = np.random.default_rng(seed)
+    planes = rng.standard_normal((x.shape[1], bits))
+    code = ((x @ planes) > 0).astype(np.int64) @ (1 << np.arange(bits - 1, -1, -1, dtype=np.int64))
+    order = np.lexsort((np.arange(n), code))
+    cuts = np.flatnonzero(np.diff(code[order])) + 1
+    groups = [(int(code[order[s]]), order[s:e]) for s, e in zip([0, *cuts], [*cuts, n])]
+    for depth in range(bits - 1, -1, -1):  # buckets under one prefix of ``depth`` bits are neighbours
+        shift, merged, i = bits - depth, [], 0
+        while i < len(groups):
+            j = i
+            while j < len(groups) and groups[j][0] >> shift == groups[i][0] >> shift:
+                j += 1
+            merged += _merge_small(groups[i:j], x, s_min, (groups[i][0] >> shift) << shift)
+            i = j
+        groups = merged
+    out: list[np.ndarray] = []
+    for _, members in groups:
+        out += _split(np.sort(members), x, s_max, rng)
+    return out
+
+
+def _merge_small(siblings: list[tuple[int, np.ndarray]], x: np.ndarray, s_min: int, code: int):
+    """Siblings under one prefix: the small ones pooled; a pool still under ``s_min`` joins the big sibling
+    with the nearest centroid, or waits for the next shorter prefix when there is none."""
+    small = [m for _, m in siblings if len(m) < s_min]
+    if not small:
+        return siblings
+    big = [(c, m) for c, m in siblings if len(m) >= s_min]
+    pool = np.concatenate(small)
+    if len(pool) >= s_min or not big:
+        return [*big, (code, pool)]
+    centroid = x[pool].mean(axis=0)
+    sims = [float(_unit(x[m].mean(axis=0, keepdims=True))[0] @ centroid) for _, m in big]
+    k = int(np.argmax(sims))  # the first of equals
+    big[k] = (big[k][0], np.concatenate([big[k][1], pool]))
+    return big
+
+
+def _split(members: np.ndarray, x: np.ndarray, s_max: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """A bucket over ``s_max`` cut in two equal halves along a random direction, recursively."""
+    if len(members) <= s_max:
+        return [members]
+    projection = x[members] @ rng.standard_normal(x.shape[1])
+    order = np.lexsort((members, projection))
+    half = len(members) // 2
+    return _split(np.sort(members[order[:half]]), x, s_max, rng) + _split(np.sort(members[order[half:]]), x, s_max, rng)
+
+
+# ---------------------------------------------------------------------------- the layers
+def build_layers(entities: list[dict[str, Any]], vectors: np.ndarray, relations: pa.Table, chunks: list[dict[str, Any]],
+                 chunk_vectors: np.ndarray, cfg: HyGRAGConfig, seed: int, summarizer, embed, on_layer=None):
+    """Summary entities (with text vectors), their ``summary_of`` relations, one community per bucket, the
+    layer statistics (``tasks.hierarchy.LayerStat``) and the bucket sizes per layer."""
+    from tasks.embed import entity_text
+    from tasks.hierarchy import STOP_MAX_LAYERS, STOP_ONE_CLUSTER, STOP_TOO_FEW, LayerStat, change_rate, cluster_sparsity
+    from tasks.summarize import Cluster, summary_rows
+
+    dim = vectors.shape[1] if vectors.size else (chunk_vectors.shape[1] if chunk_vectors.size else 0)
+    index = {e["id"]: i for i, e in enumerate(entities)}
+    chunk_at = {c["id"]: j for j, c in enumerate(chunks)}
+    entity_chunks = [[chunk_at[c] for c in e["source_chunk_ids"] if c in chunk_at] for e in entities]
+    links = chunk_links(entity_chunks, len(chunks), cfg.shared_entities, max(1, int(cfg.max_entity_chunks * len(chunks))))
+    pairs = [(index.get(a), index.get(b), float(w)) for a, b, w in zip(
+        relations.column("source_id").to_pylist(), relations.column("target_id").to_pylist(),
+        relations.column("weight").to_pylist())]
+    adj = hybrid_adjacency(len(entities), [p for p in pairs if p[0] is not None and p[1] is not None], entity_chunks, links)
+    text = np.concatenate([vectors.reshape(-1, dim), chunk_vectors.reshape(-1, dim)]).astype(np.float32)
+    nodes = [*entities, *({"id": c["id"], "name": " ".join(c["text"].split()[:8]), "type": CHUNK_TYPE,
+                           "description": c["text"]} for c in chunks)]
+    x = _unit(_unit(text) + cleora(adj, text, cfg.cleora_iterations))
+    out_ents, out_vecs, out_rels, stats = [], [], [], []
+    chunk_ids, previous_cs = set(chunk_at), None
+    for layer in range(1, cfg.max_layers + 2):
+        t0, n = time.perf_counter(), len(nodes)
+        if layer > cfg.max_layers:
+            stats.append(LayerStat(layer, n, 0, None, None, True, STOP_MAX_LAYERS, 0.0))
+            break
+        if n < cfg.min_bucket:
+            stats.append(LayerStat(layer, n, 0, None, None, True, STOP_TOO_FEW, 0.0))
+            break
+        buckets = lsh_buckets(x, cfg.lsh_bits, cfg.min_bucket, cfg.max_bucket, seed + layer)
+        groups = [Cluster([nodes[j] for j in b], x[b]) for b in buckets]
+        ents, rels = summary_rows(layer, groups, summarizer.summarize_layer(layer, groups))
+        for e, g in zip(ents, groups):
+            e["source_chunk_ids"] = sorted(m["id"] for m in g.members if m["id"] in chunk_ids)
+        rels = [r for r in rels if r["source_id"] not in chunk_ids]
+        vecs = embed([entity_text(e["name"], e["type"], e["description"]) for e in ents])
+        cs = cluster_sparsity([len(b) for b in buckets], n)
+        rate = change_rate(previous_cs, cs)
+        stat = LayerStat(layer, n, len(buckets), cs, rate, False, None, time.perf_counter() - t0)
+        stats.append(stat)
+        if on_layer:
+            on_layer(stat)
+        out_ents += ents
+        out_vecs.append(vecs)
+        out_rels += rels
+        nodes, x, previous_cs = ents, _unit(np.asarray(vecs, dtype=np.float32)), cs
+        if len(buckets) == 1:
+            stats.append(LayerStat(layer + 1, len(ents), 0, None, None, True, STOP_ONE_CLUSTER, 0.0))
+            break
+    matrix = np.concatenate(out_vecs) if out_vecs else np.zeros((0, dim), np.float32)
+    return out_ents, matrix, out_rels, bucket_communities(out_ents, out_rels), stats
+
+
+def without_empty(summaries: list[dict[str, Any]], vectors: np.ndarray, links: list[dict[str, Any]], gone_chunks: set[str]):
+    """Summaries after an update without the chunks that went, and without those left with neither chunks nor
+    members (then their links to the summaries above them go, which may empty those in turn)."""
+    summaries = [dict(e, source_chunk_ids=[c for c in e["source_chunk_ids"] or [] if c not in gone_chunks])
+                 for e in summaries]
+    while True:
+        fed = {r["target_id"] for r in links}
+        empty = {e["id"] for e in summaries if not e["source_chunk_ids"] and e["id"] not in fed}
+        if not empty:
+            break
+        keep = [i for i, e in enumerate(summaries) if e["id"] not in empty]
+        summaries, vectors = [summaries[i] for i in keep], vectors[keep]
+        links = [r for r in links if r["source_id"] not in empty]
+    return summaries, vectors, links
+
+
+def bucket_communities(summaries: list[dict[str, Any]], relations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One community per summary node (its bucket): the summary first, then its members (the ``summary_of``
+    sources), sized by its members and its chunks; its parent is the community of the summary above it. Levels
+    count down from the top as for every community (the top layer's buckets are level 0)."""
+    members: dict[str, list[str]] = {}
+    above: dict[str, str] = {}
+    for r in relations:
+        if r["kind"] == "summary_of":
+            members.setdefault(r["target_id"], []).append(r["source_id"])
+            above[r["source_id"]] = r["target_id"]
+    cid = {s["id"]: make_id("comm", "hygrag", s["layer"], s["id"]) for s in summaries}
+    top = max((s["layer"] for s in summaries), default=0)
+    return [{"id": cid[s["id"]], "level": top - s["layer"], "parent_id": cid.get(above.get(s["id"], "")),
+             "entity_ids": [s["id"], *sorted(members.get(s["id"], []))],
+             "size": len(members.get(s["id"], [])) + len(s["source_chunk_ids"] or [])} for s in summaries]
+
+
+class HyGRAG:
+    name = "hygrag"
+    modes = {"hygrag": ("entities", "communities", "bridge")}
+
+    def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
+        from tasks.hierarchy import stat_rows
+        from tasks.reports import build_reports
+
+        cfg = ctx.cfg
+        with ctx.stage("hierarchy") as st:
+            summarizer = summarizer_for(ctx, 1)
+            chunk_vectors = layer0.chunk_vectors if layer0.chunk_vectors is not None else np.zeros((0, 0), np.float32)
+            ents, vecs, rels, communities, stats = st.run(
+                build_layers, layer0.entities, layer0.vectors, layer0.relations, layer0.chunks, chunk_vectors,
+                cfg.hygrag, cfg.seed, summarizer, ctx.embed, on_layer=lambda _s: st.advance(1))
+            layers = stat_rows(stats)
+            st.done(f"{len([r for r in layers if not r['stopped']])} layers, {len(ents)} summary nodes, "
+                    f"{len(communities)} buckets", summary_entities=len(ents), communities=len(communities))
+        entities, relations = layer0.entities + ents, pa.concat_tables([layer0.relations, relation_table(rels)])
+        with ctx.stage("reports", len(communities)) as st:
+            reports, failures = st.run(build_reports, communities, entities, relations,
+                                       cfg.communities.report_max_tokens, ctx.llm)
+            report_vecs = _report_vectors(ctx, st, reports)
+            st.advance(len(reports))
+            st.done(f"{len(reports)} reports", reports=len(reports))
+        return Hierarchy(ents, vecs, rels, communities, reports, report_vecs, layers,
+                         _failed(summarizer.failures, "hierarchy", SUMMARY_FALLBACK) + _failed(failures, "reports", REPORT_FALLBACK))
+
+    def update(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
+        """HiRAG's attachment (new entities join the summary nodes they are closest to, touched summaries are
+        rewritten); then the buckets are read again from the summaries, and the reports of the buckets that
+        changed are rewritten. New chunks reach the hierarchy through their entities."""
+        from tasks.catalog import plain_rows
+        from tasks.hierarchy import restate_layers
+
+        att, summarizer = attach_stage(ctx, layer0)
+        summaries, vectors, links = without_empty(att.entities, att.vectors, att.relations, layer0.gone_chunks)
+        with ctx.stage("communities") as st:
+            comms = bucket_communities(summaries, links)
+            before = {c["id"]: c["entity_ids"] for c in plain_rows(ctx.previous("communities"))}
+            changed = {c["id"] for c in comms if before.get(c["id"]) != c["entity_ids"]
+                       or c["entity_ids"][0] in att.refreshed}
+            st.done(f"{len(comms)} buckets, {len(changed)} changed", communities=len(comms), grown=len(changed))
+        entities = layer0.entities + summaries
+        relations = pa.concat_tables([layer0.relations, relation_table(links)])
+        reports, report_vecs, failures = rewrite_reports(ctx, comms, entities, relations, lambda old: (
+            changed | (set(c["id"] for c in comms) - set(old)), {}))
+        layers = restate_layers(plain_rows(ctx.previous("layers")), {e["id"]: e["layer"] for e in entities},
+                                [(r["source_id"], r["target_id"]) for r in links if r["kind"] == "summary_of"])
+        return Hierarchy(summaries, vectors, links, comms, reports, report_vecs, layers,
+                         _failed(summarizer.failures, "hierarchy", SUMMARY_FALLBACK) + _failed(failures, "reports", REPORT_FALLBACK))
+
+    def levels(self, view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) -> None:
+        fill_bilevel(view, ctx, scores, budgets, cfg)
+
+
+# ---------------------------------------------------------------------------- bi-level retrieval
+def fill_bilevel(view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) -> None:
+    """Context-aware then relation-aware sections of ``ctx`` (``scores``: similarity of every entity)."""
+    from tasks.methods.hirag_retrieval import _name, repeats
+    from tasks.retrieve import _fill, top_k
+
+    if not len(view.ent_ids):
+        return
+    sources = "\n".join(c["text"] for c in ctx.chunks)
+    layer0 = np.flatnonzero(view.ent_layer == 0)
+    local = [i for i in top_k(scores, cfg.top_n, layer0) if scores[i] >= cfg.min_similarity]
+    ctx.entities, ctx.tokens["entities"] = _fill(
+        [{"id": view.ent_ids[i], "name": view.ent_name[i], "type": view.ent_type[i], "layer": 0,
+          "score": round(float(scores[i]), 4),
+          "text": f"- {view.ent_name[i]} ({view.ent_type[i]}): {view.ent_desc[i]}"}
+         for i in local if not repeats(view.ent_desc[i], sources)], budgets["entities"])
+    summaries = [i for i in top_k(scores, cfg.max_communities, np.flatnonzero(view.ent_layer > 0))
+                 if scores[i] >= cfg.min_similarity]
+    comms = [c for c in (represented(view, i) for i in summaries) if c is not None]
+    items = []
+    for c in comms:
+        comm = view.communities[c]
+        rep = view.reports.get(comm["id"])
+        if rep is not None:
+            findings = " ".join(f"• {f}" for f in (rep["findings"] or [])[:3])
+            items.append({"id": comm["id"], "level": comm["level"], "title": rep["title"], "rating": rep["rating"],
+                          "summary": rep["summary"], "findings": rep["findings"],
+                          "text": f"- [{rep['title']}] {rep['summary']} {findings}".strip()})
+    ctx.communities, ctx.tokens["communities"] = _fill(items, budgets["communities"])
+    if "bridge" not in budgets:
+        return
+    related = set(local)
+    for i in summaries:
+        related |= below(view, i, limit=200)
+    ranked = []
+    for a in sorted(related):
+        for b in view.flat_graph.adj[a] if a in view.flat_graph else ():
+            if b in related and a < b:
+                for k in view.edge_rel.get((a, b), []):
+                    ranked.append((-(float(scores[a]) + float(scores[b])) / 2, k))
+    rows = []
+    for _, k in sorted(ranked):
+        r = view.rel_rows[k]
+        if r["kind"] != "extracted" or repeats(r["description"], sources):
+            continue
+        rows.append({"source": r["source_id"], "target": r["target_id"], "kind": r["kind"],
+                     "text": f"- {_name(view, r['source_id'])} — {_name(view, r['target_id'])}: {r['description']}"})
+    ctx.bridge, ctx.tokens["bridge"] = _fill(rows, budgets["bridge"])
+
+
+def represented(view, i: int) -> int | None:
+    """The community summary node ``i`` stands for (the one that lists it first)."""
+    for c in view.ent_communities.get(i, []):
+        if view.communities[c]["members"][:1] == [i]:
+            return c
+    return None
+
+
+def below(view, i: int, limit: int) -> set[int]:
+    """Layer-0 entities under summary node ``i`` (down its summary_of links), at most ``limit``."""
+    out: set[int] = set()
+    stack = [i]
+    while stack and len(out) < limit:
+        node = stack.pop()
+        for m in sorted(view.graph.adj[node]):
+            if view.ent_layer[m] < view.ent_layer[node]:
+                if view.ent_layer[m] == 0:
+                    out.add(m)
+                else:
+                    stack.append(m)
+    return out
