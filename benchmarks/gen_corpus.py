@@ -64,11 +64,12 @@ class Vocabulary:
                 seen.setdefault(make(), None)
             self.names[kind] = list(seen)
         weights = {k: 1.0 / np.arange(1, len(v) + 1) ** zipf_s for k, v in self.names.items()}
-        self.p = {k: w / w.sum() for k, w in weights.items()}
+        # what Generator.choice(p=...) computes on every call, once: a draw is then O(log size), not O(size)
+        cdf = {k: (w / w.sum()).cumsum() for k, w in weights.items()}
+        self.cdf = {k: c / c[-1] for k, c in cdf.items()}
 
     def draw(self, kind: str) -> str:
-        names = self.names[kind]
-        return names[int(self.rng.choice(len(names), p=self.p[kind]))]
+        return self.names[kind][int(self.cdf[kind].searchsorted(self.rng.random(), side="right"))]
 
 
 def sentence(vocab: Vocabulary, rng: np.random.Generator, subject: str) -> str:
