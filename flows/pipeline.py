@@ -168,7 +168,8 @@ def _execute(corpus, catalog, cfg, task, mapper, run_id, flow_name, snap, replac
         try:
             result = run_stages(run)
         finally:
-            shutil.rmtree(run.spill_dir.parent, ignore_errors=True)  # the run's calls and tokens: the LLM client's and, for a litellm embedding model, the embedder's
+            shutil.rmtree(run.spill_dir.parent, ignore_errors=True)
+            # the run's calls and tokens: the LLM client's and, for a litellm embedding model, the embedder's
             for client in (run.llm, run._embedder.inner.client if run._embedder else None):
                 if client is not None:
                     usage.add(client.usage)

@@ -138,15 +138,14 @@ def in_chunk_order(mentions: pa.Table) -> pa.Table:
     return mentions.take(rank.to_arrow())
 
 
-#: mentions are merged in parts of about this many rows, split by a hash of their key so that every entity and
-#: every relation is computed whole within one part: the merge's transient frames are a part's, not the corpus's
+#: a run's mentions are spilled in parts of about this many rows, split by a hash of their key so that every
+#: entity and every relation is merged whole within one part: the merge's transient frames are a part's
 MERGE_PART_ROWS = 400_000
 #: what extraction plans its spill parts with (the offline extractor finds ~90 per chunk of 200 words, an LLM fewer)
 MENTIONS_PER_CHUNK = 100
 
 
-def graph_from_mentions(mentions: Any, max_description_tokens: int, order: ChunkOrder | None = None,
-                        part_rows: int = MERGE_PART_ROWS):
+def graph_from_mentions(mentions: Any, max_description_tokens: int, order: ChunkOrder | None = None):
     """Layer-0 entities and relations from mention rows (list, Arrow table or polars frame), columnar.
 
     Mentions are read in corpus order: by document source, then position in the document (``order``),
@@ -155,7 +154,7 @@ def graph_from_mentions(mentions: Any, max_description_tokens: int, order: Chunk
     supporting sentences in corpus order within the token budget, so a document appended later, under a
     source that sorts after the others, does not change the text (nor the vector) of an entity it mentions
     again. Relations are undirected (canonical endpoint order) and weighted by their distinct sentences.
-    An Arrow table is merged in parts of ``part_rows`` mentions (same result)."""
+    A spilled table (``tasks.spill``) is merged part by part (same result)."""
     import polars as pl
 
     order = order or {}
@@ -168,11 +167,11 @@ def graph_from_mentions(mentions: Any, max_description_tokens: int, order: Chunk
 
     entity = pl.concat([_entity_part(in_corpus_order(m.filter(pl.col("key") != ""), "key", "name", "type", "description"),
                                      max_description_tokens)
-                        for m in _mention_parts(mentions, "entity", part_rows)]).sort("key")
+                        for m in _mention_parts(mentions, "entity")]).sort("key")
     keys = entity.get_column("key").to_list()
     ids = pl.DataFrame({"key": keys, "id": [entity_id(0, k) for k in keys]}, schema={"key": pl.Utf8, "id": pl.Utf8})
     relation = pl.concat([_relation_part(in_corpus_order(m, "key", "description"), ids, max_description_tokens)
-                          for m in _mention_parts(mentions, "relation", part_rows)]).sort("source_id", "target_id")
+                          for m in _mention_parts(mentions, "relation")]).sort("source_id", "target_id")
     pairs = zip(relation.get_column("source_id").to_list(), relation.get_column("target_id").to_list())
     relations = relation_frame(relation.with_columns(
         id=pl.Series([relation_id(a, b, "extracted") for a, b in pairs], dtype=pl.Utf8), kind=pl.lit("extracted"),
@@ -184,34 +183,22 @@ def graph_from_mentions(mentions: Any, max_description_tokens: int, order: Chunk
     return entities, relations
 
 
-def _mention_parts(mentions: Any, kind: str, part_rows: int):
+def _mention_parts(mentions: Any, kind: str):
     """The mentions of one ``kind`` as polars frames, each holding every mention of the keys it has: a spilled
-    table's parts (split by key hash when they were written), an Arrow table in parts of about ``part_rows``
-    rows by a hash of the key, anything else whole."""
-    import numpy as np
+    table's parts (split by key hash when they were written), anything else whole."""
     import polars as pl
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
-    from tasks.spill import SpilledTable, key_hash
+    from tasks.spill import SpilledTable
 
-    if isinstance(mentions, SpilledTable):
-        empty = True
-        for t in mentions.parts(list(MENTION_COLUMNS), where=("kind", kind), ordered=False, encoded=True):
-            empty = False
-            yield mention_frame(t)
-        if empty:
-            yield mention_frame([])
+    if not isinstance(mentions, SpilledTable):
+        yield mention_frame(mentions).filter(pl.col("kind") == kind)
         return
-    if not isinstance(mentions, pa.Table):
-        frame = mention_frame(mentions)
-        yield frame.filter(pl.col("kind") == kind)
-        return
-    n = max(1, -(-mentions.num_rows // part_rows))
-    part = key_hash(mentions.column("key")) % n if n > 1 else np.zeros(mentions.num_rows, dtype=np.uint64)
-    of_kind = pc.equal(mentions.column("kind").cast(pa.string()), kind)
-    for p in range(n):
-        yield mention_frame(mentions.filter(pc.and_(of_kind, pa.array(part == p))))
+    empty = True
+    for t in mentions.parts(list(MENTION_COLUMNS), where=("kind", kind), ordered=False, encoded=True):
+        empty = False
+        yield mention_frame(t)
+    if empty:
+        yield mention_frame([])
 
 
 def _entity_part(ents, max_description_tokens: int):

@@ -83,12 +83,13 @@ def test_descriptions_follow_corpus_order_not_chunk_ids():
     assert full["description"] == again["description"] == "One. Two."
 
 
-def test_merge_in_parts_equals_merge_whole():
-    """A large mentions table is merged in parts split by key; the graph is the same as merged at once."""
+def test_merge_in_parts_equals_merge_whole(tmp_path):
+    """Spilled mentions are merged part by part (split by key); the graph is the same as merged at once."""
     import random
 
     from tasks.catalog import to_table
-    from tasks.merge import dictionary_encoded, graph_from_mentions, mention_rows
+    from tasks.merge import dictionary_encoded, graph_from_mentions, in_chunk_order, mention_rows
+    from tasks.spill import SpillWriter
 
     rnd = random.Random(3)
     names = ["Scrooge", "scrooge", "Marley", "Bob Cratchit", "London", "Fezziwig", "Belle", "Tiny Tim", "Fred"]
@@ -106,8 +107,13 @@ def test_merge_in_parts_equals_merge_whole():
     rows = mention_rows(ents, rels)
     order = {r["chunk_id"]: (f"doc{i % 7}.md", i) for i, r in enumerate(rows)}
     table = dictionary_encoded(to_table("mentions", rows, 0, 1))
-    whole_entities, whole_relations = graph_from_mentions(table, 12, order, part_rows=10**9)
-    part_entities, part_relations = graph_from_mentions(table, 12, order, part_rows=25)
+    spill = SpillWriter(tmp_path, table.schema, "key", 6, in_chunk_order)
+    for start in range(0, table.num_rows, 30):
+        spill.add(table.slice(start, 30))
+    spilled = spill.close()
+    assert len(spilled.files) > 2
+    whole_entities, whole_relations = graph_from_mentions(table, 12, order)
+    part_entities, part_relations = graph_from_mentions(spilled, 12, order)
     assert len(whole_entities) > 5 and whole_relations.num_rows > 5
     assert part_entities == whole_entities
     assert part_relations.equals(whole_relations)
