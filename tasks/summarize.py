@@ -175,10 +175,42 @@ def summary_prompt(members: list[dict[str, Any]], meta: list[str], n: int, max_t
     ]
 
 
-class LLMSummarizer:
-    """Summary entities through an LLM; every cluster of a layer is sent concurrently."""
+def synthesis_prompt(members: list[dict[str, Any]], meta: list[str], n: int, max_tokens: int) -> list[dict[str, str]]:
+    """HyGRAG's summary node: a bucket holds passages (type ``chunk``) and entities; the summary synthesises the
+    context the passages share and the relations among the entities, within ``max_tokens``."""
+    listing = "\n".join(f"- [{'passage' if m['type'] == 'chunk' else m['type']}] {m['name']}: "
+                        f"{truncate_tokens(m['description'], 120)}" for m in members)
+    listing = truncate_tokens(listing, max_tokens * 8)
+    return [
+        {
+            "role": "system",
+            "content": (
+                "You build one node of a hierarchical index over passages and the entities they mention. Given a "
+                "group of passages and entities that belong together, write the node that stands for the group: "
+                "what context the passages share, and how the entities relate to each other. Answer with JSON only."
+            ),
+        },
+        {
+            "role": "user",
+            "content": (
+                f"Types to choose from: {', '.join(meta)}.\n"
+                f"The group:\n{listing}\n\n"
+                f"Return {n} node(s) as "
+                '{"summary_entities": [{"name": "a short name for the group", "type": "<one of the types>", '
+                f'"description": "a synthesis of the shared context and of the relations among the entities, '
+                f'at most {max_tokens} tokens, naming the entities it relates"}}]}}'
+            ),
+        },
+    ]
 
-    def __init__(self, client: LLMClient, meta_entities: list[str], per_cluster: int = 1, max_description_tokens: int = 250):
+
+class LLMSummarizer:
+    """Summary entities through an LLM; every cluster of a layer is sent concurrently. ``prompt`` builds the
+    messages for one cluster (HiRAG's ``summary_prompt`` by default); ``prompt_version`` keys the cache."""
+
+    def __init__(self, client: LLMClient, meta_entities: list[str], per_cluster: int = 1, max_description_tokens: int = 250,
+                 prompt=summary_prompt, prompt_version: str = PROMPT_VERSION):
+        self.prompt, self.prompt_version = prompt, prompt_version
         self.client = client
         self.meta = meta_entities
         self.per_cluster = per_cluster
@@ -209,10 +241,10 @@ class LLMSummarizer:
         return out
 
     async def _one(self, cluster: Cluster) -> list[dict[str, Any]] | None:
-        messages = summary_prompt(cluster.members, self.meta, self.per_cluster, self.max_tokens)
+        messages = self.prompt(cluster.members, self.meta, self.per_cluster, self.max_tokens)
         try:
             return await self.client.complete(
-                messages, prompt_version=PROMPT_VERSION, json_mode=True, parse=lambda t: self._parse(cluster, t)
+                messages, prompt_version=self.prompt_version, json_mode=True, parse=lambda t: self._parse(cluster, t)
             )
         except Exception as exc:  # noqa: BLE001 - fall back, never lose the cluster
             self.failures.append({"item": ",".join(m["id"] for m in cluster.members[:3]), "error": f"{type(exc).__name__}: {exc}"})

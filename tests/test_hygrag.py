@@ -215,3 +215,26 @@ def test_after_an_update_buckets_are_read_from_the_summaries_and_emptied_ones_go
     assert (c3["level"], c3["entity_ids"], c3["size"], c3["parent_id"]) == (0, ["s3", "s1"], 1, None)
     # the last chunk of s1 goes too, and e1 with it: s1 is empty, then s3
     assert without_empty(kept, vectors, kept_links[1:], {"c1"})[0] == []
+
+
+def test_with_an_llm_a_bucket_summary_asks_for_a_synthesis_of_its_passages_and_entities():
+    from tasks.methods.hygrag import _synthesis
+    from tasks.summarize import Cluster, LLMSummarizer
+
+    seen = []
+
+    class Client:
+        async def complete(self, messages, prompt_version, json_mode, parse):
+            seen.append((messages, prompt_version))
+            return parse('{"summary_entities": [{"name": "Scrooge\'s firm", "type": "organization", '
+                         '"description": "Scrooge employs Bob Cratchit in the counting-house the passage describes."}]}')
+
+    members = [{"id": "c1", "name": "Scrooge kept a counting-house", "type": "chunk", "description": "Scrooge kept a "
+                "counting-house where Bob Cratchit worked."},
+               {"id": "e1", "name": "Bob Cratchit", "type": "person", "description": "Bob Cratchit was Scrooge's clerk."}]
+    out = LLMSummarizer(Client(), ["organization", "person"], **_synthesis()).summarize_layer(1, [Cluster(members, np.eye(2))])
+    assert out == [[{"name": "Scrooge's firm", "type": "organization",
+                     "description": "Scrooge employs Bob Cratchit in the counting-house the passage describes."}]]
+    (messages, version), = seen
+    assert version == "hygrag-synthesis/1" and "[passage] Scrooge kept" in messages[1]["content"]
+    assert "[person] Bob Cratchit" in messages[1]["content"] and "at most 250 tokens" in messages[1]["content"]

@@ -18,12 +18,14 @@ SUMMARY_FALLBACK = "LLM summary unusable, offline summary used: "
 REPORT_FALLBACK = "LLM report unusable, offline report used: "
 
 
-def summarizer_for(ctx: MethodContext, per_cluster: int):
+def summarizer_for(ctx: MethodContext, per_cluster: int, **llm_prompt: Any):
+    """The offline summariser, or the LLM one (``llm_prompt``: its ``prompt`` and ``prompt_version``)."""
     from tasks.summarize import LLMSummarizer, OfflineSummarizer
 
     cfg = ctx.cfg
     if ctx.llm is not None:
-        return LLMSummarizer(ctx.llm, cfg.hierarchy.meta_entities, per_cluster, cfg.extract.max_description_tokens)
+        return LLMSummarizer(ctx.llm, cfg.hierarchy.meta_entities, per_cluster, cfg.extract.max_description_tokens,
+                             **llm_prompt)
     return OfflineSummarizer(cfg.hierarchy.meta_entities, cfg.extract.max_description_tokens)
 
 
@@ -99,7 +101,7 @@ class HiRAG:
                          _failed(summarizer.failures, "hierarchy", SUMMARY_FALLBACK) + _failed(failures, "reports", REPORT_FALLBACK))
 
 
-def attach_stage(ctx: MethodContext, layer0: Layer0):
+def attach_stage(ctx: MethodContext, layer0: Layer0, **llm_prompt: Any):
     """HyGRAG attachment (stage ``attach``): new layer-0 entities join the summary nodes they are closest to
     (τ), the summaries on touched paths are rewritten. Returns the ``AttachResult`` and the summarizer used."""
     from tasks.embed import entity_text
@@ -108,7 +110,7 @@ def attach_stage(ctx: MethodContext, layer0: Layer0):
 
     cfg = ctx.cfg
     with ctx.stage("attach") as st:
-        summarizer = summarizer_for(ctx, 1)
+        summarizer = summarizer_for(ctx, 1, **llm_prompt)
 
         def summarize(layer, member_lists, vecs):
             return [s[0] for s in summarizer.summarize_layer(layer, [Cluster(m, v) for m, v in zip(member_lists, vecs)])]

@@ -42,6 +42,14 @@ from tasks.methods.hirag import (REPORT_FALLBACK, SUMMARY_FALLBACK, _failed, _re
 CHUNK_TYPE = "chunk"
 
 
+def _synthesis() -> dict[str, Any]:
+    """With an LLM, a bucket's summary node is a synthesis of the context its passages share and of the relations
+    among its entities (``tasks.summarize.synthesis_prompt``), within ``extract.max_description_tokens``."""
+    from tasks.summarize import synthesis_prompt
+
+    return {"prompt": synthesis_prompt, "prompt_version": "hygrag-synthesis/1"}
+
+
 # ---------------------------------------------------------------------------- the hybrid graph
 def chunk_links(entity_chunks: list[list[int]], n_chunks: int, more_than: int, max_chunks: int) -> sp.csr_matrix:
     """Chunk–chunk adjacency: the number of entities two chunks share, where it is more than ``more_than``
@@ -248,7 +256,7 @@ class HyGRAG:
 
         cfg = ctx.cfg
         with ctx.stage("hierarchy") as st:
-            summarizer = summarizer_for(ctx, 1)
+            summarizer = summarizer_for(ctx, 1, **_synthesis())
             chunk_vectors = layer0.chunk_vectors if layer0.chunk_vectors is not None else np.zeros((0, 0), np.float32)
             ents, vecs, rels, communities, stats = st.run(
                 build_layers, layer0.entities, layer0.vectors, layer0.relations, layer0.chunks, chunk_vectors,
@@ -273,7 +281,7 @@ class HyGRAG:
         from tasks.catalog import plain_rows
         from tasks.hierarchy import restate_layers
 
-        att, summarizer = attach_stage(ctx, layer0)
+        att, summarizer = attach_stage(ctx, layer0, **_synthesis())
         summaries, vectors, links = without_empty(att.entities, att.vectors, att.relations, layer0.gone_chunks)
         with ctx.stage("communities") as st:
             comms = bucket_communities(summaries, links)
