@@ -246,6 +246,7 @@ def _inspect_data(index: str, as_of: int | None, runs: int) -> dict[str, Any]:
     cat = Catalog(index)
     snap = cat.require_snapshot(as_of)
     layers = cat.read("layers", snap=snap).to_pylist()
+    kinds = cat.read("relations", snap=snap, columns=["kind"]).column("kind").value_counts().to_pylist()
     comms = cat.read("communities", snap=snap, columns=["level", "size"])
     sizes: dict[int, list[int]] = {}
     for level, size in zip(comms.column("level").to_pylist(), comms.column("size").to_pylist()):
@@ -264,6 +265,7 @@ def _inspect_data(index: str, as_of: int | None, runs: int) -> dict[str, Any]:
             {k: l[k] for k in ("layer", "n_entities", "n_clusters", "cluster_sparsity", "change_rate", "stop_reason")}
             for l in sorted(layers, key=lambda r: r["layer"])
         ],
+        "relations_by_kind": {k["values"]: k["counts"] for k in sorted(kinds, key=lambda k: k["values"])},
         "communities": [{"level": level, "count": len(v), "min_size": min(v), "median_size": statistics.median(v),
                          "max_size": max(v)} for level, v in sorted(sizes.items())],
         "runs": [

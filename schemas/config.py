@@ -27,9 +27,10 @@ class _Section(BaseModel):
 
 
 class IndexConfig(_Section):
-    method: Literal["hirag", "hygrag"] = Field(
+    method: Literal["hirag", "hygrag", "archrag"] = Field(
         "hirag", description="Index method: what is built above layer 0 and which retrieval modes it adds (hirag: GMM "
-        "summary layers, Leiden communities, reports; hygrag: a hybrid chunk-entity graph, Cleora + LSH layers).")
+        "summary layers, Leiden communities, reports; hygrag: a hybrid chunk-entity graph, Cleora + LSH layers; "
+        "archrag: attributed communities by weighted Leiden, C-HNSW searched top down).")
 
 
 class CorpusConfig(_Section):
@@ -149,6 +150,18 @@ class HyGRAGConfig(_Section):
         return self
 
 
+class ArchRAGConfig(_Section):
+    """``index.method = "archrag"`` (ArchRAG §3.1-3.2)."""
+
+    knn_k: int = Field(10, ge=0, description="Attributed communities: each node's K nearest nodes by vector join its graph.")
+    knn_threshold: float = Field(0.6, description="... when at least this similar (cosine).")
+    resolution: float = Field(1.0, gt=0, description="Weighted Leiden resolution (higher: smaller communities).")
+    max_layers: int = Field(4, ge=1, description="Community layers built at most.")
+    min_nodes: int = Field(8, ge=2, description="Stop when a layer has fewer nodes than this.")
+    min_shrink: float = Field(0.2, ge=0, lt=1, description="Stop when a layer's communities are more than (1 - this) x its nodes.")
+    hnsw_m: int = Field(8, ge=1, description="C-HNSW: intra-layer links per node (its M nearest of its layer).")
+
+
 class CommunityConfig(_Section):
     max_cluster_size: int = Field(10, gt=1, description="Leiden communities larger than this are split a level down.")
     resolution: float = Field(1.0, gt=0)
@@ -161,6 +174,8 @@ class RetrievalConfig(_Section):
     max_key_entities: int = Field(40, gt=1, description="Bridge level: at most this many key entities are chained by shortest paths.")
     max_path_hops: int = Field(6, gt=0, description="Bridge level: key entities further apart than this many hops are not chained.")
     max_communities: int = Field(12, gt=0, description="Global level: at most this many communities are considered.")
+    search_ef: int = Field(64, gt=0, description="archrag mode: candidates its C-HNSW search explores per layer (HNSW ef; "
+                                                 "it keeps top_n per layer).")
     token_budget: int = Field(4000, ge=100, description="Total context tokens; every mode gets the same budget.")
     ann_min_vectors: int = Field(
         500_000, gt=0, description="A vector table (entities, chunks) with at least this many rows gets a LanceDB vector "
@@ -226,6 +241,7 @@ class StrataConfig(_Section):
     dask: DaskConfig = Field(default_factory=DaskConfig)
     hierarchy: HierarchyConfig = Field(default_factory=HierarchyConfig)
     hygrag: HyGRAGConfig = Field(default_factory=HyGRAGConfig)
+    archrag: ArchRAGConfig = Field(default_factory=ArchRAGConfig)
     communities: CommunityConfig = Field(default_factory=CommunityConfig)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
     incremental: IncrementalConfig = Field(default_factory=IncrementalConfig)

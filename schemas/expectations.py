@@ -15,7 +15,9 @@ import great_expectations as gx
 E = gx.expectations
 
 QUARANTINE_STAGES = ["ingest", "chunk", "extract", "merge", "embed", "hierarchy", "communities", "reports"]
-RELATION_KINDS = ["extracted", "summary_of"]
+#: extracted: between layer-0 entities; summary_of: member -> summary node; chnsw / chnsw_down: ArchRAG's
+#: C-HNSW links within a layer and from a node to its nearest node of the layer below
+RELATION_KINDS = ["extracted", "summary_of", "chnsw", "chnsw_down"]
 
 
 # table -> column -> the table whose ids it must name (referential integrity)

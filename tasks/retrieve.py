@@ -287,6 +287,7 @@ class Context:
     message: str = ""
     ranked_chunk_ids: list[str] = field(default_factory=list)  # the source ranking before the budget
     seeds: dict[str, list[str]] = field(default_factory=dict)  # graph-ranked sources: entities that seeded the walk
+    query_vector: Any = None  # the question's vector (for a method's own search)
 
     @property
     def empty(self) -> bool:
@@ -358,8 +359,8 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
     method = get_method(view.method)
     if mode not in method.modes and mode not in SHARED_MODES:
         raise ValueError(f"unknown mode {mode!r}; this {view.method} index offers {', '.join(index_modes(view.method))}")
-    ctx = Context(question=question, mode=mode, version=view.version)
     q = np.asarray(q, dtype=np.float32)  # a float64 query would upcast the whole vector matrix on every search
+    ctx = Context(question=question, mode=mode, version=view.version, query_vector=q)
     budgets = _budgets(cfg, method.modes.get(mode, ()))
     ranking = SHARED_MODES.get(mode, "ppr")
     chunk_scores = view.similarity("chunks", q, cfg.ann_candidates)

@@ -79,10 +79,11 @@ class IndexMethod(Protocol):
 
 
 def all_methods() -> list[IndexMethod]:
+    from tasks.methods.archrag import ArchRAG
     from tasks.methods.hirag import HiRAG
     from tasks.methods.hygrag import HyGRAG
 
-    return [HiRAG(), HyGRAG()]
+    return [HiRAG(), HyGRAG(), ArchRAG()]
 
 
 def get_method(name: str) -> IndexMethod:

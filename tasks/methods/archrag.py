@@ -1,0 +1,384 @@
+"""ArchRAG (seeds 002 and 004): attributed communities layer by layer, and C-HNSW, a hierarchical
+nearest-neighbour index over every layer that is searched top down instead of scanned.
+
+* **Attributed communities** (§3.1.2): the layer's graph (its relations) is augmented with KNN edges between
+  nodes whose vectors are similar; every edge is weighted by the cosine of its two ends; weighted Leiden
+  (graspologic-native) partitions it. Each community becomes a node of the next layer.
+* **C-HNSW** (§3.1.3): per layer a nearest-neighbour graph of its nodes (intra-layer links) and, from every
+  node of a layer above 0, a link to its nearest node of the layer below (inter-layer links).
+* **Hierarchical search** (§3.2.1, Algorithm 2): greedy best-first search for the k nearest nodes in the top
+  layer, entered from its best node; the nodes found lead through their inter-layer links to the entry points
+  of the layer below, searched the same way, down to layer 0.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+
+def knn_edges(x: np.ndarray, k: int, threshold: float, batch: int = 4096) -> list[tuple[int, int, float]]:
+    """(i, j, cosine) with i < j for every pair where one is among the other's ``k`` nearest neighbours by
+    cosine and their cosine is at least ``threshold``; rows of ``x`` are unit vectors. Sorted, no repeats."""
+    n = len(x)
+    if n < 2 or k < 1:
+        return []
+    kk = min(k, n - 1)
+    pairs: dict[tuple[int, int], float] = {}
+    for start in range(0, n, batch):
+        sims = x[start:start + batch] @ x.T
+        rows = np.arange(start, min(n, start + batch))
+        sims[rows - start, rows] = -np.inf  # not itself
+        best = np.argpartition(-sims, kk - 1, axis=1)[:, :kk]
+        for r, cols in zip(rows, best):
+            for c in cols:
+                s = float(sims[r - start, c])
+                if s >= threshold:
+                    pairs[(min(r, int(c)), max(r, int(c)))] = s
+    return sorted((a, b, s) for (a, b), s in pairs.items())
+
+
+def attributed_edges(x: np.ndarray, relations: list[tuple[int, int]], k: int, threshold: float) -> list[tuple[int, int, float]]:
+    """The layer's relation edges plus its KNN edges, each weighted by the cosine of its ends (at least 1e-3,
+    so that an edge between dissimilar nodes still counts a little)."""
+    pairs = {(min(a, b), max(a, b)) for a, b in relations if a != b}
+    pairs |= {(a, b) for a, b, _ in knn_edges(x, k, threshold)}
+    return [(a, b, max(1e-3, float(x[a] @ x[b]))) for a, b in sorted(pairs)]
+
+
+def leiden_groups(n: int, edges: list[tuple[int, int, float]], resolution: float, seed: int) -> list[np.ndarray]:
+    """Weighted Leiden (graspologic-native) over ``n`` nodes; a node without edges is a group of its own.
+    Groups are ordered by their smallest node."""
+    import graspologic_native as gn
+
+    group = np.arange(n) + n  # isolated nodes: ids past every Leiden community
+    if edges:
+        _, found = gn.leiden(edges=[(str(a), str(b), w) for a, b, w in edges], resolution=resolution, seed=seed)
+        for node, c in found.items():
+            group[int(node)] = c
+    out: dict[int, list[int]] = {}
+    for i, g in enumerate(group.tolist()):
+        out.setdefault(g, []).append(i)
+    return sorted((np.asarray(m, dtype=np.int64) for m in out.values()), key=lambda m: int(m[0]))
+
+
+def chnsw_links(layers: list[np.ndarray], m: int) -> tuple[list[list[list[int]]], list[np.ndarray]]:
+    """C-HNSW over the unit vectors of each layer (``layers[0]`` the bottom): per layer, each node's ``m``
+    nearest nodes of its own layer (intra, best first); per layer above 0, each node's nearest node of the layer
+    below (inter; ``inter[0]`` is empty)."""
+    intra, inter = [], [np.zeros(0, dtype=np.int64)]
+    for li, x in enumerate(layers):
+        links: list[list[int]] = [[] for _ in range(len(x))]
+        if len(x) > 1:
+            kk = min(m, len(x) - 1)
+            for start in range(0, len(x), 4096):
+                sims = x[start:start + 4096] @ x.T
+                rows = np.arange(start, min(len(x), start + 4096))
+                sims[rows - start, rows] = -np.inf
+                best = np.argpartition(-sims, kk - 1, axis=1)[:, :kk]
+                for r, cols in zip(rows, best):
+                    s = sims[r - start, cols]
+                    links[r] = [int(c) for c in cols[np.lexsort((cols, -s))]]
+        intra.append(links)
+        if li > 0:
+            below = layers[li - 1]
+            inter.append(np.asarray([int(np.argmax(below @ v)) for v in x], dtype=np.int64) if len(below)
+                         else np.zeros(len(x), dtype=np.int64))
+    return intra, inter
+
+
+def search_layer(q: np.ndarray, x: np.ndarray, links: list[list[int]], entries: list[int], ef: int) -> list[int]:
+    """Greedy best-first search (HNSW's SEARCH-LAYER): from ``entries``, follow links while a candidate is closer
+    than the worst of the ``ef`` best found; returns those, best first (ties by index)."""
+    if not len(x) or not entries:
+        return []
+    visited = set(entries)
+    sims = {e: float(x[e] @ q) for e in entries}
+    candidates = [(-sims[e], e) for e in entries]
+    heapq.heapify(candidates)
+    best = [(sims[e], -e) for e in entries]  # min-heap of the ef best: the worst on top
+    heapq.heapify(best)
+    while len(best) > ef:
+        heapq.heappop(best)
+    while candidates:
+        s, c = heapq.heappop(candidates)
+        if -s < best[0][0] and len(best) >= ef:
+            break
+        for nb in links[c]:
+            if nb in visited:
+                continue
+            visited.add(nb)
+            sn = float(x[nb] @ q)
+            if len(best) < ef or sn > best[0][0]:
+                heapq.heappush(candidates, (-sn, nb))
+                heapq.heappush(best, (sn, -nb))
+                if len(best) > ef:
+                    heapq.heappop(best)
+    return [-i for _, i in sorted(best, key=lambda t: (-t[0], -t[1]))]
+
+
+def hierarchical_search(q: np.ndarray, layers: list[np.ndarray], intra: list[list[list[int]]], inter: list[np.ndarray],
+                        k: int, ef: int | None = None) -> list[list[int]]:
+    """ArchRAG's Algorithm 2 over C-HNSW: the ``k`` nodes nearest to ``q`` in every layer (``[layer 0, layer 1,
+    ...]``, best first), found top down: the top layer from its best node, each lower layer from the nodes its
+    upper neighbours link down to."""
+    ef = max(k, ef or k)
+    found: list[list[int]] = [[] for _ in layers]
+    entries: list[int] = []
+    for li in range(len(layers) - 1, -1, -1):
+        x = layers[li]
+        if not len(x):
+            continue
+        if li == len(layers) - 1 or not entries:
+            entries = [int(np.argmax(x @ q))]
+        hits = search_layer(q, x, intra[li], entries, ef)
+        found[li] = hits[:k]
+        entries = sorted({int(inter[li][h]) for h in hits}) if li > 0 else []
+    return found
+
+
+# ---------------------------------------------------------------------------- the method
+def unit(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.where(norms == 0, 1.0, norms)
+
+
+def build_layers(entities: list[dict], vectors: np.ndarray, relations, cfg, seed: int, summarizer, embed, on_layer=None):
+    """Attributed-community layers over the layer-0 entities: summary entities (text vectors), their ``summary_of``
+    links, one statistic per layer tried (``tasks.hierarchy.LayerStat``) and every layer's unit vectors."""
+    from tasks.embed import entity_text
+    from tasks.hierarchy import STOP_MAX_LAYERS, STOP_ONE_CLUSTER, STOP_TOO_FEW, LayerStat, change_rate, cluster_sparsity
+    from tasks.summarize import Cluster, summary_rows
+
+    import time
+
+    index = {e["id"]: i for i, e in enumerate(entities)}
+    pairs = [(index.get(a), index.get(b)) for a, b in zip(relations.column("source_id").to_pylist(),
+                                                          relations.column("target_id").to_pylist())]
+    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+    nodes, x = entities, unit(vectors) if len(entities) else np.zeros((0, vectors.shape[-1] if vectors.ndim > 1 else 0), np.float32)
+    layers, out_ents, out_vecs, out_rels, stats, previous_cs = [x], [], [], [], [], None
+    for layer in range(1, cfg.max_layers + 2):
+        t0, n = time.perf_counter(), len(nodes)
+        if layer > cfg.max_layers:
+            stats.append(LayerStat(layer, n, 0, None, None, True, STOP_MAX_LAYERS, 0.0))
+            break
+        if n < cfg.min_nodes:
+            stats.append(LayerStat(layer, n, 0, None, None, True, STOP_TOO_FEW, 0.0))
+            break
+        groups = leiden_groups(n, attributed_edges(x, pairs, cfg.knn_k, cfg.knn_threshold), cfg.resolution, seed + layer)
+        cs = cluster_sparsity([len(g) for g in groups], n)
+        if len(groups) > (1 - cfg.min_shrink) * n:
+            stats.append(LayerStat(layer, n, len(groups), cs, change_rate(previous_cs, cs), True, "not_shrinking",
+                                   time.perf_counter() - t0))
+            break
+        clusters = [Cluster([nodes[j] for j in g], x[g]) for g in groups]
+        ents, rels = summary_rows(layer, clusters, summarizer.summarize_layer(layer, clusters))
+        vecs = embed([entity_text(e["name"], e["type"], e["description"]) for e in ents])
+        group_of = np.empty(n, dtype=np.int64)
+        for gi, g in enumerate(groups):
+            group_of[g] = gi
+        pairs = sorted({(min(group_of[a], group_of[b]), max(group_of[a], group_of[b])) for a, b in pairs
+                        if group_of[a] != group_of[b]})
+        stat = LayerStat(layer, n, len(groups), cs, change_rate(previous_cs, cs), False, None, time.perf_counter() - t0)
+        stats.append(stat)
+        if on_layer:
+            on_layer(stat)
+        out_ents += ents
+        out_vecs.append(vecs)
+        out_rels += rels
+        nodes, x, previous_cs = ents, unit(vecs), cs
+        layers.append(x)
+        if len(groups) == 1:
+            stats.append(LayerStat(layer + 1, len(ents), 0, None, None, True, STOP_ONE_CLUSTER, 0.0))
+            break
+    dim = layers[0].shape[1] if layers[0].ndim == 2 else 0
+    matrix = np.concatenate(out_vecs) if out_vecs else np.zeros((0, dim), np.float32)
+    return out_ents, matrix, out_rels, stats, layers
+
+
+def link_rows(layer_ids: list[list[str]], layers: list[np.ndarray], m: int) -> list[dict]:
+    """C-HNSW as ``relations`` rows: ``chnsw`` from a node to each of its M nearest of its layer (weight: cosine),
+    ``chnsw_down`` from a node to its nearest node of the layer below."""
+    from tasks.merge import relation_id
+
+    intra, inter = chnsw_links(layers, m)
+    rows = []
+    for li, ids in enumerate(layer_ids):
+        for i, links in enumerate(intra[li]):
+            for j in links:
+                rows.append({"id": relation_id(ids[i], layer_ids[li][j], "chnsw"), "source_id": ids[i],
+                             "target_id": layer_ids[li][j], "kind": "chnsw", "description": "",
+                             "weight": max(1e-3, float(layers[li][i] @ layers[li][j])), "source_chunk_ids": []})
+        if li > 0:
+            for i, j in enumerate(inter[li].tolist()):
+                rows.append({"id": relation_id(ids[i], layer_ids[li - 1][j], "chnsw_down"), "source_id": ids[i],
+                             "target_id": layer_ids[li - 1][j], "kind": "chnsw_down", "description": "",
+                             "weight": max(1e-3, float(layers[li][i] @ layers[li - 1][j])), "source_chunk_ids": []})
+    return rows
+
+
+class ArchRAG:
+    name = "archrag"
+    modes = {"archrag": ("entities", "communities", "bridge")}
+
+    def build(self, ctx, layer0):
+        import pyarrow as pa
+
+        from tasks.catalog import relation_table
+        from tasks.hierarchy import stat_rows
+        from tasks.methods import Hierarchy
+        from tasks.methods.hirag import REPORT_FALLBACK, SUMMARY_FALLBACK, _failed, _report_vectors, summarizer_for
+        from tasks.methods.hygrag import bucket_communities
+        from tasks.reports import build_reports
+
+        cfg = ctx.cfg
+        with ctx.stage("hierarchy") as st:
+            summarizer = summarizer_for(ctx, 1)
+            ents, vecs, rels, stats, layers = st.run(build_layers, layer0.entities, layer0.vectors, layer0.relations,
+                                                     cfg.archrag, cfg.seed, summarizer, ctx.embed,
+                                                     on_layer=lambda _s: st.advance(1))
+            ids = [[e["id"] for e in layer0.entities]] + [[e["id"] for e in ents if e["layer"] == li]
+                                                          for li in range(1, len(layers))]
+            links = st.run(link_rows, ids, layers, cfg.archrag.hnsw_m)
+            rows = stat_rows(stats)
+            st.done(f"{len(layers) - 1} layers, {len(ents)} communities, {len(links)} C-HNSW links",
+                    summary_entities=len(ents), chnsw_links=len(links))
+        communities = bucket_communities([dict(e, source_chunk_ids=[]) for e in ents], rels)
+        entities, relations = layer0.entities + ents, pa.concat_tables([layer0.relations, relation_table(rels)])
+        with ctx.stage("reports", len(communities)) as st:
+            reports, failures = st.run(build_reports, communities, entities, relations,
+                                       cfg.communities.report_max_tokens, ctx.llm)
+            report_vecs = _report_vectors(ctx, st, reports)
+            st.advance(len(reports))
+            st.done(f"{len(reports)} reports", reports=len(reports))
+        return Hierarchy(ents, vecs, rels + links, communities, reports, report_vecs, rows,
+                         _failed(summarizer.failures, "hierarchy", SUMMARY_FALLBACK) + _failed(failures, "reports", REPORT_FALLBACK))
+
+    def update(self, ctx, layer0):
+        """New entities attach to their nearest summary per layer (HiRAG's attachment, τ); the communities are
+        read again from the summaries, changed ones get new reports; the C-HNSW links are computed again."""
+        import pyarrow as pa
+
+        from tasks.catalog import plain_rows, relation_table
+        from tasks.hierarchy import restate_layers
+        from tasks.methods import Hierarchy
+        from tasks.methods.hirag import REPORT_FALLBACK, SUMMARY_FALLBACK, _failed, attach_stage, rewrite_reports
+        from tasks.methods.hygrag import bucket_communities, without_empty
+
+        att, summarizer = attach_stage(ctx, layer0)
+        summaries, vectors, links = without_empty(att.entities, att.vectors, att.relations, set())
+        with ctx.stage("communities") as st:
+            comms = bucket_communities(summaries, links)
+            before = {c["id"]: c["entity_ids"] for c in plain_rows(ctx.previous("communities"))}
+            changed = {c["id"] for c in comms if before.get(c["id"]) != c["entity_ids"] or c["entity_ids"][0] in att.refreshed}
+            top = max((s["layer"] for s in summaries), default=0)
+            ids = [[e["id"] for e in layer0.entities]] + [[s["id"] for s in summaries if s["layer"] == li]
+                                                          for li in range(1, top + 1)]
+            vec = dict(zip([s["id"] for s in summaries], vectors))
+            layers = [unit(layer0.vectors)] + [unit(np.stack([vec[i] for i in layer])) if layer else
+                                               np.zeros((0, layer0.vectors.shape[1]), np.float32) for layer in ids[1:]]
+            chnsw = link_rows(ids, layers, ctx.cfg.archrag.hnsw_m)
+            st.done(f"{len(comms)} communities, {len(changed)} changed, {len(chnsw)} C-HNSW links",
+                    communities=len(comms), grown=len(changed))
+        entities = layer0.entities + summaries
+        relations = pa.concat_tables([layer0.relations, relation_table(links)])
+        reports, report_vecs, failures = rewrite_reports(ctx, comms, entities, relations, lambda old: (
+            changed | (set(c["id"] for c in comms) - set(old)), {}))
+        layers_rows = restate_layers(plain_rows(ctx.previous("layers")), {e["id"]: e["layer"] for e in entities},
+                                     [(r["source_id"], r["target_id"]) for r in links if r["kind"] == "summary_of"])
+        return Hierarchy(summaries, vectors, links + chnsw, comms, reports, report_vecs, layers_rows,
+                         _failed(summarizer.failures, "hierarchy", SUMMARY_FALLBACK) + _failed(failures, "reports", REPORT_FALLBACK))
+
+    def levels(self, view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) -> None:
+        fill_archrag(view, ctx, budgets, cfg)
+
+
+def view_chnsw(view):
+    """The snapshot's C-HNSW (per layer: entity indices, unit vectors, intra links; inter links), built once."""
+    def build():
+        top = int(view.ent_layer.max()) if len(view.ent_layer) else 0
+        members = [np.flatnonzero(view.ent_layer == li) for li in range(top + 1)]
+        pos = {int(e): (li, p) for li, m in enumerate(members) for p, e in enumerate(m)}
+        vecs = view.ent_vecs if view.ent_vecs is not None else np.zeros((len(view.ent_ids), view.dim), np.float32)
+        layers = [unit(vecs[m]) if len(m) else np.zeros((0, view.dim), np.float32) for m in members]
+        intra = [[[] for _ in m] for m in members]
+        inter = [np.zeros(len(m), dtype=np.int64) for m in members]
+        for r in view.rel_rows:
+            if r["kind"] not in ("chnsw", "chnsw_down"):
+                continue
+            a, b = view.ent_index.get(r["source_id"]), view.ent_index.get(r["target_id"])
+            if a is None or b is None:
+                continue
+            (la, pa_), (_, pb) = pos[a], pos[b]
+            if r["kind"] == "chnsw":
+                intra[la][pa_].append(pb)
+            else:
+                inter[la][pa_] = pb
+        for li, links in enumerate(intra):  # best first, as built
+            for p, nbs in enumerate(links):
+                nbs.sort(key=lambda q: (-float(layers[li][p] @ layers[li][q]), q))
+        return members, layers, intra, inter
+
+    return view._once("chnsw", build)
+
+
+def fill_archrag(view, ctx, budgets: dict[str, int], cfg) -> None:
+    """ArchRAG's sections: hierarchical search over C-HNSW, then adaptive filtering (offline: each piece scored by
+    its similarity to the question and the question words it shares, the best kept within the budgets)."""
+    from tasks.methods.hirag_retrieval import _name, repeats
+    from tasks.methods.hygrag import represented
+    from tasks.retrieve import _fill
+
+    if not len(view.ent_ids) or view.ent_vecs is None:  # past retrieval.ann_min_vectors: not yet searched here
+        return
+    members, layers, intra, inter = view_chnsw(view)
+    q = np.asarray(ctx.query_vector, dtype=np.float32)
+    found = hierarchical_search(q, layers, intra, inter, cfg.top_n, cfg.search_ef)
+    sources = "\n".join(c["text"] for c in ctx.chunks)
+    words = _words(ctx.question)
+
+    def useful(text: str, sim: float) -> float:  # the map step: usefulness of one piece
+        return sim + 0.05 * len(words & _words(text))
+
+    local = [int(members[0][p]) for p in found[0]]
+    ents = [{"id": view.ent_ids[i], "name": view.ent_name[i], "type": view.ent_type[i], "layer": 0,
+             "score": round(float(layers[0][p] @ q), 4), "text": f"- {view.ent_name[i]} ({view.ent_type[i]}): {view.ent_desc[i]}"}
+            for p, i in zip(found[0], local) if not repeats(view.ent_desc[i], sources)]
+    comms = []
+    for li in range(1, len(found)):
+        for p in found[li]:
+            c = represented(view, int(members[li][p]))
+            rep = view.reports.get(view.communities[c]["id"]) if c is not None else None
+            if rep is not None:
+                findings = " ".join(f"• {f}" for f in (rep["findings"] or [])[:3])
+                comms.append({"id": view.communities[c]["id"], "level": view.communities[c]["level"],
+                              "title": rep["title"], "rating": rep["rating"], "summary": rep["summary"],
+                              "findings": rep["findings"], "score": round(float(layers[li][p] @ q), 4),
+                              "text": f"- [{rep['title']}] {rep['summary']} {findings}".strip()})
+    related = set(local)
+    rels = []
+    for a in sorted(related):
+        for b in view.flat_graph.adj[a] if a in view.flat_graph else ():
+            if b in related and a < b:
+                for k in view.edge_rel.get((a, b), []):
+                    r = view.rel_rows[k]
+                    if r["kind"] == "extracted" and not repeats(r["description"], sources):
+                        sim = (float(view.ent_vecs[a] @ q) + float(view.ent_vecs[b] @ q)) / 2
+                        rels.append({"source": r["source_id"], "target": r["target_id"], "kind": r["kind"], "score": sim,
+                                     "text": f"- {_name(view, r['source_id'])} — {_name(view, r['target_id'])}: {r['description']}"})
+    # the reduce step: the most useful pieces of each kind first, within the section budgets
+    for items in (ents, comms, rels):
+        items.sort(key=lambda it: -useful(it["text"], it["score"]))
+    ctx.entities, ctx.tokens["entities"] = _fill(ents, budgets["entities"])
+    ctx.communities, ctx.tokens["communities"] = _fill(comms, budgets["communities"])
+    if "bridge" in budgets:
+        ctx.bridge, ctx.tokens["bridge"] = _fill(rels, budgets["bridge"])
+
+
+def _words(text: str) -> set[str]:
+    import re
+
+    return {w for w in re.findall(r"[a-z0-9]+", text.lower()) if len(w) > 2}
