@@ -197,8 +197,10 @@ def ingest(run: PipelineRun) -> Delta:
     with run.stage("ingest") as st:
         ingested = st.run(ingest_corpus, run.corpus, run.cfg.corpus, None, run.root)
         run.quarantine += ingested.quarantine
-        st.done(f"{len(ingested.documents)} documents, {len(ingested.quarantine)} quarantined",
-                files=ingested.files_seen, documents=len(ingested.documents), quarantined=len(ingested.quarantine))
+        st.done(f"{len(ingested.documents)} documents, {len(ingested.quarantine)} quarantined"
+                + (f", {ingested.ignored} files left out by .strataignore" if ingested.ignored else ""),
+                files=ingested.files_seen, documents=len(ingested.documents), quarantined=len(ingested.quarantine),
+                ignored=ingested.ignored)
     root, digest = run.root, digest_of(ingested.documents)
     if run.snap is None:
         if not ingested.documents:

@@ -25,6 +25,22 @@ class IngestResult:
     documents: list[dict[str, Any]] = field(default_factory=list)
     quarantine: list[dict[str, Any]] = field(default_factory=list)
     files_seen: int = 0
+    ignored: int = 0  # files a ``.strataignore`` names
+
+
+#: a corpus folder's own ignore file: gitignore syntax, paths relative to the folder
+IGNORE_FILE = ".strataignore"
+
+
+def ignored_by(root: Path):
+    """Whether a path inside ``root`` is named by ``root/.strataignore`` (gitignore syntax; none: nothing is)."""
+    import pathspec
+
+    path = root / IGNORE_FILE
+    if not path.is_file():
+        return lambda rel: False
+    spec = pathspec.PathSpec.from_lines("gitwildmatch", path.read_text(encoding="utf-8").splitlines())
+    return lambda rel: spec.match_file(rel)
 
 
 def _decode(raw: bytes) -> tuple[str | None, str | None]:
@@ -163,7 +179,8 @@ def _ingest_records(path: Path, root: str, records, cfg: CorpusConfig, out: Inge
 
 
 def ingest_corpus(corpus: str | Path, cfg: CorpusConfig, now: datetime | None = None, root: str | None = None) -> IngestResult:
-    """Read every document under ``corpus`` (a folder or one file). Never raises for bad content.
+    """Read every document under ``corpus`` (a folder or one file). Never raises for bad content. Hidden files
+    and, in a folder, what its ``.strataignore`` names (gitignore syntax) are not read.
 
     ``root`` is the corpus root the documents belong to (default: the folder's absolute path); a document's
     id hashes it with the document's path inside the root (or record id) and its content hash, so the same
@@ -182,7 +199,10 @@ def ingest_corpus(corpus: str | Path, cfg: CorpusConfig, now: datetime | None = 
             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root_path).parts)
         )
         base = root_path
-    out = IngestResult(files_seen=len(files))
+    ignore = ignored_by(base) if root_path.is_dir() else (lambda rel: False)
+    kept = [p for p in files if not ignore(p.relative_to(base).as_posix())]
+    out = IngestResult(files_seen=len(kept), ignored=len(files) - len(kept))
+    files = kept
     allowed = {e.lower() for e in cfg.extensions}
     for path in files:
         rel = str(path.relative_to(base))

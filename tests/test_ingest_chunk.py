@@ -113,3 +113,21 @@ def test_a_document_past_max_tokens_is_cut_and_the_rest_quarantined():
     assert sum(c["n_tokens"] for c in chunks) - 10 * (len(chunks) - 1) == 500  # exactly the first 500 tokens
     assert [q["item"] for q in cut] == ["/c/long.txt"] and "are not indexed (corpus.max_document_tokens 500)" in cut[0]["error"]
     assert chunk_documents([doc], ChunkingConfig(size=100, overlap=10))[2] == []
+
+
+def test_a_strataignore_leaves_out_what_it_names_in_gitignore_syntax(tmp_path):
+    (tmp_path / "notes").mkdir()
+    for rel in ("keep.txt", "README.md", "notes/a.md", "notes/keep.md", "drafts.txt"):
+        (tmp_path / rel).write_text(f"Prose about Scrooge in {rel}.")
+    (tmp_path / ".strataignore").write_text("# our own files\nREADME.md\nnotes/*.md\n!notes/keep.md\ndraft*\n")
+    res = ingest_corpus(tmp_path, CorpusConfig())
+    assert sorted(d["source_id"] for d in res.documents) == ["keep.txt", "notes/keep.md"]
+    assert res.ignored == 3 and res.files_seen == 2 and res.quarantine == []
+    assert len(ingest_corpus(tmp_path / "README.md", CorpusConfig()).documents) == 1  # a file named directly is read
+
+
+def test_the_demo_corpus_is_the_book_only():
+    from tests.conftest import REPO
+
+    res = ingest_corpus(REPO / "data", CorpusConfig())
+    assert [d["source_id"] for d in res.documents] == ["a_christmas_carol.txt"] and res.ignored == 1
