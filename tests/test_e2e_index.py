@@ -223,3 +223,14 @@ def test_a_damaged_table_file_is_named_with_its_version_not_a_stack_trace(built,
         text = " ".join(res.output.split())
         assert f"table entities (version" in text and f"of snapshot v{version}) cannot be read" in text, res.output
         assert "Traceback" not in res.output and "strata rollback --to" in text
+
+
+def test_the_readme_snippet_reads_a_pinned_snapshot_without_strata(built, tmp_path):
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Reading the index without Strata", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "snippet.py"
+    script.write_text(code.replace('"index/lance"', repr(str(built / "lance"))), encoding="utf-8")
+    out = subprocess.run([os.sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "name" in out.stdout and "layer" in out.stdout and "shape: (5, 4)" in out.stdout
