@@ -462,7 +462,7 @@ def query(
 
     Without an LLM configured the answer is extractive: the context sentences that best match the question."""
     from tasks.catalog import Catalog
-    from tasks.embed import check_dimension, get_embedder
+    from tasks.embed import check_dimension, question_embedder
     from tasks.answer import answer as make_answer
     from tasks.llm_client import LiteLLMClient
     from tasks.retrieve import MODES, index_modes, load_view, retrieve
@@ -476,7 +476,7 @@ def query(
         cat = Catalog(index)
         view = load_view(cat, as_of)
         mode = mode or index_modes(view.method)[0]
-        embedder = get_embedder(cfg.embedding, cfg.llm)
+        embedder = question_embedder(cfg.embedding, cfg.llm)
         check_dimension(embedder, view.dim)
         t0 = time.perf_counter()
         ctx = retrieve(view, question, embedder.embed([question])[0], mode, cfg.retrieval)
@@ -537,7 +537,7 @@ def eval_(
     import dataclasses
 
     from tasks.catalog import Catalog
-    from tasks.embed import check_dimension, get_embedder
+    from tasks.embed import check_dimension, question_embedder
     from tasks.evaluate import evaluate, load_queries, plot_results
     from tasks.retrieve import MODES, index_modes, load_view
 
@@ -563,7 +563,7 @@ def eval_(
             _fail(ValueError(f"mode(s) {sorted(set(modes) - set(offered))} not offered by this {view.method} index; "
                              f"it offers {', '.join(offered)}"), 2)
         modes = modes or offered
-        embedder = get_embedder(cfg.embedding, cfg.llm)
+        embedder = question_embedder(cfg.embedding, cfg.llm)
         check_dimension(embedder, view.dim)
         budgets = list(dict.fromkeys(budgets or [cfg.retrieval.token_budget]))
         results, rows = evaluate(view, embedder.embed, queries, modes, cfg.retrieval, budgets)
