@@ -121,42 +121,38 @@ def recompute_layer0(
 
     ent_keys = {k for k in touched_keys if "|" not in k}
     pair_keys = {k for k in touched_keys if "|" in k}
-    ent_keys |= {p for k in pair_keys for p in k.split("|")}
     select = mentions if callable(mentions) else mention_select(mentions)
-    is_entity, keys = pl.col("kind") == "entity", sorted(ent_keys)
-    related = (pl.col("kind") == "relation") & (pl.col("key").is_in(sorted(pair_keys)) | pl.col("a").is_in(keys)
-                                                | pl.col("b").is_in(keys))
-    relevant = select((is_entity & pl.col("key").is_in(keys)) | related)
-    # a relation needs both endpoint entities, so include the mentions of every endpoint it names
-    rel = relevant.filter(pl.col("kind") == "relation")
-    endpoints = (set(rel.get_column("a").to_list()) | set(rel.get_column("b").to_list())) - ent_keys
-    relevant = pl.concat([relevant, select(is_entity & pl.col("key").is_in(sorted(endpoints)))])
-    new_ents, new_rels = graph_from_mentions(relevant.drop("a", "b"), max_description_tokens, order=order)
+    is_entity, is_relation = pl.col("kind") == "entity", pl.col("kind") == "relation"
+    old_by_id = {e["id"]: e for e in old_entities if e["layer"] == 0}
+    # the touched entities, recomputed from all their mentions
+    new_ents, _ = graph_from_mentions(select(is_entity & pl.col("key").is_in(sorted(ent_keys))).drop("a", "b"),
+                                      max_description_tokens, order=order)
     touched_ids = {entity_id(0, k) for k in ent_keys}
     new_by_id = {e["id"]: e for e in new_ents if e["id"] in touched_ids}
-    old_by_id = {e["id"]: e for e in old_entities if e["layer"] == 0}
     entities = [e for e in old_entities if e["layer"] == 0 and e["id"] not in touched_ids] + list(new_by_id.values())
     added = set(new_by_id) - set(old_by_id)
     removed = (touched_ids & set(old_by_id)) - set(new_by_id)
     changed = {i for i in set(new_by_id) & set(old_by_id)
                if (new_by_id[i]["description"], new_by_id[i]["type"], new_by_id[i]["name"])
                != (old_by_id[i]["description"], old_by_id[i]["type"], old_by_id[i]["name"])}
-    # relations whose pair or an endpoint was touched are replaced by the recomputed ones (ids are ordered
-    # within a relation, and an entity's id is that of its key)
+    # relations recomputed: the touched pairs, and every pair of an entity that came or went (a relation
+    # exists only between two entities); those of a touched entity that stays, on untouched pairs, stand
+    flipped = sorted(k for k in ent_keys if entity_id(0, k) in added | removed)
+    rel = select(is_relation & (pl.col("key").is_in(sorted(pair_keys)) | pl.col("a").is_in(flipped)
+                                | pl.col("b").is_in(flipped)))
+    named = set(rel.get_column("a").to_list()) | set(rel.get_column("b").to_list())
+    live_ids = set(old_by_id) - removed | added
+    _, new_rels = graph_from_mentions(rel.drop("a", "b"), max_description_tokens, order=order,
+                                      endpoints=[k for k in named if entity_id(0, k) in live_ids])
+    redone = {"|".join(sorted(entity_id(0, p) for p in k.split("|"))) for k in
+              set(rel.get_column("key").unique().to_list()) | pair_keys}
     old = relation_table(old_relations)
     old = old.filter(pc.equal(old.column("kind"), "extracted"))
-    pairs = pa.array(sorted("|".join(sorted(entity_id(0, p) for p in k.split("|"))) for k in pair_keys), pa.string())
-    ends = pa.array(sorted(touched_ids), pa.string())
-
-    def touching(t):
-        return pc.or_(pc.is_in(t.column("source_id"), value_set=ends), pc.is_in(t.column("target_id"), value_set=ends))
-
-    gone = pc.or_(touching(old), pc.is_in(pc.binary_join_element_wise(old.column("source_id"), old.column("target_id"), "|"),
-                                          value_set=pairs))
-    live = pa.array(sorted(e["id"] for e in entities), pa.string())
-    fresh = new_rels.filter(pc.and_(pc.and_(pc.is_in(new_rels.column("source_id"), value_set=live),
-                                            pc.is_in(new_rels.column("target_id"), value_set=live)), touching(new_rels)))
-    relations = pa.concat_tables([old.filter(pc.invert(gone)), fresh]).sort_by("id")
+    ends = pa.array(sorted(removed), pa.string())
+    gone = pc.or_(pc.or_(pc.is_in(old.column("source_id"), value_set=ends), pc.is_in(old.column("target_id"), value_set=ends)),
+                  pc.is_in(pc.binary_join_element_wise(old.column("source_id"), old.column("target_id"), "|"),
+                           value_set=pa.array(sorted(redone), pa.string())))
+    relations = pa.concat_tables([old.filter(pc.invert(gone)), new_rels]).sort_by("id")
     degree = relation_degrees(relations)
     entities = [dict(e, degree=degree.get(e["id"], 0)) for e in entities]
     return sorted(entities, key=lambda e: e["id"]), relations, added, removed, changed

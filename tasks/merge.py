@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import PurePath
 from typing import Any
 
@@ -145,7 +146,8 @@ MERGE_PART_ROWS = 400_000
 MENTIONS_PER_CHUNK = 100
 
 
-def graph_from_mentions(mentions: Any, max_description_tokens: int, order: ChunkOrder | None = None):
+def graph_from_mentions(mentions: Any, max_description_tokens: int, order: ChunkOrder | None = None,
+                        endpoints: Iterable[str] = ()):
     """Layer-0 entities and relations from mention rows (list, Arrow table or polars frame), columnar.
 
     Mentions are read in corpus order: by document source, then position in the document (``order``),
@@ -154,7 +156,8 @@ def graph_from_mentions(mentions: Any, max_description_tokens: int, order: Chunk
     supporting sentences in corpus order within the token budget, so a document appended later, under a
     source that sorts after the others, does not change the text (nor the vector) of an entity it mentions
     again. Relations are undirected (canonical endpoint order) and weighted by their distinct sentences.
-    A spilled table (``tasks.spill``) is merged part by part (same result)."""
+    A spilled table (``tasks.spill``) is merged part by part (same result). ``endpoints``: keys of entities that
+    exist besides those the mentions name (an update's untouched ones), which relations may join."""
     import polars as pl
 
     order = order or {}
@@ -169,7 +172,8 @@ def graph_from_mentions(mentions: Any, max_description_tokens: int, order: Chunk
                                      max_description_tokens)
                         for m in _mention_parts(mentions, "entity")]).sort("key")
     keys = entity.get_column("key").to_list()
-    ids = pl.DataFrame({"key": keys, "id": [entity_id(0, k) for k in keys]}, schema={"key": pl.Utf8, "id": pl.Utf8})
+    ends = sorted(set(endpoints) - set(keys))
+    ids = pl.DataFrame({"key": keys + ends, "id": [entity_id(0, k) for k in keys + ends]}, schema={"key": pl.Utf8, "id": pl.Utf8})
     relation = pl.concat([_relation_part(in_corpus_order(m, "key", "description"), ids, max_description_tokens)
                           for m in _mention_parts(mentions, "relation")]).sort("source_id", "target_id")
     pairs = zip(relation.get_column("source_id").to_list(), relation.get_column("target_id").to_list())
@@ -179,7 +183,7 @@ def graph_from_mentions(mentions: Any, max_description_tokens: int, order: Chunk
     degree = relation_degrees(relations)
     entities = [{"id": i, "name": e["name"], "type": e["type"], "description": e["description"], "layer": 0,
                  "source_chunk_ids": e["source_chunk_ids"], "degree": degree.get(i, 0)}
-                for i, e in zip(ids.get_column("id").to_list(), entity.iter_rows(named=True))]
+                for i, e in zip(ids.get_column("id").to_list()[: len(keys)], entity.iter_rows(named=True))]
     return entities, relations
 
 

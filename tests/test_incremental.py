@@ -274,3 +274,42 @@ def test_backfill_partitions_holding_the_same_file_publish(tmp_path):
         assert update_index(str(folder), cat, cfg).status == "published"
     docs = cat.read("documents").to_pylist()
     assert [d["source_id"] for d in docs].count("README.txt") == 2 and len({d["id"] for d in docs}) == len(docs)
+
+
+def test_recompute_touches_only_the_delta_yet_equals_a_full_merge():
+    """An entity that comes into being revives an old relation naming it (an LLM may relate a name it did not
+    extract as an entity); a hub touched by the delta keeps its other relations without their mentions being read."""
+    from tasks.incremental import recompute_layer0
+    from tasks.merge import graph_from_mentions, mention_rows
+
+    def ent(name, chunk):
+        return {"name": name, "type": "person", "description": f"{name} in {chunk}.", "chunk_id": chunk}
+
+    def rel(a, b, chunk):
+        return {"source": a, "target": b, "description": f"{a} and {b} in {chunk}.", "weight": 1.0, "chunk_id": chunk}
+
+    old_e = [ent("Hub", "c1"), ent("Ann", "c1"), ent("Hub", "c2"), ent("Cal", "c2")]
+    old_r = [rel("Hub", "Ann", "c1"), rel("Hub", "Cal", "c2"), rel("Ann", "Bob", "c1")]  # Bob: not an entity yet
+    new_e = [ent("Bob", "c3"), ent("Hub", "c3")]
+    new_r = [rel("Hub", "Bob", "c3")]
+    order = {"c1": ("a", 0), "c2": ("b", 0), "c3": ("c", 0)}
+    old_rows = mention_rows(old_e, old_r)
+    new_rows = [dict(r, id=r["id"] + "n") for r in mention_rows(new_e, new_r)]
+    entities, relations = graph_from_mentions(old_rows, 100, order=order)
+    read = []
+
+    def select(expr):  # what the update reads, recorded
+        import polars as pl
+
+        from tasks.incremental import mention_select
+
+        out = mention_select(old_rows + new_rows)(expr)
+        read.extend(out.filter(pl.col("kind") == "relation").get_column("key").to_list())
+        return out
+
+    touched = {r["key"] for r in new_rows}
+    got_e, got_r, added, removed, changed = recompute_layer0(entities, relations, select, touched, 100, order)
+    want_e, want_r = graph_from_mentions(old_rows + new_rows, 100, order=order)
+    assert got_e == sorted(want_e, key=lambda e: e["id"]) and got_r.equals(want_r.sort_by("id"))
+    assert "ann|bob" in read and "cal|hub" not in read  # Bob's old relation revived; Hub's others never read
+    assert len(added) == 1 and not removed and len(changed) == 1
