@@ -97,3 +97,37 @@ def test_an_archrag_index_builds_searches_top_down_and_updates(small_corpus, tmp
     cat = Catalog(tmp_path / "index")
     snap = cat.require_snapshot()
     assert validate_tables({n: cat.read(n, snap=snap) for n in SNAPSHOT_TABLES}, snap["dim"]).success
+
+
+def test_with_an_llm_the_map_step_drops_useless_pieces_and_orders_the_rest():
+    from tasks.answer import MAP_VERSION, answer
+    from tasks.retrieve import Context
+
+    calls, seen = [], {}
+
+    class Client:
+        async def complete(self, messages, prompt_version, json_mode=False, parse=None):
+            calls.append(prompt_version)
+            if prompt_version == MAP_VERSION:
+                assert "1. - Bob" in messages[1]["content"] and "3. - [Firm]" in messages[1]["content"]
+                return parse('{"scores": [9, 1, 6, 8]}')
+            seen["context"] = messages[1]["content"]
+            return "Scrooge employed Bob."
+
+    ctx = Context("Who employed Bob?", "archrag", 1,
+                  entities=[{"text": "- Bob (person): a clerk"}, {"text": "- Fog (concept): weather"}],
+                  communities=[{"text": "- [Firm] Scrooge and Marley"}],
+                  bridge=[{"text": "- Scrooge — Bob: Scrooge employed Bob"}],
+                  chunks=[{"text": "Bob worked for Scrooge."}])
+    out = answer(ctx, Client())
+    assert out == {"kind": "llm", "text": "Scrooge employed Bob."} and calls == [MAP_VERSION, "answer/1"]
+    assert "Fog" not in seen["context"] and "Bob (person)" in seen["context"] and "[Firm]" in seen["context"]
+
+    class Broken(Client):
+        async def complete(self, messages, prompt_version, json_mode=False, parse=None):
+            if prompt_version == MAP_VERSION:
+                return parse('{"scores": [1]}')
+            return "An answer."
+
+    kept = answer(ctx, Broken())
+    assert kept["text"] == "An answer." and "adaptive filtering failed" in kept["note"]
