@@ -514,6 +514,110 @@ def query(
     out.print(answer["text"] or "(no sentence of the context matches the question)", markup=False, highlight=False)
 
 
+SHELL_HELP = """questions are answered from the published snapshot (a newer one is picked up before each question)
+  :mode NAME     retrieval mode (the index's: {modes})
+  :budget N      context token budget (at least 100)
+  :sources       show or hide the source passages of each answer
+  :json          print each answer as the JSON of `strata query --json`, or not
+  :help          this text
+  :quit          leave (also Ctrl-D)"""
+
+
+@app.command()
+def shell(
+    index: str = IndexOpt,
+    mode: Optional[str] = typer.Option(None, help="Starting mode (default: the index method's first)."),
+    config: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
+) -> None:
+    """An interactive prompt: the snapshot and the embedding model are loaded once, each question is answered in
+    well under a second, and a newly published snapshot is picked up without leaving. History in ~/.strata_history."""
+    import readline
+
+    from tasks.answer import answer as make_answer
+    from tasks.catalog import Catalog
+    from tasks.embed import check_dimension, question_embedder
+    from tasks.llm_client import LiteLLMClient
+    from tasks.retrieve import MODES, index_modes, load_view, retrieve
+
+    if mode is not None and mode not in MODES:
+        _fail(ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}"), 2)
+    try:
+        cfg = load_config(config, _overrides(set_))
+        cat = Catalog(index)
+        view = load_view(cat)
+        modes = index_modes(view.method)
+        if mode is not None and mode not in modes:
+            raise ConfigError(f"mode {mode!r} is not offered by this {view.method} index; it offers {', '.join(modes)}")
+        embedder = question_embedder(cfg.embedding, cfg.llm)
+        check_dimension(embedder, view.dim)
+        embedder.embed(["warm up"])
+        client = LiteLLMClient(cfg.llm, cat.cache_dir) if cfg.llm.model else None
+    except ConfigError as exc:
+        _fail(exc, 2)
+    except Exception as exc:  # noqa: BLE001
+        _fail(exc)
+    history = Path.home() / ".strata_history"
+    with contextlib.suppress(OSError):
+        readline.read_history_file(history)
+    state = {"mode": mode or modes[0], "budget": cfg.retrieval.token_budget, "sources": False, "json": False}
+    out.print(f"snapshot v{view.version} of {cat.uri} ({view.method}; {len(view.ent_ids)} entities, "
+                  f"{len(view.chunk_ids)} chunks), mode {state['mode']}, budget {state['budget']}; :help for commands")
+    while True:
+        try:
+            line = input("strata> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            out.print()
+            break
+        if not line:
+            continue
+        if line.startswith(":"):
+            cmd, _, arg = line[1:].partition(" ")
+            arg = arg.strip()
+            if cmd in ("q", "quit", "exit"):
+                break
+            elif cmd == "help":
+                out.print(SHELL_HELP.format(modes=", ".join(modes)), markup=False, highlight=False)
+            elif cmd == "mode" and arg in modes:
+                state["mode"] = arg
+                out.print(f"mode {arg}")
+            elif cmd == "mode":
+                console.print(f"[bold red]error:[/] unknown mode {arg!r}; this index offers {', '.join(modes)}")
+            elif cmd == "budget" and arg.isdigit() and int(arg) >= 100:
+                state["budget"] = int(arg)
+                out.print(f"budget {arg} tokens")
+            elif cmd == "budget":
+                console.print(f"[bold red]error:[/] the budget must be a whole number of at least 100 tokens, not {arg!r}")
+            elif cmd in ("sources", "json"):
+                state[cmd] = not state[cmd]
+                out.print(f"{cmd} {'on' if state[cmd] else 'off'}")
+            else:
+                console.print(f"[bold red]error:[/] unknown command :{cmd}; :help lists them")
+            continue
+        latest = cat.snapshot()
+        if latest and latest["version"] != view.version:
+            view = load_view(cat)
+            out.print(f"[dim]snapshot v{view.version} loaded[/]")
+        t0 = time.perf_counter()
+        ctx = retrieve(view, line, embedder.embed([line])[0], state["mode"],
+                       cfg.retrieval.model_copy(update={"token_budget": state["budget"]}))
+        result = make_answer(ctx, client)
+        ms = (time.perf_counter() - t0) * 1000
+        if state["json"]:
+            print(json.dumps(ctx.as_dict() | {"answer": result, "retrieval_ms": round(ms, 1)}, default=str))
+            continue
+        label = "extractive" if result["kind"] == "extractive" else cfg.llm.model
+        out.print(f"[bold]answer[/] [dim]({label}; mode {state['mode']}, snapshot v{ctx.version}, {ms:.0f} ms, "
+                      f"{sum(ctx.tokens.values())} context tokens)[/]")
+        out.print(result["text"] or ctx.message or "(no sentence of the context matches the question)",
+                      markup=False, highlight=False)
+        if state["sources"]:
+            for c in ctx.chunks:
+                out.print(f"  [{c['score']:.3f}] {c['title']}: {c['text'][:160]}", markup=False, highlight=False)
+    with contextlib.suppress(OSError):
+        readline.write_history_file(history)
+
+
 @app.command(name="eval")
 def eval_(
     dataset: Path = typer.Option(..., "--dataset", "-d", help="Folder with corpus.jsonl and queries.jsonl."),

@@ -234,3 +234,50 @@ def test_the_readme_snippet_reads_a_pinned_snapshot_without_strata(built, tmp_pa
     out = subprocess.run([os.sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "name" in out.stdout and "layer" in out.stdout and "shape: (5, 4)" in out.stdout
+
+
+def test_the_shell_answers_switches_modes_rejects_bad_input_and_picks_up_a_new_snapshot(built, small_corpus, tmp_path):
+    """Driven through a pseudo-terminal, as a person types."""
+    import shutil
+    import sys
+
+    import pexpect
+
+    index = tmp_path / "index"
+    shutil.copytree(built, index)
+    corpus = tmp_path / "corpus"
+    shutil.copytree(small_corpus, corpus)
+    env = dict(os.environ, HOME=str(tmp_path), PYTHONUNBUFFERED="1", COLUMNS="200", TERM="dumb")
+    strata = str(Path(sys.executable).parent / "strata")
+    sh = pexpect.spawn(strata, ["shell", "--index", str(index)], env=env, encoding="utf-8", timeout=120)
+    sh.expect("snapshot v1 .*mode hi, budget 4000")
+    sh.expect_exact("strata> ")
+    sh.sendline("Who was Scrooge's clerk?")
+    sh.expect(r"answer \(extractive; mode hi, snapshot v1, (\d+) ms")
+    assert int(sh.match.group(1)) < 5000
+    sh.expect_exact("strata> ")
+    for typed, says in ((":mode naive", "mode naive"), (":mode fast", "unknown mode 'fast'"),
+                        (":budget 50", "at least 100 tokens"), (":budget 1000", "budget 1000 tokens"),
+                        (":sources", "sources on"), (":nonsense", "unknown command :nonsense")):
+        sh.sendline(typed)
+        sh.expect_exact(says)
+        sh.expect_exact("strata> ")
+    (corpus / "fezziwig.md").write_text("# Fezziwig\n\nOld Fezziwig was the merchant to whom young Ebenezer Scrooge "
+                                        "was apprenticed.\n", encoding="utf-8")
+    res = runner.invoke(app, ["update", str(corpus), "--index", str(index), "--replace-root", str(small_corpus), "--quiet", *_sets(
+        {"chunking": SMALL["chunking"], "extract": SMALL["extract"], "dask": {"processes": False}})])
+    assert res.exit_code == 0, res.output
+    sh.sendline("Who was apprenticed to Fezziwig?")
+    sh.expect_exact("snapshot v2 loaded")
+    sh.expect(r"answer \(extractive; mode naive, snapshot v2")
+    sh.expect_exact("Fezziwig")
+    sh.expect_exact("strata> ")
+    sh.sendline(":json")
+    sh.expect_exact("json on")
+    sh.sendline("Who was Scrooge's clerk?")
+    sh.expect(r'\{"question": "Who was Scrooge\'s clerk\?", "mode": "naive", "version": 2')
+    sh.expect_exact("strata> ")
+    sh.sendline(":quit")
+    sh.expect(pexpect.EOF)
+    sh.close()
+    assert sh.exitstatus == 0 and "Fezziwig" in (tmp_path / ".strata_history").read_text()
