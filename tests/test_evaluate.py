@@ -122,8 +122,8 @@ def test_eval_cli_writes_every_budget(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tasks.evaluate, "evaluate", fake_evaluate)
     monkeypatch.setattr(tasks.catalog, "Catalog", lambda uri: SimpleNamespace(snapshot=lambda: {}, root=None, uri=uri))
-    monkeypatch.setattr(tasks.retrieve, "load_view", lambda cat: SimpleNamespace(version=3, dim=4))
-    monkeypatch.setattr(tasks.embed, "get_embedder", lambda *a: SimpleNamespace(embed=None))
+    monkeypatch.setattr(tasks.retrieve, "load_view", lambda cat: SimpleNamespace(version=3, dim=4, method="hirag"))
+    monkeypatch.setattr(tasks.embed, "question_embedder", lambda *a: SimpleNamespace(embed=None))
     monkeypatch.setattr(tasks.embed, "check_dimension", lambda *a: None)
     monkeypatch.setattr(flows.cli, "out", Console(width=250))  # one line per table row
     out = tmp_path / "out"
