@@ -18,25 +18,38 @@ import heapq
 import numpy as np
 
 
+def _nearest(x: np.ndarray, k: int, batch: int = 4096):
+    """Per batch of rows of ``x`` (unit vectors): (row numbers, their ``k`` nearest other rows best first, ties by
+    index, and those cosines)."""
+    import torch  # its top-k is ~30x faster than numpy's argpartition over wide rows
+
+    n = len(x)
+    for start in range(0, n, batch):
+        sims = x[start:start + batch] @ x.T
+        rows = np.arange(start, min(n, start + batch))
+        sims[rows - start, rows] = -np.inf  # not itself
+        s, best = (t.numpy() for t in torch.topk(torch.from_numpy(sims), k, dim=1))
+        order = np.lexsort((best, -s), axis=1)
+        yield rows, np.take_along_axis(best, order, axis=1), np.take_along_axis(s, order, axis=1)
+
+
 def knn_edges(x: np.ndarray, k: int, threshold: float, batch: int = 4096) -> list[tuple[int, int, float]]:
     """(i, j, cosine) with i < j for every pair where one is among the other's ``k`` nearest neighbours by
     cosine and their cosine is at least ``threshold``; rows of ``x`` are unit vectors. Sorted, no repeats."""
     n = len(x)
     if n < 2 or k < 1:
         return []
-    kk = min(k, n - 1)
-    pairs: dict[tuple[int, int], float] = {}
-    for start in range(0, n, batch):
-        sims = x[start:start + batch] @ x.T
-        rows = np.arange(start, min(n, start + batch))
-        sims[rows - start, rows] = -np.inf  # not itself
-        best = np.argpartition(-sims, kk - 1, axis=1)[:, :kk]
-        for r, cols in zip(rows, best):
-            for c in cols:
-                s = float(sims[r - start, c])
-                if s >= threshold:
-                    pairs[(min(r, int(c)), max(r, int(c)))] = s
-    return sorted((a, b, s) for (a, b), s in pairs.items())
+    found = []
+    for rows, best, s in _nearest(x, min(k, n - 1), batch):
+        keep = s >= threshold
+        r = np.broadcast_to(rows[:, None], best.shape)[keep]
+        c = best[keep]
+        found.append(np.stack([np.minimum(r, c), np.maximum(r, c)], axis=1))
+    pairs = np.unique(np.concatenate(found), axis=0) if found else np.zeros((0, 2), dtype=np.int64)
+    if not len(pairs):
+        return []
+    sims = np.einsum("ij,ij->i", x[pairs[:, 0]], x[pairs[:, 1]])
+    return list(zip(pairs[:, 0].tolist(), pairs[:, 1].tolist(), sims.tolist()))
 
 
 def attributed_edges(x: np.ndarray, relations: list[tuple[int, int]], k: int, threshold: float) -> list[tuple[int, int, float]]:
@@ -71,20 +84,16 @@ def chnsw_links(layers: list[np.ndarray], m: int) -> tuple[list[list[list[int]]]
     for li, x in enumerate(layers):
         links: list[list[int]] = [[] for _ in range(len(x))]
         if len(x) > 1:
-            kk = min(m, len(x) - 1)
-            for start in range(0, len(x), 4096):
-                sims = x[start:start + 4096] @ x.T
-                rows = np.arange(start, min(len(x), start + 4096))
-                sims[rows - start, rows] = -np.inf
-                best = np.argpartition(-sims, kk - 1, axis=1)[:, :kk]
-                for r, cols in zip(rows, best):
-                    s = sims[r - start, cols]
-                    links[r] = [int(c) for c in cols[np.lexsort((cols, -s))]]
+            for rows, best, _ in _nearest(x, min(m, len(x) - 1)):
+                links[rows[0]:rows[-1] + 1] = best.tolist()
         intra.append(links)
         if li > 0:
             below = layers[li - 1]
-            inter.append(np.asarray([int(np.argmax(below @ v)) for v in x], dtype=np.int64) if len(below)
-                         else np.zeros(len(x), dtype=np.int64))
+            down = np.zeros(len(x), dtype=np.int64)
+            if len(below):
+                for start in range(0, len(x), 4096):
+                    down[start:start + 4096] = np.argmax(x[start:start + 4096] @ below.T, axis=1)
+            inter.append(down)
     return intra, inter
 
 
