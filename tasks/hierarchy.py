@@ -202,52 +202,67 @@ class LayerStat:
 class Layer:
     index: int
     entities: list[dict[str, Any]]
-    vectors: np.ndarray
+    vectors: np.ndarray  # the text vectors of its entities
+    features: np.ndarray  # what the clustering of the next layer sees (by default the vectors)
 
 
 ClusterFn = Callable[[np.ndarray, int], list[np.ndarray]]
-BuildFn = Callable[[int, list[dict[str, Any]], list[np.ndarray]], tuple[list[dict[str, Any]], np.ndarray]]
+#: (layer i-1's entities, their features, the clusters) -> layer i's entities and vectors
+BuildFn = Callable[[int, list[dict[str, Any]], np.ndarray, list[np.ndarray]], tuple[list[dict[str, Any]], np.ndarray]]
+#: (clusters, nodes clustered, cluster sparsity, its change rate) -> a stop reason, or None to build the layer
+StopFn = Callable[[list[np.ndarray], int, float, "float | None"], "str | None"]
+
+
+def converged(epsilon: float) -> StopFn:
+    """HiRAG's stop rule as a ``StopFn``: the change rate of the cluster sparsity is at most ``epsilon``."""
+    return lambda _clusters, _n, _cs, rate: STOP_CONVERGED if should_stop(rate, epsilon) else None
 
 
 def build_layers(
     base_entities: list[dict[str, Any]],
-    base_vectors: np.ndarray,
-    cfg: HierarchyConfig,
+    base_features: np.ndarray,
+    max_layers: int,
+    min_entities: int,
     seed: int,
     build_layer: BuildFn,
-    cluster: ClusterFn | None = None,
+    cluster: ClusterFn,
+    stop: StopFn | None = None,
+    features: Callable[[np.ndarray], np.ndarray] | None = None,
     on_layer: Callable[[LayerStat], None] | None = None,
 ) -> tuple[list[Layer], list[LayerStat]]:
-    """Algorithm 1. ``build_layer(i, clusters_of_layer_i-1_members, clusters)`` returns layer i's entities and vectors.
+    """The layer loop of every method (Algorithm 1's frame): layer i-1 is clustered (``cluster(its features,
+    seed + i)``), ``stop`` may end the loop there (that layer is not built), else ``build_layer`` makes layer i,
+    whose ``features(vectors)`` the next clustering sees. Also stops past ``max_layers``, under ``min_entities``
+    and after a layer of one cluster.
 
     Returns the layers built above layer 0 and one statistic per clustering tried."""
-    cluster = cluster or (lambda x, s: gmm_clusters(x, cfg, s))
     layers: list[Layer] = []
     stats: list[LayerStat] = []
-    current = Layer(0, base_entities, base_vectors)
+    current = Layer(0, base_entities, base_features, base_features)
     previous_cs: float | None = None
     i = 1
     while True:
         n = len(current.entities)
         t0 = time.perf_counter()
-        if i > cfg.max_layers:
+        if i > max_layers:
             stats.append(LayerStat(i, n, 0, None, None, True, STOP_MAX_LAYERS, 0.0))
             break
-        if n < cfg.min_entities:
+        if n < min_entities:
             stats.append(LayerStat(i, n, 0, None, None, True, STOP_TOO_FEW, 0.0))
             break
-        clusters = cluster(current.vectors, seed + i)
+        clusters = cluster(current.features, seed + i)
         cs = cluster_sparsity([len(c) for c in clusters], n)
         rate = change_rate(previous_cs, cs)
-        if should_stop(rate, cfg.epsilon):
-            stats.append(LayerStat(i, n, len(clusters), cs, rate, True, STOP_CONVERGED, time.perf_counter() - t0))
+        reason = stop(clusters, n, cs, rate) if stop else None
+        if reason:
+            stats.append(LayerStat(i, n, len(clusters), cs, rate, True, reason, time.perf_counter() - t0))
             break
-        entities, vectors = build_layer(i, current.entities, clusters)
+        entities, vectors = build_layer(i, current.entities, current.features, clusters)
         stat = LayerStat(i, n, len(clusters), cs, rate, False, None, time.perf_counter() - t0)
         stats.append(stat)
         if on_layer:
             on_layer(stat)
-        current = Layer(i, entities, vectors)
+        current = Layer(i, entities, vectors, features(vectors) if features else vectors)
         layers.append(current)
         previous_cs = cs
         if len(clusters) == 1:  # everything merged into one cluster: nothing above it to build
@@ -255,6 +270,40 @@ def build_layers(
             break
         i += 1
     return layers, stats
+
+
+def summary_layers(
+    entities: list[dict[str, Any]],
+    features: np.ndarray,
+    max_layers: int,
+    min_entities: int,
+    seed: int,
+    cluster: ClusterFn,
+    summarizer: Any,
+    embed: Callable[[list[str]], np.ndarray],
+    stop: StopFn | None = None,
+    next_features: Callable[[np.ndarray], np.ndarray] | None = None,
+    on_layer: Callable[[LayerStat], None] | None = None,
+) -> tuple[list[dict[str, Any]], np.ndarray, list[dict[str, Any]], list[LayerStat], list[Layer]]:
+    """``build_layers`` where each cluster becomes summary entities of the next layer (``summarizer``), embedded
+    by their text: the summary entities, their vectors (one matrix aligned with them), their ``summary_of``
+    relations, one statistic per clustering tried, and the layers built."""
+    from tasks.embed import entity_text
+    from tasks.summarize import Cluster, summary_rows
+
+    relations: list[dict[str, Any]] = []
+
+    def build_layer(i: int, below: list[dict[str, Any]], x: np.ndarray, clusters: list[np.ndarray]):
+        groups = [Cluster([below[j] for j in c], x[c]) for c in clusters]
+        ents, rels = summary_rows(i, groups, summarizer.summarize_layer(i, groups))
+        relations.extend(rels)
+        return ents, embed([entity_text(e["name"], e["type"], e["description"]) for e in ents])
+
+    layers, stats = build_layers(entities, features, max_layers, min_entities, seed, build_layer, cluster, stop,
+                                 next_features, on_layer)
+    dim = features.shape[1] if features.ndim == 2 else 0
+    matrix = np.concatenate([layer.vectors for layer in layers]) if layers else np.zeros((0, dim), np.float32)
+    return [e for layer in layers for e in layer.entities], matrix, relations, stats, layers
 
 
 # ---------------------------------------------------------------------------- the whole stage
@@ -267,33 +316,15 @@ def build_hierarchy(
     embed: Callable[[list[str]], np.ndarray],
     on_layer: Callable[[LayerStat], None] | None = None,
 ) -> tuple[list[dict[str, Any]], np.ndarray, list[dict[str, Any]], list[LayerStat]]:
-    """Layers >= 1 over the layer-0 ``entities`` (``vectors`` aligned with them): summary entities, their
-    vectors (a matrix aligned with them), the summary_of relations and one statistic per clustering tried."""
-    from tasks.embed import entity_text
-    from tasks.summarize import Cluster, summary_rows
-
-    new_entities: list[dict[str, Any]] = []
-    new_vectors: list[np.ndarray] = []
-    new_relations: list[dict[str, Any]] = []
-    below_vectors = vectors
-
-    def build_layer(i: int, below: list[dict[str, Any]], clusters: list[np.ndarray]):
-        nonlocal below_vectors
-        groups = [Cluster([below[j] for j in c], below_vectors[c]) for c in clusters]
-        summaries = summarizer.summarize_layer(i, groups)
-        ents, rels = summary_rows(i, groups, summaries)
-        vecs = embed([entity_text(e["name"], e["type"], e["description"]) for e in ents])
-        new_entities.extend(ents)
-        new_vectors.append(vecs)
-        new_relations.extend(rels)
-        below_vectors = vecs
-        return ents, vecs
-
+    """HiIndex: GMM layers >= 1 over the layer-0 ``entities`` (``vectors`` aligned with them) until the
+    cluster-sparsity rule stops them: summary entities, their vectors (a matrix aligned with them), the
+    summary_of relations and one statistic per clustering tried."""
     if not cfg.enabled:
         return [], np.zeros((0, vectors.shape[1]), np.float32), [], []
-    _, stats = build_layers(entities, vectors, cfg, seed, build_layer, on_layer=on_layer)
-    matrix = np.concatenate(new_vectors) if new_vectors else np.zeros((0, vectors.shape[1]), np.float32)
-    return new_entities, matrix, new_relations, stats
+    ents, matrix, rels, stats, _ = summary_layers(entities, vectors, cfg.max_layers, cfg.min_entities, seed,
+                                                  lambda x, s: gmm_clusters(x, cfg, s), summarizer, embed,
+                                                  stop=converged(cfg.epsilon), on_layer=on_layer)
+    return ents, matrix, rels, stats
 
 
 def stat_rows(stats: list[LayerStat]) -> list[dict[str, Any]]:

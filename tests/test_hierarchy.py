@@ -15,6 +15,7 @@ from tasks.hierarchy import (
     bic_candidates,
     build_hierarchy,
     build_layers,
+    converged,
     change_rate,
     cluster_sparsity,
     gmm_clusters,
@@ -66,12 +67,17 @@ def _scripted(sizes_per_layer):
 def _builder(n=10):
     built = []
 
-    def build_layer(i, below, clusters):
+    def build_layer(i, below, x, clusters):
         built.append(i)
         ents = [{"id": f"L{i}-{j}"} for j in range(n)]
         return ents, np.zeros((n, 2))
 
     return build_layer, built
+
+
+def _layers(base, cfg, build_layer, cluster):
+    return build_layers(base, np.zeros((len(base), 2)), cfg.max_layers, cfg.min_entities, 0, build_layer, cluster,
+                        converged(cfg.epsilon))
 
 
 def test_stop_rule_on_a_crafted_cs_sequence():
@@ -81,7 +87,7 @@ def test_stop_rule_on_a_crafted_cs_sequence():
     build_layer, built = _builder()
     base = [{"id": f"e{j}"} for j in range(10)]
     cfg = HierarchyConfig(epsilon=0.05, max_layers=10, min_entities=2)
-    layers, stats = build_layers(base, np.zeros((10, 2)), cfg, 0, build_layer, cluster)
+    layers, stats = _layers(base, cfg, build_layer, cluster)
     assert built == [1, 2, 3]
     assert [l.index for l in layers] == [1, 2, 3]
     assert [round(s.cluster_sparsity, 4) for s in stats] == [0.5556, 0.7333, 0.7778, 0.8]
@@ -97,13 +103,13 @@ def test_stop_at_layer_cap_and_when_too_few_entities():
     cluster, _ = _scripted([[5, 5], [2] * 5, [1] * 10])
     build_layer, built = _builder()
     cfg = HierarchyConfig(epsilon=0.0, max_layers=2, min_entities=2)
-    _, stats = build_layers([{"id": str(j)} for j in range(10)], np.zeros((10, 2)), cfg, 0, build_layer, cluster)
+    _, stats = _layers([{"id": str(j)} for j in range(10)], cfg, build_layer, cluster)
     assert built == [1, 2] and stats[-1].stop_reason == STOP_MAX_LAYERS and stats[-1].cluster_sparsity is None
 
     cluster, _ = _scripted([[5, 5]])
     build_layer, built = _builder(n=3)
     cfg = HierarchyConfig(max_layers=5, min_entities=4)
-    _, stats = build_layers([{"id": str(j)} for j in range(10)], np.zeros((10, 2)), cfg, 0, build_layer, cluster)
+    _, stats = _layers([{"id": str(j)} for j in range(10)], cfg, build_layer, cluster)
     assert built == [1] and stats[-1].stop_reason == STOP_TOO_FEW and stats[-1].n_entities == 3
 
 

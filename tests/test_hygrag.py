@@ -200,7 +200,7 @@ def test_hygrag_builds_are_deterministic_and_an_update_attaches(hygrag_index, sm
 
 
 def test_after_an_update_buckets_are_read_from_the_summaries_and_emptied_ones_go():
-    from tasks.methods.hygrag import bucket_communities, without_empty
+    from tasks.methods.common import bucket_communities, without_empty
 
     summaries = [{"id": "s1", "layer": 1, "source_chunk_ids": ["c1"]}, {"id": "s2", "layer": 1, "source_chunk_ids": ["c2"]},
                  {"id": "s3", "layer": 2, "source_chunk_ids": []}]

@@ -17,6 +17,9 @@ import heapq
 
 import numpy as np
 
+from tasks.methods.common import (bucket_communities, fallbacks, represented, summarizer_for, unit, update_tree,
+                                  write_reports)
+
 
 def _nearest(x: np.ndarray, k: int, batch: int = 4096):
     """Per batch of rows of ``x`` (unit vectors): (row numbers, their ``k`` nearest other rows best first, ties by
@@ -148,64 +151,33 @@ def hierarchical_search(q: np.ndarray, layers: list[np.ndarray], intra: list[lis
 
 
 # ---------------------------------------------------------------------------- the method
-def unit(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.where(norms == 0, 1.0, norms)
-
-
 def build_layers(entities: list[dict], vectors: np.ndarray, relations, cfg, seed: int, summarizer, embed, on_layer=None):
     """Attributed-community layers over the layer-0 entities: summary entities (text vectors), their ``summary_of``
     links, one statistic per layer tried (``tasks.hierarchy.LayerStat``) and every layer's unit vectors."""
-    from tasks.embed import entity_text
-    from tasks.hierarchy import STOP_MAX_LAYERS, STOP_ONE_CLUSTER, STOP_TOO_FEW, LayerStat, change_rate, cluster_sparsity
-    from tasks.summarize import Cluster, summary_rows
-
-    import time
+    from tasks.hierarchy import summary_layers
 
     index = {e["id"]: i for i, e in enumerate(entities)}
     pairs = [(index.get(a), index.get(b)) for a, b in zip(relations.column("source_id").to_pylist(),
                                                           relations.column("target_id").to_pylist())]
-    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
-    nodes, x = entities, unit(vectors) if len(entities) else np.zeros((0, vectors.shape[-1] if vectors.ndim > 1 else 0), np.float32)
-    layers, out_ents, out_vecs, out_rels, stats, previous_cs = [x], [], [], [], [], None
-    for layer in range(1, cfg.max_layers + 2):
-        t0, n = time.perf_counter(), len(nodes)
-        if layer > cfg.max_layers:
-            stats.append(LayerStat(layer, n, 0, None, None, True, STOP_MAX_LAYERS, 0.0))
-            break
-        if n < cfg.min_nodes:
-            stats.append(LayerStat(layer, n, 0, None, None, True, STOP_TOO_FEW, 0.0))
-            break
-        groups = leiden_groups(n, attributed_edges(x, pairs, cfg.knn_k, cfg.knn_threshold), cfg.resolution, seed + layer)
-        cs = cluster_sparsity([len(g) for g in groups], n)
-        if len(groups) > (1 - cfg.min_shrink) * n:
-            stats.append(LayerStat(layer, n, len(groups), cs, change_rate(previous_cs, cs), True, "not_shrinking",
-                                   time.perf_counter() - t0))
-            break
-        clusters = [Cluster([nodes[j] for j in g], x[g]) for g in groups]
-        ents, rels = summary_rows(layer, clusters, summarizer.summarize_layer(layer, clusters))
-        vecs = embed([entity_text(e["name"], e["type"], e["description"]) for e in ents])
-        group_of = np.empty(n, dtype=np.int64)
+    graph = {"pairs": [(a, b) for a, b in pairs if a is not None and b is not None]}  # the relations of the layer
+
+    def cluster(x: np.ndarray, s: int) -> list[np.ndarray]:
+        groups = leiden_groups(len(x), attributed_edges(x, graph["pairs"], cfg.knn_k, cfg.knn_threshold), cfg.resolution, s)
+        group_of = np.empty(len(x), dtype=np.int64)
         for gi, g in enumerate(groups):
             group_of[g] = gi
-        pairs = sorted({(min(group_of[a], group_of[b]), max(group_of[a], group_of[b])) for a, b in pairs
-                        if group_of[a] != group_of[b]})
-        stat = LayerStat(layer, n, len(groups), cs, change_rate(previous_cs, cs), False, None, time.perf_counter() - t0)
-        stats.append(stat)
-        if on_layer:
-            on_layer(stat)
-        out_ents += ents
-        out_vecs.append(vecs)
-        out_rels += rels
-        nodes, x, previous_cs = ents, unit(vecs), cs
-        layers.append(x)
-        if len(groups) == 1:
-            stats.append(LayerStat(layer + 1, len(ents), 0, None, None, True, STOP_ONE_CLUSTER, 0.0))
-            break
-    dim = layers[0].shape[1] if layers[0].ndim == 2 else 0
-    matrix = np.concatenate(out_vecs) if out_vecs else np.zeros((0, dim), np.float32)
-    return out_ents, matrix, out_rels, stats, layers
+        graph["pairs"] = sorted({(min(group_of[a], group_of[b]), max(group_of[a], group_of[b])) for a, b in graph["pairs"]
+                                 if group_of[a] != group_of[b]})  # the next layer's: communities a relation joins
+        return groups
+
+    def not_shrinking(groups, n, _cs, _rate):
+        return "not_shrinking" if len(groups) > (1 - cfg.min_shrink) * n else None
+
+    x = unit(vectors) if len(entities) else np.zeros((0, vectors.shape[-1] if vectors.ndim > 1 else 0), np.float32)
+    ents, matrix, rels, stats, layers = summary_layers(entities, x, cfg.max_layers, cfg.min_nodes, seed, cluster,
+                                                       summarizer, embed, stop=not_shrinking, next_features=unit,
+                                                       on_layer=on_layer)
+    return ents, matrix, rels, stats, [x] + [layer.features for layer in layers]
 
 
 def link_rows(layer_ids: list[list[str]], layers: list[np.ndarray], m: int) -> list[dict]:
@@ -239,9 +211,6 @@ class ArchRAG:
         from tasks.catalog import relation_table
         from tasks.hierarchy import stat_rows
         from tasks.methods import Hierarchy
-        from tasks.methods.hirag import REPORT_FALLBACK, SUMMARY_FALLBACK, _failed, _report_vectors, summarizer_for
-        from tasks.methods.hygrag import bucket_communities
-        from tasks.reports import build_reports
 
         cfg = ctx.cfg
         with ctx.stage("hierarchy") as st:
@@ -255,51 +224,26 @@ class ArchRAG:
             rows = stat_rows(stats)
             st.done(f"{len(layers) - 1} layers, {len(ents)} communities, {len(links)} C-HNSW links",
                     summary_entities=len(ents), chnsw_links=len(links))
-        communities = bucket_communities([dict(e, source_chunk_ids=[]) for e in ents], rels)
+        communities = bucket_communities(ents, rels)
         entities, relations = layer0.entities + ents, pa.concat_tables([layer0.relations, relation_table(rels)])
-        with ctx.stage("reports", len(communities)) as st:
-            reports, failures = st.run(build_reports, communities, entities, relations,
-                                       cfg.communities.report_max_tokens, ctx.llm)
-            report_vecs = _report_vectors(ctx, st, reports)
-            st.advance(len(reports))
-            st.done(f"{len(reports)} reports", reports=len(reports))
-        return Hierarchy(ents, vecs, rels + links, communities, reports, report_vecs, rows,
-                         _failed(summarizer.failures, "hierarchy", SUMMARY_FALLBACK) + _failed(failures, "reports", REPORT_FALLBACK))
+        reports, report_vecs, failures = write_reports(ctx, communities, entities, relations)
+        return Hierarchy(ents, vecs, rels + links, communities, reports, report_vecs, rows, fallbacks(summarizer, failures))
 
     def update(self, ctx, layer0):
-        """New entities attach to their nearest summary per layer (HiRAG's attachment, τ); the communities are
-        read again from the summaries, changed ones get new reports; the C-HNSW links are computed again."""
-        import pyarrow as pa
-
-        from tasks.catalog import plain_rows, relation_table
-        from tasks.hierarchy import restate_layers
-        from tasks.methods import Hierarchy
-        from tasks.methods.hirag import REPORT_FALLBACK, SUMMARY_FALLBACK, _failed, attach_stage, rewrite_reports
-        from tasks.methods.hygrag import bucket_communities, without_empty
-
-        att, summarizer = attach_stage(ctx, layer0)
-        summaries, vectors, links = without_empty(att.entities, att.vectors, att.relations, set())
-        with ctx.stage("communities") as st:
-            comms = bucket_communities(summaries, links)
-            before = {c["id"]: c["entity_ids"] for c in plain_rows(ctx.previous("communities"))}
-            changed = {c["id"] for c in comms if before.get(c["id"]) != c["entity_ids"] or c["entity_ids"][0] in att.refreshed}
+        """The summary-tree update (``common.update_tree``: new entities attach to their nearest summary per layer,
+        τ; communities are read again from the summaries, changed ones get new reports); the C-HNSW links are
+        computed again over the updated layers."""
+        def chnsw(summaries, vectors):
             top = max((s["layer"] for s in summaries), default=0)
             ids = [[e["id"] for e in layer0.entities]] + [[s["id"] for s in summaries if s["layer"] == li]
                                                           for li in range(1, top + 1)]
             vec = dict(zip([s["id"] for s in summaries], vectors))
+            dim = layer0.vectors.shape[1]
             layers = [unit(layer0.vectors)] + [unit(np.stack([vec[i] for i in layer])) if layer else
-                                               np.zeros((0, layer0.vectors.shape[1]), np.float32) for layer in ids[1:]]
-            chnsw = link_rows(ids, layers, ctx.cfg.archrag.hnsw_m)
-            st.done(f"{len(comms)} communities, {len(changed)} changed, {len(chnsw)} C-HNSW links",
-                    communities=len(comms), grown=len(changed))
-        entities = layer0.entities + summaries
-        relations = pa.concat_tables([layer0.relations, relation_table(links)])
-        reports, report_vecs, failures = rewrite_reports(ctx, comms, entities, relations, lambda old: (
-            changed | (set(c["id"] for c in comms) - set(old)), {}))
-        layers_rows = restate_layers(plain_rows(ctx.previous("layers")), {e["id"]: e["layer"] for e in entities},
-                                     [(r["source_id"], r["target_id"]) for r in links if r["kind"] == "summary_of"])
-        return Hierarchy(summaries, vectors, links + chnsw, comms, reports, report_vecs, layers_rows,
-                         _failed(summarizer.failures, "hierarchy", SUMMARY_FALLBACK) + _failed(failures, "reports", REPORT_FALLBACK))
+                                               np.zeros((0, dim), np.float32) for layer in ids[1:]]
+            return link_rows(ids, layers, ctx.cfg.archrag.hnsw_m)
+
+        return update_tree(ctx, layer0, {}, chnsw)
 
     def levels(self, view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) -> None:
         fill_archrag(view, ctx, budgets, cfg)
@@ -338,7 +282,6 @@ def fill_archrag(view, ctx, budgets: dict[str, int], cfg) -> None:
     """ArchRAG's sections: hierarchical search over C-HNSW, then adaptive filtering (offline: each piece scored by
     its similarity to the question and the question words it shares, the best kept within the budgets)."""
     from tasks.methods.hirag_retrieval import _name, repeats
-    from tasks.methods.hygrag import represented
     from tasks.retrieve import _fill
 
     if not len(view.ent_ids) or view.ent_vecs is None:  # past retrieval.ann_min_vectors: not yet searched here

@@ -25,7 +25,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -34,10 +33,9 @@ import scipy.sparse as sp
 
 from schemas.config import HyGRAGConfig
 from tasks.catalog import relation_table
-from tasks.ids import make_id
 from tasks.methods import Hierarchy, Layer0, MethodContext
-from tasks.methods.hirag import (REPORT_FALLBACK, SUMMARY_FALLBACK, _failed, _report_vectors, attach_stage, rewrite_reports,
-                                 summarizer_for)
+from tasks.methods.common import (below, bucket_communities, fallbacks, represented, summarizer_for, unit, update_tree,
+                                  write_reports)
 
 CHUNK_TYPE = "chunk"
 
@@ -86,20 +84,15 @@ def hybrid_adjacency(n_entities: int, relations: list[tuple[int, int, float]], e
 
 def cleora(adjacency: sp.csr_matrix, init: np.ndarray, iterations: int) -> np.ndarray:
     """Cleora: ``iterations`` times X <- rownorm(D^-1 A X); a node without edges keeps its (normalised) vector."""
-    x = _unit(np.asarray(init, dtype=np.float32))
+    x = unit(np.asarray(init, dtype=np.float32))
     degree = np.asarray(adjacency.sum(axis=1)).ravel()
     isolated = degree == 0
     walk = sp.diags(np.where(isolated, 0.0, 1.0 / np.where(isolated, 1.0, degree))) @ adjacency
     for _ in range(iterations):
         nxt = walk @ x
         nxt[isolated] = x[isolated]
-        x = _unit(nxt)
+        x = unit(nxt)
     return x
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return (x / np.where(norms == 0, 1.0, norms)).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------- LSH buckets
@@ -141,7 +134,7 @@ def _merge_small(siblings: list[tuple[int, np.ndarray]], x: np.ndarray, s_min: i
     if len(pool) >= s_min or not big:
         return [*big, (code, pool)]
     centroid = x[pool].mean(axis=0)
-    sims = [float(_unit(x[m].mean(axis=0, keepdims=True))[0] @ centroid) for _, m in big]
+    sims = [float(unit(x[m].mean(axis=0, keepdims=True))[0] @ centroid) for _, m in big]
     k = int(np.argmax(sims))  # the first of equals
     big[k] = (big[k][0], np.concatenate([big[k][1], pool]))
     return big
@@ -160,11 +153,10 @@ def _split(members: np.ndarray, x: np.ndarray, s_max: int, rng: np.random.Genera
 # ---------------------------------------------------------------------------- the layers
 def build_layers(entities: list[dict[str, Any]], vectors: np.ndarray, relations: pa.Table, chunks: list[dict[str, Any]],
                  chunk_vectors: np.ndarray, cfg: HyGRAGConfig, seed: int, summarizer, embed, on_layer=None):
-    """Summary entities (with text vectors), their ``summary_of`` relations, one community per bucket, the
-    layer statistics (``tasks.hierarchy.LayerStat``) and the bucket sizes per layer."""
-    from tasks.embed import entity_text
-    from tasks.hierarchy import STOP_MAX_LAYERS, STOP_ONE_CLUSTER, STOP_TOO_FEW, LayerStat, change_rate, cluster_sparsity
-    from tasks.summarize import Cluster, summary_rows
+    """Summary entities (with text vectors), their ``summary_of`` relations, one community per bucket and the
+    layer statistics (``tasks.hierarchy.LayerStat``). Layer 1 buckets entities and chunks by their Cleora vectors,
+    the layers above bucket summaries by their text vectors."""
+    from tasks.hierarchy import summary_layers
 
     dim = vectors.shape[1] if vectors.size else (chunk_vectors.shape[1] if chunk_vectors.size else 0)
     index = {e["id"]: i for i, e in enumerate(entities)}
@@ -178,72 +170,18 @@ def build_layers(entities: list[dict[str, Any]], vectors: np.ndarray, relations:
     text = np.concatenate([vectors.reshape(-1, dim), chunk_vectors.reshape(-1, dim)]).astype(np.float32)
     nodes = [*entities, *({"id": c["id"], "name": " ".join(c["text"].split()[:8]), "type": CHUNK_TYPE,
                            "description": c["text"]} for c in chunks)]
-    x = _unit(_unit(text) + cleora(adj, text, cfg.cleora_iterations))
-    out_ents, out_vecs, out_rels, stats = [], [], [], []
-    chunk_ids, previous_cs = set(chunk_at), None
-    for layer in range(1, cfg.max_layers + 2):
-        t0, n = time.perf_counter(), len(nodes)
-        if layer > cfg.max_layers:
-            stats.append(LayerStat(layer, n, 0, None, None, True, STOP_MAX_LAYERS, 0.0))
-            break
-        if n < cfg.min_bucket:
-            stats.append(LayerStat(layer, n, 0, None, None, True, STOP_TOO_FEW, 0.0))
-            break
-        buckets = lsh_buckets(x, cfg.lsh_bits, cfg.min_bucket, cfg.max_bucket, seed + layer)
-        groups = [Cluster([nodes[j] for j in b], x[b]) for b in buckets]
-        ents, rels = summary_rows(layer, groups, summarizer.summarize_layer(layer, groups))
-        for e, g in zip(ents, groups):
-            e["source_chunk_ids"] = sorted(m["id"] for m in g.members if m["id"] in chunk_ids)
-        rels = [r for r in rels if r["source_id"] not in chunk_ids]
-        vecs = embed([entity_text(e["name"], e["type"], e["description"]) for e in ents])
-        cs = cluster_sparsity([len(b) for b in buckets], n)
-        rate = change_rate(previous_cs, cs)
-        stat = LayerStat(layer, n, len(buckets), cs, rate, False, None, time.perf_counter() - t0)
-        stats.append(stat)
-        if on_layer:
-            on_layer(stat)
-        out_ents += ents
-        out_vecs.append(vecs)
-        out_rels += rels
-        nodes, x, previous_cs = ents, _unit(np.asarray(vecs, dtype=np.float32)), cs
-        if len(buckets) == 1:
-            stats.append(LayerStat(layer + 1, len(ents), 0, None, None, True, STOP_ONE_CLUSTER, 0.0))
-            break
-    matrix = np.concatenate(out_vecs) if out_vecs else np.zeros((0, dim), np.float32)
-    return out_ents, matrix, out_rels, bucket_communities(out_ents, out_rels), stats
-
-
-def without_empty(summaries: list[dict[str, Any]], vectors: np.ndarray, links: list[dict[str, Any]], gone_chunks: set[str]):
-    """Summaries after an update without the chunks that went, and without those left with neither chunks nor
-    members (then their links to the summaries above them go, which may empty those in turn)."""
-    summaries = [dict(e, source_chunk_ids=[c for c in e["source_chunk_ids"] or [] if c not in gone_chunks])
-                 for e in summaries]
-    while True:
-        fed = {r["target_id"] for r in links}
-        empty = {e["id"] for e in summaries if not e["source_chunk_ids"] and e["id"] not in fed}
-        if not empty:
-            break
-        keep = [i for i, e in enumerate(summaries) if e["id"] not in empty]
-        summaries, vectors = [summaries[i] for i in keep], vectors[keep]
-        links = [r for r in links if r["source_id"] not in empty]
-    return summaries, vectors, links
-
-
-def bucket_communities(summaries: list[dict[str, Any]], relations: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One community per summary node (its bucket): the summary first, then its members (the ``summary_of``
-    sources), sized by its members and its chunks; its parent is the community of the summary above it. Levels
-    count down from the top as for every community (the top layer's buckets are level 0)."""
-    members: dict[str, list[str]] = {}
-    above: dict[str, str] = {}
-    for r in relations:
-        if r["kind"] == "summary_of":
-            members.setdefault(r["target_id"], []).append(r["source_id"])
-            above[r["source_id"]] = r["target_id"]
-    cid = {s["id"]: make_id("comm", "hygrag", s["layer"], s["id"]) for s in summaries}
-    top = max((s["layer"] for s in summaries), default=0)
-    return [{"id": cid[s["id"]], "level": top - s["layer"], "parent_id": cid.get(above.get(s["id"], "")),
-             "entity_ids": [s["id"], *sorted(members.get(s["id"], []))],
-             "size": len(members.get(s["id"], [])) + len(s["source_chunk_ids"] or [])} for s in summaries]
+    x = unit(unit(text) + cleora(adj, text, cfg.cleora_iterations))
+    ents, matrix, rels, stats, _ = summary_layers(
+        nodes, x, cfg.max_layers, cfg.min_bucket, seed, lambda z, s: lsh_buckets(z, cfg.lsh_bits, cfg.min_bucket, cfg.max_bucket, s),
+        summarizer, embed, next_features=unit, on_layer=on_layer)
+    owned: dict[str, list[str]] = {}  # a summary's chunk members are its source chunks, not summary_of links
+    for r in rels:
+        if r["source_id"] in chunk_at:
+            owned.setdefault(r["target_id"], []).append(r["source_id"])
+    for e in ents:
+        e["source_chunk_ids"] = sorted(owned.get(e["id"], []))
+    rels = [r for r in rels if r["source_id"] not in chunk_at]
+    return ents, matrix, rels, bucket_communities(ents, rels), stats
 
 
 class HyGRAG:
@@ -252,7 +190,6 @@ class HyGRAG:
 
     def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
         from tasks.hierarchy import stat_rows
-        from tasks.reports import build_reports
 
         cfg = ctx.cfg
         with ctx.stage("hierarchy") as st:
@@ -265,38 +202,12 @@ class HyGRAG:
             st.done(f"{len([r for r in layers if not r['stopped']])} layers, {len(ents)} summary nodes, "
                     f"{len(communities)} buckets", summary_entities=len(ents), communities=len(communities))
         entities, relations = layer0.entities + ents, pa.concat_tables([layer0.relations, relation_table(rels)])
-        with ctx.stage("reports", len(communities)) as st:
-            reports, failures = st.run(build_reports, communities, entities, relations,
-                                       cfg.communities.report_max_tokens, ctx.llm)
-            report_vecs = _report_vectors(ctx, st, reports)
-            st.advance(len(reports))
-            st.done(f"{len(reports)} reports", reports=len(reports))
-        return Hierarchy(ents, vecs, rels, communities, reports, report_vecs, layers,
-                         _failed(summarizer.failures, "hierarchy", SUMMARY_FALLBACK) + _failed(failures, "reports", REPORT_FALLBACK))
+        reports, report_vecs, failures = write_reports(ctx, communities, entities, relations)
+        return Hierarchy(ents, vecs, rels, communities, reports, report_vecs, layers, fallbacks(summarizer, failures))
 
     def update(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
-        """HiRAG's attachment (new entities join the summary nodes they are closest to, touched summaries are
-        rewritten); then the buckets are read again from the summaries, and the reports of the buckets that
-        changed are rewritten. New chunks reach the hierarchy through their entities."""
-        from tasks.catalog import plain_rows
-        from tasks.hierarchy import restate_layers
-
-        att, summarizer = attach_stage(ctx, layer0, **_synthesis())
-        summaries, vectors, links = without_empty(att.entities, att.vectors, att.relations, layer0.gone_chunks)
-        with ctx.stage("communities") as st:
-            comms = bucket_communities(summaries, links)
-            before = {c["id"]: c["entity_ids"] for c in plain_rows(ctx.previous("communities"))}
-            changed = {c["id"] for c in comms if before.get(c["id"]) != c["entity_ids"]
-                       or c["entity_ids"][0] in att.refreshed}
-            st.done(f"{len(comms)} buckets, {len(changed)} changed", communities=len(comms), grown=len(changed))
-        entities = layer0.entities + summaries
-        relations = pa.concat_tables([layer0.relations, relation_table(links)])
-        reports, report_vecs, failures = rewrite_reports(ctx, comms, entities, relations, lambda old: (
-            changed | (set(c["id"] for c in comms) - set(old)), {}))
-        layers = restate_layers(plain_rows(ctx.previous("layers")), {e["id"]: e["layer"] for e in entities},
-                                [(r["source_id"], r["target_id"]) for r in links if r["kind"] == "summary_of"])
-        return Hierarchy(summaries, vectors, links, comms, reports, report_vecs, layers,
-                         _failed(summarizer.failures, "hierarchy", SUMMARY_FALLBACK) + _failed(failures, "reports", REPORT_FALLBACK))
+        """The summary-tree update (``common.update_tree``). New chunks reach the hierarchy through their entities."""
+        return update_tree(ctx, layer0, _synthesis())
 
     def levels(self, view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) -> None:
         fill_bilevel(view, ctx, scores, budgets, cfg)
@@ -350,26 +261,3 @@ def fill_bilevel(view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) ->
         rows.append({"source": r["source_id"], "target": r["target_id"], "kind": r["kind"],
                      "text": f"- {_name(view, r['source_id'])} — {_name(view, r['target_id'])}: {r['description']}"})
     ctx.bridge, ctx.tokens["bridge"] = _fill(rows, budgets["bridge"])
-
-
-def represented(view, i: int) -> int | None:
-    """The community summary node ``i`` stands for (the one that lists it first)."""
-    for c in view.ent_communities.get(i, []):
-        if view.communities[c]["members"][:1] == [i]:
-            return c
-    return None
-
-
-def below(view, i: int, limit: int) -> set[int]:
-    """Layer-0 entities under summary node ``i`` (down its summary_of links), at most ``limit``."""
-    out: set[int] = set()
-    stack = [i]
-    while stack and len(out) < limit:
-        node = stack.pop()
-        for m in sorted(view.graph.adj[node]):
-            if view.ent_layer[m] < view.ent_layer[node]:
-                if view.ent_layer[m] == 0:
-                    out.add(m)
-                else:
-                    stack.append(m)
-    return out

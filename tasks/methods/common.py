@@ -1,0 +1,204 @@
+"""What the index methods share above layer 0: the summariser, the reports stage of a build and of an update,
+the attachment stage of an update, and the summary trees (one community per summary node) that HyGRAG and
+ArchRAG build and update alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tasks.catalog import plain_rows, relation_table, vector_matrix
+from tasks.ids import make_id, quarantine_row
+from tasks.methods import Hierarchy, Layer0, MethodContext
+
+SUMMARY_FALLBACK = "LLM summary unusable, offline summary used: "
+REPORT_FALLBACK = "LLM report unusable, offline report used: "
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to length 1 (zero rows stay zero), float32."""
+    x = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.where(norms == 0, 1.0, norms)
+
+
+def summarizer_for(ctx: MethodContext, per_cluster: int, **llm_prompt: Any):
+    """The offline summariser, or the LLM one (``llm_prompt``: its ``prompt`` and ``prompt_version``)."""
+    from tasks.summarize import LLMSummarizer, OfflineSummarizer
+
+    cfg = ctx.cfg
+    if ctx.llm is not None:
+        return LLMSummarizer(ctx.llm, cfg.hierarchy.meta_entities, per_cluster, cfg.extract.max_description_tokens,
+                             **llm_prompt)
+    return OfflineSummarizer(cfg.hierarchy.meta_entities, cfg.extract.max_description_tokens)
+
+
+def fallbacks(summarizer: Any, report_failures: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """Quarantine rows for LLM summaries and reports that fell back to the offline ones."""
+    return ([quarantine_row(f["item"], "hierarchy", SUMMARY_FALLBACK + f["error"]) for f in summarizer.failures]
+            + [quarantine_row(f["item"], "reports", REPORT_FALLBACK + f["error"]) for f in report_failures])
+
+
+def report_vectors(ctx: MethodContext, st, reports: list[dict[str, Any]]) -> np.ndarray:
+    from tasks.embed import report_text
+
+    return st.run(ctx.embed, [report_text(r["title"], r["summary"]) for r in reports])
+
+
+def write_reports(ctx: MethodContext, communities: list[dict[str, Any]], entities: list[dict[str, Any]],
+                  relations: pa.Table):
+    """Stage ``reports`` of a build: a report per community, and its vector. Returns (reports, their vectors,
+    LLM failures)."""
+    from tasks.reports import build_reports
+
+    with ctx.stage("reports", len(communities)) as st:
+        reports, failures = st.run(build_reports, communities, entities, relations,
+                                   ctx.cfg.communities.report_max_tokens, ctx.llm)
+        vectors = report_vectors(ctx, st, reports)
+        st.advance(len(reports))
+        st.done(f"{len(reports)} reports", reports=len(reports))
+    return reports, vectors, failures
+
+
+def rewrite_reports(ctx: MethodContext, comms: list[dict[str, Any]], entities: list[dict[str, Any]], relations: pa.Table,
+                    decide: Callable[[dict[str, dict[str, Any]]], tuple[set[str], dict[str, float]]]):
+    """Stage ``reports`` of an update: ``decide(previous reports by community id)`` names the communities whose
+    report is written again and the staleness of the others, which are kept. Returns (reports, their vectors,
+    LLM failures)."""
+    from tasks.reports import build_reports
+
+    with ctx.stage("reports") as st:
+        previous = ctx.previous("community_reports")
+        old_reports = {r["community_id"]: r for r in plain_rows(previous)}
+        rewrite, staleness = decide(old_reports)
+        old_vectors = dict(zip(previous.column("community_id").to_pylist(), vector_matrix(previous)))
+        existing = {cid: dict(r, staleness=staleness.get(cid, r.get("staleness")))
+                    for cid, r in old_reports.items() if cid not in rewrite}
+        reports, failures = st.run(build_reports, comms, entities, relations, ctx.cfg.communities.report_max_tokens,
+                                   ctx.llm, rewrite, existing)
+        redo = [r for r in reports if r["community_id"] in rewrite]
+        fresh = dict(zip([r["community_id"] for r in redo], report_vectors(ctx, st, redo)))
+        dim = previous.schema.field("vector").type.list_size
+        vectors = (np.stack([fresh.get(r["community_id"], old_vectors.get(r["community_id"])) for r in reports])
+                   if reports else np.zeros((0, dim), np.float32))
+        st.done(f"{len(redo)} reports rewritten", reports_rewritten=len(redo))
+    return reports, vectors, failures
+
+
+def attach_stage(ctx: MethodContext, layer0: Layer0, **llm_prompt: Any):
+    """HyGRAG attachment (stage ``attach``): new layer-0 entities join the summary nodes they are closest to
+    (τ), the summaries on touched paths are rewritten. Returns the ``AttachResult`` and the summarizer used."""
+    from tasks.embed import entity_text
+    from tasks.incremental import attach
+    from tasks.summarize import Cluster
+
+    cfg = ctx.cfg
+    with ctx.stage("attach") as st:
+        summarizer = summarizer_for(ctx, 1, **llm_prompt)
+
+        def summarize(layer, member_lists, vecs):
+            return [s[0] for s in summarizer.summarize_layer(layer, [Cluster(m, v) for m, v in zip(member_lists, vecs)])]
+
+        def embed_rows(rows):
+            return ctx.embed([entity_text(r["name"], r["type"], r["description"]) for r in rows])
+
+        old = ctx.previous("entities")
+        upper = np.flatnonzero(np.asarray(old.column("layer").to_pylist()) > 0)
+        summaries = plain_rows(old.take(upper))
+        vectors = dict(zip([e["id"] for e in layer0.entities], layer0.vectors))
+        vectors.update(zip([s["id"] for s in summaries], vector_matrix(old.take(upper))))
+        previous = ctx.previous("relations")
+        links = plain_rows(previous.filter(pc.equal(previous.column("kind"), "summary_of")))
+        att = st.run(attach, layer0.entities, summaries, links, vectors, layer0.added, layer0.removed,
+                     layer0.changed, cfg.incremental.tau, summarize, embed_rows, cfg.incremental.refresh_staleness)
+        st.done(f"{len(att.attached)} attached, {len(att.refreshed)} summaries refreshed", attached=len(att.attached),
+                refreshed=len(att.refreshed), dropped=len(att.removed), summary_operations=att.operations)
+    return att, summarizer
+
+
+# ---------------------------------------------------------------------------- summary trees
+def bucket_communities(summaries: list[dict[str, Any]], relations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One community per summary node (its bucket): the summary first, then its members (the ``summary_of``
+    sources), sized by its members and its chunks; its parent is the community of the summary above it. Levels
+    count down from the top as for every community (the top layer's buckets are level 0)."""
+    members: dict[str, list[str]] = {}
+    above: dict[str, str] = {}
+    for r in relations:
+        if r["kind"] == "summary_of":
+            members.setdefault(r["target_id"], []).append(r["source_id"])
+            above[r["source_id"]] = r["target_id"]
+    cid = {s["id"]: make_id("comm", "hygrag", s["layer"], s["id"]) for s in summaries}
+    top = max((s["layer"] for s in summaries), default=0)
+    return [{"id": cid[s["id"]], "level": top - s["layer"], "parent_id": cid.get(above.get(s["id"], "")),
+             "entity_ids": [s["id"], *sorted(members.get(s["id"], []))],
+             "size": len(members.get(s["id"], [])) + len(s["source_chunk_ids"] or [])} for s in summaries]
+
+
+def without_empty(summaries: list[dict[str, Any]], vectors: np.ndarray, links: list[dict[str, Any]], gone_chunks: set[str]):
+    """Summaries after an update without the chunks that went, and without those left with neither chunks nor
+    members (then their links to the summaries above them go, which may empty those in turn)."""
+    summaries = [dict(e, source_chunk_ids=[c for c in e["source_chunk_ids"] or [] if c not in gone_chunks])
+                 for e in summaries]
+    while True:
+        fed = {r["target_id"] for r in links}
+        empty = {e["id"] for e in summaries if not e["source_chunk_ids"] and e["id"] not in fed}
+        if not empty:
+            break
+        keep = [i for i, e in enumerate(summaries) if e["id"] not in empty]
+        summaries, vectors = [summaries[i] for i in keep], vectors[keep]
+        links = [r for r in links if r["source_id"] not in empty]
+    return summaries, vectors, links
+
+
+def update_tree(ctx: MethodContext, layer0: Layer0, llm_prompt: dict[str, Any],
+                more_links: Callable[[list[dict[str, Any]], np.ndarray], list[dict[str, Any]]] | None = None) -> Hierarchy:
+    """The update of a summary tree: HiRAG's attachment (new entities join the summary nodes they are closest to,
+    touched summaries are rewritten), summaries left empty go, the communities are read again from the summaries
+    and the reports of those that changed are rewritten. ``more_links(summaries, vectors)``: method relations
+    computed again over the updated nodes (ArchRAG's C-HNSW)."""
+    from tasks.hierarchy import restate_layers
+
+    att, summarizer = attach_stage(ctx, layer0, **llm_prompt)
+    summaries, vectors, links = without_empty(att.entities, att.vectors, att.relations, layer0.gone_chunks)
+    with ctx.stage("communities") as st:
+        comms = bucket_communities(summaries, links)
+        before = {c["id"]: c["entity_ids"] for c in plain_rows(ctx.previous("communities"))}
+        changed = {c["id"] for c in comms if before.get(c["id"]) != c["entity_ids"]
+                   or c["entity_ids"][0] in att.refreshed}
+        extra = more_links(summaries, vectors) if more_links else []
+        st.done(f"{len(comms)} communities, {len(changed)} changed" + (f", {len(extra)} links recomputed" if extra else ""),
+                communities=len(comms), grown=len(changed))
+    entities = layer0.entities + summaries
+    relations = pa.concat_tables([layer0.relations, relation_table(links)])
+    reports, vecs, failures = rewrite_reports(ctx, comms, entities, relations, lambda old: (
+        changed | (set(c["id"] for c in comms) - set(old)), {}))
+    layers = restate_layers(plain_rows(ctx.previous("layers")), {e["id"]: e["layer"] for e in entities},
+                            [(r["source_id"], r["target_id"]) for r in links if r["kind"] == "summary_of"])
+    return Hierarchy(summaries, vectors, links + extra, comms, reports, vecs, layers, fallbacks(summarizer, failures))
+
+
+def represented(view, i: int) -> int | None:
+    """The community summary node ``i`` stands for (the one that lists it first)."""
+    for c in view.ent_communities.get(i, []):
+        if view.communities[c]["members"][:1] == [i]:
+            return c
+    return None
+
+
+def below(view, i: int, limit: int) -> set[int]:
+    """Layer-0 entities under summary node ``i`` (down its summary_of links), at most ``limit``."""
+    out: set[int] = set()
+    stack = [i]
+    while stack and len(out) < limit:
+        node = stack.pop()
+        for m in sorted(view.graph.adj[node]):
+            if view.ent_layer[m] < view.ent_layer[node]:
+                if view.ent_layer[m] == 0:
+                    out.add(m)
+                else:
+                    stack.append(m)
+    return out
