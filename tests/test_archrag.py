@@ -40,6 +40,9 @@ def test_chnsw_links_point_within_a_layer_and_down_to_the_nearest():
     intra, inter = chnsw_links([bottom, top], m=1)
     assert intra[0] == [[1], [0], [3], [2]] and intra[1] == [[1], [0]]
     assert inter[0].tolist() == [] and inter[1].tolist() == [0, 2]
+    # links go both ways: nobody's nearest, c still gets a link from b (its nearest), after b's own nearest
+    line = _unit([[1, 0], [0.9, 0.1], [0.5, 0.5]])  # b·a .994 > b·c .781 > a·c .707
+    assert chnsw_links([line], m=1)[0][0] == [[1], [0, 2], [1]]
 
 
 def test_search_reaches_a_part_of_layer_zero_only_through_the_inter_layer_links():

@@ -80,15 +80,23 @@ def leiden_groups(n: int, edges: list[tuple[int, int, float]], resolution: float
 
 
 def chnsw_links(layers: list[np.ndarray], m: int) -> tuple[list[list[list[int]]], list[np.ndarray]]:
-    """C-HNSW over the unit vectors of each layer (``layers[0]`` the bottom): per layer, each node's ``m``
-    nearest nodes of its own layer (intra, best first); per layer above 0, each node's nearest node of the layer
-    below (inter; ``inter[0]`` is empty)."""
+    """C-HNSW over the unit vectors of each layer (``layers[0]`` the bottom): per layer, each node's intra-layer
+    links, best first: its ``m`` nearest nodes of its layer and the nodes that have it among theirs (links go
+    both ways, as in HNSW, or a search cannot reach the nodes nobody chose), at most ``2 m``; per layer above 0,
+    each node's nearest node of the layer below (inter; ``inter[0]`` is empty)."""
     intra, inter = [], [np.zeros(0, dtype=np.int64)]
     for li, x in enumerate(layers):
         links: list[list[int]] = [[] for _ in range(len(x))]
         if len(x) > 1:
-            for rows, best, _ in _nearest(x, min(m, len(x) - 1)):
-                links[rows[0]:rows[-1] + 1] = best.tolist()
+            chosen = [np.stack([np.broadcast_to(rows[:, None], best.shape).ravel(), best.ravel()], axis=1)
+                      for rows, best, _ in _nearest(x, min(m, len(x) - 1))]
+            pairs = np.concatenate(chosen)
+            pairs = np.unique(np.concatenate([pairs, pairs[:, ::-1]]), axis=0)  # both ways
+            sims = np.einsum("ij,ij->i", x[pairs[:, 0]], x[pairs[:, 1]])
+            pairs = pairs[np.lexsort((pairs[:, 1], -sims, pairs[:, 0]))]  # per node: best first, ties by index
+            starts = np.searchsorted(pairs[:, 0], np.arange(len(x) + 1))
+            for node in range(len(x)):
+                links[node] = pairs[starts[node]:min(starts[node + 1], starts[node] + 2 * m), 1].tolist()
         intra.append(links)
         if li > 0:
             below = layers[li - 1]
