@@ -482,7 +482,7 @@ def query(
         ctx = retrieve(view, question, embedder.embed([question])[0], mode, cfg.retrieval)
         ms = (time.perf_counter() - t0) * 1000
         client = LiteLLMClient(cfg.llm, cat.cache_dir) if cfg.llm.model else None
-        answer = make_answer(ctx, client)
+        answer = make_answer(ctx, client, embedder.embed)
     except ConfigError as exc:
         _fail(exc, 2)
     except Exception as exc:  # noqa: BLE001
@@ -601,7 +601,7 @@ def shell(
         t0 = time.perf_counter()
         ctx = retrieve(view, line, embedder.embed([line])[0], state["mode"],
                        cfg.retrieval.model_copy(update={"token_budget": state["budget"]}))
-        result = make_answer(ctx, client)
+        result = make_answer(ctx, client, embedder.embed)
         ms = (time.perf_counter() - t0) * 1000
         if state["json"]:
             print(json.dumps(ctx.as_dict() | {"answer": result, "retrieval_ms": round(ms, 1)}, default=str))
@@ -696,10 +696,12 @@ def eval_(
     if as_json:
         out.print_json(json.dumps(summary, default=str))
         return
-    cols = ("mode", "recall", "Δ naive [95% CI]", "W/L", "R@2", "R@5", "R@10", "answer", "tokens", "p50 ms", "p95 ms")
+    cols = ("mode", "recall", "Δ naive [95% CI]", "W/L", "R@2", "R@5", "R@10", "answer", "offline", "tokens", "p50 ms",
+            "p95 ms")
     for b, rs in by_budget.items():
         t = Table(title=f"{dataset.name}: {len(queries)} questions, budget {b} tokens "
-                        "(recall: whole supporting passages in the context; answer: gold answer in the context)")
+                        "(recall: whole supporting passages in the context; answer: gold answer in the context; "
+                        "offline: in the offline answer's sentences)")
         for col in cols:
             t.add_column(col, justify="right" if col != "mode" else "left", no_wrap=True)
         for r in rs:
@@ -707,7 +709,7 @@ def eval_(
             delta = f"{v['mean_diff']:+.3f} [{v['ci_low']:+.3f}, {v['ci_high']:+.3f}]" if v else "—"
             t.add_row(r.mode, f"{r.passage_recall:.3f}", delta, f"{v['wins']}/{v['losses']}" if v else "—",
                       f"{r.recall_at_2:.3f}", f"{r.recall_at_5:.3f}", f"{r.recall_at_10:.3f}",
-                      f"{r.answer_in_context:.3f}", f"{r.mean_context_tokens:.0f}",
+                      f"{r.answer_in_context:.3f}", f"{r.answer_in_extractive:.3f}", f"{r.mean_context_tokens:.0f}",
                       f"{r.latency_p50_ms:.1f}", f"{r.latency_p95_ms:.1f}")
         out.print(t)
     out.print(f"results: {target / 'results.json'}  plots: {', '.join(str(p) for p in plots)}")

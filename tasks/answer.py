@@ -64,11 +64,12 @@ def adaptive_filter(ctx: Context, client) -> Context:
     return replace(ctx, **kept)
 
 
-def answer(ctx: Context, client=None) -> dict[str, str]:
-    """``{"kind": "llm"|"extractive", "text": ..., "note": ...}``; falls back to extractive when the LLM fails.
-    In mode ``archrag`` the LLM first filters the context (``adaptive_filter``)."""
+def answer(ctx: Context, client=None, embed=None) -> dict[str, str]:
+    """``{"kind": "llm"|"extractive", "text": ..., "note": ...}``; falls back to extractive when the LLM fails
+    (``embed``: the question's embedder, which ranks the extractive answer's sentences). In mode ``archrag`` the
+    LLM first filters the context (``adaptive_filter``)."""
     if client is None or ctx.empty:
-        return {"kind": "extractive", "text": extractive_answer(ctx)}
+        return {"kind": "extractive", "text": extractive_answer(ctx, embed)}
     note = None
     if ctx.mode == "archrag":
         try:
@@ -79,4 +80,4 @@ def answer(ctx: Context, client=None) -> dict[str, str]:
         text = run_sync(client.complete(answer_messages(ctx), prompt_version=PROMPT_VERSION))
         return {"kind": "llm", "text": str(text).strip(), **({"note": note} if note else {})}
     except Exception as exc:  # noqa: BLE001
-        return {"kind": "extractive", "text": extractive_answer(ctx), "note": f"LLM answer failed: {type(exc).__name__}: {exc}"}
+        return {"kind": "extractive", "text": extractive_answer(ctx, embed), "note": f"LLM answer failed: {type(exc).__name__}: {exc}"}

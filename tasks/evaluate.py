@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from schemas.config import RetrievalConfig
-from tasks.retrieve import Context, IndexView, retrieve
+from tasks.retrieve import Context, IndexView, best_sentences, retrieve
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans({c: " " for c in string.punctuation})
@@ -140,6 +140,7 @@ class ModeResult:
     recall_at_5: float
     recall_at_10: float
     answer_in_context: float
+    answer_in_extractive: float  # the gold answer in the offline answer's sentences (``best_sentences``)
     n_answerable: int
     mean_context_tokens: float
     latency_p50_ms: float
@@ -154,7 +155,7 @@ def _mean(values: list[Any]) -> float:
 
 
 def _run_mode(view: IndexView, embed, queries: list[dict[str, Any]], mode: str,
-              cfg: RetrievalConfig) -> tuple[ModeResult, list[dict[str, Any]]]:
+              cfg: RetrievalConfig, sentence_embed=None) -> tuple[ModeResult, list[dict[str, Any]]]:
     """Every question through one mode at ``cfg.token_budget``: the summary and one row per question."""
     rows: list[dict[str, Any]] = []
     for q in queries:
@@ -170,6 +171,8 @@ def _run_mode(view: IndexView, embed, queries: list[dict[str, Any]], mode: str,
             "passage_recall": passage_recall(supporting, retrieved_passages(ctx, view)),
             **{f"recall_at_{k}": recall_at_k(supporting, ranked, k) for k in RECALL_KS},
             "answer_in_context": answer_in_context(answers, ctx.text()) if answers else None,
+            "answer_in_extractive": answer_in_context(answers, " ".join(s for s, _ in best_sentences(ctx, sentence_embed)))
+            if answers else None,
             "context_tokens": sum(ctx.tokens.values()), "latency_ms": ms, "n_chunks": len(ctx.chunks),
         })
     lat = [r["latency_ms"] for r in rows]
@@ -179,11 +182,25 @@ def _run_mode(view: IndexView, embed, queries: list[dict[str, Any]], mode: str,
         passage_recall=_mean([r["passage_recall"] for r in rows]),
         **{f"recall_at_{k}": _mean([r[f"recall_at_{k}"] for r in rows]) for k in RECALL_KS},
         answer_in_context=_mean(hits), n_answerable=len(hits),
+        answer_in_extractive=_mean([r["answer_in_extractive"] for r in rows if r["answer_in_extractive"] is not None]),
         mean_context_tokens=float(np.mean([r["context_tokens"] for r in rows])) if rows else 0.0,
         latency_p50_ms=float(np.percentile(lat, 50)) if lat else 0.0,
         latency_p95_ms=float(np.percentile(lat, 95)) if lat else 0.0,
     )
     return result, rows
+
+
+def _cached(embed):
+    """``embed`` remembering every text's vector (the same source sentences come back in every mode)."""
+    seen: dict[str, np.ndarray] = {}
+
+    def cached(texts: list[str]) -> np.ndarray:
+        new = [t for t in dict.fromkeys(texts) if t not in seen]
+        if new:
+            seen.update(zip(new, embed(new)))
+        return np.stack([seen[t] for t in texts]) if texts else np.zeros((0, 0), np.float32)
+
+    return cached
 
 
 def evaluate(
@@ -194,6 +211,7 @@ def evaluate(
     per-(budget, mode) summaries, budget by budget in mode order, and the per-question rows."""
     rows: list[dict[str, Any]] = []
     summaries: list[ModeResult] = []
+    sentences = _cached(embed)  # the offline answer's candidates: the modes share most source sentences
     embed(["warm-up"])  # load the model before timing anything
     passage_chunk_counts(view)
     for budget in dict.fromkeys(budgets or [cfg.token_budget]):
@@ -201,7 +219,7 @@ def evaluate(
         recalls: dict[str, np.ndarray] = {}
         results: list[ModeResult] = []
         for mode in modes:
-            result, mode_rows = _run_mode(view, embed, queries, mode, bcfg)
+            result, mode_rows = _run_mode(view, embed, queries, mode, bcfg, sentences)
             recalls[mode] = np.array([r["passage_recall"] for r in mode_rows], dtype=float)
             results.append(result)
             rows.extend(mode_rows)

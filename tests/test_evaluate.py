@@ -86,7 +86,7 @@ def test_recall_at_k_falls_back_to_context_order():
 
 def _result(mode: str, budget: int, recall: float, vs_naive=None) -> ModeResult:
     return ModeResult(mode=mode, token_budget=budget, n_queries=2, passage_recall=recall, recall_at_2=0.5,
-                      recall_at_5=0.75, recall_at_10=1.0, answer_in_context=0.5, n_answerable=2,
+                      recall_at_5=0.75, recall_at_10=1.0, answer_in_context=0.5, answer_in_extractive=0.5, n_answerable=2,
                       mean_context_tokens=900.0, latency_p50_ms=1.0, latency_p95_ms=2.0, vs_naive=vs_naive)
 
 
@@ -155,13 +155,17 @@ def test_evaluate_budgets_and_vs_naive(monkeypatch, budgets):
             chunks = [chunk("c2", view)]
         else:
             chunks = [chunk("c1a", view)] + ([chunk("c1b", view)] if cfg.token_budget >= 1000 else [])
-        return SimpleNamespace(chunks=chunks, ranked_chunk_ids=[], tokens={"chunks": 10 * len(chunks)}, text=lambda: "Paris")
+        from tasks.retrieve import Context
+
+        chunks = [dict(c, text=f"{c['id']}: the city they named is Paris.") for c in chunks]
+        return Context(question=question, mode=mode, version=1, chunks=chunks, tokens={"chunks": 10 * len(chunks)},
+                       query_vector=vec)
 
     monkeypatch.setattr(ev, "retrieve", fake_retrieve)
     from schemas.config import RetrievalConfig
 
     cfg = RetrievalConfig(token_budget=2000)
-    queries = [{"id": "q1", "question": "a", "answer": "Paris", "supporting_passage_ids": ["p1"]},
+    queries = [{"id": "q1", "question": "Which city?", "answer": "Paris", "supporting_passage_ids": ["p1"]},
                {"id": "q2", "question": "b", "supporting_passage_ids": ["p1", "p2"]},
                {"id": "q3", "question": "c", "supporting_passage_ids": []}]
     results, rows = ev.evaluate(view, lambda texts: [np.zeros(4)] * len(texts), queries, ["hi", "naive"], cfg, budgets)
@@ -176,6 +180,7 @@ def test_evaluate_budgets_and_vs_naive(monkeypatch, budgets):
         assert hi.passage_recall == 0.0 and hi.recall_at_2 == 0.75
         assert hi.vs_naive["losses"] == 1
     assert hi.answer_in_context == 1.0 and hi.n_answerable == 1
+    assert hi.answer_in_extractive == 1.0  # the one source sentence that holds "city"
     assert {r["token_budget"] for r in rows} == {expect_budget} and len(rows) == 6
     assert np.isnan(rows[2]["passage_recall"]) and np.isnan(rows[2]["recall_at_5"])
 

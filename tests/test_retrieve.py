@@ -117,7 +117,39 @@ def test_empty_and_unrelated_index_give_an_empty_context_with_a_message(tmp_path
 def test_extractive_answer_picks_matching_sentences(tmp_path):
     view = build(tmp_path)
     ctx = retrieve(view, "Whom did Alpha meet in Paris?", Q, "hi", CFG)
-    assert extractive_answer(ctx).startswith("[Doc 1] Alpha met Beta in Paris.")
+    assert extractive_answer(ctx).startswith("Alpha met Beta in Paris. (Doc 1)")
+
+
+def test_offline_answer_ranks_source_sentences_by_similarity_and_question_words():
+    from tasks.retrieve import Context, best_sentences
+
+    ctx = Context(question="How much did Scrooge pay Bob?", mode="naive", version=1, query_vector=np.array([1.0, 0.0]),
+                  entities=[{"text": "- Bob (person): Scrooge paid Bob fifteen shillings a week."}],  # never a candidate
+                  chunks=[{"title": "Stave 1", "text": "[Stave 1] Scrooge sat in his counting-house. Bob had a very small fire."},
+                          {"title": "Stave 3", "text": "[Stave 3] Bob had but fifteen bob a week himself."}],
+                  bridge=[{"text": "- Scrooge — Bob: Scrooge employed Bob as his clerk for years."}])
+    vectors = {"Scrooge sat in his counting-house.": [0.2, 1.0], "Bob had a very small fire.": [0.3, 1.0],
+               "Bob had but fifteen bob a week himself.": [1.0, 0.1], "Scrooge employed Bob as his clerk for years.": [0.5, 1.0]}
+    embed = lambda texts: np.asarray([vectors[t] for t in texts])  # noqa: E731
+    # cosine + share of {much, scrooge, pay, bob}: fifteen bob .995 + .25; employed .447 + .5; fire .287 + .25
+    assert best_sentences(ctx, embed) == [("Bob had but fifteen bob a week himself.", "Stave 3"),
+                                          ("Scrooge employed Bob as his clerk for years.", "reasoning path")]
+    # without the model, the question words alone: the path holds two of them, its first rival one
+    assert best_sentences(ctx, None, k=1) == [("Scrooge employed Bob as his clerk for years.", "reasoning path")]
+    assert best_sentences(Context(question="the of", mode="naive", version=1, chunks=ctx.chunks), embed) == []
+
+
+def test_the_second_sentence_of_the_offline_answer_follows_the_first_ones_names():
+    from tasks.retrieve import Context, best_sentences
+
+    chunks = [{"title": "T", "text": "Scrooge employed Bob as his clerk. Scrooge was born in London. Bob was born in Camden Town."}]
+    ctx = Context(question="Where was the man who employed Bob born?", mode="naive", version=1, chunks=chunks,
+                  query_vector=np.array([1.0, 0.0]))
+    vectors = {"Scrooge employed Bob as his clerk.": [1.0, 0.2], "Scrooge was born in London.": [0.2, 1.0],
+               "Bob was born in Camden Town.": [0.3, 1.0]}
+    embed = lambda texts: np.asarray([vectors[t] for t in texts])  # noqa: E731
+    # first .98 + .5; then London .196 + .25 + .6 (names Scrooge, whom the question does not) over Camden .287 + .5
+    assert [s for s, _ in best_sentences(ctx, embed)] == ["Scrooge employed Bob as his clerk.", "Scrooge was born in London."]
 
 
 def test_eval_measures_by_hand():
