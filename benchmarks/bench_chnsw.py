@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from schemas.config import ArchRAGConfig  # noqa: E402
+from schemas.config import ArchRAGConfig, RetrievalConfig  # noqa: E402
 from tasks.methods.archrag import attributed_edges, chnsw_links, hierarchical_search, leiden_groups, unit  # noqa: E402
 from tasks.retrieve import top_k  # noqa: E402
 
@@ -53,6 +53,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=20)
     ap.add_argument("--ef", type=int, action="append", help="search ef, repeatable (default 64)")
     ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--scan-max", type=int, default=RetrievalConfig().search_scan_max,
+                    help="layers of at most this many nodes are scanned (retrieval.search_scan_max; 0: walk every layer)")
     ap.add_argument("--threshold", type=float, default=0.3, help="KNN edge threshold (synthetic cosines run lower than text)")
     args = ap.parse_args()
     cfg = ArchRAGConfig(knn_threshold=args.threshold)
@@ -79,7 +81,7 @@ def main() -> None:
         t_search, hits = [], []
         for q, ex in zip(queries, exact):
             t0 = time.perf_counter()
-            found = hierarchical_search(q, layers, intra, inter, args.k, ef)
+            found = hierarchical_search(q, layers, intra, inter, args.k, ef, args.scan_max)
             t_search.append(time.perf_counter() - t0)
             hits.append([len(set(f) & set(e)) / max(1, len(e)) for f, e in zip(found, ex)])
         per_layer = np.mean(np.asarray(hits), axis=0)

@@ -176,6 +176,8 @@ class RetrievalConfig(_Section):
     max_communities: int = Field(12, gt=0, description="Global level: at most this many communities are considered.")
     search_ef: int = Field(64, gt=0, description="archrag mode: candidates its C-HNSW search explores per layer (HNSW ef; "
                                                  "it keeps top_n per layer).")
+    search_scan_max: int = Field(4096, ge=0, description="archrag mode: a C-HNSW layer of at most this many nodes is "
+                                                        "scanned exactly instead of walked (cheaper at that size).")
     token_budget: int = Field(4000, ge=100, description="Total context tokens; every mode gets the same budget.")
     ann_min_vectors: int = Field(
         500_000, gt=0, description="A vector table (entities, chunks) with at least this many rows gets a LanceDB vector "

@@ -59,6 +59,9 @@ def test_search_reaches_a_part_of_layer_zero_only_through_the_inter_layer_links(
     found = hierarchical_search(q, [bottom, top], intra, inter, k=5)
     exact = [int(i) for i in np.lexsort((np.arange(40), -(bottom @ q)))[:5]]
     assert found[1] == [1, 0] and found[0] == exact
+    # a layer small enough is scanned, not walked: exact whatever its links
+    scanned = hierarchical_search(q, [bottom, top], [[[] for _ in bottom], [[], []]], inter, k=5, scan_max=40)
+    assert scanned[0] == exact and scanned[1] == [1, 0]
 
 
 def test_an_archrag_index_builds_searches_top_down_and_updates(small_corpus, tmp_path):

@@ -139,10 +139,13 @@ def search_layer(q: np.ndarray, x: np.ndarray, links: list[list[int]], entries: 
 
 
 def hierarchical_search(q: np.ndarray, layers: list[np.ndarray], intra: list[list[list[int]]], inter: list[np.ndarray],
-                        k: int, ef: int | None = None) -> list[list[int]]:
+                        k: int, ef: int | None = None, scan_max: int = 0) -> list[list[int]]:
     """ArchRAG's Algorithm 2 over C-HNSW: the ``k`` nodes nearest to ``q`` in every layer (``[layer 0, layer 1,
     ...]``, best first), found top down: the top layer from its best node, each lower layer from the nodes its
-    upper neighbours link down to."""
+    upper neighbours link down to. A layer of at most ``scan_max`` nodes is scanned instead (exact, and cheaper
+    than a walk over so few nodes); its ``ef`` best still lead down."""
+    from tasks.retrieve import top_k
+
     ef = max(k, ef or k)
     found: list[list[int]] = [[] for _ in layers]
     entries: list[int] = []
@@ -150,9 +153,12 @@ def hierarchical_search(q: np.ndarray, layers: list[np.ndarray], intra: list[lis
         x = layers[li]
         if not len(x):
             continue
-        if li == len(layers) - 1 or not entries:
-            entries = [int(np.argmax(x @ q))]
-        hits = search_layer(q, x, intra[li], entries, ef)
+        if len(x) <= scan_max:
+            hits = [int(i) for i in top_k(x @ q, ef)]
+        else:
+            if li == len(layers) - 1 or not entries:
+                entries = [int(np.argmax(x @ q))]
+            hits = search_layer(q, x, intra[li], entries, ef)
         found[li] = hits[:k]
         entries = sorted({int(inter[li][h]) for h in hits}) if li > 0 else []
     return found
@@ -296,7 +302,7 @@ def fill_archrag(view, ctx, budgets: dict[str, int], cfg) -> None:
         return
     members, layers, intra, inter = view_chnsw(view)
     q = np.asarray(ctx.query_vector, dtype=np.float32)
-    found = hierarchical_search(q, layers, intra, inter, cfg.top_n, cfg.search_ef)
+    found = hierarchical_search(q, layers, intra, inter, cfg.top_n, cfg.search_ef, cfg.search_scan_max)
     sources = "\n".join(c["text"] for c in ctx.chunks)
     words = _words(ctx.question)
 
