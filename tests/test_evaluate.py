@@ -168,7 +168,7 @@ def test_evaluate_budgets_and_vs_naive(monkeypatch, budgets):
     queries = [{"id": "q1", "question": "Which city?", "answer": "Paris", "supporting_passage_ids": ["p1"]},
                {"id": "q2", "question": "b", "supporting_passage_ids": ["p1", "p2"]},
                {"id": "q3", "question": "c", "supporting_passage_ids": []}]
-    results, rows = ev.evaluate(view, lambda texts: [np.zeros(4)] * len(texts), queries, ["hi", "naive"], cfg, budgets)
+    results, rows = ev.evaluate(view, lambda texts: np.ones((len(texts), 4)), queries, ["hi", "naive"], cfg, budgets)
     expect_budget = 2000 if budgets is None else 500
     assert [(r.mode, r.token_budget) for r in results] == [("hi", expect_budget), ("naive", expect_budget)]
     hi, naive = results
@@ -180,7 +180,7 @@ def test_evaluate_budgets_and_vs_naive(monkeypatch, budgets):
         assert hi.passage_recall == 0.0 and hi.recall_at_2 == 0.75
         assert hi.vs_naive["losses"] == 1
     assert hi.answer_in_context == 1.0 and hi.n_answerable == 1
-    assert hi.answer_in_extractive == 1.0  # the one source sentence that holds "city"
+    assert hi.answer_in_extractive == 1.0  # the source sentence, which names Paris
     assert {r["token_budget"] for r in rows} == {expect_budget} and len(rows) == 6
     assert np.isnan(rows[2]["passage_recall"]) and np.isnan(rows[2]["recall_at_5"])
 

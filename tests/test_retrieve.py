@@ -131,10 +131,10 @@ def test_offline_answer_ranks_source_sentences_by_similarity_and_question_words(
     vectors = {"Scrooge sat in his counting-house.": [0.2, 1.0], "Bob had a very small fire.": [0.3, 1.0],
                "Bob had but fifteen bob a week himself.": [1.0, 0.1], "Scrooge employed Bob as his clerk for years.": [0.5, 1.0]}
     embed = lambda texts: np.asarray([vectors[t] for t in texts])  # noqa: E731
-    # cosine + share of {much, scrooge, pay, bob}: fifteen bob .995 + .25; employed .447 + .5; fire .287 + .25
+    # cosine: fifteen bob .995, employed .447, fire .287, counting-house .196
     assert best_sentences(ctx, embed) == [("Bob had but fifteen bob a week himself.", "Stave 3"),
                                           ("Scrooge employed Bob as his clerk for years.", "reasoning path")]
-    # without the model, the question words alone: the path holds two of them, its first rival one
+    # without the model, the share of {much, scrooge, pay, bob}: the path holds two, every other sentence one
     assert best_sentences(ctx, None, k=1) == [("Scrooge employed Bob as his clerk for years.", "reasoning path")]
     assert best_sentences(Context(question="the of", mode="naive", version=1, chunks=ctx.chunks), embed) == []
 
@@ -148,7 +148,7 @@ def test_the_second_sentence_of_the_offline_answer_follows_the_first_ones_names(
     vectors = {"Scrooge employed Bob as his clerk.": [1.0, 0.2], "Scrooge was born in London.": [0.2, 1.0],
                "Bob was born in Camden Town.": [0.3, 1.0]}
     embed = lambda texts: np.asarray([vectors[t] for t in texts])  # noqa: E731
-    # first .98 + .5; then London .196 + .25 + .6 (names Scrooge, whom the question does not) over Camden .287 + .5
+    # first .98; then London .196 + .6 (names Scrooge, whom the question does not) over Camden .287
     assert [s for s, _ in best_sentences(ctx, embed)] == ["Scrooge employed Bob as his clerk.", "Scrooge was born in London."]
 
 
