@@ -418,6 +418,8 @@ def answer_candidates(ctx: Context) -> list[tuple[str, str]]:
     return list(out.items())
 
 
+#: candidates scored, in context order (the sources' ranking first): embedding them is the answer's cost
+MAX_CANDIDATES = 32
 #: added to a second sentence that names something the first names and the question does not (the next hop)
 CHAIN_BONUS = 0.6
 _NAME = re.compile(r"\b[A-Z][\w'-]*(?:\s+(?:of|the|de|van|von)?\s*[A-Z][\w'-]*)*")
@@ -430,13 +432,13 @@ def _names(text: str) -> set[str]:
 
 def best_sentences(ctx: Context, embed: Callable[[list[str]], np.ndarray] | None = None,
                    k: int = 2) -> list[tuple[str, str]]:
-    """The ``k`` answer candidates (``answer_candidates``) that best answer the question: by cosine similarity to
-    the question (``embed``, the question's embedder, with ``ctx.query_vector``; without them, by the share of
-    the question's words each holds); after the first, ``CHAIN_BONUS`` for a sentence that names what the first
+    """The ``k`` of the first ``MAX_CANDIDATES`` answer candidates (``answer_candidates``) that best answer the
+    question: by cosine similarity to the question (``embed``, the question's embedder, with ``ctx.query_vector``;
+    without them, by the share of the question's words each holds); after the first, ``CHAIN_BONUS`` for a sentence that names what the first
     names beyond the question (a multi-hop answer's next step). Ties: earlier first. (Chosen on 50 MuSiQue
     questions: adding the question-word share to the cosine lowered the hit rate; README "The offline answer".)"""
     qwords = {w for w in _WORD.findall(ctx.question.lower()) if w not in _STOP}
-    cands = answer_candidates(ctx)
+    cands = answer_candidates(ctx)[:MAX_CANDIDATES]
     if not qwords or not cands:
         return []
     if embed is not None and ctx.query_vector is not None:
