@@ -635,8 +635,8 @@ def eval_(
 
     Per budget and mode: supporting-passage recall (whole passages only), its paired difference to
     naive with a bootstrap 95 % interval and wins/losses, recall@2/5/10 of the ranking, answer-in-context
-    rate, mean context tokens and retrieval latency p50/p95; writes results.json, per_query.csv and one
-    bar chart per budget."""
+    rate (the gold answer in the context, and in the offline answer's sentences), mean context tokens and
+    retrieval latency p50/p95; writes results.json, per_query.csv and one bar chart per budget."""
     import csv
     import dataclasses
 
