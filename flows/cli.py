@@ -238,7 +238,7 @@ def _print_summary(result: dict[str, Any], seconds: float) -> None:
     out.print(rows)
 
 
-def _inspect_data(index: str, as_of: int | None, runs: int) -> dict[str, Any]:
+def inspect_data(index: str, as_of: int | None, runs: int) -> dict[str, Any]:
     import statistics
 
     from tasks.catalog import Catalog, snapshot_note
@@ -291,7 +291,7 @@ def inspect(
 ) -> None:
     """Row counts of the published snapshot, its version, the layer statistics and the last runs."""
     try:
-        data = _inspect_data(index, as_of, runs)
+        data = inspect_data(index, as_of, runs)
     except Exception as exc:  # noqa: BLE001
         _fail(exc)
     if as_json:
@@ -616,6 +616,40 @@ def shell(
                 out.print(f"  [{c['score']:.3f}] {c['title']}: {c['text'][:160]}", markup=False, highlight=False)
     with contextlib.suppress(OSError):
         readline.write_history_file(history)
+
+
+@app.command()
+def serve(
+    index: str = IndexOpt,
+    host: Optional[str] = typer.Option(None, help="Interface to bind (default serve.host: 127.0.0.1, this machine only)."),
+    port: Optional[int] = typer.Option(None, help="Port (default serve.port: 8000)."),
+    config: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
+) -> None:
+    """An HTTP query service over the published snapshot, safe while updates publish new ones.
+
+    POST /query {question, mode?, token_budget?, as_of?} answers as `strata query --json` does; GET /snapshots,
+    /index (inspect --json), /healthz, /readyz; OpenAPI at /docs; a query explorer page at /. A newly published
+    snapshot is used from the next request on, without a restart; each response names its version. Settings
+    under [serve]: max_concurrency (then 503 + Retry-After), max_budget, max_request_bytes, api_key_env (bearer
+    token auth)."""
+    import uvicorn
+
+    from flows.serve import create_app
+
+    try:
+        cfg = load_config(config, _overrides(set_))
+        from tasks.catalog import Catalog
+
+        Catalog(index).require_snapshot()
+    except ConfigError as exc:
+        _fail(exc, 2)
+    except Exception as exc:  # noqa: BLE001
+        _fail(exc)
+    host, port = host or cfg.serve.host, port or cfg.serve.port
+    auth = "bearer token from $" + cfg.serve.api_key_env if cfg.serve.api_key_env and os.environ.get(cfg.serve.api_key_env) else "none"
+    console.print(f"serving {index} on http://{host}:{port}  (docs /docs, explorer /, auth: {auth})")
+    uvicorn.run(create_app(index, cfg), host=host, port=port, log_level="warning")
 
 
 @app.command(name="eval")

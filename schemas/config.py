@@ -233,6 +233,18 @@ class LLMConfig(_Section):
     output_cost_per_mtok: float | None = Field(None, ge=0, description="USD per million completion tokens (see above).")
 
 
+class ServeConfig(_Section):
+    """``strata serve``: the HTTP query service."""
+
+    host: str = Field("127.0.0.1", description="Interface to bind (127.0.0.1: this machine only).")
+    port: int = Field(8000, ge=1, le=65535)
+    max_concurrency: int = Field(8, gt=0, description="Queries answered at once; more get 503 with Retry-After.")
+    max_budget: int = Field(16000, ge=100, description="Largest token_budget a request may ask for (larger: 422).")
+    max_request_bytes: int = Field(65536, gt=0, description="Largest request body (larger: 413).")
+    api_key_env: str = Field("", description="Name of an environment variable holding a bearer token; when it is set, "
+                                            "every route but /healthz and /readyz requires it. Empty: no auth.")
+
+
 class StrataConfig(_Section):
     seed: int = 42
     index: IndexConfig = Field(default_factory=IndexConfig)
@@ -248,6 +260,7 @@ class StrataConfig(_Section):
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
     incremental: IncrementalConfig = Field(default_factory=IncrementalConfig)
     llm: LLMConfig = Field(default_factory=LLMConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
 
     def fingerprint(self) -> dict[str, Any]:
         """The parameters a run records: never the API key."""

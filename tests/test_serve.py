@@ -1,0 +1,130 @@
+"""`strata serve`: every route, bad requests, auth, saturation, and queries while an update publishes."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from flows.pipeline import build_index, update_index
+from flows.serve import create_app
+from schemas.config import load_config
+from tasks.catalog import Catalog
+from tests.conftest import SMALL
+
+OVERRIDES = {"chunking": SMALL["chunking"], "extract": SMALL["extract"], "dask": {"processes": False}}
+
+
+@pytest.fixture(scope="module")
+def served_index(small_corpus, tmp_path_factory) -> Path:
+    index = tmp_path_factory.mktemp("serve") / "index"
+    build_index(str(small_corpus), Catalog(index), load_config(overrides=OVERRIDES))
+    return index
+
+
+def _client(index: Path, **serve) -> TestClient:
+    return TestClient(create_app(str(index), load_config(overrides={**OVERRIDES, "serve": serve})))
+
+
+def test_routes_answer_as_the_cli_does_and_bad_requests_get_a_4xx_with_a_message(served_index):
+    with _client(served_index, max_budget=8000, max_request_bytes=2000) as client:
+        assert client.get("/healthz").json() == {"status": "ok"}
+        assert client.get("/readyz").json() == {"status": "ready"}
+        res = client.post("/query", json={"question": "Who was Scrooge's clerk?"})
+        assert res.status_code == 200, res.text
+        body = res.json()
+        assert body["version"] == 1 and body["mode"] == "hi" and body["answer"]["kind"] == "extractive"
+        assert body["chunks"] and all(c["source_id"] for c in body["chunks"]) and "retrieval_ms" in body
+        naive = client.post("/query", json={"question": "Who was Scrooge's clerk?", "mode": "naive", "token_budget": 500})
+        assert naive.json()["mode"] == "naive" and sum(naive.json()["tokens"].values()) <= 500
+        assert [s["version"] for s in client.get("/snapshots").json()] == [1]
+        info = client.get("/index").json()
+        assert info["method"] == "hirag" and "hi" in info["modes"] and info["tables"]["chunks"] > 0
+        assert "/query" in client.get("/openapi.json").json()["paths"] and client.get("/docs").status_code == 200
+        assert 'id="question"' in client.get("/").text
+        for payload, status, says in (
+            ({"question": "   "}, 422, "question is empty"),
+            ({"question": "q", "mode": "fast"}, 422, "mode 'fast' is not offered"),
+            ({"question": "q", "mode": "hygrag"}, 422, "not offered by this hirag index"),
+            ({"question": "q", "token_budget": 50}, 422, "between 100 and 8000"),
+            ({"question": "q", "token_budget": 9000}, 422, "between 100 and 8000"),
+            ({"question": "q", "as_of": 7}, 404, "snapshot version 7 not found"),
+            ({"question": "x" * 3000}, 413, "over 2000 bytes"),
+        ):
+            res = client.post("/query", json=payload)
+            assert res.status_code == status and says in str(res.json()["detail"]), (payload, res.text)
+        assert client.post("/query", json={"mode": "hi"}).status_code == 422  # no question at all
+
+
+def test_auth_guards_every_route_but_the_health_checks(served_index, monkeypatch, caplog):
+    monkeypatch.setenv("STRATA_TEST_SERVE_KEY", "s3cret-token")
+    with _client(served_index, api_key_env="STRATA_TEST_SERVE_KEY") as client:
+        assert client.get("/healthz").status_code == 200 and client.get("/readyz").status_code == 200
+        for path in ("/snapshots", "/index", "/openapi.json"):
+            assert client.get(path).status_code == 401
+        assert client.post("/query", json={"question": "Who was Scrooge's clerk?"}).status_code == 401
+        wrong = {"Authorization": "Bearer nope"}
+        assert client.post("/query", json={"question": "q"}, headers=wrong).status_code == 401
+        right = {"Authorization": "Bearer s3cret-token"}
+        assert client.post("/query", json={"question": "Who was Scrooge's clerk?"}, headers=right).status_code == 200
+        assert client.get("/snapshots", headers=right).status_code == 200
+    assert "s3cret-token" not in caplog.text
+    with _client(served_index) as client:  # no api_key_env: open
+        assert client.get("/snapshots").status_code == 200
+
+
+def test_a_saturated_service_answers_503_with_retry_after(served_index, monkeypatch):
+    from flows import serve
+
+    entered, release = threading.Event(), threading.Event()
+    real = serve.Service.answer
+
+    def slow(self, req):
+        entered.set()
+        release.wait(30)
+        return real(self, req)
+
+    monkeypatch.setattr(serve.Service, "answer", slow)
+    with _client(served_index, max_concurrency=1) as client:
+        first: dict = {}
+        worker = threading.Thread(target=lambda: first.update(res=client.post("/query", json={"question": "Scrooge?"})))
+        worker.start()
+        assert entered.wait(30)
+        busy = client.post("/query", json={"question": "Marley?"})
+        assert busy.status_code == 503 and busy.headers["Retry-After"] == "1" and "already running" in busy.json()["detail"]
+        release.set()
+        worker.join(60)
+        assert first["res"].status_code == 200
+
+
+def test_queries_during_a_publish_all_succeed_on_one_version_each_and_the_new_one_is_picked_up(
+        served_index, small_corpus, tmp_path):
+    index, corpus = tmp_path / "index", tmp_path / "corpus"
+    shutil.copytree(served_index, index)
+    shutil.copytree(small_corpus, corpus)
+    (corpus / "fezziwig.md").write_text("# Fezziwig\n\nOld Fezziwig was the merchant to whom young Ebenezer Scrooge "
+                                        "was apprenticed.\n", encoding="utf-8")
+    cfg = load_config(overrides=OVERRIDES)
+    with _client(index) as client:
+        versions, failures = [], []
+        done = threading.Event()
+
+        def publish():
+            try:
+                update_index(str(corpus), Catalog(index), cfg, replace_root=str(small_corpus))
+            finally:
+                done.set()
+
+        threading.Thread(target=publish).start()
+        while not done.is_set() or not versions:
+            res = client.post("/query", json={"question": "Who was apprenticed to Fezziwig?", "mode": "naive"})
+            (versions if res.status_code == 200 else failures).append(res.json().get("version", res.text))
+        assert not failures and set(versions) <= {1, 2}
+        after = client.post("/query", json={"question": "Who was apprenticed to Fezziwig?", "mode": "naive"}).json()
+        assert after["version"] == 2 and any("Fezziwig" in c["text"] for c in after["chunks"])
+        pinned = client.post("/query", json={"question": "Who was apprenticed to Fezziwig?", "as_of": 1}).json()
+        assert pinned["version"] == 1
+        assert [s["version"] for s in client.get("/snapshots").json()] == [2, 1]
