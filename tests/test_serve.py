@@ -128,3 +128,12 @@ def test_queries_during_a_publish_all_succeed_on_one_version_each_and_the_new_on
         pinned = client.post("/query", json={"question": "Who was apprenticed to Fezziwig?", "as_of": 1}).json()
         assert pinned["version"] == 1
         assert [s["version"] for s in client.get("/snapshots").json()] == [2, 1]
+
+
+def test_serve_refuses_an_index_that_is_not_there(tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    res = CliRunner().invoke(app, ["serve", "--index", str(tmp_path / "none")])
+    assert res.exit_code == 1 and "no published index" in res.output

@@ -1,0 +1,131 @@
+"""Load test of `strata serve` on 127.0.0.1 (prints figures; not a test).
+
+Starts ``strata serve`` on a free local port over ``--index``, waits for /readyz, then sends ``--requests``
+POST /query requests (the dataset's questions in turn) with at most ``--concurrency`` in flight, once per
+concurrency given. A 503 (the service saturated) is retried after its Retry-After and counted; any other
+non-200 is a failure. With ``--publish-during CORPUS`` (the folder the index was built from), two documents
+are added to it one after the other and ``strata update`` publishes each while the last run is under way (it
+goes on past ``--requests`` until both are published): every response must name one of the published
+versions, and the versions must change during the run.
+
+    .venv/bin/python benchmarks/bench_serve.py --index ./musique-index --dataset ../shared/datasets/musique \\
+        [--requests 2000] [--concurrency 16 --concurrency 64] [--publish-during CORPUS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+STRATA = Path(sys.executable).parent / "strata"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def load(base: str, questions: list[str], n: int, concurrency: int, until=None) -> dict:
+    """``n`` requests by ``concurrency`` workers (and on, while ``until()`` is false)."""
+    latencies, versions, failures = [], Counter(), []
+    state = {"sent": 0, "retries": 0}
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while state["sent"] < n or (until is not None and not until()):
+            i = state["sent"]
+            state["sent"] += 1
+            t0 = time.perf_counter()
+            while True:
+                res = await client.post(f"{base}/query", json={"question": questions[i % len(questions)]})
+                if res.status_code != 503:
+                    break
+                state["retries"] += 1
+                await asyncio.sleep(float(res.headers.get("Retry-After", "1")) / 10)
+            latencies.append(time.perf_counter() - t0)
+            if res.status_code == 200:
+                versions[res.json()["version"]] += 1
+            else:
+                failures.append(f"{res.status_code} {res.text[:200]}")
+
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient(timeout=120) as client:
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+    wall = time.perf_counter() - t0
+    ms = np.asarray(latencies) * 1000
+    return {"concurrency": concurrency, "requests": state["sent"], "wall_s": round(wall, 1),
+            "per_s": round(state["sent"] / wall, 1), "p50_ms": round(float(np.percentile(ms, 50)), 1),
+            "p99_ms": round(float(np.percentile(ms, 99)), 1), "failures": len(failures),
+            "retried_503": state["retries"], "versions": dict(sorted(versions.items())), "first_failures": failures[:3]}
+
+
+def publish_twice(corpus: Path, index: str, env: dict[str, str], published: list[int]) -> None:
+    for i in range(2):
+        time.sleep(5)
+        (corpus / f"bench-serve-{i}.txt").write_text(
+            f"Bench note {i}: Ada Lovelace wrote the first published algorithm for Babbage's engine.\n", encoding="utf-8")
+        subprocess.run([str(STRATA), "update", str(corpus), "--index", index, "--quiet"], check=True, env=env,
+                       stdout=subprocess.DEVNULL)
+        out = subprocess.run([str(STRATA), "inspect", "--index", index, "--json"], check=True, env=env, capture_output=True,
+                             text=True).stdout
+        published.append(json.loads(out)["version"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--index", required=True)
+    ap.add_argument("--dataset", help="a folder with queries.jsonl (default: a few fixed questions)")
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--concurrency", type=int, action="append", help="repeatable (default 16 and 64)")
+    ap.add_argument("--publish-during", type=Path, help="the index's corpus folder: two updates publish during the last run")
+    args = ap.parse_args()
+    questions = (["Who was Scrooge's clerk?", "What did Marley's ghost warn?", "Who is Tiny Tim?"] if not args.dataset else
+                 [json.loads(line)["question"] for line in (Path(args.dataset) / "queries.jsonl").read_text().splitlines()])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    port = free_port()
+    server = subprocess.Popen([str(STRATA), "serve", "--index", args.index, "--port", str(port)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if server.poll() is not None:
+                raise SystemExit(f"strata serve exited: {server.stderr.read()[-2000:]}")
+            time.sleep(0.5)
+        before = httpx.get(f"{base}/snapshots").json()[0]["version"]
+        runs = args.concurrency or [16, 64]
+        for i, c in enumerate(runs):
+            published: list[int] = []
+            pub = None
+            if args.publish_during and i == len(runs) - 1:
+                pub = threading.Thread(target=publish_twice, args=(args.publish_during, args.index, env, published))
+                pub.start()
+            result = asyncio.run(load(base, questions, args.requests, c, (lambda: not pub.is_alive()) if pub else None))
+            if pub:
+                pub.join()
+                result["published_during"] = published
+                result["versions_ok"] = set(result["versions"]) <= {before, *published} and len(result["versions"]) > 1
+            print(json.dumps(result), flush=True)
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+if __name__ == "__main__":
+    main()
