@@ -2,7 +2,7 @@
 
 Starts ``strata serve`` on a free local port over ``--index``, waits for /readyz, then sends ``--requests``
 POST /query requests (the dataset's questions in turn) with at most ``--concurrency`` in flight, once per
-concurrency given. A 503 (the service saturated) is retried after its Retry-After and counted; any other
+concurrency given. A 503 (the service saturated) is retried after a tenth of its Retry-After and counted; any other
 non-200 is a failure. With ``--publish-during CORPUS`` (the folder the index was built from), two documents
 are added to it one after the other and ``strata update`` publishes each while the last run is under way (it
 goes on past ``--requests`` until both are published): every response must name one of the published
