@@ -251,6 +251,7 @@ def inspect_data(index: str, as_of: int | None, runs: int) -> dict[str, Any]:
     sizes: dict[int, list[int]] = {}
     for level, size in zip(comms.column("level").to_pylist(), comms.column("size").to_pylist()):
         sizes.setdefault(level, []).append(size)
+    counted = {k["values"] for k in kinds}
     return {
         "index": cat.uri,
         "version": snap["version"],
@@ -266,6 +267,7 @@ def inspect_data(index: str, as_of: int | None, runs: int) -> dict[str, Any]:
             for l in sorted(layers, key=lambda r: r["layer"])
         ],
         "relations_by_kind": {k["values"]: k["counts"] for k in sorted(kinds, key=lambda k: k["values"])},
+        "nodes": node_counts(cat, snap, with_links=bool(counted & {"chnsw", "chnsw_down"})),
         "communities": [{"level": level, "count": len(v), "min_size": min(v), "median_size": statistics.median(v),
                          "max_size": max(v)} for level, v in sorted(sizes.items())],
         "runs": [
@@ -279,6 +281,22 @@ def inspect_data(index: str, as_of: int | None, runs: int) -> dict[str, Any]:
         ],
         "versions": [{"version": s["version"], "created_at": s["created_at"].isoformat(), "kind": s["kind"]} for s in cat.snapshots()],
     }
+
+
+def node_counts(cat, snap: dict[str, Any], with_links: bool) -> list[dict[str, int]]:
+    """Entities per layer and, for an ArchRAG index, its C-HNSW links per layer: ``chnsw`` (within the layer, counted
+    at the node they leave) and ``chnsw_down`` (from the layer to the one below)."""
+    import polars as pl
+
+    ents = pl.from_arrow(cat.read("entities", snap=snap, columns=["id", "layer"]))
+    per = ents.group_by("layer").agg(nodes=pl.len())
+    if with_links:
+        links = (pl.from_arrow(cat.read("relations", snap=snap, columns=["source_id", "kind"]))
+                 .filter(pl.col("kind").is_in(["chnsw", "chnsw_down"]))
+                 .join(ents.rename({"id": "source_id"}), on="source_id")
+                 .group_by("layer").agg(chnsw=(pl.col("kind") == "chnsw").sum(), chnsw_down=(pl.col("kind") == "chnsw_down").sum()))
+        per = per.join(links, on="layer", how="left").fill_null(0)
+    return per.sort("layer").to_dicts()
 
 
 @app.command()
@@ -315,6 +333,13 @@ def inspect(
             lt.add_row(*[("" if l[c] is None else f"{l[c]:.4f}" if isinstance(l[c], float) else str(l[c])) for c in
                          ("layer", "n_entities", "n_clusters", "cluster_sparsity", "change_rate", "stop_reason")])
         out.print(lt)
+    if any("chnsw" in n for n in data["nodes"]):
+        nt = Table(title="C-HNSW links per layer")
+        for col in ("layer", "nodes", "chnsw", "chnsw_down"):
+            nt.add_column(col, justify="right")
+        for n in data["nodes"]:
+            nt.add_row(*(str(n[k]) for k in ("layer", "nodes", "chnsw", "chnsw_down")))
+        out.print(nt)
     if data["communities"]:
         ct = Table(title="communities per level")
         for col in ("level", "count", "min_size", "median_size", "max_size"):

@@ -92,6 +92,11 @@ def test_an_archrag_index_builds_searches_top_down_and_updates(small_corpus, tmp
     n_entities = data["tables"]["entities"]
     assert data["relations_by_kind"]["chnsw"] >= n_entities  # every node links to its nearest of its layer ...
     assert data["relations_by_kind"]["chnsw_down"] == n_entities - built[0]["n_entities"]  # ... and above 0, down
+    per_layer = {n["layer"]: n for n in data["nodes"]}
+    assert sum(n["nodes"] for n in data["nodes"]) == n_entities and per_layer[0]["chnsw_down"] == 0
+    assert all(n["chnsw"] >= n["nodes"] for n in data["nodes"] if n["nodes"] > 1)  # each node links within its layer
+    assert all(n["chnsw_down"] == n["nodes"] for layer, n in per_layer.items() if layer > 0)  # and, above 0, down
+    assert sum(n["chnsw"] for n in data["nodes"]) == data["relations_by_kind"]["chnsw"]
     out = runner.invoke(app, ["query", "Who was Scrooge's clerk?", "--index", str(tmp_path / "index"), "--json"])
     assert out.exit_code == 0, out.output
     answer = json.loads(out.stdout)
