@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -138,7 +139,15 @@ def test_extraction_and_embedding_on_an_external_dask_cluster(tmp_path, small_co
         assert res.exit_code == 0, res.output
         from tests.test_golden_tables import table_digests
 
-        assert table_digests(tmp_path / "index") == table_digests(tmp_path / "local")
+        # every id, row and layer statistic equal; vectors equal up to float rounding (a worker runs the model
+        # with one thread, so kernels may sum in another order: bf16 autocast shows it in the last bits)
+        assert table_digests(tmp_path / "index", ("vector",)) == table_digests(tmp_path / "local", ("vector",))
+        remote_cat, local_cat = Catalog(tmp_path / "index"), Catalog(tmp_path / "local")
+        for name in ("chunks", "entities", "community_reports"):
+            a, b = (c.read(name, snap=c.require_snapshot()) for c in (remote_cat, local_cat))
+            va, vb = (np.array(t.column("vector").to_pylist(), dtype=np.float32) for t in (a, b))
+            assert a.column("id") == b.column("id") and va.shape == vb.shape
+            assert float(np.min(np.sum(va * vb, axis=1))) > 0.999, name
         assert json.loads(embedded["stage_counts"])["embed"]["vectors"] > 0
     finally:
         for p in procs:
