@@ -70,8 +70,21 @@ def run_stages(run: "PipelineRun") -> BuildResult:
     layer0, chunk_vectors = embed(run, layer0, chunks)
     hierarchy = run.method.update(run, layer0) if run.snap else run.method.build(run, layer0)
     tables = assemble(run, delta, documents, chunks, chunk_vectors, layer0, hierarchy, mentions)
+    # from here on the tables hold every row: the Python rows and vector matrices they were made from go
+    del documents, chunks, chunk_vectors, mentions
+    delta = replace(delta, incoming=[], kept=[])
+    layer0, hierarchy = summary_of(layer0, hierarchy)
+    run.forget_previous()
     validate(run, tables)
     return publish(run, delta, tables, layer0, hierarchy)
+
+
+def summary_of(layer0: Layer0, hierarchy: Hierarchy) -> tuple[Layer0, Hierarchy]:
+    """What publish still reads of a run's layer 0 and hierarchy (the ids added, the layer statistics), without
+    their rows and vectors: at 100k chunks those are a gigabyte beside the assembled tables."""
+    empty = np.zeros((0, 0), np.float32)
+    return (Layer0([], empty, layer0.relations.slice(0, 0), added=layer0.added),
+            Hierarchy([], empty, [], [], [], empty, hierarchy.layers))
 
 
 # ---------------------------------------------------------------------------- the run
@@ -147,6 +160,10 @@ class PipelineRun:
             self._previous[name] = (self.catalog.read(name, snap=self.snap) if self.snap
                                     else schema_for(name, 0).empty_table())
         return self._previous[name]
+
+    def forget_previous(self) -> None:
+        """Drop the previous snapshot's tables read so far (read again if asked for)."""
+        self._previous.clear()
 
     def previous_rows(self, name: str) -> list[dict[str, Any]]:
         return plain_rows(self.previous(name))

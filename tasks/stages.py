@@ -65,12 +65,34 @@ class Stages:
             self.log[name] = {"seconds": round(time.perf_counter() - started, 3), **stage.counts, "failed": 1}
             self.reporter.finish(name, "FAILED")
             raise
+        release_memory()
         self.log[name] = {"seconds": round(time.perf_counter() - started, 3), **stage.counts, **memory()}
         self.reporter.finish(name, stage.summary)
 
     def record(self, name: str, seconds: float, **counts: float) -> None:
         """A log entry for something timed outside a stage (waiting for the Dask cluster)."""
         self.log[name] = {"seconds": round(seconds, 3), **counts}
+
+
+def release_memory() -> None:
+    """Hand what a finished stage freed back to the system. Each allocator keeps freed memory for its own reuse
+    only: glibc's (Python objects, token counts, lists of ids), Arrow's pool, polars' jemalloc (told to return
+    it by ``flows.env``). What one stage freed in one of them would otherwise stay resident while the next stage
+    allocates in another (5k chunks: 110 MB after the merge)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        import pyarrow as pa
+
+        pa.default_memory_pool().release_unused()
+    except Exception:  # noqa: BLE001 - a pool without the call
+        pass
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def memory() -> dict[str, float]:

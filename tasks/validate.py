@@ -160,13 +160,15 @@ def _parts(table: Any):
     return table.parts() if isinstance(table, SpilledTable) else [table]
 
 
-def validate_tables(tables: dict[str, Any], dim: int, batch_rows: int = 200_000) -> ValidationReport:
+def validate_tables(tables: dict[str, Any], dim: int, batch_rows: int = 100_000) -> ValidationReport:
     """Run each table's suite; cross-table references are resolved within ``tables``.
 
     Tables are validated in slices of ``batch_rows`` rows, each read into pandas with only the columns its
     suite names, so memory stays bounded however large a table grows (failure counts add up over slices)."""
     import great_expectations as gx
+
     from schemas.expectations import suites
+    from tasks.stages import release_memory
 
     def ids(name: str) -> list[str]:
         return tables[name].column("id").to_pylist() if name in tables else []
@@ -214,5 +216,6 @@ def validate_tables(tables: dict[str, Any], dim: int, batch_rows: int = 200_000)
                     "table": name, "expectation": kind, "column": column, "unexpected_count": 0, "sample": sample})
                 entry["unexpected_count"] += r.result.get("unexpected_count") or 0
         report.failures += list(failed.values())
+        release_memory()  # the next table's frames start from what this one's freed
     report.success = not report.failures
     return report
