@@ -490,7 +490,7 @@ def query(
     from tasks.embed import check_dimension, question_embedder
     from tasks.answer import answer as make_answer
     from tasks.llm_client import LiteLLMClient
-    from tasks.retrieve import MODES, index_modes, load_view, retrieve
+    from tasks.retrieve import MODES, index_modes, load_view, remember_view, retrieve
 
     if not question.strip():
         _fail(ValueError("the question is empty: ask something, e.g. strata query \"Who employed Bob Cratchit?\""), 2)
@@ -512,6 +512,7 @@ def query(
         _fail(exc, 2)
     except Exception as exc:  # noqa: BLE001
         _fail(exc)
+    remember_view(view)  # the next `strata query` on this snapshot starts from it
     data = ctx.as_dict() | {"answer": answer, "retrieval_ms": round(ms, 1)}
     if as_json:
         out.print_json(json.dumps(data, default=str))

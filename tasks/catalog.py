@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import time
@@ -21,7 +22,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import lancedb
 import pyarrow as pa
 
 from schemas.tables import LOG_TABLES, SNAPSHOT_TABLES, schema_for
@@ -150,7 +150,14 @@ class Catalog:
         else:
             self.root = None
             self._db_uri = self.uri.rstrip("/") + "/lance"
-        self.db = lancedb.connect(self._db_uri)
+
+    @functools.cached_property
+    def db(self):
+        """The LanceDB connection, opened on first use (importing LanceDB takes about a second: a query answered
+        from a cached view never needs it)."""
+        import lancedb
+
+        return lancedb.connect(self._db_uri)
 
     # ------------------------------------------------------------------ locations
     @property

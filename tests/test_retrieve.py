@@ -197,3 +197,39 @@ def test_vector_tables_past_the_threshold_are_searched_through_their_index(tmp_p
     assert sorted(np.flatnonzero(top2 > -1)) == [exact.ent_index["A"], exact.ent_index["B"]]
     for mode in ("hi", "naive"):
         assert retrieve(indexed, "Alpha?", Q, mode, CFG).text() == retrieve(exact, "Alpha?", Q, mode, CFG).text()
+
+
+def test_a_view_left_on_disk_is_read_while_its_snapshot_is_the_latest_and_ignored_after(tmp_path):
+    import json
+
+    from tasks import retrieve as R
+
+    build(tmp_path)
+    cat = Catalog(tmp_path / "idx")
+    R._VIEWS.clear()
+    first = R.load_view(cat)
+    assert not first.from_disk and first.lance_version is not None
+    expected = retrieve(first, "Alpha", Q, "hi", CFG).as_dict()  # builds the BM25 index and the passage graph
+    R.remember_view(first)
+    head = json.loads((cat.cache_dir / "views" / "head.json").read_text())
+    assert head["version"] == 1 and (cat.cache_dir / "views" / head["file"]).exists()
+
+    R._VIEWS.clear()  # another process: the view comes from disk, LanceDB untouched
+    fresh = Catalog(tmp_path / "idx")
+    again = R.load_view(fresh)
+    assert again.from_disk and "db" not in fresh.__dict__
+    assert retrieve(again, "Alpha", Q, "hi", CFG).as_dict() == expected
+    R.remember_view(again)  # nothing to write: it came from there
+
+    # a publish appends to _snapshots: the copy no longer names the latest snapshot
+    cat.publish({"layers": cat.read("layers")}, "run2", "incremental", DIM)
+    R._VIEWS.clear()
+    newer = R.load_view(Catalog(tmp_path / "idx"))
+    assert not newer.from_disk and newer.version == 2
+    R.remember_view(newer)
+    # a damaged copy is ignored, not fatal
+    (cat.cache_dir / "views" / "view-v2.pkl").write_bytes(b"not a pickle")
+    R._VIEWS.clear()
+    damaged = R.load_view(Catalog(tmp_path / "idx"))
+    assert not damaged.from_disk and damaged.version == 2
+    R._VIEWS.clear()
