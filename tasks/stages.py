@@ -78,11 +78,10 @@ def release_memory() -> None:
     """Hand what a finished stage freed back to the system. Each allocator keeps freed memory for its own reuse
     only: glibc's (Python objects, token counts, lists of ids), Arrow's pool, polars' jemalloc (told to return
     it by ``flows.env``). What one stage freed in one of them would otherwise stay resident while the next stage
-    allocates in another (5k chunks: 110 MB after the merge)."""
+    allocates in another (5k chunks: 110 MB after the merge). No ``gc.collect()``: the rows are freed by
+    reference counting, and a full collection of a long-lived process's heap costs seconds."""
     import ctypes
-    import gc
 
-    gc.collect()
     try:
         import pyarrow as pa
 
