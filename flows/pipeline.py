@@ -73,13 +73,13 @@ def run_stages(run: "PipelineRun") -> BuildResult:
     # from here on the tables hold every row: the Python rows and vector matrices they were made from go
     del documents, chunks, chunk_vectors, mentions
     delta = replace(delta, incoming=[], kept=[])
-    layer0, hierarchy = summary_of(layer0, hierarchy)
+    layer0, hierarchy = what_publish_reads(layer0, hierarchy)
     run.forget_previous()
     validate(run, tables)
     return publish(run, delta, tables, layer0, hierarchy)
 
 
-def summary_of(layer0: Layer0, hierarchy: Hierarchy) -> tuple[Layer0, Hierarchy]:
+def what_publish_reads(layer0: Layer0, hierarchy: Hierarchy) -> tuple[Layer0, Hierarchy]:
     """What publish still reads of a run's layer 0 and hierarchy (the ids added, the layer statistics), without
     their rows and vectors: at 100k chunks those are a gigabyte beside the assembled tables."""
     empty = np.zeros((0, 0), np.float32)
