@@ -119,7 +119,7 @@ class PipelineRun:
         self.location = str(Path(corpus).expanduser().resolve())
         self.root = self.location  # the corpus root the documents belong to (see corpus_root)
         self._embedder = None
-        self._previous: dict[str, pa.Table] = {}
+        self._previous: dict[tuple[str, tuple[str, ...] | None, str | None], pa.Table] = {}
 
     @property
     def spill_dir(self) -> Path:
@@ -154,16 +154,23 @@ class PipelineRun:
     def embed(self, texts: list[str], progress=None) -> np.ndarray:
         return self.embedder.embed(texts, progress)
 
-    def previous(self, name: str) -> pa.Table:
-        """A table of the snapshot this run updates (empty for a build), read once."""
-        if name not in self._previous:
-            self._previous[name] = (self.catalog.read(name, snap=self.snap) if self.snap
-                                    else schema_for(name, 0).empty_table())
-        return self._previous[name]
+    def previous(self, name: str, columns: tuple[str, ...] | None = None, where: str | None = None) -> pa.Table:
+        """A table of the snapshot this run updates (empty for a build), whole or only ``columns``, all rows or
+        those matching the SQL filter ``where``; read once."""
+        key = (name, columns, where)
+        if key not in self._previous:
+            if self.snap:
+                table = self.catalog.read(name, snap=self.snap, columns=list(columns) if columns else None, where=where)
+            else:
+                table = schema_for(name, 0).empty_table()
+                table = table.select(list(columns)) if columns else table
+            self._previous[key] = table
+        return self._previous[key]
 
-    def forget_previous(self) -> None:
-        """Drop the previous snapshot's tables read so far (read again if asked for)."""
-        self._previous.clear()
+    def forget_previous(self, name: str | None = None) -> None:
+        """Drop the previous snapshot's tables read so far, or those of table ``name`` (read again if asked for)."""
+        for key in [k for k in self._previous if name in (None, k[0])]:
+            del self._previous[key]
 
     def previous_rows(self, name: str) -> list[dict[str, Any]]:
         return plain_rows(self.previous(name))
@@ -233,7 +240,7 @@ def ingest(run: PipelineRun) -> Delta:
                        f"(if {run.location} is the new place of one of them: --replace-root THAT_ROOT)")
         st.done(summary, **diff.counts(), new_root=int(root not in indexed))
     gone = {d["id"] for d in diff.deleted}
-    chunks = run.previous("chunks")
+    chunks = run.previous("chunks", CHUNK_PLACE)
     gone_chunks = {c for c, d in zip(chunks.column("id").to_pylist(), chunks.column("document_id").to_pylist()) if d in gone}
     return Delta(root, diff.new + diff.changed, [d for d in run.previous_rows("documents") if d["id"] not in gone],
                  gone, gone_chunks, diff.counts(), digest, len(ingested.documents))
@@ -310,19 +317,25 @@ def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: SpilledTa
     cfg = run.cfg
     with run.stage("merge") as st:
         stored = (lambda columns: run.catalog.batches("mentions", run.snap, columns)) if run.snap else None
-        layer0, mentions = st.run(_layer0, stored, run.previous_rows("entities"),
+        old_entities = run.previous("entities", ENTITY_FIELDS, "layer = 0")
+        layer0, mentions = st.run(_layer0, stored, plain_rows(old_entities),
                                   run.previous("relations"), delta.gone_chunks, new,
                                   cfg.extract.max_description_tokens, chunk_order(run, delta, chunks))
+        run.forget_previous("relations")  # layer 0's relations replace them (the attachment reads summary_of links)
         st.done(f"{len(layer0.entities)} entities, {layer0.relations.num_rows} relations", entities=len(layer0.entities),
                 relations=layer0.relations.num_rows, added=len(layer0.added), removed=len(layer0.removed),
                 changed=len(layer0.changed))
     return layer0, mentions
 
 
+ENTITY_FIELDS = tuple(n for n in schema_for("entities", 0).names if n not in ("vector", "version"))
+CHUNK_PLACE = ("id", "document_id", "chunk_index")  # what an update reads of the previous chunks before assemble
+
+
 def chunk_order(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]) -> ChunkOrder:
     """Every live chunk's place in the corpus: (its document's source id, its position in the document)."""
     source = {d["id"]: d["source_id"] for d in delta.kept + delta.incoming}
-    old = run.previous("chunks")
+    old = run.previous("chunks", CHUNK_PLACE)
     pairs = zip(old.column("id").to_pylist(), old.column("document_id").to_pylist(), old.column("chunk_index").to_pylist())
     return {cid: (source.get(doc, ""), pos) for cid, doc, pos in
             [*pairs, *((c["id"], c["document_id"], c["chunk_index"]) for c in chunks)]}
@@ -341,7 +354,7 @@ def _layer0(stored, old_entities, old_relations, gone: set[str], new_mentions: p
     new_mentions = new_mentions.read_all()  # an update's new mentions: its delta's, held in memory
     leaving = pa.array(sorted(gone), pa.string())
     touched = set(new_mentions.column("key").to_pylist())
-    for batch in stored(["chunk_id", "key"]):  # the keys of the chunks that go
+    for batch in stored(["chunk_id", "key"]) if gone else ():  # the keys of the chunks that go
         touched |= set(batch.filter(pc.is_in(batch.column("chunk_id"), value_set=leaving)).column("key").to_pylist())
     select = stored_mention_select(lambda: stored(list(MENTION_COLUMNS)), gone, new_mentions)
     entities, relations, added, removed, changed = recompute_layer0(
@@ -368,7 +381,7 @@ def _embed_layer0(run: PipelineRun, layer0: Layer0, entity_texts: list[str], chu
     dim = run.embedder.dim
     fresh = iter(run.embed(entity_texts, progress))
     chunk_vectors = run.embed(chunk_texts, progress)
-    old = run.previous("entities")
+    old = run.previous("entities", ("id", "vector"), "layer = 0")
     kept = dict(zip(old.column("id").to_pylist(), vector_matrix(old))) if old.num_rows else {}
     redo = layer0.added | layer0.changed
     rows = [next(fresh) if e["id"] in redo else kept[e["id"]] for e in layer0.entities]

@@ -216,8 +216,9 @@ class Catalog:
         return tbl
 
     def read(self, name: str, as_of: int | None = None, snap: dict[str, Any] | None = None,
-             columns: list[str] | None = None) -> pa.Table:
-        """A table (of the snapshot), whole or only ``columns`` (the others are never read)."""
+             columns: list[str] | None = None, where: str | None = None) -> pa.Table:
+        """A table (of the snapshot), whole or only ``columns`` (the others are never read), all rows or those
+        matching the SQL filter ``where`` (read with the filter pushed down)."""
         snap = snap if snap is not None else (self.snapshot(as_of) if name not in LOG_TABLES else None)
         dim = (snap or {}).get("dim") or 384
         try:
@@ -225,7 +226,10 @@ class Catalog:
             if tbl is None:
                 empty = schema_for(name, dim).empty_table()
                 return empty.select(columns) if columns else empty
-            return tbl.search().select(columns).limit(None).to_arrow() if columns else tbl.to_arrow()
+            if columns is None and where is None:
+                return tbl.to_arrow()
+            query = tbl.search().where(where) if where else tbl.search()
+            return query.select(columns or tbl.schema.names).limit(None).to_arrow()
         except IndexError_:
             raise
         except Exception as exc:  # noqa: BLE001 - a damaged or missing file: say which table and version

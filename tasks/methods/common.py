@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tasks.catalog import plain_rows, relation_table, vector_matrix
 from tasks.ids import make_id, quarantine_row
@@ -106,13 +105,11 @@ def attach_stage(ctx: MethodContext, layer0: Layer0, **llm_prompt: Any):
         def embed_rows(rows):
             return ctx.embed([entity_text(r["name"], r["type"], r["description"]) for r in rows])
 
-        old = ctx.previous("entities")
-        upper = np.flatnonzero(np.asarray(old.column("layer").to_pylist()) > 0)
-        summaries = plain_rows(old.take(upper))
+        upper = ctx.previous("entities", where="layer > 0")
+        summaries = plain_rows(upper)
         vectors = dict(zip([e["id"] for e in layer0.entities], layer0.vectors))
-        vectors.update(zip([s["id"] for s in summaries], vector_matrix(old.take(upper))))
-        previous = ctx.previous("relations")
-        links = plain_rows(previous.filter(pc.equal(previous.column("kind"), "summary_of")))
+        vectors.update(zip([s["id"] for s in summaries], vector_matrix(upper)))
+        links = plain_rows(ctx.previous("relations", where="kind = 'summary_of'"))
         att = st.run(attach, layer0.entities, summaries, links, vectors, layer0.added, layer0.removed,
                      layer0.changed, cfg.incremental.tau, summarize, embed_rows, cfg.incremental.refresh_staleness)
         st.done(f"{len(att.attached)} attached, {len(att.refreshed)} summaries refreshed", attached=len(att.attached),
