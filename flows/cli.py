@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -499,9 +500,11 @@ def query(
     try:
         cfg = load_config(config, _overrides(set_))
         cat = Catalog(index)
+        embedder = question_embedder(cfg.embedding, cfg.llm)
+        warm = _warm_up(embedder)  # the model and token tables load while the snapshot is read
         view = load_view(cat, as_of)
         mode = mode or index_modes(view.method)[0]
-        embedder = question_embedder(cfg.embedding, cfg.llm)
+        warm.join()
         check_dimension(embedder, view.dim)
         t0 = time.perf_counter()
         ctx = retrieve(view, question, embedder.embed([question])[0], mode, cfg.retrieval)
@@ -538,6 +541,22 @@ def query(
     out.rule("Answer (extractive: the best-matching context sentences, no LLM)" if answer["kind"] == "extractive"
              else f"Answer ({cfg.llm.model})")
     out.print(answer["text"] or "(no sentence of the context matches the question)", markup=False, highlight=False)
+
+
+def _warm_up(embedder) -> threading.Thread:
+    """A thread that loads what a query needs besides its snapshot: the embedding model's session and tokenizer
+    (``prepare``, where the embedder has one) and the token-count tables (native code, which runs beside the
+    snapshot's unpickling; a cold query is ~0.2 s shorter on two cores)."""
+    from tasks.chunk import get_encoding
+
+    def load() -> None:
+        with contextlib.suppress(Exception):  # a failure shows again, with its message, where the query embeds
+            getattr(embedder, "prepare", lambda: None)()
+            get_encoding()
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    return thread
 
 
 SHELL_HELP = """questions are answered from the published snapshot (a newer one is picked up before each question)

@@ -67,8 +67,9 @@ class LocalEmbedder:
     batch_tokens = 1024  # padded tokens per ONNX batch (more costs memory, not speed)
     client = None  # no LLM client: nothing to bill
 
-    def __init__(self, batch_size: int = 32, precision: str = "auto", runtime: str = "auto"):
+    def __init__(self, batch_size: int = 32, precision: str = "auto", runtime: str = "auto", small_batches: bool = False):
         self.batch_size = batch_size
+        self.small_batches = small_batches  # questions and answer sentences, not a corpus (see ``_onnx``)
         self.bf16 = precision == "bf16" or (precision == "auto" and bf16_is_fast())
         self.runtime = runtime if runtime != "auto" else ("torch" if self.bf16 else "onnx")
         if self.runtime == "onnx" and self.bf16 and precision == "bf16":
@@ -115,11 +116,20 @@ class LocalEmbedder:
                 self._model = None  # only the export needed the PyTorch model
             options = ort.SessionOptions()
             options.log_severity_level = 3
-            # every batch has its own shape: an arena would keep the largest of each (1 GB+ over a corpus)
-            options.enable_cpu_mem_arena = False
-            options.enable_mem_pattern = False
+            # over a corpus every batch has its own shape: an arena would keep the largest of each (1 GB+); a
+            # question's few short texts are the other way round: with the arena a cold query peaks ~100 MB lower
+            options.enable_cpu_mem_arena = options.enable_mem_pattern = self.small_batches
             self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         return self._session
+
+    def prepare(self) -> None:
+        """Load what embedding needs (the ONNX session and the tokenizer, or the PyTorch model) ahead of use."""
+        with self._lock:
+            if self.runtime == "onnx":
+                self._onnx()
+                self._tokenizer()
+            else:
+                self._load()
 
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
@@ -369,8 +379,8 @@ def embed_part(texts: list[str], cfg: EmbeddingConfig) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4)
-def _local(batch_size: int, precision: str, runtime: str) -> LocalEmbedder:
-    return LocalEmbedder(batch_size, precision, runtime)
+def _local(batch_size: int, precision: str, runtime: str, small_batches: bool = False) -> LocalEmbedder:
+    return LocalEmbedder(batch_size, precision, runtime, small_batches)
 
 
 def get_embedder(cfg: EmbeddingConfig, llm: LLMConfig | None = None) -> Embedder:
@@ -385,7 +395,7 @@ def question_embedder(cfg: EmbeddingConfig, llm: LLMConfig | None = None) -> Emb
     runs on ONNX Runtime — a question does not pay for importing PyTorch (seconds) — with vectors within 1e-4
     cosine of those either runtime gave the index (``tests/test_embed.py``)."""
     if cfg.model == LOCAL_MODEL and cfg.runtime == "auto":
-        return _local(cfg.batch_size, "fp32", "onnx")
+        return _local(cfg.batch_size, "fp32", "onnx", small_batches=True)
     return get_embedder(cfg, llm)
 
 

@@ -39,7 +39,7 @@ from schemas.tables import schema_for
 from tasks.catalog import Catalog, ann_search, has_vector_index, snapshot_note, vector_matrix
 from tasks.chunk import count_tokens, truncate_tokens
 from tasks.graph_rank import PassageGraph, RankParams, build_passage_graph, rank_chunks
-from tasks.lexical import BM25Index, rrf
+from tasks.lexical import BM25Index, bm25s, rrf
 from tasks.merge import explicit_title
 from tasks.methods import all_methods, get_method
 
@@ -320,6 +320,7 @@ def _disk_head(catalog: Catalog) -> dict[str, Any] | None:
 def _read_disk_view(catalog: Catalog, head: dict[str, Any]) -> IndexView | None:
     import pickle
 
+    bm25s()  # the pickled BM25 index names bm25s: imported first, without numba
     try:
         with open(_views_dir(catalog) / head["file"], "rb") as fh:
             view = pickle.load(fh)
