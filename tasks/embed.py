@@ -65,6 +65,7 @@ class LocalEmbedder:
     dim = 384
     max_tokens = 256  # the model's own sequence limit (sentence-transformers' max_seq_length)
     batch_tokens = 1024  # padded tokens per ONNX batch (more costs memory, not speed)
+    torch_batch_tokens = 4096  # padded tokens per PyTorch batch (widths a multiple of 16: see ``_embed_torch``)
     client = None  # no LLM client: nothing to bill
 
     def __init__(self, batch_size: int = 32, precision: str = "auto", runtime: str = "auto", small_batches: bool = False):
@@ -147,7 +148,7 @@ class LocalEmbedder:
         bert = self._load()[0].auto_model
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-            for idx, input_ids, mask in self._batches(texts, budget=4096, multiple=16):
+            for idx, input_ids, mask in self._batches(texts, budget=self.torch_batch_tokens, multiple=16):
                 ids, m = torch.from_numpy(input_ids), torch.from_numpy(mask)
                 hidden = bert(input_ids=ids, attention_mask=m, token_type_ids=torch.zeros_like(ids)).last_hidden_state
                 out[idx] = _mean_pooled(hidden.float().numpy(), mask)
