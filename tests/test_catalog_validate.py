@@ -22,6 +22,16 @@ def test_publish_pins_versions_and_old_snapshots_stay_readable(tmp_path):
         cat.read("entities", as_of=7)
 
 
+def test_read_only_some_columns_and_rows_of_a_pinned_version(tmp_path):
+    cat = Catalog(tmp_path / "idx")
+    cat.publish(tiny_tables(1), "run-1", "full", DIM)
+    cat.publish(tiny_tables(2, suffix=" II"), "run-2", "full", DIM)
+    part = cat.read("entities", as_of=1, columns=["id", "name"], where="name = 'London'")
+    assert part.column_names == ["id", "name"] and part.column("name").to_pylist() == ["London"]
+    rows = cat.read("entities", as_of=2, where="name <> 'London'")
+    assert rows.column_names == cat.read("entities").column_names and rows.column("name").to_pylist() == ["Scrooge II"]
+
+
 def test_a_publish_that_dies_before_its_commit_leaves_the_previous_snapshot(tmp_path, monkeypatch):
     cat = Catalog(tmp_path / "idx")
     cat.publish(tiny_tables(1), "run-1", "full", DIM)

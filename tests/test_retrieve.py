@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 
@@ -233,3 +234,14 @@ def test_a_view_left_on_disk_is_read_while_its_snapshot_is_the_latest_and_ignore
     damaged = R.load_view(Catalog(tmp_path / "idx"))
     assert not damaged.from_disk and damaged.version == 2
     R._VIEWS.clear()
+
+
+def test_lexical_scores_never_import_numba():
+    """bm25s imports numba when it is installed (~0.15 s of a cold query); Strata uses its numpy backend."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from tasks.lexical import BM25Index; s = BM25Index(['Scrooge paid Bob', 'Marley died']).scores("
+            "'Who paid Bob?'); assert s[0] > 0 == s[1], s; assert 'numba' not in sys.modules; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert out.stdout.strip() == "ok", out.stderr
