@@ -36,12 +36,14 @@ class RelationIndex:
     """The relations of G_k by entity, columnar (no dict per relation): what a community's report needs of them."""
 
     def __init__(self, relations: pa.Table | list[dict[str, Any]], entity_ids: list[str]):
-        t = relation_table(relations)
+        t = relation_table(relations).select(["id", "source_id", "target_id", "kind", "description", "weight"])
         at = {e: i for i, e in enumerate(entity_ids)}
-        src = np.array([at.get(e, -1) for e in t.column("source_id").to_pylist()], dtype=np.int64)
-        tgt = np.array([at.get(e, -1) for e in t.column("target_id").to_pylist()], dtype=np.int64)
+        ids = pa.array(entity_ids, pa.string())
+        # entity positions found by Arrow (no Python string per relation end: 2.3M relations at 100k chunks)
+        src, tgt = (pc.fill_null(pc.index_in(t.column(c), value_set=ids), -1).to_numpy().astype(np.int64)
+                    for c in ("source_id", "target_id"))
         known = np.flatnonzero((src >= 0) & (tgt >= 0))
-        self.table = t.take(pa.array(known)).select(["id", "source_id", "target_id", "kind", "description", "weight"])
+        self.table = t if len(known) == t.num_rows else t.take(pa.array(known))  # a copy only when some go
         self.src, self.tgt, self.at = src[known], tgt[known], at
         self.weight = self.table.column("weight").to_numpy()
         self.extracted = pc.equal(self.table.column("kind"), "extracted").to_numpy(zero_copy_only=False)
