@@ -43,7 +43,7 @@ class RelationIndex:
         src, tgt = (pc.fill_null(pc.index_in(t.column(c), value_set=ids), -1).to_numpy().astype(np.int64)
                     for c in ("source_id", "target_id"))
         known = np.flatnonzero((src >= 0) & (tgt >= 0))
-        self.table = t if len(known) == t.num_rows else t.take(pa.array(known))  # a copy only when some go
+        self.table = t.take(pa.array(known))  # contiguous: a community's rows are taken from it one by one
         self.src, self.tgt, self.at = src[known], tgt[known], at
         self.weight = self.table.column("weight").to_numpy()
         self.extracted = pc.equal(self.table.column("kind"), "extracted").to_numpy(zero_copy_only=False)
