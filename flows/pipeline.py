@@ -321,7 +321,8 @@ def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: SpilledTa
         layer0, mentions = st.run(_layer0, stored, plain_rows(old_entities),
                                   run.previous("relations"), delta.gone_chunks, new,
                                   cfg.extract.max_description_tokens, chunk_order(run, delta, chunks))
-        run.forget_previous("relations")  # layer 0's relations replace them (the attachment reads summary_of links)
+        for name in ("entities", "relations"):  # layer 0's rows replace them; embed and the attachment read
+            run.forget_previous(name)  # the parts they need (kept vectors, summaries, summary_of links) themselves
         st.done(f"{len(layer0.entities)} entities, {layer0.relations.num_rows} relations", entities=len(layer0.entities),
                 relations=layer0.relations.num_rows, added=len(layer0.added), removed=len(layer0.removed),
                 changed=len(layer0.changed))
