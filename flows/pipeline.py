@@ -36,7 +36,7 @@ from tasks.methods import Hierarchy, Layer0, get_method
 from tasks.parallel import DaskPool, LocalMapper, Mapper
 from tasks.progress import reporter
 from tasks.spill import SpilledTable
-from tasks.stages import Stages, TaskRunner, direct_task
+from tasks.stages import Stages, TaskRunner, direct_task, limit_malloc_arenas, release_memory
 
 
 def build_index(corpus: str, catalog: Catalog, cfg: StrataConfig, task: TaskRunner = direct_task,
@@ -65,6 +65,8 @@ def run_stages(run: "PipelineRun") -> BuildResult:
     run.open_embedder()  # an update with an embedding model of another dimension stops here, before extraction
     run.mapper.start()  # the Dask cluster comes up while the run chunks
     documents, chunks = chunk(run, delta)
+    # the documents' texts are in their table now: what later stages read of them is where they come from
+    delta = replace(delta, incoming=[document_place(d) for d in delta.incoming], kept=[document_place(d) for d in delta.kept])
     chunks, new_mentions = extract(run, delta, chunks)
     layer0, mentions = merge(run, delta, chunks, new_mentions)
     layer0, chunk_vectors = embed(run, layer0, chunks)
@@ -75,6 +77,7 @@ def run_stages(run: "PipelineRun") -> BuildResult:
     delta = replace(delta, incoming=[], kept=[])
     layer0, hierarchy = what_publish_reads(layer0, hierarchy)
     run.forget_previous()
+    release_memory()  # before validation reads the spilled mentions part by part
     validate(run, tables)
     return publish(run, delta, tables, layer0, hierarchy)
 
@@ -183,6 +186,7 @@ class PipelineRun:
 
 
 def _execute(corpus, catalog, cfg, task, mapper, run_id, flow_name, snap, replace_root) -> BuildResult:
+    limit_malloc_arenas()
     latest = catalog.snapshot()
     version = latest["version"] + 1 if latest else 1
     with recorded_run(catalog, run_id, flow_name, corpus, cfg, version, task) as (run_id, stages, usage, done):
@@ -246,7 +250,7 @@ def ingest(run: PipelineRun) -> Delta:
                  gone, gone_chunks, diff.counts(), digest, len(ingested.documents))
 
 
-def chunk(run: PipelineRun, delta: Delta) -> tuple[list[DocumentRow], list[ChunkRow]]:
+def chunk(run: PipelineRun, delta: Delta) -> tuple[pa.Table, list[ChunkRow]]:
     """Chunks of the incoming documents; the documents table after the run (kept + incoming with token counts)."""
     from tasks.chunk import chunk_documents
 
@@ -256,7 +260,13 @@ def chunk(run: PipelineRun, delta: Delta) -> tuple[list[DocumentRow], list[Chunk
         st.advance(len(delta.incoming))
         st.done(f"{len(chunks)} chunks" + (f", {len(cut)} documents cut at corpus.max_document_tokens" if cut else ""),
                 chunks=len(chunks), tokens=sum(tokens.values()), cut=len(cut))
-    return delta.kept + [dict(d, n_tokens=tokens[d["id"]]) for d in delta.incoming], chunks
+    documents = delta.kept + [dict(d, n_tokens=tokens[d["id"]]) for d in delta.incoming]
+    return to_table("documents", documents, 0, run.version), chunks
+
+
+def document_place(doc: DocumentRow) -> dict[str, Any]:
+    """What extraction (the title) and merge (the source id) read of a document once it is chunked."""
+    return {"id": doc["id"], "source_id": doc["source_id"], "title": doc.get("title")}
 
 
 def extraction_method(cfg: StrataConfig) -> str:
@@ -286,7 +296,7 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
     # mentions go to disk as each batch comes back, split by key hash for merge; read back per part in canonical
     # (chunk id, seq) order, so the table does not depend on the order batches finish in
     spill = SpillWriter(run.spill_dir / "mentions", schema_for("mentions", 0), "key",
-                        -(-len(chunks) * MENTIONS_PER_CHUNK // MERGE_PART_ROWS), in_chunk_order)
+                        -(-len(chunks) * MENTIONS_PER_CHUNK // MERGE_PART_ROWS), in_chunk_order, ("chunk_id", "seq"))
     n_entities = 0
 
     def done(_i, r):
@@ -320,7 +330,7 @@ def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: SpilledTa
         old_entities = run.previous("entities", ENTITY_FIELDS, "layer = 0")
         layer0, mentions = st.run(_layer0, stored, plain_rows(old_entities),
                                   run.previous("relations"), delta.gone_chunks, new,
-                                  cfg.extract.max_description_tokens, chunk_order(run, delta, chunks))
+                                  cfg.extract.max_description_tokens, chunk_order(run, delta, chunks), run.spill_dir / "merge")
         for name in ("entities", "relations"):  # layer 0's rows replace them; embed and the attachment read
             run.forget_previous(name)  # the parts they need (kept vectors, summaries, summary_of links) themselves
         st.done(f"{len(layer0.entities)} entities, {layer0.relations.num_rows} relations", entities=len(layer0.entities),
@@ -343,14 +353,19 @@ def chunk_order(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]) -> Chunk
 
 
 def _layer0(stored, old_entities, old_relations, gone: set[str], new_mentions: pa.Table, max_tokens: int,
-            order: ChunkOrder) -> tuple[Layer0, pa.Table | TableDelta]:
-    """Layer 0 merged whole (a build: ``stored`` is None) or recomputed for the keys the delta touched (an update:
-    ``stored(columns)`` scans the previous snapshot's mentions batch by batch)."""
+            order: ChunkOrder, workdir: Path) -> tuple[Layer0, pa.Table | TableDelta]:
+    """Layer 0 merged whole (a build: ``stored`` is None; in a child process when the mentions are many, see
+    ``MERGE_IN_CHILD_ROWS``) or recomputed for the keys the delta touched (an update: ``stored(columns)`` scans
+    the previous snapshot's mentions batch by batch)."""
     from tasks.incremental import recompute_layer0, stored_mention_select
-    from tasks.merge import MENTION_COLUMNS, graph_from_mentions
+    from tasks.merge import MENTION_COLUMNS, MERGE_IN_CHILD_ROWS, graph_from_mentions
+    from tasks.parallel import in_child_process
 
     if stored is None:
-        entities, relations = graph_from_mentions(new_mentions, max_tokens, order=order)
+        if new_mentions.num_rows >= MERGE_IN_CHILD_ROWS:
+            entities, relations = in_child_process(graph_from_mentions, new_mentions, max_tokens, order, workdir=workdir)
+        else:
+            entities, relations = graph_from_mentions(new_mentions, max_tokens, order=order)
         return Layer0(entities, np.zeros((0, 0)), relations, added={e["id"] for e in entities}), new_mentions
     new_mentions = new_mentions.read_all()  # an update's new mentions: its delta's, held in memory
     leaving = pa.array(sorted(gone), pa.string())
@@ -400,7 +415,7 @@ def assemble(run: PipelineRun, delta: Delta, documents, chunks, chunk_vectors, l
                   if not q["item"].startswith((delta.root, run.location)) and q["item"] not in delta.gone_chunks]
     quarantine += run.quarantine + hierarchy.quarantine
     tables = {
-        "documents": to_table("documents", documents, dim, version),
+        "documents": documents,
         "chunks": _stamped(pa.concat_tables([kept_chunks.cast(schema_for("chunks", dim))] * bool(kept_chunks.num_rows)
                                             + [to_table("chunks", chunks, dim, version, chunk_vectors)]), version),
         "entities": to_table("entities", layer0.entities + hierarchy.entities, dim, version,

@@ -17,19 +17,30 @@ from tasks.ids import make_id
 
 
 def graph_edges(relations: pa.Table | list[dict[str, Any]]) -> list[tuple[str, str, float]]:
-    """Undirected weighted edges of G_k (extracted and summary_of), merged per endpoint pair, sorted."""
-    import polars as pl
+    """Undirected weighted edges of G_k (extracted and summary_of), merged per endpoint pair (weights summed in
+    relation order), sorted."""
+    import numpy as np
+    import pyarrow.compute as pc
 
-    t = pl.from_arrow(relation_table(relations).select(["source_id", "target_id", "weight"]))
-    t = (t.filter(pl.col("source_id") != pl.col("target_id"))
-         .select(a=pl.min_horizontal("source_id", "target_id"), b=pl.max_horizontal("source_id", "target_id"), w="weight")
-         .group_by("a", "b", maintain_order=True).agg(pl.col("w").sum()).sort("a", "b"))
-    # one Python string per node, shared by its edges (2.3M edges over 121k nodes at 100k chunks: a string per
-    # edge end was ~300 MB more at the communities stage's peak)
-    names = pl.concat([t.get_column("a"), t.get_column("b")]).unique().sort()
-    node = names.to_list()
-    at = [t.get_column(c).cast(pl.Enum(names)).to_physical().to_list() for c in ("a", "b")]
-    return [(node[i], node[j], w) for i, j, w in zip(at[0], at[1], t.get_column("w").to_list())]
+    t = relation_table(relations)
+    ends = [t.column(c) for c in ("source_id", "target_id")]
+    # endpoints as positions in the sorted node names: pairs are merged and sorted as integers (2.3M relations at
+    # 100k chunks: grouping them as strings held ~800 MB at the communities stage's peak), and each node is one
+    # Python string shared by its edges
+    names = pc.unique(pa.chunked_array([c for e in ends for c in e.chunks], pa.string()))
+    names = names.take(pc.sort_indices(names))
+    a, b = (pc.index_in(e, value_set=names).to_numpy().astype(np.int64) for e in ends)
+    w = t.column("weight").to_numpy()
+    loop = a == b
+    lo, hi, w = np.minimum(a, b)[~loop], np.maximum(a, b)[~loop], w[~loop]
+    key = lo * max(1, len(names)) + hi
+    order = np.argsort(key, kind="stable")
+    key, w = key[order], w[order]
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, dtype=np.int64)
+    total = np.add.reduceat(w, first) if len(key) else w
+    node = names.to_pylist()
+    pairs = zip((key[first] // max(1, len(names))).tolist(), (key[first] % max(1, len(names))).tolist(), total.tolist())
+    return [(node[i], node[j], s) for i, j, s in pairs]
 
 
 def community_id(level: int, members: list[str]) -> str:

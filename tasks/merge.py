@@ -142,6 +142,9 @@ def in_chunk_order(mentions: pa.Table) -> pa.Table:
 #: a run's mentions are spilled in parts of about this many rows, split by a hash of their key so that every
 #: entity and every relation is merged whole within one part: the merge's transient frames are a part's
 MERGE_PART_ROWS = 400_000
+#: a build merges this many mentions or more in a child process (``tasks.parallel.in_child_process``): at 100k
+#: chunks (9.5M mentions) the merge's transient frames left 1.5 GB mapped in the run's process after it
+MERGE_IN_CHILD_ROWS = 1_000_000
 #: what extraction plans its spill parts with (the offline extractor finds ~90 per chunk of 200 words, an LLM fewer)
 MENTIONS_PER_CHUNK = 100
 

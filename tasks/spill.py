@@ -44,8 +44,9 @@ class SpillWriter:
     ``hash(row[by]) % n_parts``; ``close()`` gives the ``SpilledTable``."""
 
     def __init__(self, directory: Path, schema: pa.Schema, by: str, n_parts: int,
-                 order: Callable[[pa.Table], pa.Table] | None = None):
+                 order: Callable[[pa.Table], pa.Table] | None = None, order_by: tuple[str, ...] | None = None):
         self.directory, self.schema, self.by, self.order = Path(directory), plain_schema(schema), by, order
+        self.order_by = order_by
         self.n_parts = max(1, n_parts)
         shutil.rmtree(self.directory, ignore_errors=True)
         self.directory.mkdir(parents=True)
@@ -84,15 +85,16 @@ class SpillWriter:
         for w in self._writers.values():
             w.close()
         files = [self.directory / f"part-{p:05d}.parquet" for p in sorted(self._writers)]
-        return SpilledTable(files, self.schema, self.num_rows, self.order)
+        return SpilledTable(files, self.schema, self.num_rows, self.order, self.order_by)
 
 
 class SpilledTable:
-    """A table as Parquet part files; read part by part, each part in its canonical ``order``."""
+    """A table as Parquet part files; read part by part, each part in its canonical ``order`` (a function of the
+    columns ``order_by``; None: of all of them)."""
 
     def __init__(self, files: list[Path], schema: pa.Schema, num_rows: int,
-                 order: Callable[[pa.Table], pa.Table] | None = None):
-        self.files, self.schema, self.num_rows, self.order = files, schema, num_rows, order
+                 order: Callable[[pa.Table], pa.Table] | None = None, order_by: tuple[str, ...] | None = None):
+        self.files, self.schema, self.num_rows, self.order, self.order_by = files, schema, num_rows, order, order_by
 
     def parts(self, columns: list[str] | None = None, where: tuple[str, str] | None = None, ordered: bool = True,
               encoded: bool = False) -> Iterator[pa.Table]:
@@ -102,10 +104,16 @@ class SpilledTable:
         columns = columns or self.schema.names
         ordering = self.order is not None and ordered
         dictionary = [f.name for f in self.schema if encoded and f.name != "id" and pa.types.is_string(f.type)]
+        if not ordering:
+            read: list[str] | None = columns
+        else:  # with what the order reads (all columns when it does not say)
+            read = None if self.order_by is None else list(dict.fromkeys([*columns, *self.order_by]))
         for f in self.files:
-            table = pq.read_table(f, columns=None if ordering else columns, read_dictionary=dictionary,
+            table = pq.read_table(f, columns=read, read_dictionary=dictionary,
                                   filters=[(where[0], "=", where[1])] if where else None)
             yield self.order(table).select(columns) if ordering else table
+            del table
+            pa.default_memory_pool().release_unused()  # a part's buffers, before the next part is read
 
     def reader(self, batch_rows: int = 65_536) -> pa.RecordBatchReader:
         """Every row, part after part, as a stream (what publish writes)."""

@@ -115,6 +115,32 @@ def test_build_and_update_publish_the_pinned_tables(tmp_path):
     assert build_cases(tmp_path) == golden
 
 
+def test_a_merge_in_its_child_process_publishes_the_same_build(tmp_path):
+    """A large build merges in a child process (``MERGE_IN_CHILD_ROWS``); with the threshold at 0 the small
+    corpus takes that path too, and the build's tables are the pinned ones."""
+    from unittest import mock
+
+    from flows.pipeline import build_index
+    from schemas.config import load_config
+    from tasks.catalog import Catalog
+
+    golden = json.loads(GOLDEN.read_text())
+    shutil.rmtree(CORPUS, ignore_errors=True)
+    calls = []
+    from tasks import parallel
+
+    def spy(fn, *args, **kwargs):
+        calls.append(fn.__name__)
+        return in_child(fn, *args, **kwargs)
+
+    in_child = parallel.in_child_process
+    with mock.patch("tasks.embed.get_embedder", lambda *_a, **_k: HashingEmbedder()), \
+            mock.patch("tasks.merge.MERGE_IN_CHILD_ROWS", 0), mock.patch("tasks.parallel.in_child_process", spy):
+        build_index(str(_corpus(CORPUS, 1)), Catalog(tmp_path / "built"), load_config(overrides=CONFIG))
+    assert calls == ["graph_from_mentions"]
+    assert table_digests(tmp_path / "built") == golden["build"]
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import tests.conftest  # noqa: F401  (offline settings)

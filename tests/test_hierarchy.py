@@ -208,3 +208,25 @@ def test_restate_layers_recomputes_built_layers_from_the_published_membership():
     assert rows[1]["cluster_sparsity"] == pytest.approx(2 / 3)
     assert rows[1]["change_rate"] == pytest.approx((0.7 - 2 / 3) / 0.7)
     assert rows[2] == recorded[2]  # a clustering tried and not built keeps its figures
+
+
+def test_key_phrases_of_a_large_layer_come_from_a_child_process_unchanged():
+    """Past ``KEY_PHRASES_IN_CHILD_CHARS`` the class TF-IDF runs in a child process: the same phrases."""
+    from unittest import mock
+
+    from tasks.summarize import Cluster, key_phrases
+
+    def member(name, text):
+        return {"id": name, "name": name, "type": "person", "description": text}
+
+    clusters = [Cluster([member("Scrooge", "A miser who keeps a counting-house in London."),
+                         member("Marley", "Scrooge's dead partner, bound in chains.")], np.zeros((2, 4))),
+                Cluster([member("Fezziwig", "A merchant who gives a Christmas ball for his apprentices."),
+                         member("Belle", "The young woman Scrooge was to marry.")], np.zeros((2, 4))),
+                Cluster([member("The", "the of and")], np.zeros((1, 4)))]
+    here = key_phrases(clusters)
+    with mock.patch("tasks.summarize.KEY_PHRASES_IN_CHILD_CHARS", 0), \
+            mock.patch("subprocess.run", wraps=__import__("subprocess").run) as run:
+        there = key_phrases(clusters)
+    assert run.call_count == 1 and there == here
+    assert here[0] and here[2] == ["The"]

@@ -88,3 +88,31 @@ def test_validation_reads_a_spilled_table_part_by_part_and_sees_repeats_across_p
     assert failures["expect_column_values_to_be_unique"]["unexpected_count"] == 2
     assert failures["expect_column_values_to_be_unique"]["sample"] == [rows[0]["id"]] * 2
     assert failures["expect_column_values_to_be_null"]["unexpected_count"] == 1
+
+
+def _fails(message: str) -> None:
+    raise ValueError(message)
+
+
+def test_in_child_process_returns_the_result_and_reports_a_failure(tmp_path):
+    """The function runs in another process (its pid differs), its result comes back whole; an exception there
+    is an error here that names the function and quotes the child's traceback; no pickle file stays behind."""
+    import os
+
+    import pytest
+
+    from tasks.merge import graph_from_mentions, mention_rows
+    from tasks.parallel import in_child_process
+
+    assert in_child_process(os.getpid, workdir=tmp_path) != os.getpid()
+    raw_e = [{"name": "Scrooge", "type": "person", "description": "Scrooge counts.", "chunk_id": "c1"},
+             {"name": "Marley", "type": "person", "description": "Marley is dead.", "chunk_id": "c2"}]
+    raw_r = [{"source": "Scrooge", "target": "Marley", "description": "Partners.", "chunk_id": "c2"}]
+
+    rows = mention_rows(raw_e, raw_r)
+    here = graph_from_mentions(rows, 100, {"c1": ("a", 0), "c2": ("a", 1)})
+    there = in_child_process(graph_from_mentions, rows, 100, {"c1": ("a", 0), "c2": ("a", 1)}, workdir=tmp_path)
+    assert there[0] == here[0] and there[1].equals(here[1])
+    with pytest.raises(RuntimeError, match=r"_fails failed in its child process(.|\n)*ValueError: no luck"):
+        in_child_process(_fails, "no luck", workdir=tmp_path)
+    assert not list(tmp_path.glob("*.pkl*"))

@@ -47,7 +47,7 @@ class Hierarchy:
 
     entities: list[EntityRow]  # summary nodes (layer >= 1)
     vectors: np.ndarray  # aligned with ``entities``
-    relations: list[RelationRow]  # summary_of links and any other method edges
+    relations: pa.Table | list[RelationRow]  # summary_of links and any other method edges (``relation_table``)
     communities: list[CommunityRow]
     reports: list[ReportRow]
     report_vectors: np.ndarray  # aligned with ``reports``

@@ -201,7 +201,8 @@ class HyGRAG:
             layers = stat_rows(stats)
             st.done(f"{len([r for r in layers if not r['stopped']])} layers, {len(ents)} summary nodes, "
                     f"{len(communities)} buckets", summary_entities=len(ents), communities=len(communities))
-        entities, relations = layer0.entities + ents, pa.concat_tables([layer0.relations, relation_table(rels)])
+        rels = relation_table(rels)
+        entities, relations = layer0.entities + ents, pa.concat_tables([layer0.relations, rels])
         reports, report_vecs, failures = write_reports(ctx, communities, entities, relations)
         return Hierarchy(ents, vecs, rels, communities, reports, report_vecs, layers, fallbacks(summarizer, failures))
 
