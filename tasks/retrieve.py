@@ -293,13 +293,18 @@ def _snapshots_lance_version(catalog: Catalog) -> int | None:
 
 @functools.lru_cache(maxsize=1)
 def _code_stamp() -> str:
-    """The retrieval code the copy was made by: a copy made by other code is not read."""
+    """The retrieval code the copy was made by: a copy made by other code, or pickled with other versions of the
+    libraries whose objects it holds, is not read."""
     import hashlib
     import importlib
+
+    import scipy
 
     digest = hashlib.sha256(str(VIEW_FORMAT).encode())
     for module in ("tasks.retrieve", "tasks.graph_rank", "tasks.lexical", "schemas.tables"):
         digest.update(Path(importlib.import_module(module).__file__).read_bytes())
+    for library in (np, pa, nx, scipy, bm25s()):  # all imported by now or right after (bm25s: to read the copy)
+        digest.update(f"{library.__name__}={library.__version__}".encode())
     return digest.hexdigest()[:16]
 
 

@@ -245,3 +245,18 @@ def test_lexical_scores_never_import_numba():
             "'Who paid Bob?'); assert s[0] > 0 == s[1], s; assert 'numba' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent.parent)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_the_view_copy_is_stamped_with_the_versions_of_the_libraries_it_pickles(monkeypatch):
+    """A copy pickled under another bm25s (or numpy, pyarrow, networkx, scipy) is not read back."""
+    from tasks.lexical import bm25s
+    from tasks.retrieve import _code_stamp
+
+    _code_stamp.cache_clear()
+    before = _code_stamp()
+    monkeypatch.setattr(bm25s(), "__version__", "0.0.0+other")
+    _code_stamp.cache_clear()
+    assert _code_stamp() != before
+    monkeypatch.undo()
+    _code_stamp.cache_clear()
+    assert _code_stamp() == before
