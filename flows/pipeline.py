@@ -283,7 +283,7 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
     included); each chunk marked extracted or quarantined."""
     from tasks.extract import extract_mentions
     from tasks.extract_llm import extract_batch_llm
-    from tasks.merge import MERGE_PART_ROWS, MENTIONS_PER_CHUNK, explicit_title, in_chunk_order
+    from tasks.merge import CHUNK_ORDER, MERGE_PART_ROWS, MENTIONS_PER_CHUNK, explicit_title, in_chunk_order
     from tasks.spill import SpillWriter
 
     cfg = run.cfg
@@ -296,7 +296,7 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
     # mentions go to disk as each batch comes back, split by key hash for merge; read back per part in canonical
     # (chunk id, seq) order, so the table does not depend on the order batches finish in
     spill = SpillWriter(run.spill_dir / "mentions", schema_for("mentions", 0), "key",
-                        -(-len(chunks) * MENTIONS_PER_CHUNK // MERGE_PART_ROWS), in_chunk_order, ("chunk_id", "seq"))
+                        -(-len(chunks) * MENTIONS_PER_CHUNK // MERGE_PART_ROWS), in_chunk_order, CHUNK_ORDER)
     n_entities = 0
 
     def done(_i, r):

@@ -33,13 +33,14 @@ def graph_edges(relations: pa.Table | list[dict[str, Any]]) -> list[tuple[str, s
     w = t.column("weight").to_numpy()
     loop = a == b
     lo, hi, w = np.minimum(a, b)[~loop], np.maximum(a, b)[~loop], w[~loop]
-    key = lo * max(1, len(names)) + hi
+    n = max(1, len(names))
+    key = lo * n + hi
     order = np.argsort(key, kind="stable")
     key, w = key[order], w[order]
     first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, dtype=np.int64)
     total = np.add.reduceat(w, first) if len(key) else w
     node = names.to_pylist()
-    pairs = zip((key[first] // max(1, len(names))).tolist(), (key[first] % max(1, len(names))).tolist(), total.tolist())
+    pairs = zip((key[first] // n).tolist(), (key[first] % n).tolist(), total.tolist())
     return [(node[i], node[j], s) for i, j, s in pairs]
 
 

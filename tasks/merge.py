@@ -130,11 +130,15 @@ def _budgeted(frame, group: str, max_tokens: int):
     return joined.join(distinct.group_by(group).agg(parts=pl.len()), on=group)
 
 
+#: the columns ``in_chunk_order`` reads
+CHUNK_ORDER = ("chunk_id", "seq")
+
+
 def in_chunk_order(mentions: pa.Table) -> pa.Table:
     """Mentions in their canonical order, (chunk id, seq): the order merge reads them in and the table keeps."""
     import polars as pl
 
-    rank = (pl.from_arrow(mentions.select(["chunk_id", "seq"])).with_row_index("i")
+    rank = (pl.from_arrow(mentions.select(list(CHUNK_ORDER))).with_row_index("i")
             .sort(pl.col("chunk_id").cast(pl.Utf8), "seq").get_column("i"))
     return mentions.take(rank.to_arrow())
 

@@ -160,7 +160,7 @@ def _slices(table: Any, batch_rows: int, columns: list[str] | None = None):
             yield start, part
             start += part.num_rows
         del piece, part
-        release_memory()  # a spilled table's part and its frames, before the next part is read
+        release_memory()  # a part's frames (and a table's, after its last), before the next is read
 
 
 def _parts(table: Any, columns: list[str] | None = None):
@@ -178,7 +178,6 @@ def validate_tables(tables: dict[str, Any], dim: int, batch_rows: int = 100_000)
     import great_expectations as gx
 
     from schemas.expectations import REFERENCES, suites
-    from tasks.stages import release_memory
 
     def ids(name: str) -> list[str]:
         return tables[name].column("id").to_pylist() if name in tables else []
@@ -227,6 +226,5 @@ def validate_tables(tables: dict[str, Any], dim: int, batch_rows: int = 100_000)
                     "table": name, "expectation": kind, "column": column, "unexpected_count": 0, "sample": sample})
                 entry["unexpected_count"] += r.result.get("unexpected_count") or 0
         report.failures += list(failed.values())
-        release_memory()  # the next table's frames start from what this one's freed
     report.success = not report.failures
     return report

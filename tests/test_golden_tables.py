@@ -126,18 +126,13 @@ def test_a_merge_in_its_child_process_publishes_the_same_build(tmp_path):
 
     golden = json.loads(GOLDEN.read_text())
     shutil.rmtree(CORPUS, ignore_errors=True)
-    calls = []
     from tasks import parallel
 
-    def spy(fn, *args, **kwargs):
-        calls.append(fn.__name__)
-        return in_child(fn, *args, **kwargs)
-
-    in_child = parallel.in_child_process
     with mock.patch("tasks.embed.get_embedder", lambda *_a, **_k: HashingEmbedder()), \
-            mock.patch("tasks.merge.MERGE_IN_CHILD_ROWS", 0), mock.patch("tasks.parallel.in_child_process", spy):
+            mock.patch("tasks.merge.MERGE_IN_CHILD_ROWS", 0), \
+            mock.patch("tasks.parallel.in_child_process", wraps=parallel.in_child_process) as in_child:
         build_index(str(_corpus(CORPUS, 1)), Catalog(tmp_path / "built"), load_config(overrides=CONFIG))
-    assert calls == ["graph_from_mentions"]
+    assert [c.args[0].__name__ for c in in_child.call_args_list] == ["graph_from_mentions"]
     assert table_digests(tmp_path / "built") == golden["build"]
 
 
