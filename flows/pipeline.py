@@ -77,6 +77,7 @@ def run_stages(run: "PipelineRun") -> BuildResult:
     delta = replace(delta, incoming=[], kept=[])
     layer0, hierarchy = what_publish_reads(layer0, hierarchy)
     run.forget_previous()
+    run.release_embedder()
     release_memory()  # before validation reads the spilled mentions part by part
     validate(run, tables)
     return publish(run, delta, tables, layer0, hierarchy)
@@ -139,12 +140,15 @@ class PipelineRun:
 
     def open_embedder(self):
         """The run's embedder, cached by text hash; an update checks it gives the index's vector dimension."""
-        from tasks.embed import LOCAL_MODEL, CachedEmbedder, EmbeddingCache, MappedEmbedder, check_dimension, get_embedder
+        from tasks.embed import (LOCAL_MODEL, CachedEmbedder, ChildEmbedder, EmbeddingCache, LocalEmbedder,
+                                 MappedEmbedder, check_dimension, get_embedder)
 
         if self._embedder is None:
             inner = get_embedder(self.cfg.embedding, self.cfg.llm)
             if self.cfg.dask.address and self.cfg.embedding.model == LOCAL_MODEL and isinstance(self.mapper, DaskPool):
                 inner = MappedEmbedder(inner, self.cfg.embedding, self.mapper)  # on the cluster's workers
+            elif isinstance(inner, LocalEmbedder):
+                inner = ChildEmbedder(inner, self.cfg.embedding)  # a large run's model in a child process
             self._embedder = CachedEmbedder(inner, EmbeddingCache(self.catalog.cache_dir / "embeddings.sqlite"))
             if self.snap:
                 check_dimension(self._embedder, self.snap["dim"])
@@ -156,6 +160,11 @@ class PipelineRun:
 
     def embed(self, texts: list[str], progress=None) -> np.ndarray:
         return self.embedder.embed(texts, progress)
+
+    def release_embedder(self) -> None:
+        """End the embedding model's child process, if one runs (nothing embeds after the index method)."""
+        if self._embedder is not None and hasattr(self._embedder.inner, "release"):
+            self._embedder.inner.release()
 
     def previous(self, name: str, columns: tuple[str, ...] | None = None, where: str | None = None) -> pa.Table:
         """A table of the snapshot this run updates (empty for a build), whole or only ``columns``, all rows or
@@ -196,6 +205,7 @@ def _execute(corpus, catalog, cfg, task, mapper, run_id, flow_name, snap, replac
         try:
             result = run_stages(run)
         finally:
+            run.release_embedder()
             shutil.rmtree(run.spill_dir.parent, ignore_errors=True)
             # the run's calls and tokens: the LLM client's and, for a litellm embedding model, the embedder's
             for client in (run.llm, run._embedder.inner.client if run._embedder else None):

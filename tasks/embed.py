@@ -374,6 +374,34 @@ class MappedEmbedder:
         return self.mapper(embed_part, parts, on_done=on_done, cfg=self.cfg)
 
 
+#: a call that brings this many texts or more to embed starts the packaged model in a child process, and the run's
+#: later calls go there too (``ChildEmbedder``); below it, a small corpus embeds in process (no start-up)
+EMBED_IN_CHILD_TEXTS = 20_000
+
+
+class ChildEmbedder(MappedEmbedder):
+    """The packaged model in a child process of the run (``tasks.parallel.ProcessMapper``) once a call is large.
+    PyTorch and the model add ~600 MB to the process that loads them, and it stays mapped there: in the run's own
+    process it would sit beside every later stage up to publish (100k chunks). ``release()`` ends the child, and
+    the memory with it; the same parts give the same vectors in either process."""
+
+    def __init__(self, local: "LocalEmbedder", cfg: EmbeddingConfig):
+        from tasks.parallel import ProcessMapper
+
+        super().__init__(local, cfg, ProcessMapper())
+        self.local = local
+
+    def embed_parts(self, parts: list[list[str]], on_done: Callable[[int, np.ndarray], None] | None = None):
+        if not self.mapper.started and sum(len(p) for p in parts) < EMBED_IN_CHILD_TEXTS:
+            from tasks.parallel import LocalMapper
+
+            return LocalMapper()(self.local.embed, parts, on_done=on_done)
+        return super().embed_parts(parts, on_done)
+
+    def release(self) -> None:
+        self.mapper.release()
+
+
 def embed_part(texts: list[str], cfg: EmbeddingConfig) -> np.ndarray:
     """The unit of embedding work on a worker."""
     return get_embedder(cfg).embed(texts)

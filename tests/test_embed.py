@@ -26,3 +26,22 @@ def test_onnx_runtime_matches_torch(tmp_path, monkeypatch):
     assert np.array_equal(LocalEmbedder(batch_size=2, precision="fp32", runtime="onnx").embed(TEXTS), a)
     # vectors from the two runtimes never share a cache entry
     assert onnx.cache_name != torch.cache_name
+
+
+def test_a_large_call_moves_the_model_to_a_child_process_for_the_rest_of_the_run(monkeypatch):
+    """Below ``EMBED_IN_CHILD_TEXTS`` texts a call embeds in process; from the first call at or above it, every
+    call goes to one child process until ``release``; the vectors are the in-process ones, bit for bit."""
+    from schemas.config import load_config
+    from tasks import embed
+
+    cfg = load_config().embedding
+    local = embed.get_embedder(cfg)
+    child = embed.ChildEmbedder(local, cfg)
+    monkeypatch.setattr(embed, "EMBED_IN_CHILD_TEXTS", 3)
+    assert np.array_equal(child.embed(TEXTS[:2]), local.embed(TEXTS[:2])) and not child.mapper.started
+    assert np.array_equal(child.embed(TEXTS[:3]), local.embed(TEXTS[:3])) and child.mapper.started
+    pool = child.mapper._pool
+    assert np.array_equal(child.embed(TEXTS[3:4]), local.embed(TEXTS[3:4])) and child.mapper._pool is pool
+    processes = list(pool._processes.values())
+    child.release()
+    assert not child.mapper.started and all(not p.is_alive() for p in processes)
