@@ -77,7 +77,6 @@ def run_stages(run: "PipelineRun") -> BuildResult:
     delta = replace(delta, incoming=[], kept=[])
     layer0, hierarchy = what_publish_reads(layer0, hierarchy)
     run.forget_previous()
-    run.release_embedder()
     release_memory()  # before validation reads the spilled mentions part by part
     validate(run, tables)
     return publish(run, delta, tables, layer0, hierarchy)
@@ -110,6 +109,10 @@ class Delta:
         return not self.incoming and not self.gone
 
 
+#: the stages that embed; a stage not among them ends the embedding model's child process, if one runs
+EMBEDDING_STAGES = frozenset({"embed", "hierarchy", "attach", "reports"})
+
+
 class PipelineRun:
     """One run's state and services; it is also the ``MethodContext`` an index method receives."""
 
@@ -131,6 +134,8 @@ class PipelineRun:
         return self.catalog.cache_dir / "spill" / self.run_id
 
     def stage(self, name: str, total: int | None = None):
+        if name not in EMBEDDING_STAGES:  # Leiden, validation, publish: not beside the embedding model's process
+            self.release_embedder()
         return self.stages(name, total)
 
     @property
@@ -162,7 +167,7 @@ class PipelineRun:
         return self.embedder.embed(texts, progress)
 
     def release_embedder(self) -> None:
-        """End the embedding model's child process, if one runs (nothing embeds after the index method)."""
+        """End the embedding model's child process, if one runs (a later embed starts it again)."""
         if self._embedder is not None and hasattr(self._embedder.inner, "release"):
             self._embedder.inner.release()
 

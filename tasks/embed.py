@@ -381,24 +381,28 @@ EMBED_IN_CHILD_TEXTS = 20_000
 
 class ChildEmbedder(MappedEmbedder):
     """The packaged model in a child process of the run (``tasks.parallel.ProcessMapper``) once a call is large.
-    PyTorch and the model add ~600 MB to the process that loads them, and it stays mapped there: in the run's own
-    process it would sit beside every later stage up to publish (100k chunks). ``release()`` ends the child, and
-    the memory with it; the same parts give the same vectors in either process."""
+    PyTorch and the model add ~600 MB to the process that loads them (1 GB at 100k chunks, with its allocator's
+    cache), and it stays mapped there: in the run's own process it would sit beside every later stage up to
+    publish. ``release()`` ends the child, and the memory with it, between the stages that embed (the pipeline
+    ends it when a stage that does not embed begins); the same parts give the same vectors in either process."""
 
     def __init__(self, local: "LocalEmbedder", cfg: EmbeddingConfig):
         from tasks.parallel import ProcessMapper
 
         super().__init__(local, cfg, ProcessMapper())
         self.local = local
+        self.large = False  # a call has been large: every later one goes to a child (started again if released)
 
     def embed_parts(self, parts: list[list[str]], on_done: Callable[[int, np.ndarray], None] | None = None):
-        if not self.mapper.started and sum(len(p) for p in parts) < EMBED_IN_CHILD_TEXTS:
+        self.large = self.large or sum(len(p) for p in parts) >= EMBED_IN_CHILD_TEXTS
+        if not self.large:
             from tasks.parallel import LocalMapper
 
             return LocalMapper()(self.local.embed, parts, on_done=on_done)
         return super().embed_parts(parts, on_done)
 
     def release(self) -> None:
+        """End the child process (its memory goes back to the system); a later call starts a new one."""
         self.mapper.release()
 
 

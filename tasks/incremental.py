@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -100,7 +101,7 @@ def stored_mention_select(batches: Callable[[], Iterable[pa.RecordBatch]], gone:
 
     gone_ids = sorted(gone)
     schema = pa.schema([schema_for("mentions", 0).field(c) for c in MENTION_COLUMNS])
-    selections = iter(range(1 << 30))
+    selections = itertools.count()
 
     def select(expr):
         keep = ~pl.col("chunk_id").is_in(gone_ids) & expr
