@@ -342,10 +342,8 @@ def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: SpilledTa
     cfg = run.cfg
     with run.stage("merge") as st:
         stored = (lambda columns: run.catalog.batches("mentions", run.snap, columns)) if run.snap else None
-        stored_table = run.catalog.open_table("mentions", snap=run.snap) if run.snap else None
-        stored_rows = stored_table.count_rows() if stored_table is not None else 0
         old_entities = run.previous("entities", ENTITY_FIELDS, "layer = 0")
-        layer0, mentions = st.run(_layer0, stored, stored_rows, plain_rows(old_entities),
+        layer0, mentions = st.run(_layer0, stored, plain_rows(old_entities),
                                   run.previous("relations"), delta.gone_chunks, new,
                                   cfg.extract.max_description_tokens, chunk_order(run, delta, chunks), run.spill_dir / "merge")
         for name in ("entities", "relations"):  # layer 0's rows replace them; embed and the attachment read
@@ -369,14 +367,13 @@ def chunk_order(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]) -> Chunk
             [*pairs, *((c["id"], c["document_id"], c["chunk_index"]) for c in chunks)]}
 
 
-def _layer0(stored, stored_rows: int, old_entities, old_relations, gone: set[str], new_mentions: pa.Table,
-            max_tokens: int, order: ChunkOrder, workdir: Path) -> tuple[Layer0, pa.Table | TableDelta]:
+def _layer0(stored, old_entities, old_relations, gone: set[str], new_mentions: pa.Table, max_tokens: int,
+            order: ChunkOrder, workdir: Path) -> tuple[Layer0, pa.Table | TableDelta]:
     """Layer 0 merged whole (a build: ``stored`` is None; in a child process when the mentions are many, see
     ``MERGE_IN_CHILD_ROWS``) or recomputed for the keys the delta touched (an update: ``stored(columns)`` scans
-    the previous snapshot's ``stored_rows`` mentions batch by batch, spilling what it selects in parts of at
-    most about ``MERGE_PART_ROWS``, as a build's)."""
+    the previous snapshot's mentions batch by batch)."""
     from tasks.incremental import recompute_layer0, stored_mention_select
-    from tasks.merge import MENTION_COLUMNS, MERGE_IN_CHILD_ROWS, MERGE_PART_ROWS, graph_from_mentions
+    from tasks.merge import MENTION_COLUMNS, MERGE_IN_CHILD_ROWS, graph_from_mentions
     from tasks.parallel import in_child_process
 
     if stored is None:
@@ -390,8 +387,7 @@ def _layer0(stored, stored_rows: int, old_entities, old_relations, gone: set[str
     touched = set(new_mentions.column("key").to_pylist())
     for batch in stored(["chunk_id", "key"]) if gone else ():  # the keys of the chunks that go
         touched |= set(batch.filter(pc.is_in(batch.column("chunk_id"), value_set=leaving)).column("key").to_pylist())
-    select = stored_mention_select(lambda: stored(list(MENTION_COLUMNS)), gone, new_mentions, workdir,
-                                   -(-stored_rows // MERGE_PART_ROWS))
+    select = stored_mention_select(lambda: stored(list(MENTION_COLUMNS)), gone, new_mentions)
     entities, relations, added, removed, changed = recompute_layer0(
         [e for e in old_entities if e["layer"] == 0], old_relations, select, touched, max_tokens, order)
     return (Layer0(entities, np.zeros((0, 0)), relations, added, removed, changed, gone),

@@ -15,18 +15,15 @@
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.tables import schema_for
 from tasks.catalog import relation_table
 from tasks.communities import community_id
 from tasks.merge import ChunkOrder, graph_from_mentions
@@ -68,7 +65,7 @@ def diff_documents(existing: list[dict[str, Any]], incoming: list[dict[str, Any]
     return out
 
 
-MentionSelect = Callable[[Any], Any]  # a polars expression (it may name ``a``, ``b``) -> the mention rows it keeps
+MentionSelect = Callable[[Any], Any]  # a polars expression -> the mention rows (with ``a``, ``b``) it keeps
 
 
 def _with_ends(frame):
@@ -83,47 +80,30 @@ def mention_select(mentions: Any) -> MentionSelect:
     """Selection from mentions held in memory (rows, an Arrow table or a polars frame)."""
     from tasks.merge import mention_frame
 
-    frame = _with_ends(mention_frame(mentions))
-    return lambda expr: frame.filter(expr).drop("a", "b")
+    return _with_ends(mention_frame(mentions)).filter
 
 
-def stored_mention_select(batches: Callable[[], Iterable[pa.RecordBatch]], gone: set[str], new: pa.Table,
-                          workdir: Path, n_parts: int) -> MentionSelect:
+def stored_mention_select(batches: Callable[[], Iterable[pa.RecordBatch]], gone: set[str], new: pa.Table) -> MentionSelect:
     """Selection from the previous snapshot's mentions (``batches`` scans them), without those of the ``gone``
-    chunks, and the ``new`` ones. Each selection reads the stored table batch by batch and spills the rows it
-    keeps to ``n_parts`` Parquet parts split by key (``tasks.spill``), which ``graph_from_mentions`` merges part
-    by part: with Zipf reuse, 1 % new documents touch the hub entities, whose mentions are a large share of all
-    (100k chunks: 3.8 GB held when selected into one frame)."""
+    chunks, and the ``new`` ones: each selection reads the stored table batch by batch and holds only the rows
+    it keeps, so an update never loads the whole table."""
     import polars as pl
 
-    from tasks.merge import MENTION_COLUMNS, mention_frame
-    from tasks.spill import SpillWriter
+    from tasks.merge import mention_frame
 
     gone_ids = sorted(gone)
-    schema = pa.schema([schema_for("mentions", 0).field(c) for c in MENTION_COLUMNS])
-    selections = itertools.count()
 
     def select(expr):
-        keep = ~pl.col("chunk_id").is_in(gone_ids) & expr
-        spill = SpillWriter(workdir / f"select-{next(selections)}", schema, "key", n_parts)
+        keep, parts = ~pl.col("chunk_id").is_in(gone_ids) & expr, []
         for b in batches():
-            batch = pa.Table.from_batches([b]).select(list(MENTION_COLUMNS))
+            batch = pa.Table.from_batches([b])
+            mask = _with_ends(mention_frame(batch)).select(keep).to_series().to_arrow()
             # the rows kept are copied out of the batch by Arrow: a polars filter keeps the batch's whole string
             # buffers alive behind them (1 % of 20k chunks' stored mentions held 460 MB, this ~5 MB)
-            spill.add(batch.filter(_with_ends(mention_frame(batch)).select(keep).to_series().to_arrow()))
-        spill.add(_with_ends(mention_frame(new)).filter(expr).drop("a", "b").to_arrow())
-        return spill.close()
+            parts.append(_with_ends(mention_frame(batch.filter(mask))))
+        return pl.concat([*parts, _with_ends(mention_frame(new)).filter(expr)])
 
     return select
-
-
-def _keys(selected: Any) -> list[str]:
-    """The distinct keys of a selection (a polars frame, or a spilled one read part by part)."""
-    from tasks.spill import SpilledTable
-
-    if isinstance(selected, SpilledTable):
-        return sorted({k for part in selected.parts(["key"], ordered=False) for k in part.column("key").unique().to_pylist()})
-    return sorted(set(selected.get_column("key").to_list()))
 
 
 def recompute_layer0(
@@ -150,7 +130,7 @@ def recompute_layer0(
     is_entity, is_relation = pl.col("kind") == "entity", pl.col("kind") == "relation"
     old_by_id = {e["id"]: e for e in old_entities if e["layer"] == 0}
     # the touched entities, recomputed from all their mentions
-    new_ents, _ = graph_from_mentions(select(is_entity & pl.col("key").is_in(sorted(ent_keys))),
+    new_ents, _ = graph_from_mentions(select(is_entity & pl.col("key").is_in(sorted(ent_keys))).drop("a", "b"),
                                       max_description_tokens, order=order)
     touched_ids = {entity_id(0, k) for k in ent_keys}
     new_by_id = {e["id"]: e for e in new_ents if e["id"] in touched_ids}
@@ -165,12 +145,12 @@ def recompute_layer0(
     flipped = sorted(k for k in ent_keys if entity_id(0, k) in added | removed)
     rel = select(is_relation & (pl.col("key").is_in(sorted(pair_keys)) | pl.col("a").is_in(flipped)
                                 | pl.col("b").is_in(flipped)))
-    rel_keys = _keys(rel)
-    named = {end for k in rel_keys for end in k.split("|", 1)}
+    named = set(rel.get_column("a").to_list()) | set(rel.get_column("b").to_list())
     live_ids = set(old_by_id) - removed | added
-    _, new_rels = graph_from_mentions(rel, max_description_tokens, order=order,
+    _, new_rels = graph_from_mentions(rel.drop("a", "b"), max_description_tokens, order=order,
                                       endpoints=[k for k in named if entity_id(0, k) in live_ids])
-    redone = {"|".join(sorted(entity_id(0, p) for p in k.split("|"))) for k in set(rel_keys) | pair_keys}
+    redone = {"|".join(sorted(entity_id(0, p) for p in k.split("|"))) for k in
+              set(rel.get_column("key").unique().to_list()) | pair_keys}
     old = relation_table(old_relations)
     ends = pa.array(sorted(removed), pa.string())
     gone = pc.or_(pc.or_(pc.is_in(old.column("source_id"), value_set=ends), pc.is_in(old.column("target_id"), value_set=ends)),
