@@ -133,8 +133,6 @@ class ProcessMapper:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
-    close = release
-
     def __call__(self, fn: Callable[..., R], batches: list[Any], on_done=None, **kwargs: Any) -> list[R]:
         from concurrent.futures.process import BrokenProcessPool
 
