@@ -146,7 +146,7 @@ def in_chunk_order(mentions: pa.Table) -> pa.Table:
 #: a run's mentions are spilled in parts of about this many rows, split by a hash of their key so that every
 #: entity and every relation is merged whole within one part: the merge's transient frames are a part's, and so
 #: are validation's and publish's, which read the spill part by part (100k chunks: 400k-row parts cost publish
-#: +650 MB, 200k-row parts +450 MB)
+#: +700 MB, 200k-row parts +510 MB, writing the mentions table alone)
 MERGE_PART_ROWS = 200_000
 #: a build merges this many mentions or more in a child process (``tasks.parallel.in_child_process``): at 100k
 #: chunks (9.5M mentions) the merge's transient frames left 1.5 GB mapped in the run's process after it
