@@ -38,7 +38,15 @@ def child(mode: str, corpus: str, index: str) -> None:
     from flows.pipeline import build_index, update_index
     from schemas.config import load_config
     from tasks.catalog import Catalog
+    from tasks.stages import Stages
 
+    began, stage_call = [], Stages.__call__  # when each stage began, to place the parent's memory samples
+
+    def noted(self, name, total=None):
+        began.append((name, time.time()))
+        return stage_call(self, name, total)
+
+    Stages.__call__ = noted
     t0 = time.perf_counter()
     if mode == "flow":
         from flows.index_flow import index_flow
@@ -49,7 +57,7 @@ def child(mode: str, corpus: str, index: str) -> None:
         run = build_index if mode == "direct" else update_index
         res = run(corpus, Catalog(index), load_config())
         result = {"stages": res.stages, "counts": res.counts}
-    result["wall_s"] = time.perf_counter() - t0
+    result["wall_s"], result["began"] = time.perf_counter() - t0, began
     print("RESULT " + json.dumps(result, default=str))
 
 
@@ -61,9 +69,13 @@ def timed(mode: str, corpus: Path, index: Path) -> dict:
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(["/usr/bin/time", "-v", sys.executable, __file__, "--child", mode, str(corpus), str(index)],
                                 stdout=out, stderr=err, text=True, env=env, cwd=REPO)
-        tree_peak = 0.0
-        while proc.poll() is None:  # /usr/bin/time gives the largest process's peak; Dask workers and the
-            tree_peak = max(tree_peak, tree_rss_mb(proc.pid))  # Prefect server are processes of their own
+        samples, tree_peak, at_peak = [], 0.0, {}
+        while proc.poll() is None:  # /usr/bin/time gives the largest process's peak; Dask workers, the embedding
+            parts = tree_rss_mb(proc.pid)  # model's child and the Prefect server are processes of their own
+            now = sum(parts.values())
+            samples.append((time.time(), now))
+            if now > tree_peak:
+                tree_peak, at_peak = now, parts
             time.sleep(0.5)
         out.seek(0)
         err.seek(0)
@@ -76,24 +88,49 @@ def timed(mode: str, corpus: Path, index: Path) -> dict:
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
     res["peak_rss_mb"] = int(rss.group(1)) / 1024 if rss else float("nan")
     res["tree_peak_rss_mb"] = tree_peak
+    res["tree_peak_parts_mb"] = {k: round(v) for k, v in at_peak.items() if v >= 1}
+    res["tree_peak_by_stage_mb"] = peaks_by_stage(samples, res.pop("began"))
     res["process_wall_s"] = outer
     return res
 
 
-def tree_rss_mb(pid: int) -> float:
-    """Resident memory of a process and all its descendants now, in MB (sampled every 0.5 s: a spike shorter than
-    that can be missed, so the per-process peak of /usr/bin/time is reported beside it)."""
-    total, todo = 0, [pid]
+def tree_rss_mb(pid: int) -> dict[str, float]:
+    """Resident memory of a process and each of its descendants now, in MB, by role (sampled every 0.5 s: a spike
+    shorter than that can be missed, so the per-process peak of /usr/bin/time is reported beside it)."""
+    parts: dict[str, float] = {}
+    todo = [pid]
     while todo:
         p = todo.pop()
         try:
             with open(f"/proc/{p}/statm", encoding="ascii") as fh:
-                total += int(fh.read().split()[1])
+                pages = int(fh.read().split()[1])
+            role = process_role(Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            parts[role] = parts.get(role, 0.0) + pages * os.sysconf("SC_PAGE_SIZE") / 2**20
             for task in Path(f"/proc/{p}/task").iterdir():
                 todo += [int(c) for c in (task / "children").read_text().split()]
         except (OSError, ValueError):
             continue
-    return total * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return parts
+
+
+def process_role(cmdline: str) -> str:
+    """What a process of the benchmark's tree is: the run, a one-off child (``in_child_process``), a spawned child
+    (the embedding model's ``ProcessMapper``, a Dask worker), the Prefect server."""
+    for marker, role in (("/usr/bin/time", "time"), ("--child", "run"), ("_child_main", "one-off child"),
+                         ("spawn_main", "spawned"), ("prefect", "prefect")):
+        if marker in cmdline:
+            return role
+    return "other"
+
+
+def peaks_by_stage(samples: list[tuple[float, float]], began: list[tuple[str, float]]) -> dict[str, float]:
+    """The largest sampled sum of all processes in each stage: from the time it began to the time the next began
+    (before the first: ``start-up``; the last one's runs to the end of the process)."""
+    out: dict[str, float] = {}
+    for when, mb in samples:
+        name = next((n for n, t in reversed(began) if t <= when), "start-up")
+        out[name] = round(max(out.get(name, 0.0), mb))
+    return out
 
 
 def disk_mb(path: Path) -> dict[str, float]:
@@ -146,14 +183,16 @@ def report(results: list[dict]) -> None:
         b, u = r["build"], r["update"]
         chunks = b["counts"]["chunks"]
         print(f"\n== {r['docs']} documents, {chunks} chunks, {b['counts']['entities']} entities")
-        print(f"{'stage':<14}{'seconds':>9}{'share':>8}{'RSS after':>11}{'peak so far':>13}")
+        print(f"{'stage':<14}{'seconds':>9}{'share':>8}{'RSS after':>11}{'peak so far':>13}{'all processes':>15}")
         total = sum(v["seconds"] for v in b["stages"].values())
+        tree = b.get("tree_peak_by_stage_mb", {})
         for stage, v in b["stages"].items():
             print(f"{stage:<14}{v['seconds']:>9.1f}{v['seconds'] / total:>8.0%}{v.get('rss_mb', 0):>8.0f} MB"
-                  f"{v.get('peak_rss_mb', 0):>10.0f} MB")
+                  f"{v.get('peak_rss_mb', 0):>10.0f} MB{tree.get(stage, 0):>12.0f} MB")
         print(f"wall {b['wall_s']:.1f} s in process ({b['process_wall_s']:.1f} s with start-up); "
               f"{chunks / b['wall_s']:.1f} chunks/s; peak RSS {b['peak_rss_mb']:.0f} MB "
-              f"(all processes together {b.get('tree_peak_rss_mb', 0):.0f} MB)")
+              f"(all processes together {b.get('tree_peak_rss_mb', 0):.0f} MB: " +
+              ", ".join(f"{k} {v}" for k, v in b.get("tree_peak_parts_mb", {}).items()) + ")")
         print("tables on disk (MB): " + ", ".join(f"{k} {v:.1f}" for k, v in b["disk_mb"].items()))
         print(f"update +1 %: {u['wall_s']:.1f} s = {u['wall_s'] / b['wall_s']:.1%} of the build; "
               f"peak RSS {u['peak_rss_mb']:.0f} MB; stages " +

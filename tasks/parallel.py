@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
@@ -112,6 +114,8 @@ class ProcessMapper:
 
     def __init__(self) -> None:
         self._pool: Any = None
+        self._busy = 0
+        self._lock = threading.Lock()
 
     @property
     def started(self) -> bool:
@@ -123,22 +127,29 @@ class ProcessMapper:
             from concurrent.futures import ProcessPoolExecutor
 
             self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            _LIVE.add(self)
         return self
 
     def ready(self) -> None:
         self.start()
 
-    def release(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+    def release(self, idle_only: bool = False) -> None:
+        """End the child (its memory goes back to the system); with ``idle_only``, not while a map runs."""
+        with self._lock:
+            if self._pool is None or (idle_only and self._busy):
+                return
+            pool, self._pool = self._pool, None
+            _LIVE.discard(self)
+        pool.shutdown(wait=True, cancel_futures=True)
 
     def __call__(self, fn: Callable[..., R], batches: list[Any], on_done=None, **kwargs: Any) -> list[R]:
         from concurrent.futures.process import BrokenProcessPool
 
         if "share" in kwargs and kwargs["share"] is None:
             kwargs["share"] = 1
-        futures = [self.start()._pool.submit(fn, b, **kwargs) for b in batches]
+        with self._lock:
+            self._busy += 1
+            futures = [self.start()._pool.submit(fn, b, **kwargs) for b in batches]
         out: list[R] = []
         try:
             for i, fut in enumerate(futures):
@@ -146,10 +157,25 @@ class ProcessMapper:
                 if on_done:
                     on_done(i, out[-1])
         except BrokenProcessPool as exc:
-            self._pool = None
+            self.release()
             raise RuntimeError(f"{getattr(fn, '__qualname__', fn)}: its child process ended unexpectedly "
                                "(killed: out of memory?)") from exc
+        finally:
+            with self._lock:
+                self._busy -= 1
         return out
+
+
+#: the ProcessMappers whose child runs now (``release_idle_children``)
+_LIVE: "weakref.WeakSet[ProcessMapper]" = weakref.WeakSet()
+
+
+def release_idle_children() -> None:
+    """End the child of every ProcessMapper not mapping now; each starts a new one on its next map. Called before a
+    one-off child starts (``in_child_process``): an idle embedding child (~1 GB at 100k chunks) beside it would
+    add up to more than either stage needs alone."""
+    for mapper in list(_LIVE):
+        mapper.release(idle_only=True)
 
 
 class DaskPool:
@@ -256,6 +282,7 @@ def in_child_process(fn: Callable[..., R], *args: Any, workdir: "os.PathLike[str
     import sys
     from pathlib import Path
 
+    release_idle_children()
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     inp, out = work / "call.pkl", work / "result.pkl"

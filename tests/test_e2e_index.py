@@ -109,7 +109,7 @@ def test_same_corpus_gives_identical_tables(built, small_corpus, tmp_path, monke
 
     live_at_release, release = [], ProcessMapper.release
     monkeypatch.setattr("tasks.embed.EMBED_IN_CHILD_TEXTS", 0)
-    monkeypatch.setattr(ProcessMapper, "release", lambda self: (live_at_release.append(self.started), release(self)))
+    monkeypatch.setattr(ProcessMapper, "release", lambda self, **kw: (live_at_release.append(self.started), release(self, **kw)))
     cfg = load_config(overrides={"chunking": SMALL["chunking"], "extract": SMALL["extract"]})
     build_index(str(small_corpus), Catalog(tmp_path / "again"), cfg)
     assert live_at_release.count(True) == 2

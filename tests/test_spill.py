@@ -90,6 +90,40 @@ def test_validation_reads_a_spilled_table_part_by_part_and_sees_repeats_across_p
     assert failures["expect_column_values_to_be_null"]["unexpected_count"] == 1
 
 
+def test_a_one_off_child_first_ends_idle_process_mappers(tmp_path):
+    """``in_child_process`` ends the child of a ProcessMapper that is not mapping (the embedding model's, between
+    two embeddings), which starts a new one on its next map; one that is mapping keeps its child."""
+    import os
+    import threading
+    import time
+
+    from tasks.parallel import ProcessMapper, in_child_process, release_idle_children
+
+    idle, busy = ProcessMapper(), ProcessMapper()
+    try:
+        first = idle(_pid, [None])[0]
+        in_child_process(os.getpid, workdir=tmp_path)
+        assert not idle.started
+        assert idle(_pid, [None])[0] not in (first, os.getpid())
+
+        mapping = threading.Thread(target=busy, args=(time.sleep, [1.0]))
+        mapping.start()
+        while not busy.started:
+            time.sleep(0.01)
+        release_idle_children()
+        assert busy.started and not idle.started
+        mapping.join()
+    finally:
+        idle.release()
+        busy.release()
+
+
+def _pid(_batch) -> int:
+    import os
+
+    return os.getpid()
+
+
 def _fails(message: str) -> None:
     raise ValueError(message)
 
