@@ -384,7 +384,8 @@ class ChildEmbedder(MappedEmbedder):
     PyTorch and the model add ~600 MB to the process that loads them (1 GB at 100k chunks, with its allocator's
     cache), and it stays mapped there: in the run's own process it would sit beside every later stage up to
     publish. ``release()`` ends the child, and the memory with it, between the stages that embed (the pipeline
-    ends it when a stage that does not embed begins); the same parts give the same vectors in either process."""
+    ends it when a stage that does not embed begins, ``in_child_process`` before a one-off child starts); the same
+    parts give the same vectors in either process."""
 
     def __init__(self, local: "LocalEmbedder", cfg: EmbeddingConfig):
         from tasks.parallel import ProcessMapper
