@@ -101,6 +101,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_a_local_cluster_leaves_the_runs_environment_as_it_was(monkeypatch):
+    """A Dask nanny writes its workers' settings (OMP_NUM_THREADS=1, MALLOC_TRIM_THRESHOLD_=65536) into the
+    environment of the process that starts it; the run's later children (the embedding model's) must not inherit
+    them, so the local cluster takes them back, while it runs and after it closes."""
+    from tasks.parallel import _nanny_environ, dask_client
+
+    names = _nanny_environ()
+    assert {"OMP_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_"} <= set(names)
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    before = {k: os.environ.get(k) for k in names}
+    with dask_client(DaskConfig(n_workers=1, processes=True)) as client:
+        assert client.submit(sum, [1, 2]).result() == 3
+        assert {k: os.environ.get(k) for k in names} == before
+    assert {k: os.environ.get(k) for k in names} == before
+
+
 @pytest.mark.slow
 def test_extraction_and_embedding_on_an_external_dask_cluster(tmp_path, small_corpus):
     """A scheduler and two workers as separate processes on 127.0.0.1, used through dask.address: extraction
