@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from schemas.tables import LOG_TABLES, SNAPSHOT_TABLES, schema_for
+from tasks.errors import DamagedError, NotFoundError, RefusedError, StrataError, UsageError
 from tasks.spill import SpilledTable, plain_schema
 
 SNAPSHOTS = "_snapshots"
@@ -41,12 +42,24 @@ _SNAPSHOT_SCHEMA = pa.schema(
 )
 
 
-class IndexError_(RuntimeError):
+class IndexError_(StrataError):
     """The index is missing, locked or inconsistent; the message says what to do."""
 
 
-class LockTimeout(IndexError_):
-    pass
+class IndexNotFound(IndexError_, NotFoundError):
+    """No index, or no such snapshot, at the location."""
+
+
+class IndexDamaged(IndexError_, DamagedError):
+    """A table the snapshot pins cannot be read."""
+
+
+class LockTimeout(IndexError_, RefusedError):
+    """Another run is writing the index."""
+
+
+class DiskFull(IndexError_, RefusedError):
+    """The disk filled up while a table was written: nothing was committed."""
 
 
 def _disk_full(exc: BaseException) -> bool:
@@ -146,11 +159,20 @@ def _plain(data: pa.Table) -> pa.RecordBatchReader:
 
 
 class Catalog:
-    def __init__(self, uri: str | Path):
+    def __init__(self, uri: str | Path, create: bool = True):
+        """The catalog at ``uri``; a local folder is created if missing unless ``create`` is false (then a missing
+        folder, or a file, is a clear error instead): see ``open_index`` for commands that only read."""
         self.uri = str(uri)
         if is_local(self.uri):
             self.root = Path(self.uri.removeprefix("file://")).expanduser().resolve()
-            self.root.mkdir(parents=True, exist_ok=True)
+            if self.root.exists() and not self.root.is_dir():
+                raise UsageError(f"--index {self.uri} is a file, not an index folder")
+            if create:
+                self.root.mkdir(parents=True, exist_ok=True)
+            elif not (self.root / "lance").is_dir():
+                what = "no such folder" if not self.root.exists() else "the folder holds no Strata index"
+                raise IndexNotFound(f"no index at {self.uri} ({what}): check --index, or build one with "
+                                    f"`strata index CORPUS --index {self.uri}`")
             self._db_uri = str(self.root / "lance")
         else:
             self.root = None
@@ -199,12 +221,12 @@ class Catalog:
         for s in snaps:
             if s["version"] == as_of:
                 return s
-        raise IndexError_(f"snapshot version {as_of} not found in {self.uri}; known: {[s['version'] for s in snaps]}")
+        raise IndexNotFound(f"snapshot version {as_of} not found in {self.uri}; known: {[s['version'] for s in snaps]}")
 
     def require_snapshot(self, as_of: int | None = None) -> dict[str, Any]:
         snap = self.snapshot(as_of)
         if snap is None:
-            raise IndexError_(f"no published index at {self.uri}: run `strata index CORPUS --index {self.uri}` first")
+            raise IndexNotFound(f"no published index at {self.uri}: run `strata index CORPUS --index {self.uri}` first")
         return snap
 
     # ------------------------------------------------------------------ reads
@@ -258,7 +280,7 @@ class Catalog:
         pinned = (snap or {}).get("tables", {}).get(name, "latest")
         where = f"version {pinned} of snapshot v{snap['version']}" if snap else "latest version"
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-        return IndexError_(f"table {name} ({where}) cannot be read: {first}. Its files under {self._db_uri} are damaged "
+        return IndexDamaged(f"table {name} ({where}) cannot be read: {first}. Its files under {self._db_uri} are damaged "
                            "or missing: `strata rollback --to` an earlier snapshot whose tables read, or rebuild with "
                            "`strata update --full`")
 
@@ -330,7 +352,7 @@ class Catalog:
                     if not _disk_full(exc):
                         raise
                     kept = f"snapshot v{previous['version']} stays published" if previous else "nothing was published"
-                    raise IndexError_(f"disk full while writing table {name} to {self._db_uri}: {kept}. Free space "
+                    raise DiskFull(f"disk full while writing table {name} to {self._db_uri}: {kept}. Free space "
                                       "(`strata gc --keep N` drops old table versions) and run the same command "
                                       "again") from exc
         new_version = version if version is not None else (previous["version"] + 1 if previous else 1)
