@@ -30,6 +30,7 @@ from flows.lineage import BuildResult, code_version, deployment_name, digest_of
 from schemas.config import StrataConfig
 from schemas.tables import ChunkRow, DocumentRow, QuarantineRow, schema_for
 from tasks.catalog import Catalog, TableDelta, plain_rows, relation_table, snapshot_note, to_table, vector_matrix
+from tasks.errors import NotFoundError
 from tasks.llm_client import LiteLLMClient, Usage
 from tasks.merge import ChunkOrder
 from tasks.methods import Hierarchy, Layer0, get_method
@@ -247,7 +248,7 @@ def ingest(run: PipelineRun) -> Delta:
     root, digest = run.root, digest_of(ingested.documents)
     if run.snap is None:
         if not ingested.documents:
-            raise RuntimeError(f"no readable documents under {run.corpus} ({len(ingested.quarantine)} quarantined): "
+            raise NotFoundError(f"no readable documents under {run.corpus} ({len(ingested.quarantine)} quarantined): "
                                "nothing to index")
         return Delta(root, ingested.documents, digest=digest, n_inputs=len(ingested.documents))
     with run.stage("diff") as st:

@@ -4,36 +4,71 @@ Each request resolves its snapshot once — the latest, or ``as_of`` — and ans
 alone, so a publish during a request never mixes versions; the response names the version it used. Views
 are loaded once per version and kept (``tasks.retrieve.load_view``), the question embedder once per
 process. At most ``serve.max_concurrency`` queries run at once; one more gets 503 with ``Retry-After``.
-With ``serve.api_key_env`` naming a set environment variable, every route but the health checks and the
-explorer page (``/``, which holds no data) needs ``Authorization: Bearer <that value>``; the key is never logged.
+
+Closed by default: with ``serve.api_key_env`` set, the variable it names must hold a key (or the service refuses
+to start), and every route but the health checks, the explorer page and the API docs (which hold no data)
+needs ``Authorization: Bearer <key>``. Every request body passes one guard (``RequestGuard``): at most
+``serve.max_request_bytes``, chunked or not, arriving within ``serve.body_timeout_s``. Error responses never
+echo what was sent. One access-log line per request (``serve.log_format``), never the key, and the question
+only with ``serve.log_questions``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import json
+import logging
 import os
+import sys
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.security import HTTPBearer
 from pydantic import BaseModel, Field
 
 from schemas.config import StrataConfig
+from tasks.errors import RefusedError
 
 PAGE = Path(__file__).resolve().parent / "explorer.html"
-OPEN_ROUTES = {"/healthz", "/readyz", "/"}  # "/": the explorer page holds no data; its calls carry the token
+#: routes that hold no data: the health checks, the explorer page (its calls carry the key) and the API docs
+OPEN_ROUTES = {"/healthz", "/readyz", "/", "/docs", "/redoc", "/openapi.json"}
+STATIC = "/static/"  # Swagger UI and ReDoc from a packaged copy (fastapi-offline), never a CDN
+ECHO_LIMIT = 200  # no error response carries more than this many characters of anything the client sent
+
+access_log = logging.getLogger("strata.access")
 
 
 class QueryRequest(BaseModel):
     question: str = Field(..., max_length=4000, description="The question (not empty).")
-    mode: str | None = Field(None, description="Retrieval mode; default: the index method's first mode.")
+    mode: str | None = Field(None, max_length=64, description="Retrieval mode; default: the index method's first mode.")
     token_budget: int | None = Field(None, description="Context tokens (100 .. serve.max_budget); default: retrieval.token_budget.")
     as_of: int | None = Field(None, description="Answer from this snapshot version instead of the latest.")
+
+
+def api_key(cfg: StrataConfig) -> str | None:
+    """The bearer key the service requires, or None when ``serve.api_key_env`` is empty (no auth).
+    A named variable that is unset or empty is a refusal, never an open service."""
+    name = cfg.serve.api_key_env
+    if not name:
+        return None
+    key = os.environ.get(name, "")
+    if not key.strip():
+        raise RefusedError(f"serve.api_key_env names ${name}, which is not set (or empty): refusing to serve the index "
+                           f"without the key. Export {name}=<key>, or set serve.api_key_env = \"\" to serve without auth")
+    return key
+
+
+def _short(text: Any) -> str:
+    text = str(text)
+    return text if len(text) <= ECHO_LIMIT else text[:ECHO_LIMIT] + "…"
 
 
 class Service:
@@ -42,7 +77,7 @@ class Service:
     def __init__(self, index: str, cfg: StrataConfig):
         from tasks.catalog import Catalog
 
-        self.cfg, self.catalog = cfg, Catalog(index)
+        self.cfg, self.catalog = cfg, Catalog(index, create=False)
         self.embedder = self.client = None
         self.ready = False
         self._lock = threading.Lock()
@@ -66,15 +101,17 @@ class Service:
         with self._lock:  # one load per new version, however many requests ask for it at once
             return load_view(self.catalog, as_of)
 
-    def answer(self, req: QueryRequest) -> dict[str, Any]:
+    def answer(self, req: QueryRequest, state: dict[str, Any]) -> dict[str, Any]:
         from tasks.answer import answer as make_answer
         from tasks.retrieve import index_modes, retrieve
 
         view = self.view(req.as_of)
+        state["snapshot"] = view.version
         mode = req.mode or index_modes(view.method)[0]
         if mode not in index_modes(view.method):
-            raise HTTPException(422, f"mode {mode!r} is not offered by this {view.method} index; choose one of "
-                                     f"{', '.join(index_modes(view.method))}")
+            raise HTTPException(422, f"mode {_short(repr(mode))} is not offered by this {view.method} index; choose "
+                                     f"one of {', '.join(index_modes(view.method))}")
+        state["mode"] = mode
         budget = req.token_budget or self.cfg.retrieval.token_budget
         cfg = self.cfg.retrieval.model_copy(update={"token_budget": budget})
         t0 = time.perf_counter()
@@ -83,13 +120,134 @@ class Service:
         return ctx.as_dict() | {"answer": make_answer(ctx, self.client, self.embedder.embed), "retrieval_ms": round(ms, 1)}
 
 
+# ---------------------------------------------------------------------------- the one guard of every request
+async def _send_json(send: Any, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    data = json.dumps(body).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), (b"connection", b"close")]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": data})
+
+
+class RequestGuard:
+    """ASGI middleware in front of every route: logs one line per request, checks the bearer key, and reads the
+    whole body before the app sees it — at most ``max_bytes`` whether it comes with a Content-Length or chunked
+    (413), within ``timeout_s`` (408) — so no route, framework or parser ever meets an oversize or endless body."""
+
+    def __init__(self, app: Any, cfg: StrataConfig, key: str | None):
+        self.app, self.cfg, self.key = app, cfg, key
+        self.max_bytes, self.timeout_s = cfg.serve.max_request_bytes, cfg.serve.body_timeout_s
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started, status = time.perf_counter(), [0]
+        state = scope.setdefault("state", {})
+
+        async def sending(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self._guarded(scope, receive, sending)
+        finally:
+            self._log(scope, state, status[0], (time.perf_counter() - started) * 1000)
+
+    async def _guarded(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        path = scope["path"]
+        if self.key is not None and path not in OPEN_ROUTES and not path.startswith(STATIC) and not self._authorized(scope):
+            await _send_json(send, 401, {"detail": "missing or wrong bearer token"}, {"WWW-Authenticate": "Bearer"})
+            return
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            code, what = (413, f"request body over {self.max_bytes} bytes") if declared.isdigit() else (400, "bad Content-Length")
+            await _send_json(send, code, {"detail": what})
+            return
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return  # the client went away: nothing to answer
+                    body = message.get("body", b"")
+                    size += len(body)
+                    if size > self.max_bytes:
+                        await _send_json(send, 413, {"detail": f"request body over {self.max_bytes} bytes"})
+                        return
+                    chunks.append(body)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            await _send_json(send, 408, {"detail": f"request body not received within {self.timeout_s:g} s"})
+            return
+        body, replayed = b"".join(chunks), False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: wait for the disconnect, as the server would say it
+
+        await self.app(scope, replay, send)
+
+    def _authorized(self, scope: dict[str, Any]) -> bool:
+        given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1").strip()
+        scheme, _, token = given.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.key.encode())
+
+    def _log(self, scope: dict[str, Any], state: dict[str, Any], status: int, ms: float) -> None:
+        record: dict[str, Any] = {
+            "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            "method": scope.get("method"), "route": scope["path"], "status": status, "latency_ms": round(ms, 1),
+            "snapshot": state.get("snapshot"), "mode": state.get("mode"),
+        }
+        if self.cfg.serve.log_questions and state.get("question") is not None:
+            record["question"] = state["question"]
+        if self.cfg.serve.log_format == "json":
+            access_log.info(json.dumps(record, ensure_ascii=False))
+        else:
+            extra = " ".join(f"{k}={record[k]}" for k in ("snapshot", "mode") if record[k] is not None)
+            question = f" question={json.dumps(record['question'], ensure_ascii=False)}" if "question" in record else ""
+            access_log.info(f"{record['time']} {record['method']} {record['route']} {status} {record['latency_ms']}ms"
+                            f"{' ' + extra if extra else ''}{question}")
+
+
+def configure_access_log(stream: Any = None) -> None:
+    """Access-log lines to ``stream`` (stderr), one per request, as written (no prefix: a JSON line stays JSON)."""
+    if any(getattr(h, "_strata", False) for h in access_log.handlers):
+        return
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler._strata = True  # type: ignore[attr-defined]
+    access_log.addHandler(handler)
+    access_log.setLevel(logging.INFO)
+    access_log.propagate = False
+
+
+def _validation_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pydantic's errors without what was sent: no ``input``, no ``ctx``, short locations and messages."""
+    return [{"loc": [_short(part) for part in e.get("loc", ())][:8], "msg": _short(e.get("msg", "")),
+             "type": _short(e.get("type", ""))} for e in errors[:20]]
+
+
+# ---------------------------------------------------------------------------- the app
 def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
-    """The service over the index at ``index``; ``load``: load the latest snapshot and the model at startup."""
+    """The service over the index at ``index``; ``load``: load the latest snapshot and the model at startup.
+    Refuses (``RefusedError``) when ``serve.api_key_env`` names a variable that holds no key."""
     from contextlib import asynccontextmanager
 
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+    from fastapi.staticfiles import StaticFiles
+
+    key = api_key(cfg)
     service = Service(index, cfg)
     slots = asyncio.Semaphore(cfg.serve.max_concurrency)
-    key = os.environ.get(cfg.serve.api_key_env) if cfg.serve.api_key_env else None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -97,30 +255,37 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
             await run_in_threadpool(service.load)
         yield
 
-    app = FastAPI(title="Strata", description="Queries over a Strata index's published snapshots.", lifespan=lifespan)
+    app = FastAPI(title="Strata", description="Queries over a Strata index's published snapshots. With auth on, use "
+                  "**Authorize** with the service's key.", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
+    app.add_middleware(RequestGuard, cfg=cfg, key=key)
+    app.mount(STATIC.rstrip("/"), StaticFiles(directory=_docs_assets()), name="static")
+    bearer = [Depends(HTTPBearer(auto_error=False, description="The key in the variable serve.api_key_env names"))] if key else []
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        size = request.headers.get("content-length")
-        if size and size.isdigit() and int(size) > cfg.serve.max_request_bytes:
-            return JSONResponse({"detail": f"request body over {cfg.serve.max_request_bytes} bytes"}, status_code=413)
-        if key and request.url.path not in OPEN_ROUTES:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-                return JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401,
-                                    headers={"WWW-Authenticate": "Bearer"})
-        return await call_next(request)
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _validation_errors(list(exc.errors()))}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse({"detail": _short(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def internal(_request: Request, exc: Exception) -> JSONResponse:
+        logging.getLogger("strata.serve").error("internal error: %s: %s", type(exc).__name__, _short(exc))
+        return JSONResponse({"detail": "internal error; the service log has the cause"}, status_code=500)
 
     def ready() -> Service:
         if not service.ready:
             raise HTTPException(503, "the snapshot is still loading", headers={"Retry-After": "1"})
         return service
 
-    @app.post("/query", summary="Retrieve a context for a question and answer it (as `strata query --json`)")
-    async def query(req: QueryRequest, svc: Service = Depends(ready)) -> dict[str, Any]:
-        from tasks.catalog import IndexError_
+    @app.post("/query", summary="Retrieve a context for a question and answer it (as `strata query --json`)",
+              dependencies=bearer)
+    async def query(req: QueryRequest, request: Request, svc: Service = Depends(ready)) -> dict[str, Any]:
+        from tasks.errors import NotFoundError
 
+        request.state.question = req.question
         if not req.question.strip():
             raise HTTPException(422, "the question is empty")
         if req.token_budget is not None and not 100 <= req.token_budget <= cfg.serve.max_budget:
@@ -130,21 +295,22 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
                                 headers={"Retry-After": "1"})
         async with slots:
             try:
-                return await run_in_threadpool(svc.answer, req)
-            except IndexError_ as exc:  # an as_of that was never published
+                return await run_in_threadpool(svc.answer, req, request.scope["state"])
+            except NotFoundError as exc:  # an as_of that was never published
                 raise HTTPException(404, str(exc)) from exc
 
-    @app.get("/snapshots", summary="Every published snapshot, newest first")
+    @app.get("/snapshots", summary="Every published snapshot, newest first", dependencies=bearer)
     async def snapshots() -> list[dict[str, Any]]:
         return [{"version": s["version"], "created_at": s["created_at"].isoformat(), "kind": s["kind"]}
                 for s in reversed(await run_in_threadpool(service.catalog.snapshots))]
 
-    @app.get("/index", summary="What `strata inspect --json` prints, and the retrieval modes the index offers")
+    @app.get("/index", summary="What `strata inspect --json` prints, and the retrieval modes the index offers",
+             dependencies=bearer)
     async def index_info() -> dict[str, Any]:
-        from flows.cli import inspect_data
+        from tasks.inspect import inspect_data
         from tasks.retrieve import index_modes
 
-        data = await run_in_threadpool(inspect_data, index, None, 5)
+        data = await run_in_threadpool(inspect_data, service.catalog, None, 5)
         return data | {"modes": list(index_modes(data["method"]))}
 
     @app.get("/healthz", summary="The process is up")
@@ -161,4 +327,22 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
     async def explorer() -> str:
         return PAGE.read_text(encoding="utf-8")
 
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="Strata API", swagger_js_url=f"{STATIC}swagger-ui-bundle.js",
+                                   swagger_css_url=f"{STATIC}swagger-ui.css", swagger_favicon_url=f"{STATIC}favicon.png",
+                                   swagger_ui_parameters={"validatorUrl": None, "persistAuthorization": True})
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title="Strata API", redoc_js_url=f"{STATIC}redoc.standalone.js",
+                              redoc_favicon_url=f"{STATIC}favicon.png", with_google_fonts=False)
+
     return app
+
+
+def _docs_assets() -> str:
+    """The folder of the packaged Swagger UI and ReDoc files (fastapi-offline ships them; no CDN is ever asked)."""
+    import fastapi_offline
+
+    return str(Path(fastapi_offline.__file__).resolve().parent / "static")

@@ -436,7 +436,9 @@ def question_embedder(cfg: EmbeddingConfig, llm: LLMConfig | None = None) -> Emb
 def check_dimension(embedder: Embedder, index_dim: int) -> None:
     """An index answers only to the embedding model it was built with: same vector dimension, or a clear error."""
     if embedder.dim != index_dim:
-        raise ValueError(
+        from tasks.errors import UsageError
+
+        raise UsageError(
             f"the index holds {index_dim}-d vectors but embedding model {embedder.name!r} gives {embedder.dim}-d ones: "
             "use the model the index was built with, or rebuild it (`strata update --full`, `strata index`)"
         )

@@ -44,6 +44,9 @@ def dask_client(cfg: DaskConfig, threads_per_worker: int = 1) -> Iterator[Any]:
             host="127.0.0.1",
             protocol="tcp",
             dashboard_address=None,
+            # no dashboard, and the scheduler's small HTTP server (health routes) on a free port: its default, 8787,
+            # warned "Port 8787 is already in use" whenever anything else held it
+            scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
             silence_logs=logging.ERROR,
         )
     client = Client(cluster)

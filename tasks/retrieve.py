@@ -20,8 +20,10 @@ graph, the BM25 index and the passage graph on first use) and reused across ques
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 import re
 import threading
 from collections import OrderedDict, defaultdict
@@ -35,23 +37,18 @@ import numpy as np
 import pyarrow as pa
 
 from schemas.config import RetrievalConfig
-from schemas.tables import schema_for
+from schemas.tables import SNAPSHOT_TABLES, schema_for
 from tasks.catalog import Catalog, ann_search, has_vector_index, snapshot_note, vector_matrix
 from tasks.chunk import count_tokens, truncate_tokens
 from tasks.graph_rank import PassageGraph, RankParams, build_passage_graph, rank_chunks
 from tasks.lexical import BM25Index, bm25s, rrf
 from tasks.merge import explicit_title
-from tasks.methods import all_methods, get_method
+from tasks.methods import MODES, SHARED_MODES, get_method
 
-#: sources-only modes every index offers, and how each ranks its sources; a method's own modes rank by ppr
-SHARED_MODES = {"ppr": "ppr", "hybrid": "hybrid", "naive": "dense"}
-MODES = tuple(m for method in all_methods() for m in method.modes) + tuple(SHARED_MODES)
 MAX_SOURCES = 200  # candidates considered for the sources section
 
 
-def index_modes(method: str) -> tuple[str, ...]:
-    """The retrieval modes an index built by ``method`` offers: its own, then the shared ones."""
-    return (*get_method(method).modes, *SHARED_MODES)
+from tasks.methods import index_modes  # noqa: E402  (re-exported: the query entry points ask it here)
 
 
 @dataclass
@@ -319,7 +316,21 @@ def _disk_head(catalog: Catalog) -> dict[str, Any] | None:
         return None
     if head.get("lance_version") is None or head.get("lance_version") != _snapshots_lance_version(catalog):
         return None
-    return head if head.get("code") == _code_stamp() else None
+    if head.get("code") != _code_stamp() or head.get("files") != _data_files(catalog):
+        return None  # other code, or a table's data files changed (a deleted file must fail as the tables do)
+    return head
+
+
+def _data_files(catalog: Catalog) -> dict[str, int]:
+    """Every data file of the snapshot tables, with its size: a copy is read only while these are as they were
+    when it was made (a listing of a few folders; a damaged index then fails as a load from the tables does)."""
+    files: dict[str, int] = {}
+    for name in SNAPSHOT_TABLES:
+        folder = catalog.root / "lance" / f"{name}.lance" / "data"
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(folder):
+                files[f"{name}/{entry.name}"] = entry.stat().st_size
+    return files
 
 
 def _read_disk_view(catalog: Catalog, head: dict[str, Any]) -> IndexView | None:
@@ -351,7 +362,8 @@ def remember_view(view: IndexView) -> None:
         return
     folder.mkdir(parents=True, exist_ok=True)
     name = f"view-v{view.version}.pkl"
-    head = {"version": view.version, "lance_version": view.lance_version, "code": _code_stamp(), "file": name}
+    head = {"version": view.version, "lance_version": view.lance_version, "code": _code_stamp(), "file": name,
+            "files": _data_files(catalog)}
     try:
         with tempfile.NamedTemporaryFile("wb", dir=folder, delete=False, suffix=".tmp") as fh:
             pickle.dump(view, fh, protocol=pickle.HIGHEST_PROTOCOL)
@@ -450,10 +462,14 @@ class Context:
         return "\n\n".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
+        """The context as plain data (``strata query --json``, the service): texts with Unix line ends."""
+        def plain(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [it | {"text": it["text"].replace("\r\n", "\n")} if "\r" in it.get("text", "") else it for it in items]
+
         return {
             "question": self.question, "mode": self.mode, "version": self.version, "message": self.message,
-            "tokens": self.tokens, "entities": self.entities, "communities": self.communities,
-            "bridge": self.bridge, "chunks": self.chunks, "seeds": self.seeds,
+            "tokens": self.tokens, "entities": plain(self.entities), "communities": plain(self.communities),
+            "bridge": plain(self.bridge), "chunks": plain(self.chunks), "seeds": self.seeds,
         }
 
 

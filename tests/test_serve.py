@@ -59,11 +59,13 @@ def test_routes_answer_as_the_cli_does_and_bad_requests_get_a_4xx_with_a_message
         assert client.post("/query", json={"mode": "hi"}).status_code == 422  # no question at all
 
 
-def test_auth_guards_every_route_but_the_health_checks(served_index, monkeypatch, caplog):
+def test_auth_guards_every_route_but_the_health_checks_and_the_docs(served_index, monkeypatch, caplog):
     monkeypatch.setenv("STRATA_TEST_SERVE_KEY", "s3cret-token")
     with _client(served_index, api_key_env="STRATA_TEST_SERVE_KEY") as client:
         assert client.get("/healthz").status_code == 200 and client.get("/readyz").status_code == 200
-        for path in ("/snapshots", "/index", "/openapi.json"):
+        for path in ("/", "/docs", "/redoc", "/openapi.json"):  # no data in any: the docs' calls need the key
+            assert client.get(path).status_code == 200
+        for path in ("/snapshots", "/index"):
             assert client.get(path).status_code == 401
         assert client.post("/query", json={"question": "Who was Scrooge's clerk?"}).status_code == 401
         wrong = {"Authorization": "Bearer nope"}
@@ -82,10 +84,10 @@ def test_a_saturated_service_answers_503_with_retry_after(served_index, monkeypa
     entered, release = threading.Event(), threading.Event()
     real = serve.Service.answer
 
-    def slow(self, req):
+    def slow(self, req, state):
         entered.set()
         release.wait(30)
-        return real(self, req)
+        return real(self, req, state)
 
     monkeypatch.setattr(serve.Service, "answer", slow)
     with _client(served_index, max_concurrency=1) as client:
@@ -136,4 +138,7 @@ def test_serve_refuses_an_index_that_is_not_there(tmp_path):
     from flows.cli import app
 
     res = CliRunner().invoke(app, ["serve", "--index", str(tmp_path / "none")])
-    assert res.exit_code == 1 and "no published index" in res.output
+    assert res.exit_code == 3 and "no index at" in res.output and not (tmp_path / "none").exists()
+    (tmp_path / "empty" / "lance").mkdir(parents=True)
+    res = CliRunner().invoke(app, ["serve", "--index", str(tmp_path / "empty")])
+    assert res.exit_code == 3 and "no published index" in res.output

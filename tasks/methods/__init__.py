@@ -86,8 +86,27 @@ def all_methods() -> list[IndexMethod]:
     return [HiRAG(), HyGRAG(), ArchRAG()]
 
 
+#: sources-only modes every index offers, and how each ranks its sources; a method's own modes rank by ppr
+SHARED_MODES = {"ppr": "ppr", "hybrid": "hybrid", "naive": "dense"}
+
+
+def index_modes(method: str) -> tuple[str, ...]:
+    """The retrieval modes an index built by ``method`` offers: its own, then the shared ones."""
+    return (*get_method(method).modes, *SHARED_MODES)
+
+
+def modes_help() -> str:
+    """Which index offers which mode, for ``--help`` texts: derived from the registered methods."""
+    own = "; ".join(f"{m.name} indexes: {' | '.join(m.modes)}" for m in all_methods())
+    return f"{own}; any index: {' | '.join(SHARED_MODES)} (graph-ranked, BM25 + dense, dense sources only)"
+
+
 def get_method(name: str) -> IndexMethod:
     methods = {m.name: m for m in all_methods()}
     if name not in methods:
         raise ValueError(f"unknown index.method {name!r}; choose one of {', '.join(methods)}")
     return methods[name]
+
+
+#: every retrieval mode of every registered method, then the shared ones
+MODES = tuple(dict.fromkeys([*(mode for method in all_methods() for mode in method.modes), *SHARED_MODES]))

@@ -1,0 +1,160 @@
+"""Commands that look after an index: ``inspect``, ``validate``, ``export`` (read only), ``rollback``, ``gc``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from flows.cli.common import AsOfOpt, LockOpt, ReadIndexOpt, command, out
+from schemas.tables import ALL_TABLES, SNAPSHOT_TABLES
+from tasks.errors import EXIT_CODES, UsageError
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[list[str]], justify: str = "left") -> Table:
+    t = Table(title=title)
+    for col in columns:
+        t.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+@command()
+def inspect(
+    index: str = ReadIndexOpt,
+    as_of: Optional[int] = AsOfOpt,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    runs: int = typer.Option(5, help="How many recent runs to show."),
+    versions: bool = typer.Option(False, "--versions", help="List every published snapshot."),
+) -> None:
+    """Row counts of the published snapshot, its version, the layer statistics and the last runs (exit 4 when a
+    table of the snapshot cannot be read)."""
+    from tasks.catalog import Catalog
+    from tasks.inspect import inspect_data
+
+    data = inspect_data(Catalog(index, create=False), as_of, runs)
+    damaged = typer.Exit(EXIT_CODES["damaged"]) if data["problems"] else None
+    if as_json:
+        out.print_json(json.dumps(data, default=str))
+        if damaged:
+            raise damaged
+        return
+    out.print(f"[bold]{escape(data['index'])}[/]  snapshot v{data['version']} ({data['kind']}, {data['created_at']}), "
+              f"method {data['method']}")
+    for problem in data["problems"]:
+        out.print(f"[bold red]damaged:[/] {escape(problem)}", highlight=False)
+    out.print(_table("tables", ("table", "rows"), [[k, str(v)] for k, v in data["tables"].items()]))
+    cols = ("layer", "n_entities", "n_clusters", "cluster_sparsity", "change_rate", "stop_reason")
+    if data["layers"]:
+        out.print(_table("hierarchy layers", cols, [
+            [("" if l[c] is None else f"{l[c]:.4f}" if isinstance(l[c], float) else str(l[c])) for c in cols]
+            for l in data["layers"]]))
+    if any("chnsw" in n for n in data["nodes"]):
+        keys = ("layer", "nodes", "chnsw", "chnsw_down")
+        out.print(_table("C-HNSW links per layer", keys, [[str(n[k]) for k in keys] for n in data["nodes"]], "right"))
+    if data["communities"]:
+        keys = ("level", "count", "min_size", "median_size", "max_size")
+        out.print(_table("communities per level", keys, [[str(c[k]) for k in keys] for c in data["communities"]], "right"))
+    if versions:
+        out.print(_table("snapshots", ("version", "created_at", "kind"),
+                         [[str(v["version"]), v["created_at"], v["kind"]] for v in data["versions"]]))
+    out.print(_table("recent runs", ("started_at", "flow", "status", "snapshot", "error"), [
+        [r["started_at"] or "", r["flow"], r["status"], str(r["snapshot_version"] or ""), escape((r["error"] or "")[:80])]
+        for r in data["runs"]]))
+    if damaged:
+        raise damaged
+
+
+@command()
+def validate(index: str = ReadIndexOpt, as_of: Optional[int] = AsOfOpt) -> None:
+    """Run the expectation suites over a published snapshot (exit 4 when any fails or a table cannot be read)."""
+    from tasks.catalog import Catalog
+    from tasks.validate import validate_tables
+
+    cat = Catalog(index, create=False)
+    snap = cat.require_snapshot(as_of)
+    report = validate_tables({name: cat.read(name, snap=snap) for name in SNAPSHOT_TABLES}, snap["dim"])
+    for name, n in report.checked.items():
+        out.print(f"{name}: {n} expectations")
+    if report.success:
+        out.print(f"[green]snapshot v{snap['version']}: all expectations passed[/]")
+        return
+    for f in report.failures:
+        out.print(f"[red]FAIL[/] {f['table']}: {f['expectation']}({f['column']}) — {f['unexpected_count']} bad row(s), "
+                  f"e.g. {escape(str(f['sample']))}")
+    raise typer.Exit(EXIT_CODES["damaged"])
+
+
+@command()
+def rollback(
+    index: str = ReadIndexOpt,
+    to: int = typer.Option(..., "--to", help="The snapshot version to return to (see `strata inspect --versions`)."),
+    lock_timeout: float = LockOpt,
+) -> None:
+    """Undo a bad refresh in seconds: publish a new snapshot that pins the tables of an earlier one (nothing rewritten)."""
+    from datetime import datetime, timezone
+
+    from tasks.catalog import Catalog
+    from tasks.ids import make_id
+
+    cat = Catalog(index, create=False)
+    with cat.writer_lock(lock_timeout):
+        started = datetime.now(timezone.utc)
+        run_id = make_id("run", started.isoformat(), "rollback", to)
+        cat.log_run({"id": run_id, "flow": "rollback", "started_at": started, "status": "running",
+                     "parameters": json.dumps({"index": cat.uri, "to": to})})
+        version = cat.rollback(to, run_id)
+        cat.finish_run(run_id, {"status": "published", "ended_at": datetime.now(timezone.utc), "snapshot_version": version})
+    out.print(f"snapshot v{version} published: the tables of v{to}")
+
+
+@command()
+def gc(
+    index: str = ReadIndexOpt,
+    keep: int = typer.Option(..., "--keep", min=1, help="How many of the newest snapshots to keep (at least 1)."),
+    lock_timeout: float = LockOpt,
+) -> None:
+    """Drop old snapshots and the table versions no kept snapshot needs (never a version a kept snapshot pins)."""
+    from tasks.catalog import Catalog
+
+    cat = Catalog(index, create=False)
+    with cat.writer_lock(lock_timeout):
+        done = cat.gc(keep)
+    out.print(f"kept snapshots {done['kept']}, dropped {done['dropped'] or 'none'}; table versions removed: "
+              f"{sum(done['versions_removed'].values())} ({done['bytes_removed'] / 1e6:.1f} MB freed)")
+
+
+@command()
+def export(
+    index: str = ReadIndexOpt,
+    out_dir: Path = typer.Option(..., "--out", "-o", help="Folder for <table>.parquet files (created if missing)."),
+    fmt: str = typer.Option("parquet", "--format", help="Only 'parquet' for now."),
+    tables: Optional[list[str]] = typer.Option(None, "--table", help="Export only these tables (repeatable)."),
+    as_of: Optional[int] = AsOfOpt,
+) -> None:
+    """Write every table of a snapshot as <table>.parquet (load them with polars or duckdb)."""
+    import pyarrow.parquet as pq
+
+    from tasks.catalog import Catalog
+
+    if fmt != "parquet":
+        raise UsageError(f"unsupported format {fmt!r}: only 'parquet'")
+    names = tables or list(ALL_TABLES)
+    unknown = [n for n in names if n not in ALL_TABLES]
+    if unknown:
+        raise UsageError(f"unknown table(s) {unknown}; known: {', '.join(ALL_TABLES)}")
+    cat = Catalog(index, create=False)
+    snap = cat.require_snapshot(as_of)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} is a file, not a folder")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        data = cat.read(name, snap=snap)
+        pq.write_table(data, out_dir / f"{name}.parquet")
+        out.print(f"{name}: {data.num_rows} rows -> {out_dir / (name + '.parquet')}")
+

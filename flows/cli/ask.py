@@ -1,0 +1,295 @@
+"""Commands that answer questions from an index: ``query``, ``shell``, ``eval``, ``serve``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from flows.cli.common import AsOfOpt, ConfigOpt, ReadIndexOpt, SetOpt, command, config, console, out, overrides
+from tasks.errors import RefusedError, UsageError
+from tasks.methods import modes_help
+
+ModeOpt = typer.Option(None, "--mode", help=f"Retrieval mode (default: the index method's first). {modes_help()}; "
+                                            "all at the same token budget.")
+BudgetOpt = typer.Option(None, "--budget", min=100, help="Context token budget (default: retrieval.token_budget).")
+
+
+@command()
+def query(
+    question: str = typer.Argument(..., help="The question to answer."),
+    index: str = ReadIndexOpt,
+    mode: Optional[str] = ModeOpt,
+    budget: Optional[int] = BudgetOpt,
+    as_of: Optional[int] = AsOfOpt,
+    config_path: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Retrieve local entities, community reports and bridge paths for a question, then answer it.
+
+    Without an LLM configured the answer is extractive: the context sentences that best match the question."""
+    from tasks.reader import open_reader
+    from tasks.retrieve import remember_view
+
+    if not question.strip():
+        raise UsageError("the question is empty: ask something, e.g. strata query \"Who employed Bob Cratchit?\"")
+    reader = open_reader(index, config(config_path, set_), as_of, mode)
+    ctx, answer, ms = reader.ask(question, mode, budget)
+    remember_view(reader.view)  # the next `strata query` on this snapshot starts from it
+    if as_json:
+        out.print_json(json.dumps(ctx.as_dict() | {"answer": answer, "retrieval_ms": round(ms, 1)}, default=str))
+        return
+    out.print(f"[bold]Q:[/] {escape(question)}   [dim](mode {ctx.mode}, snapshot v{ctx.version}, {ms:.0f} ms, "
+              f"{sum(ctx.tokens.values())} context tokens)[/]")
+    if ctx.message:
+        out.print(f"[yellow]{escape(ctx.message)}[/]")
+    if ctx.seeds:
+        out.print(f"[dim]graph seeds — named in the question: {escape(', '.join(ctx.seeds.get('named', [])) or '(none)')}; "
+                  f"nearest to it: {escape(', '.join(ctx.seeds.get('similar', [])) or '(none)')}; "
+                  f"chained from the best sentences: {escape(', '.join(ctx.seeds.get('chained', [])) or '(none)')}[/]")
+    data = ctx.as_dict()
+    for title, key in (("Local: entities", "entities"), ("Global: community reports", "communities"),
+                       ("Bridge: reasoning-path triples", "bridge"), ("Sources: chunks", "chunks")):
+        if data[key]:
+            out.rule(f"{title} ({len(data[key])})")
+            for it in data[key]:
+                out.print(it["text"], markup=False, highlight=False)
+    if answer.get("note"):
+        out.print(f"[yellow]{escape(answer['note'])}[/]")
+    out.rule("Answer (extractive: the best-matching context sentences, no LLM)" if answer["kind"] == "extractive"
+             else f"Answer ({reader.cfg.llm.model})")
+    out.print(answer["text"] or "(no sentence of the context matches the question)", markup=False, highlight=False)
+
+
+SHELL_HELP = """questions are answered from the published snapshot (a newer one is picked up before each question)
+  :mode NAME     retrieval mode (the index's: {modes})
+  :budget N      context token budget (at least 100)
+  :sources       show or hide the source passages of each answer
+  :json          print each answer as the JSON of `strata query --json`, or not
+  :help          this text
+  :quit          leave (also Ctrl-D)"""
+
+
+@command()
+def shell(
+    index: str = ReadIndexOpt,
+    mode: Optional[str] = typer.Option(None, help="Starting mode (default: the index method's first)."),
+    config_path: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
+) -> None:
+    """An interactive prompt: the snapshot and the embedding model are loaded once, each question is answered in
+    well under a second, and a newly published snapshot is picked up without leaving. History in ~/.strata_history."""
+    import readline
+
+    from tasks.reader import open_reader
+
+    reader = open_reader(index, config(config_path, set_), mode=mode)
+    reader.embedder.embed(["warm up"])
+    history = Path.home() / ".strata_history"
+    with contextlib.suppress(OSError):
+        readline.read_history_file(history)
+    state: dict[str, Any] = {"mode": mode or reader.modes[0], "budget": reader.cfg.retrieval.token_budget,
+                             "sources": False, "json": False}
+    out.print(f"snapshot v{reader.view.version} of {reader.catalog.uri} ({reader.view.method}; {len(reader.view.ent_ids)} "
+              f"entities, {len(reader.view.chunk_ids)} chunks), mode {state['mode']}, budget {state['budget']}; :help for commands")
+    while True:
+        try:
+            line = input("strata> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            out.print()
+            break
+        if not line:
+            continue
+        if line.startswith(":"):
+            if _shell_command(line[1:], state, reader.modes):
+                break
+            continue
+        if reader.refresh():
+            out.print(f"[dim]snapshot v{reader.view.version} loaded[/]")
+        ctx, result, ms = reader.ask(line, state["mode"], state["budget"])
+        if state["json"]:
+            print(json.dumps(ctx.as_dict() | {"answer": result, "retrieval_ms": round(ms, 1)}, default=str))
+            continue
+        label = "extractive" if result["kind"] == "extractive" else reader.cfg.llm.model
+        out.print(f"[bold]answer[/] [dim]({label}; mode {state['mode']}, snapshot v{ctx.version}, {ms:.0f} ms, "
+                  f"{sum(ctx.tokens.values())} context tokens)[/]")
+        out.print(result["text"] or ctx.message or "(no sentence of the context matches the question)",
+                  markup=False, highlight=False)
+        if state["sources"]:
+            for c in ctx.as_dict()["chunks"]:
+                out.print(f"  [{c['score']:.3f}] {c['title']}: {c['text'][:160]}", markup=False, highlight=False)
+    with contextlib.suppress(OSError):
+        readline.write_history_file(history)
+
+
+def _shell_command(line: str, state: dict[str, Any], modes: tuple[str, ...]) -> bool:
+    """One ``:command`` of the shell; True to leave."""
+    cmd, _, arg = line.partition(" ")
+    arg = arg.strip()
+    if cmd in ("q", "quit", "exit"):
+        return True
+    if cmd == "help":
+        out.print(SHELL_HELP.format(modes=", ".join(modes)), markup=False, highlight=False)
+    elif cmd == "mode" and arg in modes:
+        state["mode"] = arg
+        out.print(f"mode {arg}")
+    elif cmd == "mode":
+        console.print(f"[bold red]error:[/] unknown mode {escape(repr(arg))}; this index offers {', '.join(modes)}")
+    elif cmd == "budget" and arg.isdigit() and int(arg) >= 100:
+        state["budget"] = int(arg)
+        out.print(f"budget {arg} tokens")
+    elif cmd == "budget":
+        console.print(f"[bold red]error:[/] the budget must be a whole number of at least 100 tokens, not {escape(repr(arg))}")
+    elif cmd in ("sources", "json"):
+        state[cmd] = not state[cmd]
+        out.print(f"{cmd} {'on' if state[cmd] else 'off'}")
+    else:
+        console.print(f"[bold red]error:[/] unknown command :{escape(cmd)}; :help lists them")
+    return False
+
+
+@command()
+def serve(
+    index: str = ReadIndexOpt,
+    host: Optional[str] = typer.Option(None, help="Interface to bind (default serve.host: 127.0.0.1, this machine only)."),
+    port: Optional[int] = typer.Option(None, min=1, max=65535, help="Port, 1-65535 (default serve.port: 8000)."),
+    config_path: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
+) -> None:
+    """An HTTP query service over the published snapshot, safe while updates publish new ones.
+
+    POST /query {question, mode?, token_budget?, as_of?} answers as `strata query --json` does; GET /snapshots,
+    /index (inspect --json), /healthz, /readyz; API docs at /docs and /redoc (packaged, no CDN); a query explorer
+    page at /. A newly published snapshot is used from the next request on, without a restart; each response names
+    its version. One access-log line per request on stderr. Settings under \\[serve]: api_key_env (bearer-token auth;
+    the service refuses to start when the variable it names is unset), max_concurrency (then 503 + Retry-After),
+    max_budget, max_request_bytes (413), body_timeout_s (408), log_format (text | json), log_questions."""
+    import uvicorn
+
+    from flows.serve import api_key, configure_access_log, create_app
+    from tasks.catalog import Catalog
+
+    cfg = config(config_path, set_)
+    Catalog(index, create=False).require_snapshot()
+    key = api_key(cfg)  # refuses before anything binds
+    host, port = host or cfg.serve.host, port or cfg.serve.port
+    sock = bind(host, port)
+    auth = f"bearer token from ${cfg.serve.api_key_env}" if key else "none"
+    configure_access_log()
+    console.print(f"serving {index} on http://{host}:{sock.getsockname()[1]}  (docs /docs, explorer /, auth: {auth})")
+    server = uvicorn.Server(uvicorn.Config(create_app(index, cfg), log_level="warning", access_log=False))
+    server.run(sockets=[sock])
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``, or a clear refusal (port in use, no such interface) before any
+    'serving' line is printed."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise UsageError(f"cannot bind to host {host!r}: {exc.strerror}") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise RefusedError(f"cannot listen on {host}:{port}: {exc.strerror} (is another service on that port? choose "
+                           "another with --port)") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+@command(name="eval")
+def eval_(
+    dataset: Path = typer.Option(..., "--dataset", "-d", help="Folder with corpus.jsonl and queries.jsonl."),
+    index: str = typer.Option(..., "--index", "-i", help="The index: a folder or an s3:// URI (built from the dataset's "
+                                                          "corpus.jsonl if it holds no index yet)."),
+    modes: Optional[list[str]] = typer.Option(None, "--modes", "-m", help="Modes to compare, repeatable (default: all)."),
+    budgets: Optional[list[int]] = typer.Option(
+        None, "--budgets", "-b", help="Context token budgets, repeatable (default: retrieval.token_budget)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Where to write results (default: <index>/eval)."),
+    limit: Optional[int] = typer.Option(None, help="Only the first N questions."),
+    config_path: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Context recall of each retrieval mode on a QA dataset; builds the index from its corpus.jsonl if needed.
+
+    Per budget and mode: supporting-passage recall (whole passages only), its paired difference to
+    naive with a bootstrap 95 % interval and wins/losses, recall@2/5/10 of the ranking, answer-in-context
+    rate (the gold answer in the context, and in the offline answer's sentences), mean context tokens and
+    retrieval latency p50/p95; writes results.json, per_query.csv and one bar chart per budget."""
+    import csv
+    import dataclasses
+
+    from tasks.catalog import Catalog
+    from tasks.evaluate import evaluate, load_queries, plot_results
+    from tasks.reader import check_mode, check_modes, open_reader
+
+    check_modes(modes or [])
+    small = [b for b in budgets or [] if b < 100]
+    if small:
+        raise UsageError(f"token budget(s) {small} too small: at least 100 tokens")
+    cfg = config(config_path, set_)
+    queries = load_queries(dataset)[:limit]
+    if Catalog(index).snapshot() is None:
+        corpus = dataset / "corpus.jsonl"
+        console.print(f"no index at {index}: building it from {corpus}")
+        from flows.index_flow import index_flow
+
+        index_flow(str(corpus), index, str(config_path) if config_path else None, overrides(set_))
+    reader = open_reader(index, cfg, warm=False)
+    view = reader.view
+    for m in modes or []:
+        check_mode(view.method, m)
+    modes = modes or list(reader.modes)
+    budgets = list(dict.fromkeys(budgets or [cfg.retrieval.token_budget]))
+    results, rows = evaluate(view, reader.embedder.embed, queries, modes, cfg.retrieval, budgets)
+    cat = reader.catalog
+    target = out_dir or (Path(cat.root) / "eval" if cat.root else Path("eval"))
+    target.mkdir(parents=True, exist_ok=True)
+    by_budget = {b: [r for r in results if r.token_budget == b] for b in budgets}
+    per_budget = [{"token_budget": b, "modes": [dataclasses.asdict(r) for r in rs]} for b, rs in by_budget.items()]
+    summary = {"dataset": str(dataset), "index": cat.uri, "version": view.version, "n_queries": len(queries),
+               **per_budget[0], "budgets": per_budget}
+    (target / "results.json").write_text(json.dumps(summary, indent=2))
+    with (target / "per_query.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["mode", "token_budget"])
+        writer.writeheader()
+        writer.writerows(rows)
+    plots = [plot_results(rs, target / f"recall-{b}.png", f"{dataset.name}: {len(queries)} questions, v{view.version}, budget {b}")
+             for b, rs in by_budget.items()]
+    summary["files"] = {"results": str(target / "results.json"), "per_query": str(target / "per_query.csv"),
+                        "plots": [str(p) for p in plots]}
+    if as_json:
+        out.print_json(json.dumps(summary, default=str))
+        return
+    for b, rs in by_budget.items():
+        out.print(_eval_table(dataset.name, len(queries), b, rs))
+    out.print(f"results: {target / 'results.json'}  plots: {', '.join(str(p) for p in plots)}")
+
+
+def _eval_table(name: str, n: int, budget: int, results: list[Any]) -> Table:
+    cols = ("mode", "recall", "Δ naive [95% CI]", "W/L", "R@2", "R@5", "R@10", "answer", "offline", "tokens", "p50 ms", "p95 ms")
+    t = Table(title=f"{name}: {n} questions, budget {budget} tokens (recall: whole supporting passages in the context; "
+                    "answer: gold answer in the context; offline: in the offline answer's sentences)")
+    for col in cols:
+        t.add_column(col, justify="right" if col != "mode" else "left", no_wrap=True)
+    for r in results:
+        v = r.vs_naive
+        delta = f"{v['mean_diff']:+.3f} [{v['ci_low']:+.3f}, {v['ci_high']:+.3f}]" if v else "—"
+        t.add_row(r.mode, f"{r.passage_recall:.3f}", delta, f"{v['wins']}/{v['losses']}" if v else "—",
+                  f"{r.recall_at_2:.3f}", f"{r.recall_at_5:.3f}", f"{r.recall_at_10:.3f}", f"{r.answer_in_context:.3f}",
+                  f"{r.answer_in_extractive:.3f}", f"{r.mean_context_tokens:.0f}", f"{r.latency_p50_ms:.1f}",
+                  f"{r.latency_p95_ms:.1f}")
+    return t

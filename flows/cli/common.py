@@ -1,0 +1,190 @@
+"""What every ``strata`` command shares: the app, the consoles, the options, one way to fail, progress bars.
+
+Every command is registered with ``command``: a failure it raises becomes one ``error:`` line on stderr and the
+exit code of its kind (``tasks.errors.EXIT_CODES``); nothing else reaches the user, unless ``STRATA_DEBUG=1``
+asks for the traceback of an internal error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import json
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from schemas.config import StrataConfig, load_config, parse_overrides
+from tasks.errors import EXIT_CODES, UsageError, exit_code
+
+app = typer.Typer(
+    name="strata",
+    help=(
+        "Strata builds and serves a hierarchical knowledge-graph index (HiRAG) for graph RAG.\n\n"
+        "Typical use:\n\n"
+        "  strata init                      # write a commented strata.toml\n\n"
+        "  strata index data/ --index ./index   # full build, offline by default\n\n"
+        "  strata inspect --index ./index       # what is in the published snapshot\n\n"
+        "  strata query \"Who employed Bob Cratchit?\" --index ./index\n\n"
+        "  strata export --index ./index --format parquet --out ./export\n\n"
+        "Exit codes: 0 success, 1 internal error, 2 usage error, 3 not found, 4 damaged index, 5 refused."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+console = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)  # piped output is never hard-wrapped at 80 columns
+
+IndexOpt = typer.Option(..., "--index", "-i", help="Index location: a folder or an s3:// URI (created if missing).")
+ReadIndexOpt = typer.Option(..., "--index", "-i", help="An existing index: a folder or an s3:// URI (never created by this command).")
+ConfigOpt = typer.Option(None, "--config", "-c", help="strata.toml to use (default: $STRATA_CONFIG or built-in defaults).")
+SetOpt = typer.Option(None, "--set", help="Override one setting, e.g. --set chunking.size=600 (repeatable).")
+AsOfOpt = typer.Option(None, "--as-of", help="This snapshot version instead of the latest (see `strata inspect --versions`).")
+LockOpt = typer.Option(0.0, help="Seconds to wait if another run is writing this index (then exit 5).")
+QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bars: one log line per stage.")
+
+
+def command(*args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``app.command`` whose failures end as one clear line and the exit code of their kind."""
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def run(*a: Any, **k: Any) -> Any:
+            try:
+                return fn(*a, **k)
+            except (typer.Exit, click.exceptions.Exit, click.exceptions.Abort, click.ClickException, KeyboardInterrupt):
+                raise
+            except Exception as exc:  # noqa: BLE001 - the one place every failure is reported
+                fail(exc)
+
+        if fn.__doc__ and "help" not in kwargs:  # paragraphs reflowed: a line break inside one is not kept in --help
+            kwargs["help"] = re.sub(r"(?<!\n)\n(?!\n)", " ", inspect.cleandoc(fn.__doc__))
+        return app.command(*args, **kwargs)(run)
+
+    return register
+
+
+def fail(exc: BaseException) -> None:
+    """Print ``exc`` as one ``error:`` line (an internal error's type too) and exit with its kind's code."""
+    code = exit_code(exc)
+    text = str(exc).strip() or type(exc).__name__
+    if code == EXIT_CODES["internal"]:
+        if os.environ.get("STRATA_DEBUG"):
+            console.print_exception()
+        text = f"{type(exc).__name__}: {text}\n(an internal error: STRATA_DEBUG=1 prints its traceback)"
+    console.print(f"[bold red]error:[/] {escape(text)}", highlight=False)
+    raise typer.Exit(code)
+
+
+def usage(message: str) -> UsageError:
+    return UsageError(message)
+
+
+def overrides(pairs: list[str] | None) -> dict[str, Any]:
+    """``--set`` pairs as nested settings; an LLM key goes to the environment, never into flow parameters."""
+    data = parse_overrides(pairs or [])
+    key = data.get("llm", {}).pop("api_key", None)
+    if key is not None:  # never a flow parameter (Prefect records those): hand it over by environment
+        os.environ["STRATA_LLM__API_KEY"] = str(key)
+    for name in ("access_key_id", "secret_access_key", "session_token", "options"):  # the store's credentials too
+        value = data.get("storage", {}).pop(name, None)
+        if value is not None:
+            os.environ[f"STRATA_STORAGE__{name.upper()}"] = json.dumps(value) if isinstance(value, dict) else str(value)
+    return data
+
+
+def config(path: Path | None, pairs: list[str] | None) -> StrataConfig:
+    return load_config(path, overrides(pairs))
+
+
+class RichReporter:
+    """Progress bars per stage on stderr."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.ids: dict[str, Any] = {}
+
+    def start(self, stage: str, total: int | None) -> None:
+        self.ids[stage] = self.progress.add_task(stage, total=total)
+
+    def advance(self, stage: str, n: int = 1) -> None:
+        if stage in self.ids:
+            self.progress.advance(self.ids[stage], n)
+
+    def finish(self, stage: str, summary: str = "") -> None:
+        if stage in self.ids:
+            tid = self.ids[stage]
+            task = self.progress.tasks[[t.id for t in self.progress.tasks].index(tid)]
+            done = task.total or max(task.completed, 1)
+            self.progress.update(tid, total=done, completed=done, description=f"{stage}: {summary}" if summary else stage)
+
+
+class _NoRunTracebacks(logging.Filter):
+    """Prefect logs a failed flow or task run with its traceback; the command prints the failure as one line,
+    so the traceback is dropped (kept with ``STRATA_DEBUG=1``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.exc_info is None or bool(os.environ.get("STRATA_DEBUG"))
+
+
+@contextlib.contextmanager
+def progress(quiet: bool) -> Iterator[None]:
+    """Progress bars per stage on the console (a log line per stage with ``--quiet``); Prefect's run loggers
+    without tracebacks."""
+    from tasks.progress import LogReporter, use_reporter
+
+    quiet_runs = _NoRunTracebacks()
+    loggers = [logging.getLogger(name) for name in ("prefect.flow_runs", "prefect.task_runs")]
+    for logger in loggers:
+        logger.addFilter(quiet_runs)
+    bars = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console, disable=quiet)
+    try:
+        with bars, use_reporter(LogReporter() if quiet else RichReporter(bars)):
+            yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet_runs)
+
+
+#: list options that also take several values after one flag (``--budgets 1000 4000``)
+MULTI_VALUE_OPTIONS = ("--budgets", "-b", "--modes", "-m")
+
+
+def spread_multi_values(argv: list[str]) -> list[str]:
+    """``--budgets 1000 4000`` -> ``--budgets 1000 --budgets 4000`` (typer repeats the flag per value)."""
+    spread: list[str] = []
+    flag = None
+    for arg in argv:
+        if arg.startswith("-"):
+            flag = arg if arg in MULTI_VALUE_OPTIONS else None
+            spread.append(arg)
+        elif flag and spread[-1] != flag:
+            spread += [flag, arg]
+        else:
+            spread.append(arg)
+    return spread
+
+
+def main() -> None:  # console-script entry point
+    from flows.env import apply_offline_defaults
+
+    apply_offline_defaults()
+    try:
+        app(args=spread_multi_values(sys.argv[1:]))
+    except KeyboardInterrupt:
+        console.print("interrupted; the previous snapshot is still the published one")
+        sys.exit(130)
