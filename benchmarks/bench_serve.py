@@ -10,12 +10,20 @@ versions, and the versions must change during the run.
 
     .venv/bin/python benchmarks/bench_serve.py --index ./musique-index --dataset ../shared/datasets/musique \\
         [--requests 2000] [--concurrency 16 --concurrency 64] [--publish-during CORPUS]
+
+With ``--hostile`` it sends what a hostile or broken client sends instead — oversize chunked bodies, bodies that
+stop arriving (slow loris, past ``serve.body_timeout_s``), heads that never end, invalid UTF-8, deeply nested
+JSON, and 1,000 connections opened at once and dropped — then checks that the service is up, that its memory is
+within 20 % of its figure before the attack, and that a normal question right after is answered:
+
+    .venv/bin/python benchmarks/bench_serve.py --index ./index --hostile
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -83,6 +91,67 @@ def publish_twice(corpus: Path, index: str, env: dict[str, str], published: list
         published.append(json.loads(out)["version"])
 
 
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def _raw(port: int, data: bytes, read_s: float) -> bytes:
+    """Open a connection, send ``data`` (nothing more), read what comes back within ``read_s`` seconds."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        try:
+            return await asyncio.wait_for(reader.read(4096), read_s)
+        except (asyncio.TimeoutError, ConnectionError):
+            return b""
+    except ConnectionError:
+        return b""
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+
+async def hostile(port: int, body_timeout_s: float) -> dict:
+    """Each kind of hostile request, and how the service answered it (status line counts)."""
+    head = b"POST /query HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    chunk = b"%x\r\n" % 1_048_576 + b"x" * 1_048_576 + b"\r\n"
+    kinds = {
+        "chunked 20 MB bodies": (20, head + b"Transfer-Encoding: chunked\r\n\r\n" + chunk * 2, 10),
+        "declared 20 MB bodies": (20, head + b"Content-Length: 20000000\r\n\r\n" + b"x" * 65536, 10),
+        "slow-loris bodies": (200, head + b"Content-Length: 1000\r\n\r\n{\"question\": \"", body_timeout_s + 5),
+        "heads that never end": (200, b"POST /query HTTP/1.1\r\nHost: x\r\nX-Slow: ", 3),
+        "invalid UTF-8": (100, head + b"Content-Length: 18\r\n\r\n{\"question\": \"\xff\xfe\"}", 10),
+        "nested JSON": (50, head + b"Content-Length: 60000\r\n\r\n" + b"[" * 60000, 10),
+        "opened and dropped": (1000, b"", 0.01),
+    }
+    results = {}
+    for name, (n, data, read_s) in kinds.items():
+        t0 = time.perf_counter()
+        replies = await asyncio.gather(*(_raw(port, data, read_s) for _ in range(n)), return_exceptions=True)
+        statuses = Counter((r.split(b"\r\n", 1)[0].decode(errors="replace")[9:12] or "no reply") if isinstance(r, bytes)
+                           else type(r).__name__ for r in replies)
+        results[name] = {"connections": n, "answers": dict(statuses), "seconds": round(time.perf_counter() - t0, 1)}
+    return results
+
+
+def run_hostile(base: str, port: int, pid: int, body_timeout_s: float) -> dict:
+    question = {"question": "Who was Scrooge's clerk?"}
+    assert httpx.post(f"{base}/query", json=question, timeout=60).status_code == 200  # the view and model warm
+    idle = rss_mb(pid)
+    attack = asyncio.run(hostile(port, body_timeout_s))
+    time.sleep(1)
+    after = rss_mb(pid)
+    res = httpx.post(f"{base}/query", json=question, timeout=60)
+    return {"idle_rss_mb": round(idle, 1), "rss_after_mb": round(after, 1), "rss_ratio": round(after / idle, 3),
+            "memory_within_20pct": after <= idle * 1.2, "normal_query_after": res.status_code,
+            "up": httpx.get(f"{base}/healthz", timeout=10).status_code == 200, "attack": attack}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--index", required=True)
@@ -90,13 +159,18 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, action="append", help="repeatable (default 16 and 64)")
     ap.add_argument("--publish-during", type=Path, help="the index's corpus folder: two updates publish during the last run")
+    ap.add_argument("--hostile", action="store_true", help="hostile and broken requests instead of questions")
+    ap.add_argument("--log", type=Path, default=Path("bench-serve.log"), help="the service's stderr (access log)")
     args = ap.parse_args()
     questions = (["Who was Scrooge's clerk?", "What did Marley's ghost warn?", "Who is Tiny Tim?"] if not args.dataset else
                  [json.loads(line)["question"] for line in (Path(args.dataset) / "queries.jsonl").read_text().splitlines()])
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     port = free_port()
-    server = subprocess.Popen([str(STRATA), "serve", "--index", args.index, "--port", str(port)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    body_timeout_s = 2.0
+    log = args.log.open("w")
+    server = subprocess.Popen([str(STRATA), "serve", "--index", args.index, "--port", str(port),
+                               "--set", f"serve.body_timeout_s={body_timeout_s}"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=log, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
@@ -106,8 +180,11 @@ def main() -> None:
             except httpx.TransportError:
                 pass
             if server.poll() is not None:
-                raise SystemExit(f"strata serve exited: {server.stderr.read()[-2000:]}")
+                raise SystemExit(f"strata serve exited: {args.log.read_text()[-2000:]}")
             time.sleep(0.5)
+        if args.hostile:
+            print(json.dumps(run_hostile(base, port, server.pid, body_timeout_s), indent=1), flush=True)
+            return
         before = httpx.get(f"{base}/snapshots").json()[0]["version"]
         runs = args.concurrency or [16, 64]
         for i, c in enumerate(runs):
@@ -125,6 +202,7 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(30)
+        log.close()
 
 
 if __name__ == "__main__":

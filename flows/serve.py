@@ -53,6 +53,30 @@ class QueryRequest(BaseModel):
     as_of: int | None = Field(None, description="Answer from this snapshot version instead of the latest.")
 
 
+class ValidationItem(BaseModel):
+    loc: list[str | int] = Field(description="Where in the request (at most 8 parts, each at most 200 characters).")
+    msg: str
+    type: str
+
+
+class Problem(BaseModel):
+    """Every error response: a message, or the list of what failed validation; never what the request sent."""
+
+    detail: str | list[ValidationItem]
+
+
+#: the error responses every route may give, in the OpenAPI document
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": Problem, "description": what} for code, what in (
+        (400, "Malformed request (bad Content-Length, a body that does not parse)"),
+        (401, "Missing or wrong bearer key (with serve.api_key_env)"),
+        (404, "No such snapshot"), (408, "The body did not arrive within serve.body_timeout_s"),
+        (413, "The body is over serve.max_request_bytes"), (422, "The request does not validate"),
+        (500, "Internal error (the service log has the cause)"),
+        (503, "Busy (serve.max_concurrency queries running) or still loading; see Retry-After"))
+}
+
+
 def api_key(cfg: StrataConfig) -> str | None:
     """The bearer key the service requires, or None when ``serve.api_key_env`` is empty (no auth).
     A named variable that is unset or empty is a refusal, never an open service."""
@@ -256,7 +280,8 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
         yield
 
     app = FastAPI(title="Strata", description="Queries over a Strata index's published snapshots. With auth on, use "
-                  "**Authorize** with the service's key.", lifespan=lifespan, docs_url=None, redoc_url=None)
+                  "**Authorize** with the service's key.", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  responses=ERRORS)
     app.state.service = service
     app.add_middleware(RequestGuard, cfg=cfg, key=key)
     app.mount(STATIC.rstrip("/"), StaticFiles(directory=_docs_assets()), name="static")
