@@ -50,7 +50,8 @@ from tasks.chunk import count_tokens  # noqa: E402
 from tasks.communities import detect_communities  # noqa: E402
 from tasks.graph_rank import question_entities  # noqa: E402
 from tasks.ids import normalize_name  # noqa: E402
-from tasks.retrieve import MODES, IndexView, rank_params, retrieve  # noqa: E402
+from tasks.methods.registry import all_modes  # noqa: E402
+from tasks.retrieve import IndexView, rank_params, retrieve  # noqa: E402
 
 
 def percentiles(ms: list[float]) -> str:
@@ -77,12 +78,12 @@ def load_and_build(cat: Catalog, cfg: RetrievalConfig) -> IndexView:
 
 
 def time_queries(view: IndexView, questions: list[str], vectors: np.ndarray, cfg: RetrievalConfig,
-                 modes=MODES, gold: list[str | None] | None = None) -> None:
+                 modes=None, gold: list[str | None] | None = None) -> None:
     graph = view.passage_graph(rank_params(cfg))
     named = [len(question_entities(graph, q)) for q in questions]
     print(f"  questions naming an entity (n-gram match): {np.mean([n > 0 for n in named]):.0%}, "
           f"{np.mean(named):.2f} entities per question")
-    for mode in modes:
+    for mode in modes or all_modes():
         retrieve(view, questions[0], vectors[0], mode, cfg)  # warm-up, not timed
         ms, seeded, hits = [], 0, 0
         for i, (question, v) in enumerate(zip(questions, vectors)):
@@ -290,7 +291,7 @@ def main() -> None:
     ap.add_argument("--dataset", default=str(REPO.parent / "shared" / "datasets" / "musique"))
     ap.add_argument("--entities", type=int, default=100_000)
     ap.add_argument("--queries", type=int, default=200)
-    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated modes to time")
+    ap.add_argument("--modes", default=",".join(all_modes()), help="comma-separated modes to time")
     ap.add_argument("--profile", default="", help="comma-separated modes to profile (cProfile) on the synthetic index")
     ap.add_argument("--profile-queries", type=int, default=50)
     args = ap.parse_args()

@@ -41,7 +41,7 @@ def index_flow(
     """Full build of the index at ``index`` from the corpus at ``corpus``; publishes one snapshot."""
     apply_offline_defaults()
     cfg = load_config(config_path, overrides)
-    catalog = Catalog(index)
+    catalog = Catalog(index, storage=cfg.storage)
     with catalog.writer_lock(lock_timeout), dask_pool(cfg) as pool:
         result = build_index(corpus, catalog, cfg, task=prefect_runner, mapper=pool, run_id=_flow_run_id(),
                              flow_name="strata-index")
@@ -84,7 +84,7 @@ def refresh_flow(
     ``replace_root``: the indexed corpus root that ``corpus`` is the new location of."""
     apply_offline_defaults()
     cfg = load_config(config_path, overrides)
-    catalog = Catalog(index)
+    catalog = Catalog(index, storage=cfg.storage)
     with catalog.writer_lock(lock_timeout), dask_pool(cfg) as pool:
         result = update_index(corpus, catalog, cfg, task=prefect_runner, mapper=pool,
                               run_id=_flow_run_id(), flow_name="strata-refresh", full=full, replace_root=replace_root)
@@ -106,7 +106,7 @@ def backfill_flow(
     so re-running a backfill after a failure redoes only the failed and the remaining partitions."""
     apply_offline_defaults()
     cfg = load_config(config_path, overrides)
-    catalog = Catalog(index)
+    catalog = Catalog(index, storage=cfg.storage)
     results = []
     with dask_pool(cfg) as pool:  # one pool for all partitions: up while each extracts, prestarted during its ingest
         for part in partitions:

@@ -33,7 +33,8 @@ from tasks.catalog import Catalog, TableDelta, plain_rows, relation_table, snaps
 from tasks.errors import NotFoundError
 from tasks.llm_client import LiteLLMClient, Usage
 from tasks.merge import ChunkOrder
-from tasks.methods import Hierarchy, Layer0, get_method
+from tasks.methods.base import Hierarchy, Layer0
+from tasks.methods.registry import get_method
 from tasks.parallel import DaskPool, LocalMapper, Mapper
 from tasks.progress import reporter
 from tasks.spill import SpilledTable

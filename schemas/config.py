@@ -27,10 +27,11 @@ class _Section(BaseModel):
 
 
 class IndexConfig(_Section):
-    method: Literal["hirag", "hygrag", "archrag"] = Field(
-        "hirag", description="Index method: what is built above layer 0 and which retrieval modes it adds (hirag: GMM "
-        "summary layers, Leiden communities, reports; hygrag: a hybrid chunk-entity graph, Cleora + LSH layers; "
-        "archrag: attributed communities by weighted Leiden, C-HNSW searched top down).")
+    method: str = Field(
+        "hirag", description="Index method: what is built above layer 0 and which retrieval modes it adds; one of the "
+        "registered methods (tasks/methods/registry.py), checked before a run starts. Built in: hirag (GMM summary "
+        "layers, Leiden communities, reports), hygrag (a hybrid chunk-entity graph, Cleora + LSH layers), archrag "
+        "(attributed communities by weighted Leiden, C-HNSW searched top down).")
 
 
 class CorpusConfig(_Section):
@@ -241,8 +242,42 @@ class ServeConfig(_Section):
     max_concurrency: int = Field(8, gt=0, description="Queries answered at once; more get 503 with Retry-After.")
     max_budget: int = Field(16000, ge=100, description="Largest token_budget a request may ask for (larger: 422).")
     max_request_bytes: int = Field(65536, gt=0, description="Largest request body (larger: 413).")
-    api_key_env: str = Field("", description="Name of an environment variable holding a bearer token; when it is set, "
-                                            "every route but /healthz and /readyz requires it. Empty: no auth.")
+    api_key_env: str = Field("", description="Name of an environment variable holding a bearer token: every route "
+                                            "but /healthz, /readyz, / and the API docs then requires it, and the service "
+                                            "refuses to start if the variable is unset. Empty: no auth.")
+    body_timeout_s: float = Field(10.0, gt=0, description="Seconds a request body may take to arrive (then 408).")
+    log_format: Literal["text", "json"] = Field("text", description="Access log: one line per request on stderr, "
+                                                                    "as text or as a JSON object.")
+    log_questions: bool = Field(False, description="Include the question in the access log (never the key).")
+
+
+class StorageConfig(_Section):
+    """A remote index (``--index s3://bucket/prefix``): how its store is reached. Each setting left empty falls back
+    to the usual environment variable (AWS_ENDPOINT_URL, AWS_REGION / AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID,
+    AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), then to the SDK's own chain (an instance role). Prefer the environment
+    for secrets: they are never written to the index, the logs or a flow's parameters."""
+
+    endpoint: str = Field("", description="S3-compatible endpoint (MinIO, Ceph, R2, GCS's XML API), e.g. "
+                                          "http://127.0.0.1:9000; empty: $AWS_ENDPOINT_URL, else AWS. http:// is allowed.")
+    region: str = Field("", description="Empty: $AWS_REGION, else $AWS_DEFAULT_REGION, else us-east-1.")
+    access_key_id: SecretStr | None = Field(None, description="Empty: $AWS_ACCESS_KEY_ID, else the SDK's chain.")
+    secret_access_key: SecretStr | None = Field(None, description="Empty: $AWS_SECRET_ACCESS_KEY, else the SDK's chain.")
+    session_token: SecretStr | None = Field(None, description="Empty: $AWS_SESSION_TOKEN.")
+    options: dict[str, SecretStr] = Field(
+        default_factory=dict, description="Further object_store options handed to LanceDB as they are, e.g. "
+        "{google_service_account = \"/path/key.json\"} for gs:// or {azure_storage_account_name = \"acct\"} for az://.")
+    max_retries: int = Field(10, ge=0, description="A throttled (429, 503 SlowDown), failed (5xx) or dropped request "
+                                                   "is retried this many times with exponential backoff.")
+    retry_timeout_s: int = Field(180, gt=0, description="... and not retried once this many seconds have passed.")
+    writer_lock: Literal["auto", "off"] = Field(
+        "auto", description="auto: one writer per index (a lock file for a folder; for s3:// a lock object written "
+        "with a conditional put, heartbeated, taken over once expired). off: no lock, for a store without conditional "
+        "puts (gs://, az://) whose writers you serialise yourself (one deployment, a concurrency limit of 1).")
+    lock_ttl_s: float = Field(60.0, ge=3, description="An s3:// writer lock whose holder stopped renewing it (every "
+                                                      "third of this) for this long is taken over by the next writer.")
+    cache_dir: str = Field("", description="Local folder for a remote index's caches (embeddings, LLM answers, query "
+                                           "views), one subfolder per index; empty: $STRATA_HOME/cache "
+                                           "(~/.cache/strata/cache). A local index keeps them in <index>/_cache.")
 
 
 class StrataConfig(_Section):
@@ -261,6 +296,7 @@ class StrataConfig(_Section):
     incremental: IncrementalConfig = Field(default_factory=IncrementalConfig)
     llm: LLMConfig = Field(default_factory=LLMConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
 
     def fingerprint(self) -> dict[str, Any]:
         """The parameters a run records: never the API key."""
@@ -350,7 +386,12 @@ def load_config(
     try:
         return StrataConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, origin + " + environment")) from None
+        raise ConfigError(_format_errors(exc, _origin(origin, bool(env_overrides(environ)), bool(overrides)))) from None
+
+
+def _origin(source: str, environment: bool, overrides: bool) -> str:
+    """Where the settings that failed came from: the file or the defaults, plus the environment and --set as used."""
+    return " + ".join([source] + (["environment (STRATA_*)"] if environment else []) + (["--set"] if overrides else []))
 
 
 def _toml_value(value: Any) -> str:

@@ -15,10 +15,6 @@ import great_expectations as gx
 E = gx.expectations
 
 QUARANTINE_STAGES = ["ingest", "chunk", "extract", "merge", "embed", "hierarchy", "communities", "reports"]
-#: extracted: between layer-0 entities; summary_of: member -> summary node; chnsw / chnsw_down: ArchRAG's
-#: C-HNSW links within a layer and from a node to its nearest node of the layer below
-RELATION_KINDS = ["extracted", "summary_of", "chnsw", "chnsw_down"]
-
 
 # table -> column -> the table whose ids it must name (referential integrity)
 REFERENCES: dict[str, dict[str, str]] = {
@@ -44,7 +40,7 @@ def _vectors(dim: int) -> list:
     ]
 
 
-def suites(dim: int) -> dict[str, list[Any]]:
+def suites(dim: int, relation_kinds: tuple[str, ...]) -> dict[str, list[Any]]:
     """Expectations per table (``dim``: the index's vector dimension)."""
     return {
         "documents": [
@@ -75,7 +71,7 @@ def suites(dim: int) -> dict[str, list[Any]]:
             *_ids(),
             _resolves("source_id"),
             _resolves("target_id"),
-            E.ExpectColumnValuesToBeInSet(column="kind", value_set=RELATION_KINDS),
+            E.ExpectColumnValuesToBeInSet(column="kind", value_set=list(relation_kinds)),
             E.ExpectColumnValuesToBeBetween(column="weight", min_value=0, strict_min=True),
             E.ExpectColumnValuesToBeInSet(column="sources_known", value_set=[True]),
         ],

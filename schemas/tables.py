@@ -1,4 +1,4 @@
-"""Arrow schemas of every Strata table (DESIGN §6).
+"""Every Strata table, declared once: a typed row per table, from which its Arrow schema is derived.
 
 Every content table has a deterministic string ``id`` (a hash of its content key) and the
 index ``version`` it was written in. Vector columns are fixed-size float32 lists whose
@@ -7,284 +7,162 @@ dimension comes from the embedding model.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
-from typing import NotRequired, TypedDict
+from typing import Annotated, NotRequired, TypedDict, get_args, get_origin, get_type_hints
 
 import pyarrow as pa
 
-STR_LIST = pa.list_(pa.string())
+#: The Arrow type of each column kind; a table's schema is its row type's fields, in order, with these types.
+Str = Annotated[str, pa.string()]
+OptStr = Annotated["str | None", pa.string()]
+Int = Annotated[int, pa.int64()]
+Float = Annotated[float, pa.float64()]
+OptFloat = Annotated["float | None", pa.float64()]
+Bool = Annotated[bool, pa.bool_()]
+Time = Annotated[datetime, pa.timestamp("us", tz="UTC")]
+OptTime = Annotated["datetime | None", pa.timestamp("us", tz="UTC")]
+StrList = Annotated[list[str], pa.list_(pa.string())]
+Vector = Annotated[list[float], "vector"]  # float32 x the embedding model's dimension (vectors travel as matrices)
 
 
 def vector_type(dim: int) -> pa.DataType:
     return pa.list_(pa.float32(), dim)
 
 
-def documents_schema() -> pa.Schema:
-    return pa.schema(
-        [
-            ("id", pa.string()),
-            ("uri", pa.string()),
-            ("root", pa.string()),  # the corpus root this document was ingested from
-            ("source_id", pa.string()),  # id inside its source (JSONL/Parquet id, or relative path)
-            ("title", pa.string()),
-            ("text", pa.string()),
-            ("content_hash", pa.string()),
-            ("n_tokens", pa.int64()),
-            ("ingested_at", pa.timestamp("us", tz="UTC")),
-            ("version", pa.int64()),
-        ]
-    )
-
-
-def chunks_schema(dim: int) -> pa.Schema:
-    return pa.schema(
-        [
-            ("id", pa.string()),
-            ("document_id", pa.string()),
-            ("chunk_index", pa.int64()),
-            ("text", pa.string()),
-            ("n_tokens", pa.int64()),
-            ("start", pa.int64()),  # character offsets into documents.text
-            ("end", pa.int64()),
-            ("status", pa.string()),  # extracted | quarantined: every chunk is accounted for
-            ("vector", vector_type(dim)),
-            ("version", pa.int64()),
-        ]
-    )
-
-
-def entities_schema(dim: int) -> pa.Schema:
-    return pa.schema(
-        [
-            ("id", pa.string()),
-            ("name", pa.string()),
-            ("type", pa.string()),
-            ("description", pa.string()),
-            ("layer", pa.int64()),  # 0 = extracted, >= 1 summary layers
-            ("source_chunk_ids", STR_LIST),
-            ("degree", pa.int64()),
-            ("staleness", pa.float64()),  # summaries: share of members changed since the text was written
-            ("vector", vector_type(dim)),
-            ("version", pa.int64()),
-        ]
-    )
-
-
-def relations_schema() -> pa.Schema:
-    return pa.schema(
-        [
-            ("id", pa.string()),
-            ("source_id", pa.string()),
-            ("target_id", pa.string()),
-            ("kind", pa.string()),  # extracted | summary_of
-            ("description", pa.string()),
-            ("weight", pa.float64()),
-            ("source_chunk_ids", STR_LIST),
-            ("version", pa.int64()),
-        ]
-    )
-
-
-def layers_schema() -> pa.Schema:
-    return pa.schema(
-        [
-            ("layer", pa.int64()),  # the layer whose entities were clustered to try layer+1
-            ("n_entities", pa.int64()),
-            ("n_clusters", pa.int64()),
-            ("cluster_sparsity", pa.float64()),
-            ("change_rate", pa.float64()),  # null for the first clustering
-            ("stopped", pa.bool_()),
-            ("stop_reason", pa.string()),
-            ("seconds", pa.float64()),
-            ("version", pa.int64()),
-        ]
-    )
-
-
-def communities_schema() -> pa.Schema:
-    return pa.schema(
-        [
-            ("id", pa.string()),
-            ("level", pa.int64()),
-            ("parent_id", pa.string()),
-            ("entity_ids", STR_LIST),
-            ("size", pa.int64()),
-            ("version", pa.int64()),
-        ]
-    )
-
-
-def community_reports_schema(dim: int) -> pa.Schema:
-    return pa.schema(
-        [
-            ("id", pa.string()),
-            ("community_id", pa.string()),
-            ("level", pa.int64()),
-            ("title", pa.string()),
-            ("summary", pa.string()),
-            ("rating", pa.float64()),
-            ("findings", STR_LIST),
-            ("full_text", pa.string()),
-            ("staleness", pa.float64()),  # share of members added since the report was written
-            ("vector", vector_type(dim)),
-            ("version", pa.int64()),
-        ]
-    )
-
-
-def runs_schema() -> pa.Schema:
-    return pa.schema(
-        [
-            ("id", pa.string()),
-            ("flow", pa.string()),
-            ("parameters", pa.string()),  # JSON
-            ("started_at", pa.timestamp("us", tz="UTC")),
-            ("ended_at", pa.timestamp("us", tz="UTC")),
-            ("status", pa.string()),  # running | published | failed | nothing-to-do
-            ("stage_counts", pa.string()),  # JSON {stage: {count, seconds}}
-            ("llm_calls", pa.int64()),
-            ("llm_tokens", pa.int64()),
-            ("llm_cost_usd", pa.float64()),
-            ("error", pa.string()),
-            ("snapshot_version", pa.int64()),
-            ("code_version", pa.string()),
-            ("deployment", pa.string()),  # Prefect deployment that started the run, if any
-            ("input_digest", pa.string()),  # sha256 over the sorted content hashes of the input documents
-            ("n_inputs", pa.int64()),
-            ("version", pa.int64()),
-        ]
-    )
-
-
-def mentions_schema() -> pa.Schema:
-    """Raw extraction output per chunk, kept so layer 0 can be recomputed exactly when chunks go away."""
-    return pa.schema(
-        [
-            ("id", pa.string()),
-            ("chunk_id", pa.string()),
-            ("seq", pa.int64()),  # position in the chunk's extraction output
-            ("kind", pa.string()),  # entity | relation
-            ("key", pa.string()),  # normalised name, or "a|b" normalised endpoint pair
-            ("name", pa.string()),  # entity surface form, or relation source
-            ("target", pa.string()),  # relation target
-            ("type", pa.string()),
-            ("description", pa.string()),
-            ("weight", pa.float64()),
-            ("version", pa.int64()),
-        ]
-    )
-
-
-def quarantine_schema() -> pa.Schema:
-    return pa.schema(
-        [
-            ("id", pa.string()),
-            ("item", pa.string()),  # uri or chunk id
-            ("stage", pa.string()),
-            ("error", pa.string()),
-            ("version", pa.int64()),
-        ]
-    )
-
-
-# ---------------------------------------------------------------------------- typed rows
-# What stages pass each other: one row type per table (vectors travel apart, as matrices aligned with
-# the rows, and ``version`` is added when a table is written).
+# ---------------------------------------------------------------------------- one row type per table
+# What stages pass each other, and (field by field, in order) the table's Arrow schema: each table is declared
+# here once. ``vector`` travels apart, as a matrix aligned with the rows, and ``version`` is stamped when a table
+# is written: both are NotRequired in a row.
 
 
 class DocumentRow(TypedDict):
-    id: str
-    uri: str
-    root: str
-    source_id: str
-    title: str
-    text: str
-    content_hash: str
-    n_tokens: int
-    ingested_at: datetime
+    id: Str
+    uri: Str
+    root: Str  # the corpus root this document was ingested from
+    source_id: Str  # id inside its source (JSONL/Parquet id, or relative path)
+    title: Str
+    text: Str
+    content_hash: Str
+    n_tokens: Int
+    ingested_at: Time
+    version: NotRequired[Int]
 
 
 class ChunkRow(TypedDict):
-    id: str
-    document_id: str
-    chunk_index: int
-    text: str
-    n_tokens: int
-    start: int
-    end: int
-    status: NotRequired[str]  # set by extraction: extracted | quarantined
+    id: Str
+    document_id: Str
+    chunk_index: Int
+    text: Str
+    n_tokens: Int
+    start: Int  # character offsets into documents.text
+    end: Int
+    status: NotRequired[Str]  # set by extraction: extracted | quarantined (every chunk is accounted for)
+    vector: NotRequired[Vector]
+    version: NotRequired[Int]
 
 
 class EntityRow(TypedDict):
-    id: str
-    name: str
-    type: str
-    description: str
-    layer: int
-    source_chunk_ids: list[str]
-    degree: int
-    staleness: NotRequired[float]
+    id: Str
+    name: Str
+    type: Str
+    description: Str
+    layer: Int  # 0 = extracted, >= 1 summary layers
+    source_chunk_ids: StrList
+    degree: Int
+    staleness: NotRequired[Float]  # summaries: share of members changed since the text was written
+    vector: NotRequired[Vector]
+    version: NotRequired[Int]
 
 
 class RelationRow(TypedDict):
-    id: str
-    source_id: str
-    target_id: str
-    kind: str
-    description: str
-    weight: float
-    source_chunk_ids: list[str]
+    id: Str
+    source_id: Str
+    target_id: Str
+    kind: Str  # extracted | summary_of | a method's own kinds (``tasks.methods.registry.relation_kinds``)
+    description: Str
+    weight: Float
+    source_chunk_ids: StrList
+    version: NotRequired[Int]
 
 
 class LayerRow(TypedDict):
-    layer: int
-    n_entities: int
-    n_clusters: int
-    cluster_sparsity: float | None
-    change_rate: float | None
-    stopped: bool
-    stop_reason: str | None
-    seconds: float
+    layer: Int  # the layer whose entities were clustered to try layer+1
+    n_entities: Int
+    n_clusters: Int
+    cluster_sparsity: OptFloat
+    change_rate: OptFloat  # null for the first clustering
+    stopped: Bool
+    stop_reason: OptStr
+    seconds: Float
+    version: NotRequired[Int]
 
 
 class CommunityRow(TypedDict):
-    id: str
-    level: int
-    parent_id: str | None
-    entity_ids: list[str]
-    size: int
+    id: Str
+    level: Int
+    parent_id: OptStr
+    entity_ids: StrList
+    size: Int
+    version: NotRequired[Int]
 
 
 class ReportRow(TypedDict):
-    id: str
-    community_id: str
-    level: int
-    title: str
-    summary: str
-    rating: float
-    findings: list[str]
-    full_text: str
-    staleness: NotRequired[float]
+    id: Str
+    community_id: Str
+    level: Int
+    title: Str
+    summary: Str
+    rating: Float
+    findings: StrList
+    full_text: Str
+    staleness: NotRequired[Float]  # share of members added since the report was written
+    vector: NotRequired[Vector]
+    version: NotRequired[Int]
+
+
+class RunRow(TypedDict):
+    id: Str
+    flow: Str
+    parameters: Str  # JSON
+    started_at: Time
+    ended_at: OptTime
+    status: Str  # running | published | failed | nothing-to-do
+    stage_counts: OptStr  # JSON {stage: {count, seconds}}
+    llm_calls: Int
+    llm_tokens: Int
+    llm_cost_usd: Float
+    error: OptStr
+    snapshot_version: Annotated["int | None", pa.int64()]
+    code_version: OptStr
+    deployment: OptStr  # Prefect deployment that started the run, if any
+    input_digest: OptStr  # sha256 over the sorted content hashes of the input documents
+    n_inputs: Int
+    version: NotRequired[Int]
 
 
 class MentionRow(TypedDict):
-    id: str
-    chunk_id: str
-    seq: int
-    kind: str
-    key: str
-    name: str
-    target: str | None
-    type: str | None
-    description: str
-    weight: float | None
+    """Raw extraction output per chunk, kept so layer 0 can be recomputed exactly when chunks go away."""
+
+    id: Str
+    chunk_id: Str
+    seq: Int  # position in the chunk's extraction output
+    kind: Str  # entity | relation
+    key: Str  # normalised name, or "a|b" normalised endpoint pair
+    name: Str  # entity surface form, or relation source
+    target: OptStr  # relation target
+    type: OptStr
+    description: Str
+    weight: OptFloat
+    version: NotRequired[Int]
 
 
 class QuarantineRow(TypedDict):
-    id: str
-    item: str
-    stage: str
-    error: str
+    id: Str
+    item: Str  # uri or chunk id
+    stage: Str
+    error: Str
+    version: NotRequired[Int]
 
 
 #: Tables pinned by a snapshot, in publish order.
@@ -304,19 +182,22 @@ LOG_TABLES = ("runs",)
 ALL_TABLES = SNAPSHOT_TABLES + LOG_TABLES
 
 
+ROWS: dict[str, type] = {
+    "documents": DocumentRow, "chunks": ChunkRow, "entities": EntityRow, "relations": RelationRow,
+    "layers": LayerRow, "communities": CommunityRow, "community_reports": ReportRow, "runs": RunRow,
+    "mentions": MentionRow, "quarantine": QuarantineRow,
+}
+
+
+@functools.lru_cache(maxsize=64)
 def schema_for(table: str, dim: int) -> pa.Schema:
-    builders = {
-        "documents": documents_schema,
-        "chunks": lambda: chunks_schema(dim),
-        "entities": lambda: entities_schema(dim),
-        "relations": relations_schema,
-        "layers": layers_schema,
-        "communities": communities_schema,
-        "community_reports": lambda: community_reports_schema(dim),
-        "runs": runs_schema,
-        "mentions": mentions_schema,
-        "quarantine": quarantine_schema,
-    }
-    if table not in builders:
+    """The Arrow schema of ``table``: its row type's fields in order (vectors of ``dim`` float32)."""
+    if table not in ROWS:
         raise KeyError(f"unknown table {table!r}; known: {', '.join(ALL_TABLES)}")
-    return builders[table]()
+    fields = []
+    for name, hint in get_type_hints(ROWS[table], include_extras=True).items():
+        while get_origin(hint) is NotRequired:  # NotRequired[Annotated[...]]
+            hint = get_args(hint)[0]
+        arrow = hint.__metadata__[0]
+        fields.append((name, vector_type(dim) if arrow == "vector" else arrow))
+    return pa.schema(fields)

@@ -30,12 +30,13 @@ Power iteration over a scipy.sparse transition matrix: no Python loop over nodes
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
+from schemas.config import RetrievalConfig
 from tasks.ids import normalize_name
 from tasks.lexical import BM25Index
 
@@ -44,19 +45,28 @@ _NUMERIC = re.compile(r"^[\d\s.,:/\-–%$€£]+$")
 NOT_SEED_TYPES = {"time"}
 
 
+_PPR = RetrievalConfig.model_fields  # the ppr_* settings: their defaults are the parameters' defaults
+
+
 @dataclass(frozen=True)
 class RankParams:
-    damping: float = 0.5
-    relation_share: float = 0.3
-    prior_weight: float = 0.05
-    chain_chunks: int = 5
-    chain_weight: float = 1.0
-    max_df: float = 0.05
+    """The walk's parameters: ``retrieval.ppr_*`` (``from_config``), and three that are not settings."""
+
+    damping: float = _PPR["ppr_damping"].default
+    relation_share: float = _PPR["ppr_relation_share"].default
+    prior_weight: float = _PPR["ppr_prior_weight"].default
+    chain_chunks: int = _PPR["ppr_chain_chunks"].default
+    chain_weight: float = _PPR["ppr_chain_weight"].default
+    max_df: float = _PPR["ppr_max_df"].default
+    vector_seeds: int = _PPR["ppr_vector_seeds"].default
+    vector_threshold: float = _PPR["ppr_vector_threshold"].default
     max_ngram: int = 6
-    vector_seeds: int = 5
-    vector_threshold: float = 0.4
     iterations: int = 30
     tol: float = 1e-4  # L1 change per iteration; the top ranks are settled well before (measured at 100k entities)
+
+    @classmethod
+    def from_config(cls, cfg: RetrievalConfig) -> RankParams:
+        return cls(**{f.name: getattr(cfg, f"ppr_{f.name}") for f in fields(cls) if f"ppr_{f.name}" in _PPR})
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.catalog import Catalog, snapshot_note
+from tasks.methods.registry import all_methods, get_method
 
 
 def inspect_data(cat: Catalog, as_of: int | None, runs: int) -> dict[str, Any]:
@@ -19,11 +20,12 @@ def inspect_data(cat: Catalog, as_of: int | None, runs: int) -> dict[str, Any]:
     sizes: dict[int, list[int]] = {}
     for level, size in zip(comms.column("level").to_pylist(), comms.column("size").to_pylist()):
         sizes.setdefault(level, []).append(size)
-    counted = {k["values"] for k in kinds}
+    method = snapshot_note(snap).get("method", "hirag")
+    own = get_method(method).relation_kinds if method in {m.name for m in all_methods()} else ()
     return {
         "index": cat.uri,
         "version": snap["version"],
-        "method": snapshot_note(snap).get("method", "hirag"),
+        "method": method,
         "created_at": snap["created_at"].isoformat(),
         "kind": snap["kind"],
         "run_id": snap["run_id"],
@@ -35,7 +37,7 @@ def inspect_data(cat: Catalog, as_of: int | None, runs: int) -> dict[str, Any]:
             for l in sorted(layers, key=lambda r: r["layer"])
         ],
         "relations_by_kind": {k["values"]: k["counts"] for k in sorted(kinds, key=lambda k: k["values"])},
-        "nodes": node_counts(cat, snap, with_links=bool(counted & {"chnsw", "chnsw_down"})),
+        "nodes": node_counts(cat, snap, own),
         "communities": [{"level": level, "count": len(v), "min_size": min(v), "median_size": statistics.median(v),
                          "max_size": max(v)} for level, v in sorted(sizes.items())],
         "runs": [
@@ -51,17 +53,17 @@ def inspect_data(cat: Catalog, as_of: int | None, runs: int) -> dict[str, Any]:
     }
 
 
-def node_counts(cat: Catalog, snap: dict[str, Any], with_links: bool) -> list[dict[str, int]]:
-    """Entities per layer and, for an ArchRAG index, its C-HNSW links per layer: ``chnsw`` (within the layer, counted
-    at the node they leave) and ``chnsw_down`` (from the layer to the one below)."""
+def node_counts(cat: Catalog, snap: dict[str, Any], kinds: tuple[str, ...]) -> list[dict[str, int]]:
+    """Entities per layer and, per relation kind in ``kinds`` (the method's own, e.g. ArchRAG's C-HNSW links
+    ``chnsw`` and ``chnsw_down``), how many leave a node of the layer."""
     import polars as pl
 
     ents = pl.from_arrow(cat.read("entities", snap=snap, columns=["id", "layer"]))
     per = ents.group_by("layer").agg(nodes=pl.len())
-    if with_links:
+    if kinds:
         links = (pl.from_arrow(cat.read("relations", snap=snap, columns=["source_id", "kind"]))
-                 .filter(pl.col("kind").is_in(["chnsw", "chnsw_down"]))
+                 .filter(pl.col("kind").is_in(list(kinds)))
                  .join(ents.rename({"id": "source_id"}), on="source_id")
-                 .group_by("layer").agg(chnsw=(pl.col("kind") == "chnsw").sum(), chnsw_down=(pl.col("kind") == "chnsw_down").sum()))
+                 .group_by("layer").agg(**{k: (pl.col("kind") == k).sum() for k in kinds}))
         per = per.join(links, on="layer", how="left").fill_null(0)
     return per.sort("layer").to_dicts()

@@ -17,7 +17,7 @@ from typing import Any
 from schemas.config import StrataConfig
 from tasks.catalog import Catalog
 from tasks.errors import UsageError
-from tasks.methods import MODES, index_modes
+from tasks.methods.registry import all_modes, index_modes
 
 
 def check_mode(method: str, mode: str | None) -> str:
@@ -25,8 +25,8 @@ def check_mode(method: str, mode: str | None) -> str:
     offered = index_modes(method)
     if mode is None:
         return offered[0]
-    if mode not in MODES:
-        raise UsageError(f"unknown mode {mode[:64]!r}; choose one of {', '.join(MODES)}")
+    if mode not in all_modes():
+        raise UsageError(f"unknown mode {mode[:64]!r}; choose one of {', '.join(all_modes())}")
     if mode not in offered:
         raise UsageError(f"mode {mode!r} is not offered by this {method} index; it offers {', '.join(offered)}")
     return mode
@@ -34,9 +34,9 @@ def check_mode(method: str, mode: str | None) -> str:
 
 def check_modes(modes: list[str]) -> None:
     """Every mode named is one some index offers (before anything is loaded)."""
-    bad = [m for m in modes if m not in MODES]
+    bad = [m for m in modes if m not in all_modes()]
     if bad:
-        raise UsageError(f"unknown mode(s) {', '.join(map(repr, bad))}; choose from {', '.join(MODES)}")
+        raise UsageError(f"unknown mode(s) {', '.join(map(repr, bad))}; choose from {', '.join(all_modes())}")
 
 
 @dataclass

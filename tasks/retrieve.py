@@ -43,12 +43,11 @@ from tasks.chunk import count_tokens, truncate_tokens
 from tasks.graph_rank import PassageGraph, RankParams, build_passage_graph, rank_chunks
 from tasks.lexical import BM25Index, bm25s, rrf
 from tasks.merge import explicit_title
-from tasks.methods import MODES, SHARED_MODES, get_method
+from tasks.methods.registry import SHARED_MODES, all_modes, get_method, index_modes
 
 MAX_SOURCES = 200  # candidates considered for the sources section
 
 
-from tasks.methods import index_modes  # noqa: E402  (re-exported: the query entry points ask it here)
 
 
 @dataclass
@@ -395,9 +394,7 @@ def top_k(scores: np.ndarray, k: int, candidates: np.ndarray | None = None) -> l
 
 # ---------------------------------------------------------------------------- sources
 def rank_params(cfg: RetrievalConfig) -> RankParams:
-    return RankParams(damping=cfg.ppr_damping, relation_share=cfg.ppr_relation_share, prior_weight=cfg.ppr_prior_weight,
-                      chain_chunks=cfg.ppr_chain_chunks, chain_weight=cfg.ppr_chain_weight, max_df=cfg.ppr_max_df,
-                      vector_seeds=cfg.ppr_vector_seeds, vector_threshold=cfg.ppr_vector_threshold)
+    return RankParams.from_config(cfg)
 
 
 def source_ranking(

@@ -170,12 +170,16 @@ def _parts(table: Any, columns: list[str] | None = None):
     return table.parts(columns) if isinstance(table, SpilledTable) else [table]
 
 
-def validate_tables(tables: dict[str, Any], dim: int, batch_rows: int = 100_000) -> ValidationReport:
+def validate_tables(tables: dict[str, Any], dim: int, batch_rows: int = 100_000,
+                    relation_kinds: tuple[str, ...] | None = None) -> ValidationReport:
     """Run each table's suite; cross-table references are resolved within ``tables``.
 
     Tables are validated in slices of ``batch_rows`` rows, each read into pandas with only the columns its
-    suite names, so memory stays bounded however large a table grows (failure counts add up over slices)."""
+    suite names, so memory stays bounded however large a table grows (failure counts add up over slices).
+    ``relation_kinds``: the kinds a relation may have (default: every registered method's)."""
     import great_expectations as gx
+
+    from tasks.methods.registry import relation_kinds as registered_kinds
 
     from schemas.expectations import REFERENCES, suites
 
@@ -185,7 +189,7 @@ def validate_tables(tables: dict[str, Any], dim: int, batch_rows: int = 100_000)
     refs = {n: set(ids(n)) - {None} for n in ("documents", "chunks", "entities", "communities")}
     refs["quarantine_items"] = set(tables["quarantine"].column("item").to_pylist()) if "quarantine" in tables else set()
     ctx, source = _context()
-    specs = suites(dim)
+    specs = suites(dim, relation_kinds or registered_kinds())
     report = ValidationReport(success=True)
     for name, table in tables.items():
         if name not in specs or table.num_rows == 0:

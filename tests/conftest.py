@@ -66,3 +66,14 @@ def small_corpus(tmp_path_factory) -> Path:
 def _cleanup_home():
     yield
     shutil.rmtree(_HOME, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's standalone S3 server on a free port of 127.0.0.1, behind a proxy that counts bytes and injects faults
+    on demand (``tests/s3_server.py``); started once per session, only by the tests that ask for it."""
+    from tests.s3_server import start_s3_server
+
+    server = start_s3_server()
+    yield server
+    server.stop()

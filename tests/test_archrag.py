@@ -111,7 +111,8 @@ def test_an_archrag_index_builds_searches_top_down_and_updates(small_corpus, tmp
 
 
 def test_with_an_llm_the_map_step_drops_useless_pieces_and_orders_the_rest():
-    from tasks.answer import MAP_VERSION, answer
+    from tasks.answer import answer
+    from tasks.methods.archrag import MAP_VERSION
     from tasks.retrieve import Context
 
     calls, seen = [], {}
@@ -141,4 +142,4 @@ def test_with_an_llm_the_map_step_drops_useless_pieces_and_orders_the_rest():
             return "An answer."
 
     kept = answer(ctx, Broken())
-    assert kept["text"] == "An answer." and "adaptive filtering failed" in kept["note"]
+    assert kept["text"] == "An answer." and "archrag context refinement failed" in kept["note"]

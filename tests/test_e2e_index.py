@@ -153,7 +153,7 @@ def test_nothing_readable_is_a_clear_error_and_publishes_nothing(tmp_path):
     corpus.mkdir()
     (corpus / "empty.txt").write_bytes(b"")
     res = runner.invoke(app, ["index", str(corpus), "--index", str(tmp_path / "i"), "--quiet", "--set", "dask.processes=false"])
-    assert res.exit_code == 1
+    assert res.exit_code == 3  # not found: nothing to index
     assert "no readable documents" in res.output
     assert Catalog(tmp_path / "i").snapshot() is None
 
@@ -209,7 +209,7 @@ def test_corrupted_table_on_disk_fails_validation(built, tmp_path):
     kept = ents.filter(pa.array([i not in gone for i in ents.column("id").to_pylist()]))
     cat.publish({"entities": kept}, "run-corrupt", "manual", snap["dim"])  # relations now point at missing entities
     res = runner.invoke(app, ["validate", "--index", str(index)])
-    assert res.exit_code == 1
+    assert res.exit_code == 4  # damaged: failing expectations
     assert "relations: expect_column_values_to_be_null(source_id_dangling)" in res.output  # names the missing ids
 
 
@@ -227,7 +227,7 @@ def test_a_damaged_table_file_is_named_with_its_version_not_a_stack_trace(built,
     version = Catalog(index).snapshot()["version"]
     for command in ("inspect", "validate"):
         res = runner.invoke(app, [command, "--index", str(index)])
-        assert res.exit_code == 1, res.output
+        assert res.exit_code == 4, res.output  # damaged
         text = " ".join(res.output.split())
         assert f"table entities (version" in text and f"of snapshot v{version}) cannot be read" in text, res.output
         assert "Traceback" not in res.output and "strata rollback --to" in text

@@ -169,7 +169,7 @@ def test_hygrag_mode_answers_from_communities_entities_relations_and_sources(hyg
     assert data["mode"] == "hygrag" and data["chunks"] and data["communities"] and data["entities"]
     assert sum(data["tokens"].values()) <= 4000
     wrong = runner.invoke(app, ["query", "Who was Scrooge's clerk?", "--index", str(hygrag_index), "--mode", "hi"])
-    assert wrong.exit_code == 1 and "this hygrag index offers hygrag, ppr, hybrid, naive" in wrong.output
+    assert wrong.exit_code == 2 and "this hygrag index offers hygrag, ppr, hybrid, naive" in wrong.output
 
 
 def test_hygrag_builds_are_deterministic_and_an_update_attaches(hygrag_index, small_corpus, tmp_path):

@@ -80,7 +80,7 @@ def test_concurrent_writers_serialize(tmp_path, small_corpus):
     cat = Catalog(index)
     with cat.writer_lock():  # another writer holds the index
         res = runner.invoke(app, ["update", str(small_corpus), "--index", str(index), "--quiet", *SETS])
-    assert res.exit_code == 1 and "is being written by pid" in res.output
+    assert res.exit_code == 5 and "is being written by pid" in res.output
     assert Catalog(index).snapshot() is None  # nothing half-written
 
     lock = Catalog(index).writer_lock()

@@ -29,7 +29,7 @@ def test_rollback_pins_an_earlier_snapshot_and_is_recorded(tmp_path):
     run = Catalog(tmp_path / "idx").runs()[-1]
     assert run["flow"] == "rollback" and run["status"] == "published" and run["snapshot_version"] == 5
     res = CliRunner().invoke(app, ["rollback", "--index", str(tmp_path / "idx"), "--to", "9"])
-    assert res.exit_code == 1 and "snapshot version 9 not found" in res.output
+    assert res.exit_code == 3 and "snapshot version 9 not found" in res.output
 
 
 def test_gc_keeps_every_version_a_kept_snapshot_pins(tmp_path):

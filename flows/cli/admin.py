@@ -54,9 +54,10 @@ def inspect(
         out.print(_table("hierarchy layers", cols, [
             [("" if l[c] is None else f"{l[c]:.4f}" if isinstance(l[c], float) else str(l[c])) for c in cols]
             for l in data["layers"]]))
-    if any("chnsw" in n for n in data["nodes"]):
-        keys = ("layer", "nodes", "chnsw", "chnsw_down")
-        out.print(_table("C-HNSW links per layer", keys, [[str(n[k]) for k in keys] for n in data["nodes"]], "right"))
+    if data["nodes"] and len(data["nodes"][0]) > 2:  # the method's own relation kinds, counted per layer
+        keys = tuple(data["nodes"][0])
+        out.print(_table(f"{data['method']} links per layer", keys, [[str(n[k]) for k in keys] for n in data["nodes"]],
+                         "right"))
     if data["communities"]:
         keys = ("level", "count", "min_size", "median_size", "max_size")
         out.print(_table("communities per level", keys, [[str(c[k]) for k in keys] for c in data["communities"]], "right"))

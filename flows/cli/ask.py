@@ -14,7 +14,7 @@ from rich.table import Table
 
 from flows.cli.common import AsOfOpt, ConfigOpt, ReadIndexOpt, SetOpt, command, config, console, out, overrides
 from tasks.errors import RefusedError, UsageError
-from tasks.methods import modes_help
+from tasks.methods.registry import modes_help
 
 ModeOpt = typer.Option(None, "--mode", help=f"Retrieval mode (default: the index method's first). {modes_help()}; "
                                             "all at the same token budget.")

@@ -52,7 +52,9 @@ def run_writer(flow: str, corpus: Path, index: str, config_path: Path | None, se
     """Check the config and the corpus first, then run a writing flow with progress bars."""
     import flows.index_flow as index_flows
 
-    config(config_path, set_)  # fail fast on a bad config, before Prefect starts
+    from tasks.methods.registry import get_method
+
+    get_method(config(config_path, set_).index.method)  # fail fast on a bad config, before Prefect starts
     check_corpus(corpus)
     started = time.perf_counter()
     with progress(quiet):

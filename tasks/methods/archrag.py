@@ -14,6 +14,7 @@ nearest-neighbour index over every layer that is searched top down instead of sc
 from __future__ import annotations
 
 import heapq
+from typing import Any
 
 import numpy as np
 
@@ -215,16 +216,63 @@ def link_rows(layer_ids: list[list[str]], layers: list[np.ndarray], m: int) -> l
     return rows
 
 
+MAP_VERSION = "archrag-map/1"
+#: ArchRAG's map step: pieces the LLM rates under this (0-10) are left out of the answer's context
+MIN_USEFUL = 3
+
+
+def map_messages(question: str, pieces: list[str]) -> list[dict[str, str]]:
+    listing = "\n".join(f"{i}. {p}" for i, p in enumerate(pieces, 1))
+    return [
+        {"role": "system", "content": "You judge retrieved knowledge before a question is answered from it. Answer with JSON only."},
+        {"role": "user", "content": (
+            f"Question: {question}\n\nRetrieved pieces:\n{listing}\n\nRate how useful each piece is for answering "
+            f'the question, from 0 (useless) to 10 (answers it), as {{"scores": [one integer per piece, in order]}}.')},
+    ]
+
+
+def adaptive_filter(ctx: Any, client: Any) -> Any:
+    """ArchRAG's adaptive filtering with an LLM (§3.2.2): the map step rates every retrieved entity, community
+    report and relation in one call; those under ``MIN_USEFUL`` are dropped and the rest ordered by rating
+    (the reduce step answers from what is left)."""
+    from dataclasses import replace
+
+    from tasks.llm import ParseError, parse_json, run_sync
+
+    sections = ("entities", "communities", "bridge")
+    pieces = [(name, item) for name in sections for item in getattr(ctx, name)]
+    if not pieces:
+        return ctx
+
+    def parse(text: str) -> list[float]:
+        data = parse_json(text)
+        scores = data.get("scores") if isinstance(data, dict) else data
+        if not isinstance(scores, list) or len(scores) != len(pieces):
+            raise ParseError(f"{len(pieces)} scores expected")
+        return [float(x) for x in scores]
+
+    scores = run_sync(client.complete(map_messages(ctx.question, [item["text"] for _, item in pieces]),
+                                      prompt_version=MAP_VERSION, json_mode=True, parse=parse))
+    kept = {name: [it for (n, it), sc in sorted(zip(pieces, scores), key=lambda p: -p[1]) if n == name and sc >= MIN_USEFUL]
+            for name in sections}
+    return replace(ctx, **kept)
+
+
 class ArchRAG:
     name = "archrag"
     modes = {"archrag": ("entities", "communities", "bridge")}
+    relation_kinds = ("chnsw", "chnsw_down")  # C-HNSW: within a layer, and from a layer to the one below
+
+    def refine(self, ctx, client):
+        """ArchRAG's adaptive filtering: the LLM rates the retrieved pieces before the answer is written."""
+        return adaptive_filter(ctx, client)
 
     def build(self, ctx, layer0):
         import pyarrow as pa
 
         from tasks.catalog import relation_table
         from tasks.hierarchy import stat_rows
-        from tasks.methods import Hierarchy
+        from tasks.methods.base import Hierarchy
 
         cfg = ctx.cfg
         with ctx.stage("hierarchy") as st:

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from tasks.catalog import plain_rows, relation_table, vector_matrix
 from tasks.ids import make_id, quarantine_row
-from tasks.methods import Hierarchy, Layer0, MethodContext
+from tasks.methods.base import Hierarchy, Layer0, MethodContext
 
 SUMMARY_FALLBACK = "LLM summary unusable, offline summary used: "
 REPORT_FALLBACK = "LLM report unusable, offline report used: "

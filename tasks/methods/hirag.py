@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.catalog import plain_rows, relation_table
-from tasks.methods import Hierarchy, Layer0, MethodContext
+from tasks.methods.base import Hierarchy, Layer0, MethodContext
 from tasks.methods.common import attach_stage, fallbacks, rewrite_reports, summarizer_for, write_reports
 
 
@@ -16,6 +16,10 @@ class HiRAG:
     #: retrieval modes and the sections each adds to the shared graph-ranked sources
     modes = {"hi": ("entities", "communities", "bridge"), "hi-nobridge": ("entities", "communities"),
              "flat": ("entities", "communities", "bridge")}
+    relation_kinds: tuple[str, ...] = ()
+
+    def refine(self, ctx, client):
+        return ctx
 
     def levels(self, view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) -> None:
         """HiRetrieval's local, global and bridge sections (``flat``: over layer 0 only)."""

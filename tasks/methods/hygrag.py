@@ -33,7 +33,7 @@ import scipy.sparse as sp
 
 from schemas.config import HyGRAGConfig
 from tasks.catalog import relation_table
-from tasks.methods import Hierarchy, Layer0, MethodContext
+from tasks.methods.base import Hierarchy, Layer0, MethodContext
 from tasks.methods.common import (below, bucket_communities, fallbacks, represented, summarizer_for, unit, update_tree,
                                   write_reports)
 
@@ -187,6 +187,10 @@ def build_layers(entities: list[dict[str, Any]], vectors: np.ndarray, relations:
 class HyGRAG:
     name = "hygrag"
     modes = {"hygrag": ("entities", "communities", "bridge")}
+    relation_kinds: tuple[str, ...] = ()
+
+    def refine(self, ctx, client):
+        return ctx
 
     def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
         from tasks.hierarchy import stat_rows

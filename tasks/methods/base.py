@@ -1,0 +1,84 @@
+"""What an index method is: the shared stages hand it layer 0 (``Layer0``) and the run (``MethodContext``); it
+returns what it built above layer 0 (``Hierarchy``), and answers one question's method sections (``levels``).
+
+The shared stages (ingest, chunk, extract, merge, embed, validate, publish, the incremental diff) produce layer 0
+and never ask which method runs. To add a method, implement ``IndexMethod`` and ``register`` it
+(``tasks.methods.registry``): the config's method names, ``--mode`` help, validation's relation kinds, the
+answer step and ``strata inspect`` all read the registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from schemas.tables import CommunityRow, EntityRow, LayerRow, QuarantineRow, RelationRow, ReportRow
+
+if TYPE_CHECKING:
+    from schemas.config import RetrievalConfig, StrataConfig
+    from tasks.query.context import Context
+    from tasks.query.view import IndexView
+    from tasks.stages import Stage
+
+
+@dataclass
+class Layer0:
+    """The extracted graph after merge and embed: what every method builds on."""
+
+    entities: list[EntityRow]
+    vectors: np.ndarray  # aligned with ``entities``
+    relations: pa.Table  # the ``relations`` schema (``catalog.relation_table``): they outnumber all other rows
+    added: set[str] = field(default_factory=set)  # update: ids new since the previous snapshot
+    removed: set[str] = field(default_factory=set)  # update: ids gone
+    changed: set[str] = field(default_factory=set)  # update: ids whose name, type or description changed
+    gone_chunks: set[str] = field(default_factory=set)  # update: chunk ids deleted or replaced
+    chunks: list[dict[str, Any]] = field(default_factory=list)  # this run's new chunks (a build: all of them)
+    chunk_vectors: np.ndarray | None = None  # aligned with ``chunks``
+
+
+@dataclass
+class Hierarchy:
+    """What a method adds above layer 0."""
+
+    entities: list[EntityRow]  # summary nodes (layer >= 1)
+    vectors: np.ndarray  # aligned with ``entities``
+    relations: pa.Table | list[RelationRow]  # summary_of links and any other method edges (``relation_table``)
+    communities: list[CommunityRow]
+    reports: list[ReportRow]
+    report_vectors: np.ndarray  # aligned with ``reports``
+    layers: list[LayerRow] | None  # None: the previous snapshot's layer statistics still hold
+    quarantine: list[QuarantineRow] = field(default_factory=list)  # LLM output that fell back to offline
+
+
+class MethodContext(Protocol):
+    """What the pipeline hands a method: settings, named stages, the embedder, the LLM, the previous snapshot."""
+
+    cfg: StrataConfig
+    llm: Any  # LiteLLMClient or None (offline)
+
+    def stage(self, name: str, total: int | None = None) -> AbstractContextManager[Stage]: ...
+    def embed(self, texts: list[str], progress: Callable[[int], None] | None = None) -> np.ndarray: ...
+    def previous(self, name: str, columns: tuple[str, ...] | None = None, where: str | None = None) -> pa.Table: ...
+
+
+class IndexMethod(Protocol):
+    name: str
+    #: retrieval modes it offers besides the shared ppr, hybrid and naive: mode -> the context sections it
+    #: adds to the graph-ranked sources (entities, communities, bridge)
+    modes: dict[str, tuple[str, ...]]
+    #: relation kinds it writes besides ``extracted`` and ``summary_of`` (validation accepts them; ``strata
+    #: inspect`` counts them per layer)
+    relation_kinds: tuple[str, ...]
+
+    def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy: ...
+    def update(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy: ...
+    def levels(self, view: IndexView, ctx: Context, scores: np.ndarray, budgets: dict[str, int],
+               cfg: RetrievalConfig) -> None:
+        """Fill the context's method sections for one question (``scores``: similarity of every entity)."""
+    def refine(self, ctx: Context, client: Any) -> Context:
+        """What the answer step reads of a context of this method's modes, given an LLM (identity: all of it)."""
