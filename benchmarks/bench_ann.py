@@ -1,7 +1,7 @@
 """Vector search past memory: LanceDB vector indexes against exact search (prints figures; not a test).
 
 Writes N synthetic unit vectors (384-d, clustered like entity embeddings: 2,000 centres plus noise) to a
-LanceDB table, builds the vector index ``Catalog`` builds at publish (``tasks.catalog.build_vector_index``),
+LanceDB table, builds the vector index ``Catalog`` builds at publish (``tasks.store.catalog.build_vector_index``),
 and queries it with perturbed copies of stored vectors, the way a question lands near its entities. Prints
 the index build time, recall@20 against exact search (numpy, same process) and p50/p99 latency of both.
 
@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 from flows.env import apply_offline_defaults  # noqa: E402
 
 apply_offline_defaults()
-from tasks.catalog import ann_search, build_vector_index  # noqa: E402
+from tasks.store.vectors import ann_search, build_vector_index
 
 
 def vectors(n: int, dim: int, rng: np.random.Generator) -> np.ndarray:

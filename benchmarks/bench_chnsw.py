@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from schemas.config import ArchRAGConfig, RetrievalConfig  # noqa: E402
 from tasks.methods.archrag import attributed_edges, chnsw_links, hierarchical_search, leiden_groups, unit  # noqa: E402
-from tasks.retrieve import top_k  # noqa: E402
+from tasks.query.context import top_k
 
 
 def synthetic(n: int, clusters: int, seed: int = 0, d: int = 384) -> np.ndarray:

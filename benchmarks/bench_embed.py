@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 from flows.env import apply_offline_defaults  # noqa: E402
 
 apply_offline_defaults()
-from tasks.embed import LocalEmbedder, entity_text  # noqa: E402
+from tasks.index.embed import LocalEmbedder, entity_text  # noqa: E402
 
 
 def overlap(a: np.ndarray, b: np.ndarray, k: int = 10, n: int = 500) -> float:

@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from schemas.config import HierarchyConfig, HyGRAGConfig  # noqa: E402
-from tasks.hierarchy import cluster_sparsity, gmm_clusters, reduce_dims, soft_assign  # noqa: E402
+from tasks.methods.hirag.hierarchy import cluster_sparsity, gmm_clusters, reduce_dims, soft_assign  # noqa: E402
 from tasks.methods.hygrag import lsh_buckets  # noqa: E402
 
 
@@ -52,7 +52,8 @@ def index_nodes(index: str, cfg: HierarchyConfig) -> None:
     """GMM vs LSH on a published index's layer-0 entities + chunks; Cleora over its hybrid graph."""
     import pyarrow.compute as pc
 
-    from tasks.catalog import Catalog, vector_matrix
+    from tasks.store.catalog import Catalog
+    from tasks.store.rows import vector_matrix
     from tasks.methods.hygrag import chunk_links, cleora, hybrid_adjacency
 
     cat = Catalog(index)

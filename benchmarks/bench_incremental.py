@@ -26,10 +26,10 @@ from flows.env import apply_offline_defaults  # noqa: E402
 apply_offline_defaults()
 from flows.pipeline import build_index, update_index  # noqa: E402
 from schemas.config import load_config  # noqa: E402
-from tasks.catalog import Catalog  # noqa: E402
-from tasks.embed import get_embedder  # noqa: E402
-from tasks.evaluate import evaluate, load_queries  # noqa: E402
-from tasks.retrieve import IndexView  # noqa: E402
+from tasks.store.catalog import Catalog
+from tasks.index.embed import get_embedder  # noqa: E402
+from tasks.query.evaluate import evaluate, load_queries  # noqa: E402
+from tasks.query.view import IndexView
 
 
 def ops_full(res) -> int:
@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", help="default: the method's first mode and naive")
     ap.add_argument("--method", default="hirag", help="index.method of every index built")
     args = ap.parse_args()
-    from tasks.retrieve import index_modes
+    from tasks.methods.registry import index_modes
 
     args.modes = args.modes or [index_modes(args.method)[0], "naive"]
     dataset = Path(args.dataset)

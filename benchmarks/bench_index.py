@@ -38,7 +38,7 @@ def child(mode: str, corpus: str, index: str) -> None:
     if mode == "direct":
         from flows.pipeline import build_index
         from schemas.config import load_config
-        from tasks.catalog import Catalog
+        from tasks.store.catalog import Catalog
 
         result = build_index(corpus, Catalog(index), load_config())
         out = {"stages": result.stages, "counts": result.counts, "layers": result.layers}

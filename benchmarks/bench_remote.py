@@ -66,7 +66,7 @@ def main() -> None:
             remote, local = "s3://strata-bench/demo", str(tmp / "local")
             from flows.pipeline import build_index
             from schemas.config import load_config
-            from tasks.catalog import Catalog
+            from tasks.store.catalog import Catalog
 
             cfg = load_config()
             for index in (remote, local):

@@ -45,13 +45,14 @@ from flows.env import apply_offline_defaults  # noqa: E402
 apply_offline_defaults()
 from tests.helpers import _to_table  # noqa: E402
 from schemas.config import RetrievalConfig  # noqa: E402
-from tasks.catalog import Catalog  # noqa: E402
-from tasks.chunk import count_tokens  # noqa: E402
-from tasks.communities import detect_communities  # noqa: E402
-from tasks.graph_rank import question_entities  # noqa: E402
-from tasks.ids import normalize_name  # noqa: E402
+from tasks.store.catalog import Catalog
+from tasks.index.chunk import count_tokens  # noqa: E402
+from tasks.methods.hirag.communities import detect_communities  # noqa: E402
+from tasks.query.graph_rank import question_entities  # noqa: E402
+from tasks.store.ids import normalize_name  # noqa: E402
 from tasks.methods.registry import all_modes  # noqa: E402
-from tasks.retrieve import IndexView, rank_params, retrieve  # noqa: E402
+from tasks.query.view import IndexView
+from tasks.query.retrieve import rank_params, retrieve
 
 
 def percentiles(ms: list[float]) -> str:
@@ -299,8 +300,8 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if m]
     if args.index:
         from schemas.config import EmbeddingConfig
-        from tasks.embed import get_embedder
-        from tasks.evaluate import load_queries
+        from tasks.index.embed import get_embedder
+        from tasks.query.evaluate import load_queries
 
         print(f"real index {args.index}:")
         view = load_and_build(Catalog(args.index), cfg)

@@ -37,8 +37,8 @@ def child(mode: str, corpus: str, index: str) -> None:
     apply_offline_defaults()
     from flows.pipeline import build_index, update_index
     from schemas.config import load_config
-    from tasks.catalog import Catalog
-    from tasks.stages import Stages
+    from tasks.store.catalog import Catalog
+    from tasks.runtime.stages import Stages
 
     began, stage_call = [], Stages.__call__  # when each stage began, to place the parent's memory samples
 

@@ -26,10 +26,11 @@ from flows.env import apply_offline_defaults  # noqa: E402
 
 apply_offline_defaults()
 from schemas.config import load_config  # noqa: E402
-from tasks.catalog import Catalog  # noqa: E402
-from tasks.embed import get_embedder  # noqa: E402
-from tasks.evaluate import load_queries, passage_recall, retrieved_passages  # noqa: E402
-from tasks.retrieve import load_view, retrieve  # noqa: E402
+from tasks.store.catalog import Catalog
+from tasks.index.embed import get_embedder  # noqa: E402
+from tasks.query.evaluate import load_queries, passage_recall, retrieved_passages  # noqa: E402
+from tasks.query.view import load_view
+from tasks.query.retrieve import retrieve
 
 GRID: list[dict] = [
     {},

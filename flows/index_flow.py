@@ -12,7 +12,7 @@ from prefect.utilities.annotations import quote
 from flows.env import apply_offline_defaults
 from flows.pipeline import build_index, dask_pool, update_index
 from schemas.config import load_config
-from tasks.catalog import Catalog
+from tasks.store.catalog import Catalog
 
 
 def prefect_runner(name: str, fn, *args: Any, **kwargs: Any) -> Any:

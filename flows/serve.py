@@ -2,7 +2,7 @@
 
 Each request resolves its snapshot once — the latest, or ``as_of`` — and answers from that snapshot's view
 alone, so a publish during a request never mixes versions; the response names the version it used. Views
-are loaded once per version and kept (``tasks.retrieve.load_view``), the question embedder once per
+are loaded once per version and kept (``tasks.query.view.load_view``), the question embedder once per
 process. At most ``serve.max_concurrency`` queries run at once; one more gets 503 with ``Retry-After``.
 
 Closed by default: with ``serve.api_key_env`` set, the variable it names must hold a key (or the service refuses
@@ -99,17 +99,17 @@ class Service:
     """What the app holds: the catalog, the embedder and the LLM client, loaded once."""
 
     def __init__(self, index: str, cfg: StrataConfig):
-        from tasks.catalog import Catalog
+        from tasks.store.catalog import Catalog
 
-        self.cfg, self.catalog = cfg, Catalog(index, create=False)
+        self.cfg, self.catalog = cfg, Catalog(index, create=False, storage=cfg.storage)
         self.embedder = self.client = None
         self.ready = False
         self._lock = threading.Lock()
 
     def load(self) -> None:
-        from tasks.embed import check_dimension, question_embedder
-        from tasks.llm_client import LiteLLMClient
-        from tasks.retrieve import load_view
+        from tasks.index.embed import check_dimension, question_embedder
+        from tasks.runtime.llm_client import LiteLLMClient
+        from tasks.query.view import load_view
 
         view = load_view(self.catalog)
         embedder = question_embedder(self.cfg.embedding, self.cfg.llm)
@@ -120,14 +120,15 @@ class Service:
         self.ready = True
 
     def view(self, as_of: int | None):
-        from tasks.retrieve import load_view
+        from tasks.query.view import load_view
 
         with self._lock:  # one load per new version, however many requests ask for it at once
             return load_view(self.catalog, as_of)
 
     def answer(self, req: QueryRequest, state: dict[str, Any]) -> dict[str, Any]:
-        from tasks.answer import answer as make_answer
-        from tasks.retrieve import index_modes, retrieve
+        from tasks.query.answer import answer as make_answer
+        from tasks.methods.registry import index_modes
+        from tasks.query.retrieve import retrieve
 
         view = self.view(req.as_of)
         state["snapshot"] = view.version
@@ -332,8 +333,8 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
     @app.get("/index", summary="What `strata inspect --json` prints, and the retrieval modes the index offers",
              dependencies=bearer)
     async def index_info() -> dict[str, Any]:
-        from tasks.inspect import inspect_data
-        from tasks.retrieve import index_modes
+        from tasks.query.inspect import inspect_data
+        from tasks.methods.registry import index_modes
 
         data = await run_in_threadpool(inspect_data, service.catalog, None, 5)
         return data | {"modes": list(index_modes(data["method"]))}

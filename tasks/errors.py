@@ -51,3 +51,32 @@ def exit_code(exc: BaseException) -> int:
     if isinstance(exc, ConfigError):
         return EXIT_CODES["usage"]
     return EXIT_CODES["internal"]
+
+
+class IndexError_(StrataError):
+    """The index is missing, locked or inconsistent; the message says what to do."""
+
+
+
+class IndexNotFound(IndexError_, NotFoundError):
+    """No index, or no such snapshot, at the location."""
+
+
+
+class IndexDamaged(IndexError_, DamagedError):
+    """A table the snapshot pins cannot be read."""
+
+
+
+class LockTimeout(IndexError_, RefusedError):
+    """Another run is writing the index."""
+
+
+
+class DiskFull(IndexError_, RefusedError):
+    """The disk filled up while a table was written: nothing was committed."""
+
+
+
+class StoreUnavailable(IndexError_, RefusedError):
+    """The object store kept failing (throttling, dropped connections) past every retry: nothing was committed."""

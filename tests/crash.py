@@ -30,8 +30,8 @@ def _die(point: str) -> None:
 
 def arm(point: str) -> None:
     """Patch the stage runner (or the catalog's table writer) so that ``point`` kills the process group."""
-    from tasks.catalog import Catalog
-    from tasks.stages import Stages
+    from tasks.store.catalog import Catalog
+    from tasks.runtime.stages import Stages
 
     when, _, target = point.partition(":")
     name, _, nth = target.partition("#")

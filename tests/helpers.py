@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from tasks.catalog import to_table
+from tasks.store.rows import to_table
 
 DIM = 8
 
@@ -74,7 +74,7 @@ import os, signal, sys
 sys.path.insert(0, {repo!r})
 from flows.env import apply_offline_defaults
 apply_offline_defaults()
-from tasks.catalog import Catalog
+from tasks.store.catalog import Catalog
 real = Catalog._write
 written = []
 def write_then_die(self, name, data, *args):

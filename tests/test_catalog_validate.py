@@ -2,8 +2,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.catalog import Catalog, IndexError_, LockTimeout
-from tasks.validate import validate_tables
+from tasks.errors import IndexError_, LockTimeout
+from tasks.store.catalog import Catalog
+from tasks.index.validate import validate_tables
 from tests.helpers import DIM, tiny_tables
 
 

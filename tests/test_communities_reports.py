@@ -3,9 +3,9 @@ import json
 
 import numpy as np
 
-from tasks.communities import detect_communities
-from tasks.reports import build_reports
-from tasks.summarize import Cluster, LLMSummarizer, OfflineSummarizer
+from tasks.methods.hirag.communities import detect_communities
+from tasks.methods.reports import build_reports
+from tasks.methods.summarize import Cluster, LLMSummarizer, OfflineSummarizer
 
 
 def _rel(a, b, w=1.0, kind="extracted"):

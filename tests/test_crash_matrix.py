@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tasks.catalog import Catalog
+from tasks.store.catalog import Catalog
 from tests.conftest import CAROL, REPO, musique_passages
 from tests.fake_llm_server import FakeLLM
 from tests.test_golden_tables import table_digests

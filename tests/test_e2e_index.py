@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.pipeline import build_index
 from schemas.config import load_config
-from tasks.catalog import Catalog
+from tasks.store.catalog import Catalog
 from tests.conftest import SMALL
 from tests.helpers import assert_layers_match_membership, run_killed_during_publish
 
@@ -105,10 +105,10 @@ def test_same_corpus_gives_identical_tables(built, small_corpus, tmp_path, monke
     """A second build (direct runner, no Prefect, no Dask, and the embedding model in a child process as a large
     run has it) gives the same ids and the same tables. The child ends when Leiden begins, a new one embeds the
     reports, and it ends when validation begins."""
-    from tasks.parallel import ProcessMapper
+    from tasks.runtime.parallel import ProcessMapper
 
     live_at_release, release = [], ProcessMapper.release
-    monkeypatch.setattr("tasks.embed.EMBED_IN_CHILD_TEXTS", 0)
+    monkeypatch.setattr("tasks.index.embed.EMBED_IN_CHILD_TEXTS", 0)
     monkeypatch.setattr(ProcessMapper, "release", lambda self, **kw: (live_at_release.append(self.started), release(self, **kw)))
     cfg = load_config(overrides={"chunking": SMALL["chunking"], "extract": SMALL["extract"]})
     build_index(str(small_corpus), Catalog(tmp_path / "again"), cfg)

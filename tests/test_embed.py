@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from tasks.embed import LocalEmbedder
+from tasks.index.embed import LocalEmbedder
 
 TEXTS = ["Ebenezer Scrooge (person): a miser of London.", "Jacob Marley", "The Journal of Mathematical Physics is "
          "a peer-reviewed journal published monthly by the American Institute of Physics.", "", "Fezziwig " * 300]
@@ -32,7 +32,7 @@ def test_a_large_call_moves_the_model_to_a_child_process_for_the_rest_of_the_run
     """Below ``EMBED_IN_CHILD_TEXTS`` texts a call embeds in process; from the first call at or above it, every
     call goes to one child process until ``release``; the vectors are the in-process ones, bit for bit."""
     from schemas.config import load_config
-    from tasks import embed
+    from tasks.index import embed
 
     cfg = load_config().embedding
     local = embed.get_embedder(cfg)

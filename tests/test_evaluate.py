@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from tasks.evaluate import ModeResult, paired_bootstrap, ranked_passages, recall_at_k, retrieved_passages
+from tasks.query.evaluate import ModeResult, paired_bootstrap, ranked_passages, recall_at_k, retrieved_passages
 
 
 def make_view():
@@ -100,13 +100,12 @@ def test_eval_cli_rejects_small_budget(tmp_path):
 
 def test_eval_cli_writes_every_budget(tmp_path, monkeypatch):
     """The command with evaluate() and the index stubbed: files, results.json shape and the tables."""
-    import tasks.catalog
-    import tasks.embed
-    import tasks.evaluate
-    import tasks.retrieve
+    import tasks.query.evaluate
+    import tasks.query.reader
+    import tasks.store.catalog
     from rich.console import Console
 
-    import flows.cli
+    import flows.cli.ask
     from flows.cli import app
 
     (tmp_path / "queries.jsonl").write_text(json.dumps({"id": "q1", "question": "?", "supporting_passage_ids": ["p1"]}))
@@ -120,12 +119,13 @@ def test_eval_cli_writes_every_budget(tmp_path, monkeypatch):
                  "recall_at_2": 1.0, "recall_at_5": 1.0, "recall_at_10": 1.0} for r in results]
         return results, rows
 
-    monkeypatch.setattr(tasks.evaluate, "evaluate", fake_evaluate)
-    monkeypatch.setattr(tasks.catalog, "Catalog", lambda uri: SimpleNamespace(snapshot=lambda: {}, root=None, uri=uri))
-    monkeypatch.setattr(tasks.retrieve, "load_view", lambda cat: SimpleNamespace(version=3, dim=4, method="hirag"))
-    monkeypatch.setattr(tasks.embed, "question_embedder", lambda *a: SimpleNamespace(embed=None))
-    monkeypatch.setattr(tasks.embed, "check_dimension", lambda *a: None)
-    monkeypatch.setattr(flows.cli, "out", Console(width=250))  # one line per table row
+    catalog = SimpleNamespace(snapshot=lambda: {}, root=None, uri="mem://x")
+    view = SimpleNamespace(version=3, dim=4, method="hirag")
+    monkeypatch.setattr(tasks.query.evaluate, "evaluate", fake_evaluate)
+    monkeypatch.setattr(tasks.store.catalog, "Catalog", lambda uri, **_k: catalog)
+    monkeypatch.setattr(tasks.query.reader, "open_reader", lambda *a, **k: tasks.query.reader.Reader(
+        None, catalog, view, SimpleNamespace(embed=None), None))
+    monkeypatch.setattr(flows.cli.ask, "out", Console(width=250))  # one line per table row
     out = tmp_path / "out"
     r = CliRunner().invoke(app, ["eval", "-d", str(tmp_path), "-i", "mem://x", "-m", "hi", "-m", "naive",
                                  "-b", "1000", "-b", "4000", "--out", str(out)])
@@ -146,7 +146,7 @@ def test_eval_cli_writes_every_budget(tmp_path, monkeypatch):
 @pytest.mark.parametrize("budgets", [None, [500]])
 def test_evaluate_budgets_and_vs_naive(monkeypatch, budgets):
     """evaluate() with retrieve() stubbed: one result per (budget, mode), naive pairing, row fields."""
-    import tasks.evaluate as ev
+    import tasks.query.evaluate as ev
 
     view = make_view()
     # naive finds p2 whole; "hi" finds p1 whole at budgets >= 1000 and only half of it below
@@ -155,7 +155,7 @@ def test_evaluate_budgets_and_vs_naive(monkeypatch, budgets):
             chunks = [chunk("c2", view)]
         else:
             chunks = [chunk("c1a", view)] + ([chunk("c1b", view)] if cfg.token_budget >= 1000 else [])
-        from tasks.retrieve import Context
+        from tasks.query.context import Context
 
         chunks = [dict(c, text=f"{c['id']}: the city they named is Paris.") for c in chunks]
         return Context(question=question, mode=mode, version=1, chunks=chunks, tokens={"chunks": 10 * len(chunks)},

@@ -1,6 +1,6 @@
 from schemas.config import ExtractConfig
-from tasks.extract import extract_batch
-from tasks.merge import merge_graph
+from tasks.index.extract import extract_batch
+from tasks.index.merge import merge_graph
 
 
 def test_extract_finds_typed_entities_and_sentence_relations():
@@ -66,7 +66,7 @@ def test_descriptions_stay_within_budget():
 
 
 def test_descriptions_follow_corpus_order_not_chunk_ids():
-    from tasks.merge import graph_from_mentions, mention_rows
+    from tasks.index.merge import graph_from_mentions, mention_rows
 
     def mention(chunk, sentence):
         return {"name": "Scrooge", "type": "person", "description": sentence, "chunk_id": chunk}
@@ -87,9 +87,9 @@ def test_merge_in_parts_equals_merge_whole(tmp_path):
     """Spilled mentions are merged part by part (split by key); the graph is the same as merged at once."""
     import random
 
-    from tasks.catalog import to_table
-    from tasks.merge import dictionary_encoded, graph_from_mentions, in_chunk_order, mention_rows
-    from tasks.spill import SpillWriter
+    from tasks.store.rows import to_table
+    from tasks.index.merge import dictionary_encoded, graph_from_mentions, in_chunk_order, mention_rows
+    from tasks.store.spill import SpillWriter
 
     rnd = random.Random(3)
     names = ["Scrooge", "scrooge", "Marley", "Bob Cratchit", "London", "Fezziwig", "Belle", "Tiny Tim", "Fred"]

@@ -269,9 +269,9 @@ def test_a_deleted_data_file_fails_query_as_it_fails_inspect(served_index, tmp_p
     assert runner.invoke(app, ask).exit_code == 0  # leaves the view's copy on disk
     data = sorted((index / "lance" / "chunks.lance" / "data").iterdir())
     data[0].unlink()
-    from tasks import retrieve
+    from tasks.query import view as views
 
-    retrieve._VIEWS.clear()  # a new process: only the copy on disk remains
+    views._VIEWS.clear()  # a new process: only the copy on disk remains
     for args in (ask, ["inspect", "--index", str(index)], ["validate", "--index", str(index)]):
         res = runner.invoke(app, args)
         assert res.exit_code == EXIT_CODES["damaged"] and "chunks" in res.output, (args, res.output)
@@ -304,7 +304,7 @@ def test_a_run_does_not_warn_about_the_dask_dashboard_port():
     import warnings
 
     from schemas.config import DaskConfig
-    from tasks.parallel import dask_client
+    from tasks.runtime.parallel import dask_client
 
     with socket.socket() as taken, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -324,7 +324,7 @@ def test_an_internal_error_is_one_line_unless_debug_asks(tmp_path, monkeypatch):
     def boom(*_a, **_k):
         raise KeyError("surprise")
 
-    monkeypatch.setattr("tasks.inspect.inspect_data", boom)
+    monkeypatch.setattr("tasks.query.inspect.inspect_data", boom)
     index = tmp_path / "i"
     (index / "lance").mkdir(parents=True)
     res = runner.invoke(app, ["inspect", "--index", str(index)])

@@ -30,7 +30,7 @@ CONFIG = {"chunking": {"size": 200, "overlap": 20}, "extract": {"batch_size": 4}
 def table_digests(index: Path, also_drop: tuple[str, ...] = ()) -> dict[str, str]:
     """A digest per table of the published snapshot, without the ``VOLATILE`` columns and ``also_drop``."""
     from schemas.tables import SNAPSHOT_TABLES
-    from tasks.catalog import Catalog
+    from tasks.store.catalog import Catalog
 
     cat = Catalog(index)
     snap = cat.require_snapshot()
@@ -91,13 +91,13 @@ def build_cases(work: Path) -> dict[str, dict[str, str]]:
 
     from schemas.config import load_config
 
-    with mock.patch("tasks.embed.get_embedder", lambda *_a, **_k: HashingEmbedder()):
+    with mock.patch("tasks.index.embed.get_embedder", lambda *_a, **_k: HashingEmbedder()):
         return _cases(work, load_config(overrides=CONFIG))
 
 
 def _cases(work: Path, cfg) -> dict[str, dict[str, str]]:
     from flows.pipeline import build_index, update_index
-    from tasks.catalog import Catalog
+    from tasks.store.catalog import Catalog
 
     shutil.rmtree(CORPUS, ignore_errors=True)
     corpus = CORPUS
@@ -122,15 +122,15 @@ def test_a_merge_in_its_child_process_publishes_the_same_build(tmp_path):
 
     from flows.pipeline import build_index
     from schemas.config import load_config
-    from tasks.catalog import Catalog
+    from tasks.store.catalog import Catalog
 
     golden = json.loads(GOLDEN.read_text())
     shutil.rmtree(CORPUS, ignore_errors=True)
-    from tasks import parallel
+    from tasks.runtime import parallel
 
-    with mock.patch("tasks.embed.get_embedder", lambda *_a, **_k: HashingEmbedder()), \
-            mock.patch("tasks.merge.MERGE_IN_CHILD_ROWS", 0), \
-            mock.patch("tasks.parallel.in_child_process", wraps=parallel.in_child_process) as in_child:
+    with mock.patch("tasks.index.embed.get_embedder", lambda *_a, **_k: HashingEmbedder()), \
+            mock.patch("tasks.index.merge.MERGE_IN_CHILD_ROWS", 0), \
+            mock.patch("tasks.runtime.parallel.in_child_process", wraps=parallel.in_child_process) as in_child:
         build_index(str(_corpus(CORPUS, 1)), Catalog(tmp_path / "built"), load_config(overrides=CONFIG))
     assert [c.args[0].__name__ for c in in_child.call_args_list] == ["graph_from_mentions"]
     assert table_digests(tmp_path / "built") == golden["build"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from schemas.config import HierarchyConfig
-from tasks.hierarchy import (
+from tasks.methods.hirag.hierarchy import (
     STOP_CONVERGED,
     STOP_MAX_LAYERS,
     STOP_TOO_FEW,
@@ -22,7 +22,7 @@ from tasks.hierarchy import (
     should_stop,
     soft_assign,
 )
-from tasks.summarize import OfflineSummarizer
+from tasks.methods.summarize import OfflineSummarizer
 
 
 # ---------------------------------------------------------------- eq. 17
@@ -90,12 +90,12 @@ def test_stop_rule_on_a_crafted_cs_sequence():
     layers, stats = _layers(base, cfg, build_layer, cluster)
     assert built == [1, 2, 3]
     assert [l.index for l in layers] == [1, 2, 3]
-    assert [round(s.cluster_sparsity, 4) for s in stats] == [0.5556, 0.7333, 0.7778, 0.8]
-    assert stats[0].change_rate is None
-    assert [round(s.change_rate, 4) for s in stats[1:]] == [0.32, 0.0606, 0.0286]
-    assert [s.stopped for s in stats] == [False, False, False, True]
-    assert stats[-1].stop_reason == STOP_CONVERGED and stats[-1].layer == 4
-    assert [s.n_clusters for s in stats] == [2, 3, 4, 4]
+    assert [round(s["cluster_sparsity"], 4) for s in stats] == [0.5556, 0.7333, 0.7778, 0.8]
+    assert stats[0]["change_rate"] is None
+    assert [round(s["change_rate"], 4) for s in stats[1:]] == [0.32, 0.0606, 0.0286]
+    assert [s["stopped"] for s in stats] == [False, False, False, True]
+    assert stats[-1]["stop_reason"] == STOP_CONVERGED and stats[-1]["layer"] == 4
+    assert [s["n_clusters"] for s in stats] == [2, 3, 4, 4]
     assert len(calls) == 4
 
 
@@ -104,13 +104,13 @@ def test_stop_at_layer_cap_and_when_too_few_entities():
     build_layer, built = _builder()
     cfg = HierarchyConfig(epsilon=0.0, max_layers=2, min_entities=2)
     _, stats = _layers([{"id": str(j)} for j in range(10)], cfg, build_layer, cluster)
-    assert built == [1, 2] and stats[-1].stop_reason == STOP_MAX_LAYERS and stats[-1].cluster_sparsity is None
+    assert built == [1, 2] and stats[-1]["stop_reason"] == STOP_MAX_LAYERS and stats[-1]["cluster_sparsity"] is None
 
     cluster, _ = _scripted([[5, 5]])
     build_layer, built = _builder(n=3)
     cfg = HierarchyConfig(max_layers=5, min_entities=4)
     _, stats = _layers([{"id": str(j)} for j in range(10)], cfg, build_layer, cluster)
-    assert built == [1] and stats[-1].stop_reason == STOP_TOO_FEW and stats[-1].n_entities == 3
+    assert built == [1] and stats[-1]["stop_reason"] == STOP_TOO_FEW and stats[-1]["n_entities"] == 3
 
 
 # ---------------------------------------------------------------- soft assignment
@@ -176,19 +176,19 @@ def test_summaries_link_every_member_and_cs_recomputes_from_links():
         assert by_id[r["target_id"]]["layer"] == by_id[r["source_id"]]["layer"] + 1
         members.setdefault(r["target_id"], set()).add(r["source_id"])
     assert set(members) == {e["id"] for e in new_ents}  # every summary entity has members
-    for stat in [s for s in stats if not s.stopped]:
-        below = [e["id"] for e in ents + new_ents if by_id[e["id"]]["layer"] == stat.layer - 1]
-        linked = {m for s, ms in members.items() if by_id[s]["layer"] == stat.layer for m in ms}
+    for stat in [s for s in stats if not s["stopped"]]:
+        below = [e["id"] for e in ents + new_ents if by_id[e["id"]]["layer"] == stat["layer"] - 1]
+        linked = {m for s, ms in members.items() if by_id[s]["layer"] == stat["layer"] for m in ms}
         assert linked == set(below)  # every member links to its summaries
-        sizes = [len(ms) for s, ms in members.items() if by_id[s]["layer"] == stat.layer]
-        assert cluster_sparsity(sizes, len(below)) == pytest.approx(stat.cluster_sparsity)
+        sizes = [len(ms) for s, ms in members.items() if by_id[s]["layer"] == stat["layer"]]
+        assert cluster_sparsity(sizes, len(below)) == pytest.approx(stat["cluster_sparsity"])
     # the summary of the "river" entities is named after rivers
     river_summary = next(s for s, ms in members.items() if {"ent-0", "ent-1"} <= ms and by_id[s]["layer"] == 1)
     assert "river" in by_id[river_summary]["name"].lower()
 
 
 def test_restate_layers_recomputes_built_layers_from_the_published_membership():
-    from tasks.hierarchy import restate_layers
+    from tasks.methods.hirag.hierarchy import restate_layers
 
     layer_of = {**dict.fromkeys("abcde", 0), "S1": 1, "S2": 1, "S3": 1, "T": 2}
     links = [("a", "S1"), ("b", "S1"), ("c", "S1"), ("d", "S2"), ("S1", "T"), ("S2", "T")]  # S3 lost its members
@@ -214,7 +214,7 @@ def test_key_phrases_of_a_large_layer_come_from_a_child_process_unchanged():
     """Past ``KEY_PHRASES_IN_CHILD_CHARS`` the class TF-IDF runs in a child process: the same phrases."""
     from unittest import mock
 
-    from tasks.summarize import Cluster, key_phrases
+    from tasks.methods.summarize import Cluster, key_phrases
 
     def member(name, text):
         return {"id": name, "name": name, "type": "person", "description": text}
@@ -225,7 +225,7 @@ def test_key_phrases_of_a_large_layer_come_from_a_child_process_unchanged():
                          member("Belle", "The young woman Scrooge was to marry.")], np.zeros((2, 4))),
                 Cluster([member("The", "the of and")], np.zeros((1, 4)))]
     here = key_phrases(clusters)
-    with mock.patch("tasks.summarize.KEY_PHRASES_IN_CHILD_CHARS", 0), \
+    with mock.patch("tasks.methods.summarize.KEY_PHRASES_IN_CHILD_CHARS", 0), \
             mock.patch("subprocess.run", wraps=__import__("subprocess").run) as run:
         there = key_phrases(clusters)
     assert run.call_count == 1 and there == here

@@ -11,9 +11,11 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.pipeline import build_index, update_index
 from schemas.config import load_config
-from tasks.catalog import Catalog
-from tasks.incremental import attach, diff_documents, place_in_communities, reports_to_rewrite
-from tasks.validate import validate_tables
+from tasks.store.catalog import Catalog
+from tasks.methods.attach import attach
+from tasks.index.delta import diff_documents
+from tasks.methods.hirag.method.placement import place_in_communities, reports_to_rewrite
+from tasks.index.validate import validate_tables
 from schemas.tables import SNAPSHOT_TABLES
 from tests.conftest import SMALL
 
@@ -279,8 +281,8 @@ def test_backfill_partitions_holding_the_same_file_publish(tmp_path):
 def test_recompute_touches_only_the_delta_yet_equals_a_full_merge():
     """An entity that comes into being revives an old relation naming it (an LLM may relate a name it did not
     extract as an entity); a hub touched by the delta keeps its other relations without their mentions being read."""
-    from tasks.incremental import recompute_layer0
-    from tasks.merge import graph_from_mentions, mention_rows
+    from tasks.index.delta import recompute_layer0
+    from tasks.index.merge import graph_from_mentions, mention_rows
 
     def ent(name, chunk):
         return {"name": name, "type": "person", "description": f"{name} in {chunk}.", "chunk_id": chunk}
@@ -301,7 +303,7 @@ def test_recompute_touches_only_the_delta_yet_equals_a_full_merge():
     def select(expr):  # what the update reads, recorded
         import polars as pl
 
-        from tasks.incremental import mention_select
+        from tasks.index.delta import mention_select
 
         out = mention_select(old_rows + new_rows)(expr)
         read.extend(out.filter(pl.col("kind") == "relation").get_column("key").to_list())

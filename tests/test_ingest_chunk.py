@@ -4,9 +4,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.config import ChunkingConfig, CorpusConfig
-from tasks.chunk import chunk_document, count_tokens, get_encoding, token_windows
-from tasks.ids import normalize_name
-from tasks.ingest import ingest_corpus
+from tasks.index.chunk import chunk_document, count_tokens, get_encoding, token_windows
+from tasks.store.ids import normalize_name
+from tasks.index.ingest import ingest_corpus
 from tests.conftest import CAROL
 
 
@@ -84,7 +84,7 @@ def test_non_prose_documents_are_quarantined_with_the_measured_values(tmp_path):
     import base64
     import random
 
-    from tasks.ingest import ingest_corpus, not_prose
+    from tasks.index.ingest import ingest_corpus, not_prose
 
     rng = random.Random(0)
     (tmp_path / "blob.txt").write_text(base64.b64encode(bytes(rng.getrandbits(8) for _ in range(300_000))).decode())
@@ -105,7 +105,7 @@ def test_non_prose_documents_are_quarantined_with_the_measured_values(tmp_path):
 
 
 def test_a_document_past_max_tokens_is_cut_and_the_rest_quarantined():
-    from tasks.chunk import chunk_documents
+    from tasks.index.chunk import chunk_documents
 
     doc = {"id": "doc-1", "uri": "/c/long.txt", "text": CAROL.read_text(encoding="utf-8")[:20000]}
     chunks, tokens, cut = chunk_documents([doc], ChunkingConfig(size=100, overlap=10), max_tokens=500)

@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 import flows.index_flow as index_flow_module
 from flows.cli import app, date_partitions
 from schemas.config import DaskConfig, ExtractConfig
-from tasks.catalog import Catalog
-from tasks.extract import extract_chunks
-from tasks.parallel import DaskPool, LocalMapper
+from tasks.store.catalog import Catalog
+from tasks.index.extract import extract_chunks
+from tasks.runtime.parallel import DaskPool, LocalMapper
 from tests.conftest import REPO, musique_passages
 
 runner = CliRunner()
@@ -105,7 +105,7 @@ def test_a_local_cluster_leaves_the_runs_environment_as_it_was(monkeypatch):
     """A Dask nanny writes its workers' settings (OMP_NUM_THREADS=1, MALLOC_TRIM_THRESHOLD_=65536) into the
     environment of the process that starts it; the run's later children (the embedding model's) must not inherit
     them, so the local cluster takes them back, while it runs and after it closes."""
-    from tasks.parallel import _nanny_environ, dask_client
+    from tasks.runtime.parallel import _nanny_environ, dask_client
 
     names = _nanny_environ()
     assert {"OMP_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_"} <= set(names)
@@ -149,8 +149,8 @@ def test_extraction_and_embedding_on_an_external_dask_cluster(tmp_path, small_co
         assert res.exit_code == 0, res.output
         embedded = Catalog(tmp_path / "index").runs()[-1]
         with Client(address, timeout="60s") as client:  # the workers loaded the model; this process did not need to
-            assert all(client.run(lambda: "tasks.embed" in sys.modules and
-                                  __import__("tasks.embed").embed._local.cache_info().currsize > 0).values())
+            assert all(client.run(lambda: "tasks.index.embed" in sys.modules and
+                                  __import__("tasks.index.embed").index.embed._local.cache_info().currsize > 0).values())
         res = runner.invoke(app, ["index", str(small_corpus), "--index", str(tmp_path / "local"), "--quiet",
                                   "--set", "chunking.size=200"])
         assert res.exit_code == 0, res.output

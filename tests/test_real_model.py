@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tasks.catalog import Catalog
+from tasks.store.catalog import Catalog
 from tests.conftest import CAROL
 
 pytestmark = pytest.mark.realmodel

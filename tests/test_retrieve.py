@@ -9,9 +9,11 @@ import numpy as np
 
 from tests.helpers import _to_table
 from schemas.config import RetrievalConfig
-from tasks.catalog import Catalog
-from tasks.evaluate import answer_in_context, normalize_answer, passage_recall
-from tasks.retrieve import IndexView, extractive_answer, retrieve
+from tasks.store.catalog import Catalog
+from tasks.query.evaluate import answer_in_context, normalize_answer, passage_recall
+from tasks.query.view import IndexView
+from tasks.query.answer import extractive_answer
+from tasks.query.retrieve import retrieve
 
 DIM = 4
 
@@ -122,7 +124,8 @@ def test_extractive_answer_picks_matching_sentences(tmp_path):
 
 
 def test_offline_answer_ranks_source_sentences_by_similarity_and_question_words():
-    from tasks.retrieve import Context, best_sentences
+    from tasks.query.context import Context
+    from tasks.query.answer import best_sentences
 
     ctx = Context(question="How much did Scrooge pay Bob?", mode="naive", version=1, query_vector=np.array([1.0, 0.0]),
                   entities=[{"text": "- Bob (person): Scrooge paid Bob fifteen shillings a week."}],  # never a candidate
@@ -141,7 +144,8 @@ def test_offline_answer_ranks_source_sentences_by_similarity_and_question_words(
 
 
 def test_the_second_sentence_of_the_offline_answer_follows_the_first_ones_names():
-    from tasks.retrieve import Context, best_sentences
+    from tasks.query.context import Context
+    from tasks.query.answer import best_sentences
 
     chunks = [{"title": "T", "text": "Scrooge employed Bob as his clerk. Scrooge was born in London. Bob was born in Camden Town."}]
     ctx = Context(question="Where was the man who employed Bob born?", mode="naive", version=1, chunks=chunks,
@@ -164,7 +168,7 @@ def test_eval_measures_by_hand():
 def test_bridge_path_search_is_shortest_and_bounded():
     import networkx as nx
 
-    from tasks.methods.hirag_retrieval import shortest_path
+    from tasks.methods.hirag.retrieval import shortest_path
 
     # a chain 0-1-2-3-4-5 with a shortcut 1-4: 0 -> 5 takes 0-1-4-5 (3 hops)
     g = nx.Graph([(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (1, 4)])
@@ -185,7 +189,7 @@ def test_bridge_path_search_is_shortest_and_bounded():
 
 
 def test_vector_tables_past_the_threshold_are_searched_through_their_index(tmp_path):
-    from tasks.catalog import has_vector_index
+    from tasks.store.vectors import has_vector_index
 
     exact = build(tmp_path / "exact")
     indexed = build(tmp_path / "ann", ann_min_rows=2)  # both vector tables have at least 2 rows
@@ -203,7 +207,7 @@ def test_vector_tables_past_the_threshold_are_searched_through_their_index(tmp_p
 def test_a_view_left_on_disk_is_read_while_its_snapshot_is_the_latest_and_ignored_after(tmp_path):
     import json
 
-    from tasks import retrieve as R
+    from tasks.query import view as R
 
     build(tmp_path)
     cat = Catalog(tmp_path / "idx")
@@ -241,7 +245,7 @@ def test_lexical_scores_never_import_numba():
     import subprocess
     import sys
 
-    code = ("import sys; from tasks.lexical import BM25Index; s = BM25Index(['Scrooge paid Bob', 'Marley died']).scores("
+    code = ("import sys; from tasks.query.lexical import BM25Index; s = BM25Index(['Scrooge paid Bob', 'Marley died']).scores("
             "'Who paid Bob?'); assert s[0] > 0 == s[1], s; assert 'numba' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent.parent)
     assert out.stdout.strip() == "ok", out.stderr
@@ -249,8 +253,8 @@ def test_lexical_scores_never_import_numba():
 
 def test_the_view_copy_is_stamped_with_the_versions_of_the_libraries_it_pickles(monkeypatch):
     """A copy pickled under another bm25s (or numpy, pyarrow, networkx, scipy) is not read back."""
-    from tasks.lexical import bm25s
-    from tasks.retrieve import _code_stamp
+    from tasks.query.lexical import bm25s
+    from tasks.query.view import _code_stamp
 
     _code_stamp.cache_clear()
     before = _code_stamp()

@@ -7,7 +7,7 @@ import time
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tasks.catalog import Catalog
+from tasks.store.catalog import Catalog
 from tests.helpers import tiny_tables
 
 
@@ -47,7 +47,7 @@ def test_gc_keeps_every_version_a_kept_snapshot_pins(tmp_path):
 
 
 def test_a_table_delta_applies_to_the_pinned_version_not_to_an_uncommitted_one(tmp_path):
-    from tasks.catalog import TableDelta
+    from tasks.store.rows import TableDelta
     from tests.helpers import _to_table
 
     cat = Catalog(tmp_path / "idx")

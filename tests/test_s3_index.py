@@ -18,7 +18,9 @@ from typer.testing import CliRunner
 from flows.cli import app
 from schemas.config import StorageConfig, load_config
 from schemas.tables import SNAPSHOT_TABLES
-from tasks.catalog import Catalog, LockTimeout, S3Lease, StoreUnavailable, storage_options
+from tasks.errors import LockTimeout, StoreUnavailable
+from tasks.store.catalog import Catalog
+from tasks.store.remote import S3Lease, storage_options
 from tasks.errors import EXIT_CODES, UsageError
 from tests.conftest import SMALL
 from tests.helpers import tiny_tables

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from flows.pipeline import build_index, update_index
 from flows.serve import create_app
 from schemas.config import load_config
-from tasks.catalog import Catalog
+from tasks.store.catalog import Catalog
 from tests.conftest import SMALL
 
 OVERRIDES = {"chunking": SMALL["chunking"], "extract": SMALL["extract"], "dask": {"processes": False}}

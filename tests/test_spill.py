@@ -4,14 +4,14 @@ whatever order the batches arrive in; the uniqueness check that reads a column p
 import pyarrow as pa
 import pytest
 
-from tasks.merge import graph_from_mentions, in_chunk_order, mention_rows
-from tasks.spill import SpillWriter
-from tasks.validate import unique_mask, validate_tables
+from tasks.index.merge import graph_from_mentions, in_chunk_order, mention_rows
+from tasks.store.spill import SpillWriter
+from tasks.index.validate import unique_mask, validate_tables
 from tests.helpers import DIM, tiny_tables
 
 
 def _mentions(n_chunks: int) -> pa.Table:
-    from tasks.catalog import to_table
+    from tasks.store.rows import to_table
 
     ents = [{"name": f"Name {(c * 7 + i) % 11}", "type": "person", "description": f"Sentence {c}.{i}.", "chunk_id": f"c{c:03d}"}
             for c in range(n_chunks) for i in range(3)]
@@ -28,7 +28,7 @@ def _spill(tmp_path, batches, n_parts):
 
 
 def test_every_row_lands_once_with_each_key_in_one_part_and_arrival_order_does_not_matter(tmp_path, monkeypatch):
-    monkeypatch.setattr("tasks.spill.FLUSH_ROWS", 5)  # several row groups per part file
+    monkeypatch.setattr("tasks.store.spill.FLUSH_ROWS", 5)  # several row groups per part file
     table = _mentions(40)
     batches = [table.slice(i, 17) for i in range(0, table.num_rows, 17)]
     forward = _spill(tmp_path / "a", batches, 4)
@@ -65,7 +65,7 @@ def test_unique_mask_over_pieces_marks_every_repeat_and_no_null(monkeypatch, col
     if collide:  # every hash the same: the values decide
         import numpy as np
 
-        monkeypatch.setattr("tasks.spill.key_hash", lambda col: np.zeros(len(col), dtype=np.uint64))
+        monkeypatch.setattr("tasks.store.spill.key_hash", lambda col: np.zeros(len(col), dtype=np.uint64))
     pieces = [pa.array(["a", "b", None]), pa.array(["c", "a"]), pa.array([None, "d", "b", "e"])]
     assert unique_mask(lambda: iter(pieces)).tolist() == [False, False, True, True, False, True, True, False, True]
 
@@ -78,7 +78,7 @@ def test_validation_reads_a_spilled_table_part_by_part_and_sees_repeats_across_p
         r["chunk_id"] = chunk
     rows[-1]["id"] = rows[0]["id"]  # the same id in two parts
     rows[1]["chunk_id"] = "chunk-gone"
-    from tasks.catalog import to_table
+    from tasks.store.rows import to_table
 
     table = to_table("mentions", rows, 0, 1)
     spilled = _spill(tmp_path, [table], 3)
@@ -97,7 +97,7 @@ def test_a_one_off_child_first_ends_idle_process_mappers(tmp_path):
     import threading
     import time
 
-    from tasks.parallel import ProcessMapper, in_child_process, release_idle_children
+    from tasks.runtime.parallel import ProcessMapper, in_child_process, release_idle_children
 
     idle, busy = ProcessMapper(), ProcessMapper()
     try:
@@ -135,8 +135,8 @@ def test_in_child_process_returns_the_result_and_reports_a_failure(tmp_path):
 
     import pytest
 
-    from tasks.merge import graph_from_mentions, mention_rows
-    from tasks.parallel import in_child_process
+    from tasks.index.merge import graph_from_mentions, mention_rows
+    from tasks.runtime.parallel import in_child_process
 
     assert in_child_process(os.getpid, workdir=tmp_path) != os.getpid()
     raw_e = [{"name": "Scrooge", "type": "person", "description": "Scrooge counts.", "chunk_id": "c1"},

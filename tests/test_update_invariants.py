@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from flows.pipeline import build_index, update_index
 from schemas.config import load_config
-from tasks.catalog import Catalog
+from tasks.store.catalog import Catalog
 from tests.conftest import CAROL, SMALL, musique_passages
 from tests.helpers import assert_layers_match_membership
 from tests.test_incremental import _layer0

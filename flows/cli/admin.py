@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from flows.cli.common import AsOfOpt, LockOpt, ReadIndexOpt, command, out
+from flows.cli.common import AsOfOpt, ConfigOpt, LockOpt, ReadIndexOpt, SetOpt, command, open_catalog, out
 from schemas.tables import ALL_TABLES, SNAPSHOT_TABLES
 from tasks.errors import EXIT_CODES, UsageError
 
@@ -31,13 +31,14 @@ def inspect(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     runs: int = typer.Option(5, help="How many recent runs to show."),
     versions: bool = typer.Option(False, "--versions", help="List every published snapshot."),
+    config_path: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
 ) -> None:
     """Row counts of the published snapshot, its version, the layer statistics and the last runs (exit 4 when a
     table of the snapshot cannot be read)."""
-    from tasks.catalog import Catalog
-    from tasks.inspect import inspect_data
+    from tasks.query.inspect import inspect_data
 
-    data = inspect_data(Catalog(index, create=False), as_of, runs)
+    data = inspect_data(open_catalog(index, config_path, set_), as_of, runs)
     damaged = typer.Exit(EXIT_CODES["damaged"]) if data["problems"] else None
     if as_json:
         out.print_json(json.dumps(data, default=str))
@@ -72,12 +73,12 @@ def inspect(
 
 
 @command()
-def validate(index: str = ReadIndexOpt, as_of: Optional[int] = AsOfOpt) -> None:
+def validate(index: str = ReadIndexOpt, as_of: Optional[int] = AsOfOpt, config_path: Optional[Path] = ConfigOpt,
+             set_: Optional[list[str]] = SetOpt) -> None:
     """Run the expectation suites over a published snapshot (exit 4 when any fails or a table cannot be read)."""
-    from tasks.catalog import Catalog
-    from tasks.validate import validate_tables
+    from tasks.index.validate import validate_tables
 
-    cat = Catalog(index, create=False)
+    cat = open_catalog(index, config_path, set_)
     snap = cat.require_snapshot(as_of)
     report = validate_tables({name: cat.read(name, snap=snap) for name in SNAPSHOT_TABLES}, snap["dim"])
     for name, n in report.checked.items():
@@ -96,14 +97,15 @@ def rollback(
     index: str = ReadIndexOpt,
     to: int = typer.Option(..., "--to", help="The snapshot version to return to (see `strata inspect --versions`)."),
     lock_timeout: float = LockOpt,
+    config_path: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
 ) -> None:
     """Undo a bad refresh in seconds: publish a new snapshot that pins the tables of an earlier one (nothing rewritten)."""
     from datetime import datetime, timezone
 
-    from tasks.catalog import Catalog
-    from tasks.ids import make_id
+    from tasks.store.ids import make_id
 
-    cat = Catalog(index, create=False)
+    cat = open_catalog(index, config_path, set_)
     with cat.writer_lock(lock_timeout):
         started = datetime.now(timezone.utc)
         run_id = make_id("run", started.isoformat(), "rollback", to)
@@ -119,11 +121,12 @@ def gc(
     index: str = ReadIndexOpt,
     keep: int = typer.Option(..., "--keep", min=1, help="How many of the newest snapshots to keep (at least 1)."),
     lock_timeout: float = LockOpt,
+    config_path: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
 ) -> None:
     """Drop old snapshots and the table versions no kept snapshot needs (never a version a kept snapshot pins)."""
-    from tasks.catalog import Catalog
 
-    cat = Catalog(index, create=False)
+    cat = open_catalog(index, config_path, set_)
     with cat.writer_lock(lock_timeout):
         done = cat.gc(keep)
     out.print(f"kept snapshots {done['kept']}, dropped {done['dropped'] or 'none'}; table versions removed: "
@@ -137,11 +140,12 @@ def export(
     fmt: str = typer.Option("parquet", "--format", help="Only 'parquet' for now."),
     tables: Optional[list[str]] = typer.Option(None, "--table", help="Export only these tables (repeatable)."),
     as_of: Optional[int] = AsOfOpt,
+    config_path: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
 ) -> None:
     """Write every table of a snapshot as <table>.parquet (load them with polars or duckdb)."""
     import pyarrow.parquet as pq
 
-    from tasks.catalog import Catalog
 
     if fmt != "parquet":
         raise UsageError(f"unsupported format {fmt!r}: only 'parquet'")
@@ -149,7 +153,7 @@ def export(
     unknown = [n for n in names if n not in ALL_TABLES]
     if unknown:
         raise UsageError(f"unknown table(s) {unknown}; known: {', '.join(ALL_TABLES)}")
-    cat = Catalog(index, create=False)
+    cat = open_catalog(index, config_path, set_)
     snap = cat.require_snapshot(as_of)
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is a file, not a folder")

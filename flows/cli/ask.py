@@ -35,8 +35,8 @@ def query(
     """Retrieve local entities, community reports and bridge paths for a question, then answer it.
 
     Without an LLM configured the answer is extractive: the context sentences that best match the question."""
-    from tasks.reader import open_reader
-    from tasks.retrieve import remember_view
+    from tasks.query.reader import open_reader
+    from tasks.query.view import remember_view
 
     if not question.strip():
         raise UsageError("the question is empty: ask something, e.g. strata query \"Who employed Bob Cratchit?\"")
@@ -88,7 +88,7 @@ def shell(
     well under a second, and a newly published snapshot is picked up without leaving. History in ~/.strata_history."""
     import readline
 
-    from tasks.reader import open_reader
+    from tasks.query.reader import open_reader
 
     reader = open_reader(index, config(config_path, set_), mode=mode)
     reader.embedder.embed(["warm up"])
@@ -174,10 +174,10 @@ def serve(
     import uvicorn
 
     from flows.serve import api_key, configure_access_log, create_app
-    from tasks.catalog import Catalog
+    from tasks.store.catalog import Catalog
 
     cfg = config(config_path, set_)
-    Catalog(index, create=False).require_snapshot()
+    Catalog(index, create=False, storage=cfg.storage).require_snapshot()
     key = api_key(cfg)  # refuses before anything binds
     host, port = host or cfg.serve.host, port or cfg.serve.port
     sock = bind(host, port)
@@ -232,9 +232,9 @@ def eval_(
     import csv
     import dataclasses
 
-    from tasks.catalog import Catalog
-    from tasks.evaluate import evaluate, load_queries, plot_results
-    from tasks.reader import check_mode, check_modes, open_reader
+    from tasks.store.catalog import Catalog
+    from tasks.query.evaluate import evaluate, load_queries, plot_results
+    from tasks.query.reader import check_mode, check_modes, open_reader
 
     check_modes(modes or [])
     small = [b for b in budgets or [] if b < 100]
@@ -242,7 +242,7 @@ def eval_(
         raise UsageError(f"token budget(s) {small} too small: at least 100 tokens")
     cfg = config(config_path, set_)
     queries = load_queries(dataset)[:limit]
-    if Catalog(index).snapshot() is None:
+    if Catalog(index, storage=cfg.storage).snapshot() is None:
         corpus = dataset / "corpus.jsonl"
         console.print(f"no index at {index}: building it from {corpus}")
         from flows.index_flow import index_flow

@@ -110,6 +110,13 @@ def config(path: Path | None, pairs: list[str] | None) -> StrataConfig:
     return load_config(path, overrides(pairs))
 
 
+def open_catalog(index: str, path: Path | None, pairs: list[str] | None) -> Any:
+    """The existing index at ``index`` (never created), its store reached with the ``storage`` settings."""
+    from tasks.store.catalog import Catalog
+
+    return Catalog(index, create=False, storage=config(path, pairs).storage)
+
+
 class RichReporter:
     """Progress bars per stage on stderr."""
 
@@ -144,7 +151,7 @@ class _NoRunTracebacks(logging.Filter):
 def progress(quiet: bool) -> Iterator[None]:
     """Progress bars per stage on the console (a log line per stage with ``--quiet``); Prefect's run loggers
     without tracebacks."""
-    from tasks.progress import LogReporter, use_reporter
+    from tasks.runtime.progress import LogReporter, use_reporter
 
     quiet_runs = _NoRunTracebacks()
     loggers = [logging.getLogger(name) for name in ("prefect.flow_runs", "prefect.task_runs")]

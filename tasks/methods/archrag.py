@@ -145,7 +145,7 @@ def hierarchical_search(q: np.ndarray, layers: list[np.ndarray], intra: list[lis
     ...]``, best first), found top down: the top layer from its best node, each lower layer from the nodes its
     upper neighbours link down to. A layer of at most ``scan_max`` nodes is scanned instead (exact, and cheaper
     than a walk over so few nodes); its ``ef`` best still lead down."""
-    from tasks.retrieve import top_k
+    from tasks.query.context import top_k
 
     ef = max(k, ef or k)
     found: list[list[int]] = [[] for _ in layers]
@@ -168,8 +168,8 @@ def hierarchical_search(q: np.ndarray, layers: list[np.ndarray], intra: list[lis
 # ---------------------------------------------------------------------------- the method
 def build_layers(entities: list[dict], vectors: np.ndarray, relations, cfg, seed: int, summarizer, embed, on_layer=None):
     """Attributed-community layers over the layer-0 entities: summary entities (text vectors), their ``summary_of``
-    links, one statistic per layer tried (``tasks.hierarchy.LayerStat``) and every layer's unit vectors."""
-    from tasks.hierarchy import summary_layers
+    links, one statistic per layer tried (``schemas.tables.LayerRow``) and every layer's unit vectors."""
+    from tasks.methods.hirag.hierarchy import summary_layers
 
     index = {e["id"]: i for i, e in enumerate(entities)}
     pairs = [(index.get(a), index.get(b)) for a, b in zip(relations.column("source_id").to_pylist(),
@@ -198,7 +198,7 @@ def build_layers(entities: list[dict], vectors: np.ndarray, relations, cfg, seed
 def link_rows(layer_ids: list[list[str]], layers: list[np.ndarray], m: int) -> list[dict]:
     """C-HNSW as ``relations`` rows: ``chnsw`` from a node to each of its M nearest of its layer (weight: cosine),
     ``chnsw_down`` from a node to its nearest node of the layer below."""
-    from tasks.merge import relation_id
+    from tasks.index.merge import relation_id
 
     intra, inter = chnsw_links(layers, m)
     rows = []
@@ -237,7 +237,7 @@ def adaptive_filter(ctx: Any, client: Any) -> Any:
     (the reduce step answers from what is left)."""
     from dataclasses import replace
 
-    from tasks.llm import ParseError, parse_json, run_sync
+    from tasks.runtime.llm import ParseError, parse_json, run_sync
 
     sections = ("entities", "communities", "bridge")
     pieces = [(name, item) for name in sections for item in getattr(ctx, name)]
@@ -270,8 +270,7 @@ class ArchRAG:
     def build(self, ctx, layer0):
         import pyarrow as pa
 
-        from tasks.catalog import relation_table
-        from tasks.hierarchy import stat_rows
+        from tasks.store.rows import relation_table
         from tasks.methods.base import Hierarchy
 
         cfg = ctx.cfg
@@ -283,7 +282,7 @@ class ArchRAG:
             ids = [[e["id"] for e in layer0.entities]] + [[e["id"] for e in ents if e["layer"] == li]
                                                           for li in range(1, len(layers))]
             links = st.run(link_rows, ids, layers, cfg.archrag.hnsw_m)
-            rows = stat_rows(stats)
+            rows = stats
             st.done(f"{len(layers) - 1} layers, {len(ents)} communities, {len(links)} C-HNSW links",
                     summary_entities=len(ents), chnsw_links=len(links))
         communities = bucket_communities(ents, rels)
@@ -343,8 +342,8 @@ def view_chnsw(view):
 def fill_archrag(view, ctx, budgets: dict[str, int], cfg) -> None:
     """ArchRAG's sections: hierarchical search over C-HNSW, then adaptive filtering (offline: each piece scored by
     its similarity to the question and the question words it shares, the best kept within the budgets)."""
-    from tasks.methods.hirag_retrieval import _name, repeats
-    from tasks.retrieve import _fill
+    from tasks.methods.hirag.retrieval import _name, repeats
+    from tasks.query.context import fill
 
     if not len(view.ent_ids) or view.ent_vecs is None:  # past retrieval.ann_min_vectors: not yet searched here
         return
@@ -386,10 +385,10 @@ def fill_archrag(view, ctx, budgets: dict[str, int], cfg) -> None:
     # the reduce step: the most useful pieces of each kind first, within the section budgets
     for items in (ents, comms, rels):
         items.sort(key=lambda it: -useful(it["text"], it["score"]))
-    ctx.entities, ctx.tokens["entities"] = _fill(ents, budgets["entities"])
-    ctx.communities, ctx.tokens["communities"] = _fill(comms, budgets["communities"])
+    ctx.entities, ctx.tokens["entities"] = fill(ents, budgets["entities"])
+    ctx.communities, ctx.tokens["communities"] = fill(comms, budgets["communities"])
     if "bridge" in budgets:
-        ctx.bridge, ctx.tokens["bridge"] = _fill(rels, budgets["bridge"])
+        ctx.bridge, ctx.tokens["bridge"] = fill(rels, budgets["bridge"])
 
 
 def _words(text: str) -> set[str]:

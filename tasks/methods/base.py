@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from schemas.config import RetrievalConfig, StrataConfig
     from tasks.query.context import Context
     from tasks.query.view import IndexView
-    from tasks.stages import Stage
+    from tasks.runtime.stages import Stage
 
 
 @dataclass
@@ -32,7 +32,7 @@ class Layer0:
 
     entities: list[EntityRow]
     vectors: np.ndarray  # aligned with ``entities``
-    relations: pa.Table  # the ``relations`` schema (``catalog.relation_table``): they outnumber all other rows
+    relations: pa.Table  # the ``relations`` schema (``tasks.store.rows.relation_table``): they outnumber all other rows
     added: set[str] = field(default_factory=set)  # update: ids new since the previous snapshot
     removed: set[str] = field(default_factory=set)  # update: ids gone
     changed: set[str] = field(default_factory=set)  # update: ids whose name, type or description changed

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tasks.catalog import plain_rows, relation_table, vector_matrix
-from tasks.ids import make_id, quarantine_row
+from tasks.store.rows import plain_rows, relation_table, vector_matrix
+from tasks.store.ids import make_id, quarantine_row
 from tasks.methods.base import Hierarchy, Layer0, MethodContext
 
 SUMMARY_FALLBACK = "LLM summary unusable, offline summary used: "
@@ -27,7 +27,7 @@ def unit(x: np.ndarray) -> np.ndarray:
 
 def summarizer_for(ctx: MethodContext, per_cluster: int, **llm_prompt: Any):
     """The offline summariser, or the LLM one (``llm_prompt``: its ``prompt`` and ``prompt_version``)."""
-    from tasks.summarize import LLMSummarizer, OfflineSummarizer
+    from tasks.methods.summarize import LLMSummarizer, OfflineSummarizer
 
     cfg = ctx.cfg
     if ctx.llm is not None:
@@ -43,7 +43,7 @@ def fallbacks(summarizer: Any, report_failures: list[dict[str, str]]) -> list[di
 
 
 def report_vectors(ctx: MethodContext, st, reports: list[dict[str, Any]]) -> np.ndarray:
-    from tasks.embed import report_text
+    from tasks.index.embed import report_text
 
     return st.run(ctx.embed, [report_text(r["title"], r["summary"]) for r in reports])
 
@@ -52,7 +52,7 @@ def write_reports(ctx: MethodContext, communities: list[dict[str, Any]], entitie
                   relations: pa.Table):
     """Stage ``reports`` of a build: a report per community, and its vector. Returns (reports, their vectors,
     LLM failures)."""
-    from tasks.reports import build_reports
+    from tasks.methods.reports import build_reports
 
     with ctx.stage("reports", len(communities)) as st:
         reports, failures = st.run(build_reports, communities, entities, relations,
@@ -68,7 +68,7 @@ def rewrite_reports(ctx: MethodContext, comms: list[dict[str, Any]], entities: l
     """Stage ``reports`` of an update: ``decide(previous reports by community id)`` names the communities whose
     report is written again and the staleness of the others, which are kept. Returns (reports, their vectors,
     LLM failures)."""
-    from tasks.reports import build_reports
+    from tasks.methods.reports import build_reports
 
     with ctx.stage("reports") as st:
         previous = ctx.previous("community_reports")
@@ -91,9 +91,9 @@ def rewrite_reports(ctx: MethodContext, comms: list[dict[str, Any]], entities: l
 def attach_stage(ctx: MethodContext, layer0: Layer0, **llm_prompt: Any):
     """HyGRAG attachment (stage ``attach``): new layer-0 entities join the summary nodes they are closest to
     (τ), the summaries on touched paths are rewritten. Returns the ``AttachResult`` and the summarizer used."""
-    from tasks.embed import entity_text
-    from tasks.incremental import attach
-    from tasks.summarize import Cluster
+    from tasks.index.embed import entity_text
+    from tasks.methods.attach import attach
+    from tasks.methods.summarize import Cluster
 
     cfg = ctx.cfg
     with ctx.stage("attach") as st:
@@ -157,7 +157,7 @@ def update_tree(ctx: MethodContext, layer0: Layer0, llm_prompt: dict[str, Any],
     touched summaries are rewritten), summaries left empty go, the communities are read again from the summaries
     and the reports of those that changed are rewritten. ``more_links(summaries, vectors)``: method relations
     computed again over the updated nodes (ArchRAG's C-HNSW)."""
-    from tasks.hierarchy import restate_layers
+    from tasks.methods.hirag.hierarchy import restate_layers
 
     att, summarizer = attach_stage(ctx, layer0, **llm_prompt)
     summaries, vectors, links = without_empty(att.entities, att.vectors, att.relations, layer0.gone_chunks)

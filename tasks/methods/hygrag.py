@@ -1,4 +1,4 @@
-"""HyGRAG (seed 003, §3.1-3.3, Algorithms 1-2, Table 8): chunks in the hierarchy.
+"""HyGRAG (the HyGRAG paper, §3.1-3.3, Algorithms 1-2, Table 8): chunks in the hierarchy.
 
 * **Hybrid graph** (§3.1): chunk nodes and entity nodes; entity–entity relation edges (their weights),
   entity–chunk membership edges, and chunk–chunk edges where two chunks share more than ``l`` entities
@@ -32,7 +32,7 @@ import pyarrow as pa
 import scipy.sparse as sp
 
 from schemas.config import HyGRAGConfig
-from tasks.catalog import relation_table
+from tasks.store.rows import relation_table
 from tasks.methods.base import Hierarchy, Layer0, MethodContext
 from tasks.methods.common import (below, bucket_communities, fallbacks, represented, summarizer_for, unit, update_tree,
                                   write_reports)
@@ -42,8 +42,8 @@ CHUNK_TYPE = "chunk"
 
 def _synthesis() -> dict[str, Any]:
     """With an LLM, a bucket's summary node is a synthesis of the context its passages share and of the relations
-    among its entities (``tasks.summarize.synthesis_prompt``), within ``extract.max_description_tokens``."""
-    from tasks.summarize import synthesis_prompt
+    among its entities (``tasks.methods.summarize.synthesis_prompt``), within ``extract.max_description_tokens``."""
+    from tasks.methods.summarize import synthesis_prompt
 
     return {"prompt": synthesis_prompt, "prompt_version": "hygrag-synthesis/1"}
 
@@ -154,9 +154,9 @@ def _split(members: np.ndarray, x: np.ndarray, s_max: int, rng: np.random.Genera
 def build_layers(entities: list[dict[str, Any]], vectors: np.ndarray, relations: pa.Table, chunks: list[dict[str, Any]],
                  chunk_vectors: np.ndarray, cfg: HyGRAGConfig, seed: int, summarizer, embed, on_layer=None):
     """Summary entities (with text vectors), their ``summary_of`` relations, one community per bucket and the
-    layer statistics (``tasks.hierarchy.LayerStat``). Layer 1 buckets entities and chunks by their Cleora vectors,
+    layer statistics (``schemas.tables.LayerRow``). Layer 1 buckets entities and chunks by their Cleora vectors,
     the layers above bucket summaries by their text vectors."""
-    from tasks.hierarchy import summary_layers
+    from tasks.methods.hirag.hierarchy import summary_layers
 
     dim = vectors.shape[1] if vectors.size else (chunk_vectors.shape[1] if chunk_vectors.size else 0)
     index = {e["id"]: i for i, e in enumerate(entities)}
@@ -193,7 +193,6 @@ class HyGRAG:
         return ctx
 
     def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
-        from tasks.hierarchy import stat_rows
 
         cfg = ctx.cfg
         with ctx.stage("hierarchy") as st:
@@ -202,7 +201,7 @@ class HyGRAG:
             ents, vecs, rels, communities, stats = st.run(
                 build_layers, layer0.entities, layer0.vectors, layer0.relations, layer0.chunks, chunk_vectors,
                 cfg.hygrag, cfg.seed, summarizer, ctx.embed, on_layer=lambda _s: st.advance(1))
-            layers = stat_rows(stats)
+            layers = stats
             st.done(f"{len([r for r in layers if not r['stopped']])} layers, {len(ents)} summary nodes, "
                     f"{len(communities)} buckets", summary_entities=len(ents), communities=len(communities))
         rels = relation_table(rels)
@@ -221,15 +220,15 @@ class HyGRAG:
 # ---------------------------------------------------------------------------- bi-level retrieval
 def fill_bilevel(view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) -> None:
     """Context-aware then relation-aware sections of ``ctx`` (``scores``: similarity of every entity)."""
-    from tasks.methods.hirag_retrieval import _name, repeats
-    from tasks.retrieve import _fill, top_k
+    from tasks.methods.hirag.retrieval import _name, repeats
+    from tasks.query.context import fill, top_k
 
     if not len(view.ent_ids):
         return
     sources = "\n".join(c["text"] for c in ctx.chunks)
     layer0 = np.flatnonzero(view.ent_layer == 0)
     local = [i for i in top_k(scores, cfg.top_n, layer0) if scores[i] >= cfg.min_similarity]
-    ctx.entities, ctx.tokens["entities"] = _fill(
+    ctx.entities, ctx.tokens["entities"] = fill(
         [{"id": view.ent_ids[i], "name": view.ent_name[i], "type": view.ent_type[i], "layer": 0,
           "score": round(float(scores[i]), 4),
           "text": f"- {view.ent_name[i]} ({view.ent_type[i]}): {view.ent_desc[i]}"}
@@ -246,7 +245,7 @@ def fill_bilevel(view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) ->
             items.append({"id": comm["id"], "level": comm["level"], "title": rep["title"], "rating": rep["rating"],
                           "summary": rep["summary"], "findings": rep["findings"],
                           "text": f"- [{rep['title']}] {rep['summary']} {findings}".strip()})
-    ctx.communities, ctx.tokens["communities"] = _fill(items, budgets["communities"])
+    ctx.communities, ctx.tokens["communities"] = fill(items, budgets["communities"])
     if "bridge" not in budgets:
         return
     related = set(local)
@@ -265,4 +264,4 @@ def fill_bilevel(view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) ->
             continue
         rows.append({"source": r["source_id"], "target": r["target_id"], "kind": r["kind"],
                      "text": f"- {_name(view, r['source_id'])} — {_name(view, r['target_id'])}: {r['description']}"})
-    ctx.bridge, ctx.tokens["bridge"] = _fill(rows, budgets["bridge"])
+    ctx.bridge, ctx.tokens["bridge"] = fill(rows, budgets["bridge"])

@@ -14,7 +14,7 @@ from tasks.errors import UsageError
 from tasks.methods.base import IndexMethod
 
 #: the built-in methods, in the order their modes are listed: "module:Class"
-BUILTIN = ("tasks.methods.hirag:HiRAG", "tasks.methods.hygrag:HyGRAG", "tasks.methods.archrag:ArchRAG")
+BUILTIN = ("tasks.methods.hirag.method:HiRAG", "tasks.methods.hygrag:HyGRAG", "tasks.methods.archrag:ArchRAG")
 #: sources-only modes every index offers, and how each ranks its sources; a method's own modes rank by ppr
 SHARED_MODES = {"ppr": "ppr", "hybrid": "hybrid", "naive": "dense"}
 #: relation kinds of every index: between layer-0 entities, and member -> summary node

@@ -1,0 +1,177 @@
+"""One run of the pipeline: what it applies (``Delta``), its state and services (``PipelineRun``, also the
+``MethodContext`` an index method receives) and its record in the ``runs`` table (``recorded_run``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from flows.lineage import BuildResult, code_version, deployment_name
+from schemas.config import StrataConfig
+from schemas.tables import DocumentRow, QuarantineRow, schema_for
+from tasks.store.catalog import Catalog
+from tasks.store.rows import plain_rows, snapshot_note
+from tasks.runtime.llm_client import LiteLLMClient, Usage
+from tasks.methods.registry import get_method
+from tasks.runtime.parallel import DaskPool, Mapper
+from tasks.runtime.progress import reporter
+from tasks.runtime.stages import Stages, TaskRunner, direct_task
+
+
+# ---------------------------------------------------------------------------- the run
+@dataclass
+class Delta:
+    """What a run applies: for a build every document is incoming; for an update, the diff."""
+
+    root: str
+    incoming: list[DocumentRow]  # documents to chunk and extract (new and changed)
+    kept: list[DocumentRow] = field(default_factory=list)  # previous documents that stay
+    gone: set[str] = field(default_factory=set)  # previous document ids deleted or replaced
+    gone_chunks: set[str] = field(default_factory=set)  # their chunk ids
+    counts: dict[str, int] = field(default_factory=dict)
+    digest: str = ""
+    n_inputs: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not self.incoming and not self.gone
+
+
+
+#: the stages that embed; a stage not among them ends the embedding model's child process, if one runs
+EMBEDDING_STAGES = frozenset({"embed", "hierarchy", "attach", "reports"})
+
+
+
+class PipelineRun:
+    """One run's state and services; it is also the ``MethodContext`` an index method receives."""
+
+    def __init__(self, corpus: str, catalog: Catalog, cfg: StrataConfig, stages: Stages, mapper: Mapper,
+                 run_id: str, version: int, snap: dict[str, Any] | None, usage: Usage):
+        self.corpus, self.catalog, self.cfg, self.stages, self.mapper = corpus, catalog, cfg, stages, mapper
+        self.run_id, self.version, self.snap, self.usage = run_id, version, snap, usage
+        self.method = get_method(cfg.index.method)
+        self.llm = LiteLLMClient(cfg.llm, catalog.cache_dir) if cfg.llm.model else None
+        self.quarantine: list[QuarantineRow] = []
+        self.location = str(Path(corpus).expanduser().resolve())
+        self.root = self.location  # the corpus root the documents belong to (see corpus_root)
+        self._embedder = None
+        self._previous: dict[tuple[str, tuple[str, ...] | None, str | None], pa.Table] = {}
+
+    @property
+    def spill_dir(self) -> Path:
+        """Where the run keeps tables too large for memory until publish (removed when the run ends)."""
+        return self.catalog.cache_dir / "spill" / self.run_id
+
+    def stage(self, name: str, total: int | None = None):
+        if name not in EMBEDDING_STAGES:  # Leiden, validation, publish: not beside the embedding model's process
+            self.release_embedder()
+        return self.stages(name, total)
+
+    @property
+    def note(self) -> dict[str, Any]:
+        """The previous snapshot's note (drift, root locations, method), empty for a build."""
+        return snapshot_note(self.snap)
+
+    def open_embedder(self):
+        """The run's embedder, cached by text hash; an update checks it gives the index's vector dimension."""
+        from tasks.index.embed import (LOCAL_MODEL, CachedEmbedder, ChildEmbedder, EmbeddingCache, LocalEmbedder,
+                                 MappedEmbedder, check_dimension, get_embedder)
+
+        if self._embedder is None:
+            inner = get_embedder(self.cfg.embedding, self.cfg.llm)
+            if self.cfg.dask.address and self.cfg.embedding.model == LOCAL_MODEL and isinstance(self.mapper, DaskPool):
+                inner = MappedEmbedder(inner, self.cfg.embedding, self.mapper)  # on the cluster's workers
+            elif isinstance(inner, LocalEmbedder):
+                inner = ChildEmbedder(inner, self.cfg.embedding)  # a large run's model in a child process
+            self._embedder = CachedEmbedder(inner, EmbeddingCache(self.catalog.cache_dir / "embeddings.sqlite"))
+            if self.snap:
+                check_dimension(self._embedder, self.snap["dim"])
+        return self._embedder
+
+    @property
+    def embedder(self):
+        return self.open_embedder()
+
+    def embed(self, texts: list[str], progress=None) -> np.ndarray:
+        return self.embedder.embed(texts, progress)
+
+    def release_embedder(self) -> None:
+        """End the embedding model's child process, if one runs (a later embed starts it again)."""
+        if self._embedder is not None and hasattr(self._embedder.inner, "release"):
+            self._embedder.inner.release()
+
+    def previous(self, name: str, columns: tuple[str, ...] | None = None, where: str | None = None) -> pa.Table:
+        """A table of the snapshot this run updates (empty for a build), whole or only ``columns``, all rows or
+        those matching the SQL filter ``where``; read once."""
+        key = (name, columns, where)
+        if key not in self._previous:
+            if self.snap:
+                table = self.catalog.read(name, snap=self.snap, columns=list(columns) if columns else None, where=where)
+            else:
+                table = schema_for(name, 0).empty_table()
+                table = table.select(list(columns)) if columns else table
+            self._previous[key] = table
+        return self._previous[key]
+
+    def forget_previous(self, name: str | None = None) -> None:
+        """Drop the previous snapshot's tables read so far, or those of table ``name`` (read again if asked for)."""
+        for key in [k for k in self._previous if name in (None, k[0])]:
+            del self._previous[key]
+
+    def previous_rows(self, name: str) -> list[dict[str, Any]]:
+        return plain_rows(self.previous(name))
+
+    def result(self, status: str, delta: Delta, version: int | None = None, counts: dict[str, int] | None = None,
+               layers: list[dict[str, Any]] | None = None, plot: str | None = None) -> BuildResult:
+        return BuildResult(run_id=self.run_id, version=version if version is not None else (self.snap or {}).get("version"),
+                           counts=counts or {}, stages=self.stages.log, status=status, layers=layers or [],
+                           layers_plot=plot, input_digest=delta.digest, n_inputs=delta.n_inputs)
+
+
+
+# ---------------------------------------------------------------------------- the run record
+@contextlib.contextmanager
+def recorded_run(catalog: Catalog, run_id: str | None, flow_name: str, corpus: str, cfg: StrataConfig, version: int,
+                 task: TaskRunner = direct_task):
+    """A ``runs`` row for the whole run: 'running' at the start, then its outcome, stage log, usage and lineage.
+
+    Yields (run_id, stages, usage, done); ``done(result)`` records the result and returns it."""
+    from tasks.store.ids import make_id
+
+    started = datetime.now(timezone.utc)
+    run_id = run_id or make_id("run", started.isoformat(), corpus)
+    stages, usage = Stages(reporter(), task), Usage()
+    catalog.log_run({"id": run_id, "flow": flow_name, "started_at": started, "status": "running",
+                     "parameters": json.dumps({"corpus": str(corpus), "index": catalog.uri, "config": cfg.fingerprint()}),
+                     "llm_calls": 0, "llm_tokens": 0, "llm_cost_usd": 0.0, "code_version": code_version(),
+                     "deployment": deployment_name(), "version": version})
+
+    def done(result: BuildResult) -> BuildResult:
+        catalog.finish_run(run_id, {
+            "status": result.status, "ended_at": datetime.now(timezone.utc), "stage_counts": json.dumps(stages.log),
+            "snapshot_version": result.version if result.status == "published" else None,
+            "input_digest": result.input_digest, "n_inputs": result.n_inputs, **_usage_columns(usage)})
+        result.llm = asdict(usage)
+        return result
+
+    try:
+        yield run_id, stages, usage, done
+    except BaseException as exc:
+        catalog.finish_run(run_id, {"status": "failed", "ended_at": datetime.now(timezone.utc),
+                                    "error": f"{type(exc).__name__}: {exc}"[:4000], "stage_counts": json.dumps(stages.log),
+                                    **_usage_columns(usage)})
+        raise
+
+
+
+def _usage_columns(usage: Usage) -> dict[str, Any]:
+    return {"llm_calls": usage.calls, "llm_tokens": usage.tokens, "llm_cost_usd": round(usage.cost_usd, 6)}

@@ -1,0 +1,185 @@
+"""Extract, LLM path: HiRAG's two passes per chunk — typed entities, then relations between them —
+with optional gleaning. Output rows match the offline extractor's, so merge is shared.
+
+``extract_batch_llm`` is the parallel unit (one Dask task per batch of chunks); inside it all
+calls of the batch run concurrently under the client's limits. A chunk whose answers stay
+unusable is quarantined with the reason; the run goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from schemas.config import ExtractConfig, LLMConfig
+from tasks.index.extract import ExtractionResult
+from tasks.store.ids import quarantine_row
+from tasks.runtime.llm import ParseError, event_loop, parse_json, run_sync
+
+PROMPT_VERSION = "extract/1"
+ENTITY_TYPES = ["person", "organization", "location", "event", "technology", "work", "concept", "time", "group"]
+
+ENTITY_SYSTEM = (
+    "You build a knowledge graph from text. Identify every meaningful entity in the text: people, organizations, "
+    "places, events, works, technologies, important concepts and dates. Answer with JSON only."
+)
+RELATION_SYSTEM = (
+    "You build a knowledge graph from text. Given a text and the entities found in it, identify pairs of entities "
+    "that are clearly related in the text. Answer with JSON only."
+)
+
+
+def entity_messages(text: str) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": ENTITY_SYSTEM},
+        {
+            "role": "user",
+            "content": (
+                f"Entity types: {', '.join(ENTITY_TYPES)}.\n\nText:\n\"\"\"\n{text}\n\"\"\"\n\n"
+                'Return {"entities": [{"name": "<as written in the text>", "type": "<one entity type>", '
+                '"description": "<what the text says about it, one or two sentences>"}]}'
+            ),
+        },
+    ]
+
+
+def glean_messages(text: str, found: list[dict[str, Any]]) -> list[dict[str, str]]:
+    names = ", ".join(e["name"] for e in found)
+    return entity_messages(text) + [
+        {"role": "assistant", "content": f'{{"entities": [{names}]}}'},
+        {"role": "user", "content": 'Some entities were missed. Return only the missing ones, same JSON shape; {"entities": []} if none.'},
+    ]
+
+
+def relation_messages(text: str, entities: list[dict[str, Any]]) -> list[dict[str, str]]:
+    listing = "\n".join(f"- {e['name']} ({e['type']})" for e in entities)
+    return [
+        {"role": "system", "content": RELATION_SYSTEM},
+        {
+            "role": "user",
+            "content": (
+                f"Entities:\n{listing}\n\nText:\n\"\"\"\n{text}\n\"\"\"\n\n"
+                'Return {"relations": [{"source": "<entity name>", "target": "<entity name>", '
+                '"description": "<how they are related, from the text>", "strength": <1-10>}]}'
+            ),
+        },
+    ]
+
+
+def parse_entities(text: str) -> list[dict[str, Any]]:
+    data = parse_json(text)
+    items = data.get("entities") if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        raise ParseError("no 'entities' list")
+    out = []
+    for it in items:
+        if isinstance(it, str):
+            it = {"name": it}
+        if not isinstance(it, dict):
+            continue
+        name = str(it.get("name") or it.get("entity_name") or "").strip()
+        if not name or len(name) > 200:
+            continue
+        etype = str(it.get("type") or it.get("entity_type") or "concept").strip().lower()
+        out.append({"name": name, "type": etype if etype in ENTITY_TYPES else "concept",
+                    "description": str(it.get("description") or "").strip()})
+    return out
+
+
+def parse_relations(known: set[str]):
+    def parse(text: str) -> list[dict[str, Any]]:
+        data = parse_json(text)
+        items = data.get("relations", data.get("relationships")) if isinstance(data, dict) else data
+        if not isinstance(items, list):
+            raise ParseError("no 'relations' list")
+        out = []
+        for it in items:
+            if not isinstance(it, dict):
+                continue
+            src, tgt = str(it.get("source", "")).strip(), str(it.get("target", "")).strip()
+            if src.lower() not in known or tgt.lower() not in known or src.lower() == tgt.lower():
+                continue  # relations must join extracted entities
+            try:
+                strength = float(it.get("strength", it.get("weight", 1)))
+            except (TypeError, ValueError):
+                strength = 1.0
+            out.append({"source": src, "target": tgt, "description": str(it.get("description") or "").strip(),
+                        "weight": max(0.1, min(strength, 10.0))})
+        return out
+
+    return parse
+
+
+async def extract_chunk_llm(client, chunk: dict[str, Any], gleanings: int) -> tuple[list, list]:
+    text = chunk["text"]
+    entities = await client.complete(entity_messages(text), prompt_version=PROMPT_VERSION, json_mode=True, parse=parse_entities)
+    for _ in range(gleanings):
+        more = await client.complete(glean_messages(text, entities), prompt_version=PROMPT_VERSION, json_mode=True,
+                                     parse=parse_entities)
+        seen = {e["name"].lower() for e in entities}
+        new = [e for e in more if e["name"].lower() not in seen]
+        if not new:
+            break
+        entities += new
+    relations: list[dict[str, Any]] = []
+    if len(entities) > 1:
+        relations = await client.complete(
+            relation_messages(text, entities), prompt_version=PROMPT_VERSION, json_mode=True,
+            parse=parse_relations({e["name"].lower() for e in entities}),
+        )
+    ents = [dict(e, description=e["description"] or e["name"], chunk_id=chunk["id"]) for e in entities]
+    rels = [dict(r, description=r["description"] or f"{r['source']} and {r['target']}", chunk_id=chunk["id"]) for r in relations]
+    return ents, rels
+
+
+_CLIENTS: dict[tuple[str, str, int], Any] = {}
+_LOCK = threading.Lock()
+
+
+def _client(llm: LLMConfig, cache_dir: str, share: int):
+    """One client per process and config: concurrency and rate-limit state span all batches of a worker."""
+    from tasks.runtime.llm_client import LiteLLMClient
+
+    key = (llm.model_dump_json(), cache_dir, share)
+    with _LOCK:
+        if key not in _CLIENTS:
+            _CLIENTS[key] = LiteLLMClient(llm, Path(cache_dir), share=share)
+        return _CLIENTS[key]
+
+
+def warm() -> None:
+    """Import litellm and start the loop ahead of the first batch (run on every Dask worker when the run starts)."""
+    import litellm  # noqa: F401  (seconds of import, paid while the run ingests and chunks)
+
+    event_loop()
+
+
+def extract_batch_llm(chunks: list[dict[str, Any]], cfg: ExtractConfig, llm: LLMConfig, cache_dir: str,
+                      share: int | None = 1, client=None) -> ExtractionResult:
+    """The LLM parallel unit: all chunks of the batch concurrently; per-chunk failures are quarantined.
+
+    ``share`` is how many workers split the global concurrency and rate limits."""
+    from tasks.runtime.llm_client import usage_scope
+
+    client = client or _client(llm, cache_dir, share or 1)
+
+    async def run_all():
+        with usage_scope() as usage:  # this batch's calls only, though other batches share the client
+            results = await asyncio.gather(*(extract_chunk_llm(client, c, llm.gleanings) for c in chunks),
+                                           return_exceptions=True)
+        return results, usage
+
+    results, usage = run_sync(run_all())
+    out = ExtractionResult(usage=asdict(usage))
+    for chunk, res in zip(chunks, results):
+        if isinstance(res, BaseException):
+            out.quarantine.append(quarantine_row(chunk["id"], "extract", f"{type(res).__name__}: {res}"[:1000]))
+            continue
+        ents, rels = res
+        out.entities.extend(ents)
+        out.relations.extend(rels)
+        out.ok.append(chunk["id"])
+    return out

@@ -1,0 +1,243 @@
+"""Ingest: a corpus path -> ``documents`` rows and ``quarantine`` rows.
+
+Reads folders of .txt/.md files, JSONL (``id,title,text``) and Parquet with the same
+columns. Hostile input (empty, binary, invalid UTF-8, too large, unreadable, malformed
+records, unsupported types) becomes a quarantine row with a reason; nothing raises.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from schemas.config import CorpusConfig
+from tasks.store.ids import content_hash, make_id, quarantine_row
+
+_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
+
+
+@dataclass
+class IngestResult:
+    documents: list[dict[str, Any]] = field(default_factory=list)
+    quarantine: list[dict[str, Any]] = field(default_factory=list)
+    files_seen: int = 0
+    ignored: int = 0  # files a ``.strataignore`` names
+
+
+#: a corpus folder's own ignore file: gitignore syntax, paths relative to the folder
+IGNORE_FILE = ".strataignore"
+
+
+def ignored_by(root: Path):
+    """Whether a path inside ``root`` is named by ``root/.strataignore`` (gitignore syntax; none: nothing is)."""
+    import pathspec
+
+    path = root / IGNORE_FILE
+    if not path.is_file():
+        return lambda rel: False
+    spec = pathspec.PathSpec.from_lines("gitwildmatch", path.read_text(encoding="utf-8").splitlines())
+    return lambda rel: spec.match_file(rel)
+
+
+def _decode(raw: bytes) -> tuple[str | None, str | None]:
+    """(text, None) or (None, reason)."""
+    if b"\x00" in raw[:65536]:
+        return None, "binary content (NUL bytes)"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, f"invalid UTF-8 at byte {exc.start}"
+    text = text.lstrip("\ufeff")
+    sample = text[:65536]
+    control = sum(1 for ch in sample if ord(ch) < 32 and ch not in "\n\r\t\f")
+    if sample and control / len(sample) > 0.05:
+        return None, f"binary content ({control} control characters in the first {len(sample)})"
+    return text, None
+
+
+def _check_text(text: Any, cfg: CorpusConfig) -> str | None:
+    if not isinstance(text, str):
+        return f"text is {type(text).__name__}, not a string"
+    if "\x00" in text:
+        return "binary content (NUL characters)"
+    if len(text.strip()) < cfg.min_chars:
+        return "empty text"
+    if len(text.encode("utf-8")) > cfg.max_file_bytes:
+        return f"text larger than corpus.max_file_bytes ({cfg.max_file_bytes})"
+    return not_prose(text, cfg)
+
+
+_WORD = re.compile(r"[^\W\d_][^\W\d_'’\-]*[.,;:!?\"”’)]*")
+_SAMPLE_WINDOWS, _WINDOW_CHARS = 4, 16_384
+
+
+def prose_measures(text: str) -> tuple[float, float, float]:
+    """(word share, mean token length, compression ratio) of a sample of ``text``: four 16 KB windows spread
+    over it, so a blob anywhere in a large file counts and a 40 MB file costs milliseconds."""
+    import zlib
+
+    if len(text) <= _SAMPLE_WINDOWS * _WINDOW_CHARS:
+        sample = text
+    else:  # windows that do not overlap (an overlap would look compressible)
+        step = (len(text) - _WINDOW_CHARS) // (_SAMPLE_WINDOWS - 1)
+        sample = "\n".join(text[k * step : k * step + _WINDOW_CHARS] for k in range(_SAMPLE_WINDOWS))
+    tokens = sample.split()
+    if not tokens:
+        return 0.0, 0.0, 1.0
+    words = sum(1 for t in tokens if _WORD.fullmatch(t))
+    raw = sample.encode("utf-8")
+    return words / len(tokens), sum(map(len, tokens)) / len(tokens), len(zlib.compress(raw)) / len(raw)
+
+
+def not_prose(text: str, cfg: CorpusConfig) -> str | None:
+    """Why ``text`` is not prose (with the measured values and the settings they failed), or None."""
+    if not cfg.screen_prose:
+        return None
+    share, mean, ratio = prose_measures(text)
+    failed = []
+    if share < cfg.min_word_share:
+        failed.append(f"{share:.0%} of tokens are words (corpus.min_word_share {cfg.min_word_share:.0%})")
+    if mean > cfg.max_mean_word_chars:
+        failed.append(f"mean token length {mean:.1f} chars (corpus.max_mean_word_chars {cfg.max_mean_word_chars:g})")
+    if ratio < cfg.min_compression_ratio:
+        failed.append(f"compresses to {ratio:.2f} of its size (corpus.min_compression_ratio {cfg.min_compression_ratio:g})")
+    return ("not prose: " + "; ".join(failed)) if failed else None
+
+
+def _title_of(text: str, fallback: str) -> str:
+    m = _HEADING.search(text[:5000])
+    return m.group(1).strip() if m else fallback
+
+
+def _document(uri: str, root: str, source_id: str, title: str, text: str, now: datetime) -> dict[str, Any]:
+    digest = content_hash(text)
+    return {
+        "id": make_id("doc", root, source_id, digest),
+        "uri": uri,
+        "root": root,
+        "source_id": source_id,
+        "title": title,
+        "text": text,
+        "content_hash": digest,
+        "n_tokens": 0,
+        "ingested_at": now,
+    }
+
+
+def _records_from_jsonl(path: Path, text: str) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    records, errors = [], []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            errors.append((f"{path}#L{lineno}", f"line {lineno}: invalid JSON ({exc.msg})"))
+            continue
+        if not isinstance(rec, dict):
+            errors.append((f"{path}#L{lineno}", f"line {lineno}: not a JSON object"))
+            continue
+        rec.setdefault("_line", lineno)
+        records.append(rec)
+    return records, errors
+
+
+def _records_from_parquet(path: Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    if "text" not in table.column_names:
+        raise ValueError(f"Parquet file has no 'text' column (columns: {', '.join(table.column_names)})")
+    keep = [c for c in ("id", "title", "text") if c in table.column_names]
+    rows = table.select(keep).to_pylist()
+    for i, row in enumerate(rows, start=1):
+        row["_line"] = i
+    return rows
+
+
+def _ingest_records(path: Path, root: str, records, cfg: CorpusConfig, out: IngestResult, now: datetime) -> None:
+    seen: set[str] = set()
+    for rec in records:
+        line = rec.get("_line")
+        rid = rec.get("id")
+        source_id = str(rid) if rid not in (None, "") else f"{path.name}:{line}"
+        item = f"{path}#{source_id}"
+        reason = _check_text(rec.get("text"), cfg)
+        if reason is None and source_id in seen:
+            reason = f"duplicate id {source_id!r} in {path.name}"
+        if reason:
+            out.quarantine.append(quarantine_row(item, "ingest", reason))
+            continue
+        seen.add(source_id)
+        title = rec.get("title")
+        title = str(title) if title not in (None, "") else source_id
+        out.documents.append(_document(item, root, source_id, title, rec["text"], now))
+
+
+def ingest_corpus(corpus: str | Path, cfg: CorpusConfig, now: datetime | None = None, root: str | None = None) -> IngestResult:
+    """Read every document under ``corpus`` (a folder or one file). Never raises for bad content. Hidden files
+    and, in a folder, what its ``.strataignore`` names (gitignore syntax) are not read.
+
+    ``root`` is the corpus root the documents belong to (default: the folder's absolute path); a document's
+    id hashes it with the document's path inside the root (or record id) and its content hash, so the same
+    file under two roots is two documents."""
+    now = now or datetime.now(timezone.utc)
+    root_path = Path(corpus).expanduser().resolve()
+    if not root_path.exists():
+        raise FileNotFoundError(f"corpus not found: {corpus}")
+    root = root or str(root_path)
+    if root_path.is_file():
+        files = [root_path]
+        base = root_path.parent
+    else:
+        files = sorted(
+            p for p in root_path.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root_path).parts)
+        )
+        base = root_path
+    ignore = ignored_by(base) if root_path.is_dir() else (lambda rel: False)
+    kept = [p for p in files if not ignore(p.relative_to(base).as_posix())]
+    out = IngestResult(files_seen=len(kept), ignored=len(files) - len(kept))
+    files = kept
+    allowed = {e.lower() for e in cfg.extensions}
+    for path in files:
+        rel = str(path.relative_to(base))
+        suffix = path.suffix.lower()
+        try:
+            size = path.stat().st_size
+            if suffix not in allowed:
+                out.quarantine.append(quarantine_row(str(path), "ingest", f"unsupported file type {suffix or '(none)'}"))
+                continue
+            if size > cfg.max_file_bytes:
+                out.quarantine.append(
+                    quarantine_row(str(path), "ingest", f"file too large ({size} bytes > corpus.max_file_bytes {cfg.max_file_bytes})")
+                )
+                continue
+            if size == 0:
+                out.quarantine.append(quarantine_row(str(path), "ingest", "empty file"))
+                continue
+            if suffix == ".parquet":
+                _ingest_records(path, root, _records_from_parquet(path), cfg, out, now)
+                continue
+            text, reason = _decode(path.read_bytes())
+            if reason:
+                out.quarantine.append(quarantine_row(str(path), "ingest", reason))
+                continue
+            assert text is not None
+            if suffix == ".jsonl":
+                records, errors = _records_from_jsonl(path, text)
+                out.quarantine.extend(quarantine_row(item, "ingest", err) for item, err in errors)
+                _ingest_records(path, root, records, cfg, out, now)
+                continue
+            reason = _check_text(text, cfg)
+            if reason:
+                out.quarantine.append(quarantine_row(str(path), "ingest", reason))
+                continue
+            out.documents.append(_document(str(path), root, rel, _title_of(text, path.stem), text, now))
+        except Exception as exc:  # unreadable file, broken parquet, ...: quarantine, never crash
+            out.quarantine.append(quarantine_row(str(path), "ingest", f"{type(exc).__name__}: {exc}"))
+    return out

@@ -1,0 +1,234 @@
+"""Validate: run the great-expectations suites of ``schemas.expectations`` over in-memory tables."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+class ValidationFailed(RuntimeError):
+    def __init__(self, failures: list[dict[str, Any]]):
+        self.failures = failures
+        lines = [f"{len(failures)} expectation(s) failed; nothing was published:"]
+        for f in failures[:20]:
+            lines.append(
+                f"  - {f['table']}: {f['expectation']}({f['column']}) — {f['unexpected_count']} bad row(s), e.g. {f['sample']}"
+            )
+        super().__init__("\n".join(lines))
+
+
+@dataclass
+class ValidationReport:
+    success: bool
+    checked: dict[str, int] = field(default_factory=dict)  # table -> expectations evaluated
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+
+@functools.lru_cache(maxsize=1)
+def _context():
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    logging.getLogger("great_expectations").setLevel(logging.ERROR)
+    import great_expectations as gx
+
+    # this module sets its own logger to INFO at import ("Created temporary directory ... docs site")
+    logging.getLogger("great_expectations.data_context.types.base").setLevel(logging.ERROR)
+    ctx = gx.get_context(mode="ephemeral")
+    try:
+        from great_expectations.data_context.types.base import ProgressBarsConfig
+
+        ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
+    except Exception:  # noqa: BLE001 - cosmetic only
+        pass
+    return ctx, ctx.data_sources.add_pandas("strata")
+
+
+def _vector_columns(table: pa.Table) -> dict[str, np.ndarray]:
+    col = table.column("vector")
+    dims = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+    finite = np.ones(len(table), dtype=bool)
+    if len(table):
+        flat = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.float32)
+        if len(flat) == int(np.nansum(dims)) and np.all(dims == dims[0]) and dims[0] > 0:
+            finite = np.isfinite(flat.reshape(len(table), int(dims[0]))).all(axis=1)
+        else:  # ragged: check row by row
+            finite = np.array([v is not None and bool(np.isfinite(np.asarray(v, dtype=np.float32)).all()) for v in col.to_pylist()])
+    return {"vector_dim": np.nan_to_num(dims.astype(float), nan=-1).astype(int), "vector_finite": finite}
+
+
+def _frame(name: str, table: pa.Table, refs: dict[str, set[str]], columns: set[str]) -> pd.DataFrame:
+    """The pandas frame a suite reads: the table's ``columns`` that are scalar, plus the derived columns."""
+    from schemas.expectations import REFERENCES  # imports great-expectations: only when validating
+
+    scalar = [f.name for f in table.schema if f.name in columns
+              and not pa.types.is_list(f.type) and not pa.types.is_fixed_size_list(f.type)]
+    df = table.select(scalar).to_pandas()
+    if "vector" in table.column_names:
+        for k, v in _vector_columns(table).items():
+            df[k] = v
+    for column, target in REFERENCES.get(name, {}).items():  # the ids the referenced table lacks, else null
+        values = table.column(column)
+        known = pc.is_in(values, value_set=pa.array(sorted(refs[target]), type=pa.string()))
+        df[f"{column}_dangling"] = pc.if_else(known, pa.scalar(None, pa.string()), values).to_pandas()
+    if name in ("entities", "relations"):
+        chunk_ids = refs["chunks"]
+        known = []
+        for layer, srcs in zip(
+            table.column("layer").to_pylist() if "layer" in table.column_names else [0] * len(table),
+            table.column("source_chunk_ids").to_pylist(),
+        ):
+            srcs = srcs or []
+            known.append(all(s in chunk_ids for s in srcs) and (layer > 0 or len(srcs) > 0 or name == "relations"))
+        df["sources_known"] = known
+    if name == "chunks":
+        q_items = refs["quarantine_items"]
+        status = table.column("status").to_pylist()
+        ids = table.column("id").to_pylist()
+        df["accounted"] = [s == "extracted" or (s == "quarantined" and cid in q_items) for s, cid in zip(status, ids)]
+    if name == "communities":
+        ents, comms = refs["entities"], refs["communities"]
+        df["members_known"] = [bool(m) and all(x in ents for x in m) for m in table.column("entity_ids").to_pylist()]
+        df["parent_known"] = [p is None or p in comms for p in table.column("parent_id").to_pylist()]
+    return df
+
+
+def _whole_table(expectations: list[Any], table: Any) -> tuple[list[Any], dict[str, np.ndarray]]:
+    """Uniqueness is a property of the whole column, not of a slice: it is computed here, over the whole table,
+    as a derived ``<column>_unique`` column, and the suite checks that instead (same failure counts)."""
+    import great_expectations as gx
+
+    out, derived = [], {}
+    for exp in expectations:
+        if isinstance(exp, gx.expectations.ExpectColumnValuesToBeUnique):
+            derived[f"{exp.column}_unique"] = unique_mask(lambda c=exp.column: (t.column(c) for t in _parts(table, [c])))
+            exp = gx.expectations.ExpectColumnValuesToBeInSet(column=f"{exp.column}_unique", value_set=[True])
+        out.append(exp)
+    return out, derived
+
+
+def unique_mask(columns) -> np.ndarray:
+    """True where a value occurs once in the whole column (or is null); ``columns()`` yields the column piece by
+    piece. Values are compared by a 64-bit hash, and by value only where hashes repeat, so that a column
+    larger than memory (a spilled table's) is checked holding its hashes and the repeated values only."""
+    from collections import Counter
+
+    from tasks.store.spill import key_hash
+
+    hashes, nulls = [], []
+    for col in columns():
+        hashes.append(key_hash(col))
+        nulls.append(pc.is_null(col).to_numpy(zero_copy_only=False))
+    if not hashes:
+        return np.zeros(0, dtype=bool)
+    h, null = np.concatenate(hashes), np.concatenate(nulls)
+    # the hashes that occur twice or more, found in one sorted copy (9.5M mention ids at 100k chunks: a unique
+    # with inverse and counts held ~4 arrays of the column's length at the validation's peak)
+    ordered = np.sort(h[~null] if null.any() else h)
+    twice = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])
+    del ordered
+    repeated = np.zeros(len(h), dtype=bool)
+    if len(twice):
+        repeated = twice[np.minimum(np.searchsorted(twice, h), len(twice) - 1)] == h
+        repeated &= ~null
+    mask = ~repeated
+    if repeated.any():  # the same hash: the same value, unless two values collide
+        at, start, seen = np.flatnonzero(repeated), 0, []
+        for col in columns():
+            here = at[(at >= start) & (at < start + len(col))]
+            seen += col.take(pa.array(here - start)).to_pylist() if len(here) else []
+            start += len(col)
+        count = Counter(seen)
+        mask[at] = [count[v] == 1 for v in seen]
+    return mask
+
+
+def _slices(table: Any, batch_rows: int, columns: list[str] | None = None):
+    """(first row, slice) of ``batch_rows`` rows at most, over the whole table (a spilled one: ``columns`` only)."""
+    from tasks.runtime.stages import release_memory
+
+    start = 0
+    for piece in _parts(table, columns):
+        for s in range(0, piece.num_rows, batch_rows):
+            part = piece.slice(s, batch_rows)
+            yield start, part
+            start += part.num_rows
+        del piece, part
+        release_memory()  # a part's frames (and a table's, after its last), before the next is read
+
+
+def _parts(table: Any, columns: list[str] | None = None):
+    """A table's pieces: an Arrow table whole, a spilled one part by part (only ``columns``, if given)."""
+    from tasks.store.spill import SpilledTable
+
+    return table.parts(columns) if isinstance(table, SpilledTable) else [table]
+
+
+def validate_tables(tables: dict[str, Any], dim: int, batch_rows: int = 100_000,
+                    relation_kinds: tuple[str, ...] | None = None) -> ValidationReport:
+    """Run each table's suite; cross-table references are resolved within ``tables``.
+
+    Tables are validated in slices of ``batch_rows`` rows, each read into pandas with only the columns its
+    suite names, so memory stays bounded however large a table grows (failure counts add up over slices).
+    ``relation_kinds``: the kinds a relation may have (default: every registered method's)."""
+    import great_expectations as gx
+
+    from tasks.methods.registry import relation_kinds as registered_kinds
+
+    from schemas.expectations import REFERENCES, suites
+
+    def ids(name: str) -> list[str]:
+        return tables[name].column("id").to_pylist() if name in tables else []
+
+    refs = {n: set(ids(n)) - {None} for n in ("documents", "chunks", "entities", "communities")}
+    refs["quarantine_items"] = set(tables["quarantine"].column("item").to_pylist()) if "quarantine" in tables else set()
+    ctx, source = _context()
+    specs = suites(dim, relation_kinds or registered_kinds())
+    report = ValidationReport(success=True)
+    for name, table in tables.items():
+        if name not in specs or table.num_rows == 0:
+            continue
+        expectations, derived = _whole_table(specs[name], table)
+        columns = {kw[k] for e in expectations for kw in [e.configuration.kwargs] for k in ("column", "column_A", "column_B")
+                   if kw.get(k)}
+        try:
+            asset = source.get_asset(name)
+        except LookupError:
+            asset = source.add_dataframe_asset(name=name)
+        try:
+            batch_def = asset.get_batch_definition("all")
+        except (KeyError, LookupError):
+            batch_def = asset.add_batch_definition_whole_dataframe("all")
+        suite = gx.ExpectationSuite(name=f"strata-{name}")
+        for exp in expectations:
+            suite.add_expectation(exp)
+        failed: dict[tuple[str, str], dict[str, Any]] = {}
+        read = sorted(set(table.column_names) & (columns | set(REFERENCES.get(name, {}))))  # of a spilled table
+        for start, part in _slices(table, batch_rows, read):
+            df = _frame(name, part, refs, columns)
+            for column, values in derived.items():
+                df[column] = values[start : start + part.num_rows]
+            result = batch_def.get_batch(batch_parameters={"dataframe": df}).validate(suite)
+            report.checked[name] = len(result.results)
+            for r in result.results:
+                if r.success:
+                    continue
+                kw = r.expectation_config.kwargs
+                column = kw.get("column") or f"{kw.get('column_A')},{kw.get('column_B')}"
+                kind = r.expectation_config.type
+                sample = (r.result.get("partial_unexpected_list") or [])[:3]
+                if column in derived:  # reported as the uniqueness expectation it stands for, with repeated values
+                    kind, column = "expect_column_values_to_be_unique", column.removesuffix("_unique")
+                    sample = table.column(column).filter(pa.array(~derived[f"{column}_unique"])).to_pylist()[:3]
+                entry = failed.setdefault((kind, column), {
+                    "table": name, "expectation": kind, "column": column, "unexpected_count": 0, "sample": sample})
+                entry["unexpected_count"] += r.result.get("unexpected_count") or 0
+        report.failures += list(failed.values())
+    report.success = not report.failures
+    return report

@@ -1,0 +1,323 @@
+"""Summary entities for a layer's clusters (HiRAG §4.1), guided by meta summary entities.
+
+Two implementations behind one interface, ``summarize_layer(layer, clusters) -> summaries``:
+
+* ``OfflineSummarizer`` (zero tokens): the name is the cluster's most distinctive key phrases
+  by class-based TF-IDF over member names and descriptions (all clusters of a layer are scored
+  in one matrix operation), the type is the meta summary entity most members map to, and the
+  description is extracted from the members closest to the cluster centroid.
+* ``LLMSummarizer``: one prompt per cluster through the ``LLMClient``; all clusters of a layer
+  run concurrently. An unusable answer falls back to the offline summary for that cluster and
+  is reported, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from sklearn.feature_extraction.text import CountVectorizer
+
+from tasks.index.chunk import truncate_tokens
+from tasks.store.ids import make_id
+from tasks.runtime.llm import LLMClient, ParseError, parse_json, run_sync
+
+PROMPT_VERSION = "summary-entities/1"
+
+#: extracted entity type -> meta summary entity it rolls up to
+TYPE_TO_META = {
+    "person": "person",
+    "group": "organization",
+    "organization": "organization",
+    "location": "location",
+    "event": "event",
+    "technology": "technology",
+    "work": "work",
+    "law": "concept",
+    "language": "concept",
+    "time": "time",
+    "concept": "concept",
+}
+
+
+@dataclass
+class Cluster:
+    members: list[dict[str, Any]]  # entity rows of the layer below (id, name, type, description)
+    vectors: np.ndarray  # their vectors, same order
+
+
+class Summarizer(Protocol):
+    failures: list[dict[str, str]]  # clusters whose LLM summary was unusable (an offline one stands in)
+
+    def summarize_layer(self, layer: int, clusters: list[Cluster]) -> list[list[dict[str, Any]]]:
+        """For each cluster, at least one summary entity ``{name, type, description}``."""
+        ...
+
+
+def meta_type(members: list[dict[str, Any]], meta: list[str]) -> str:
+    votes = Counter(TYPE_TO_META.get(m["type"], m["type"]) for m in members)
+    ranked = sorted(votes, key=lambda t: (-votes[t], t))
+    for t in ranked:
+        if t in meta:
+            return t
+    return "concept" if "concept" in meta else meta[0]
+
+
+_TOKEN = r"(?u)\b[A-Za-z][A-Za-z0-9'\-]+\b"
+
+
+#: class documents of more characters than this get their key phrases in a child process: at 100k chunks layer
+#: 1's 1,400 clusters hold 120k entities, whose unigram and bigram vocabulary is ~600 MB of Python strings and
+#: dict entries that a long-lived process would keep mapped after it is freed
+KEY_PHRASES_IN_CHILD_CHARS = 20_000_000
+
+
+def key_phrases(clusters: list[Cluster], top: int = 3) -> list[list[str]]:
+    """Class-based TF-IDF: each cluster is one class document (names weighted twice); top phrases per cluster."""
+    from tasks.runtime.parallel import in_child_process
+
+    docs = []
+    for c in clusters:
+        names = " . ".join(m["name"] for m in c.members)
+        descs = " ".join(m["description"][:300] for m in c.members)
+        docs.append(f"{names} . {names} . {descs}")
+    firsts = [[m["name"] for m in c.members[:top]] for c in clusters]
+    if sum(map(len, docs)) < KEY_PHRASES_IN_CHILD_CHARS:
+        return class_phrases(docs, firsts, top)
+    with tempfile.TemporaryDirectory(prefix="strata-phrases-") as work:
+        return in_child_process(class_phrases, docs, firsts, top, workdir=work)
+
+
+def class_phrases(docs: list[str], firsts: list[list[str]], top: int) -> list[list[str]]:
+    """The ``top`` phrases of each class document by class-based TF-IDF (its first names where it has no words
+    but stop words)."""
+    vec = CountVectorizer(ngram_range=(1, 2), stop_words="english", token_pattern=_TOKEN, lowercase=True)
+    try:
+        counts = vec.fit_transform(docs).astype(np.float64)
+    except ValueError:  # nothing but stop words
+        return [f[:top] for f in firsts]
+    terms = vec.get_feature_names_out()
+    row_sums = np.asarray(counts.sum(axis=1)).ravel()
+    col_sums = np.asarray(counts.sum(axis=0)).ravel()
+    avg = row_sums.mean() if len(row_sums) else 1.0
+    idf = np.log1p(avg / np.maximum(col_sums, 1e-12))
+    out: list[list[str]] = []
+    for i in range(counts.shape[0]):
+        row = counts.getrow(i)
+        if row.nnz == 0:
+            out.append(firsts[i][:1])
+            continue
+        scores = (row.data / max(row_sums[i], 1e-12)) * idf[row.indices]
+        order = np.lexsort((terms[row.indices], -scores))  # score desc, then term: deterministic
+        chosen: list[str] = []
+        for j in order:
+            term = terms[row.indices[j]]
+            words = set(term.split())
+            if any(words & set(c.split()) for c in chosen):
+                continue  # skip phrases that repeat a chosen word
+            chosen.append(term)
+            if len(chosen) == top:
+                break
+        out.append(chosen)
+    return out
+
+
+def _display(term: str, members: list[dict[str, Any]]) -> str:
+    """The phrase as members write it (keeps 'Scrooge', 'London'); lowercase phrases as they are."""
+    pattern = re.compile(r"\b" + re.escape(term) + r"\b", re.IGNORECASE)
+    forms: Counter = Counter()
+    for m in members:
+        for text in (m["name"], m["description"][:300]):
+            forms.update(pattern.findall(text))
+    if not forms:
+        return term
+    return min(forms, key=lambda f: (-forms[f], f.isupper(), f))
+
+
+def _central(cluster: Cluster, k: int) -> list[int]:
+    if len(cluster.members) <= k:
+        return list(range(len(cluster.members)))
+    centroid = cluster.vectors.mean(axis=0)
+    sims = cluster.vectors @ centroid
+    return [int(i) for i in np.lexsort((np.arange(len(sims)), -sims))[:k]]
+
+
+class OfflineSummarizer:
+    def __init__(self, meta_entities: list[str], max_description_tokens: int = 250):
+        self.meta = meta_entities
+        self.max_tokens = max_description_tokens
+        self.failures: list[dict[str, str]] = []  # never any: the same interface as the LLM summarizer
+
+    def summarize_layer(self, layer: int, clusters: list[Cluster]) -> list[list[dict[str, Any]]]:
+        phrases = key_phrases(clusters)
+        out = []
+        for cluster, terms in zip(clusters, phrases):
+            shown = [_display(t, cluster.members) for t in terms]
+            name = " / ".join(shown[:2]) if shown else cluster.members[0]["name"]
+            etype = meta_type(cluster.members, self.meta)
+            central = [cluster.members[i] for i in _central(cluster, 3)]
+            names = [m["name"] for m in cluster.members[:8]]
+            more = f" and {len(cluster.members) - 8} more" if len(cluster.members) > 8 else ""
+            # content first, no template words: the start of the description is what gets embedded
+            head = f"{', '.join(shown) or name}: {', '.join(names)}{more}."
+            body = " ".join(m["description"] for m in central)
+            out.append([{"name": name, "type": etype, "description": truncate_tokens(f"{head} {body}", self.max_tokens)}])
+        return out
+
+
+def summary_prompt(members: list[dict[str, Any]], meta: list[str], n: int, max_tokens: int) -> list[dict[str, str]]:
+    listing = "\n".join(f"- {m['name']} ({m['type']}): {truncate_tokens(m['description'], 80)}" for m in members)
+    listing = truncate_tokens(listing, max_tokens * 8)
+    return [
+        {
+            "role": "system",
+            "content": (
+                "You organise a knowledge graph into a hierarchy. Given a cluster of related entities, name the "
+                "higher-level concept(s) that summarise them. Answer with JSON only."
+            ),
+        },
+        {
+            "role": "user",
+            "content": (
+                f"Meta categories (use one as each summary's type): {', '.join(meta)}.\n"
+                f"Entities in the cluster:\n{listing}\n\n"
+                f"Return between 1 and {n} summary entities that cover these entities, as "
+                '{"summary_entities": [{"name": "...", "type": "<meta category>", '
+                '"description": "one or two sentences on what the members share"}]}'
+            ),
+        },
+    ]
+
+
+def synthesis_prompt(members: list[dict[str, Any]], meta: list[str], n: int, max_tokens: int) -> list[dict[str, str]]:
+    """HyGRAG's summary node: a bucket holds passages (type ``chunk``) and entities; the summary synthesises the
+    context the passages share and the relations among the entities, within ``max_tokens``."""
+    listing = "\n".join(f"- [{'passage' if m['type'] == 'chunk' else m['type']}] {m['name']}: "
+                        f"{truncate_tokens(m['description'], 120)}" for m in members)
+    listing = truncate_tokens(listing, max_tokens * 8)
+    return [
+        {
+            "role": "system",
+            "content": (
+                "You build one node of a hierarchical index over passages and the entities they mention. Given a "
+                "group of passages and entities that belong together, write the node that stands for the group: "
+                "what context the passages share, and how the entities relate to each other. Answer with JSON only."
+            ),
+        },
+        {
+            "role": "user",
+            "content": (
+                f"Types to choose from: {', '.join(meta)}.\n"
+                f"The group:\n{listing}\n\n"
+                f"Return {n} node(s) as "
+                '{"summary_entities": [{"name": "a short name for the group", "type": "<one of the types>", '
+                f'"description": "a synthesis of the shared context and of the relations among the entities, '
+                f'at most {max_tokens} tokens, naming the entities it relates"}}]}}'
+            ),
+        },
+    ]
+
+
+class LLMSummarizer:
+    """Summary entities through an LLM; every cluster of a layer is sent concurrently. ``prompt`` builds the
+    messages for one cluster (HiRAG's ``summary_prompt`` by default); ``prompt_version`` keys the cache."""
+
+    def __init__(self, client: LLMClient, meta_entities: list[str], per_cluster: int = 1, max_description_tokens: int = 250,
+                 prompt=summary_prompt, prompt_version: str = PROMPT_VERSION):
+        self.prompt, self.prompt_version = prompt, prompt_version
+        self.client = client
+        self.meta = meta_entities
+        self.per_cluster = per_cluster
+        self.max_tokens = max_description_tokens
+        self.fallback = OfflineSummarizer(meta_entities, max_description_tokens)
+        self.failures: list[dict[str, str]] = []
+
+    def _parse(self, cluster: Cluster, text: str) -> list[dict[str, Any]]:
+        data = parse_json(text)
+        items = data.get("summary_entities", data.get("entities")) if isinstance(data, dict) else data
+        if not isinstance(items, list):
+            raise ParseError("no summary_entities list")
+        out = []
+        for item in items[: self.per_cluster]:
+            if not isinstance(item, dict) or not str(item.get("name", "")).strip():
+                continue
+            name = str(item["name"]).strip()
+            etype = str(item.get("type", "")).strip().lower()
+            out.append(
+                {
+                    "name": name[:200],
+                    "type": etype if etype in self.meta else meta_type(cluster.members, self.meta),
+                    "description": truncate_tokens(str(item.get("description", "")).strip() or name, self.max_tokens),
+                }
+            )
+        if not out:
+            raise ParseError("no summary entity with a name")
+        return out
+
+    async def _one(self, cluster: Cluster) -> list[dict[str, Any]] | None:
+        messages = self.prompt(cluster.members, self.meta, self.per_cluster, self.max_tokens)
+        try:
+            return await self.client.complete(
+                messages, prompt_version=self.prompt_version, json_mode=True, parse=lambda t: self._parse(cluster, t)
+            )
+        except Exception as exc:  # noqa: BLE001 - fall back, never lose the cluster
+            self.failures.append({"item": ",".join(m["id"] for m in cluster.members[:3]), "error": f"{type(exc).__name__}: {exc}"})
+            return None
+
+    async def _all(self, clusters: list[Cluster]) -> list[list[dict[str, Any]] | None]:
+        return await asyncio.gather(*(self._one(c) for c in clusters))
+
+    def summarize_layer(self, layer: int, clusters: list[Cluster]) -> list[list[dict[str, Any]]]:
+        results = run_sync(self._all(clusters))
+        missing = [i for i, r in enumerate(results) if r is None]
+        if missing:
+            offline = self.fallback.summarize_layer(layer, [clusters[i] for i in missing])
+            for i, summary in zip(missing, offline):
+                results[i] = summary
+        return results  # type: ignore[return-value]
+
+
+def summary_entity_id(layer: int, member_ids: list[str], j: int) -> str:
+    return make_id("ent", layer, "summary", ",".join(sorted(member_ids)), j)
+
+
+def summary_rows(
+    layer: int, clusters: list[Cluster], summaries: list[list[dict[str, Any]]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Entity rows of layer ``layer`` and the ``summary_of`` relations (member -> summary)."""
+    from tasks.index.merge import relation_id
+
+    entities, relations = [], []
+    for cluster, items in zip(clusters, summaries):
+        member_ids = [m["id"] for m in cluster.members]
+        for j, item in enumerate(items):
+            sid = summary_entity_id(layer, member_ids, j)
+            entities.append(
+                {
+                    "id": sid,
+                    "name": item["name"],
+                    "type": item["type"],
+                    "description": item["description"],
+                    "layer": layer,
+                    "source_chunk_ids": [],
+                    "degree": len(member_ids),
+                }
+            )
+            for m in cluster.members:
+                relations.append(
+                    {
+                        "id": relation_id(m["id"], sid, "summary_of"),
+                        "source_id": m["id"],
+                        "target_id": sid,
+                        "kind": "summary_of",
+                        "description": f"{m['name']} belongs to {item['name']}",
+                        "weight": 1.0,
+                        "source_chunk_ids": [],
+                    }
+                )
+    return entities, relations

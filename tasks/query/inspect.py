@@ -1,0 +1,70 @@
+"""What an index holds, read from one published snapshot (``strata inspect``, the service's ``/index``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.store.catalog import Catalog
+from tasks.store.rows import snapshot_note
+from tasks.methods.registry import all_methods, get_method
+
+
+def inspect_data(cat: Catalog, as_of: int | None, runs: int) -> dict[str, Any]:
+    """What ``strata inspect --json`` prints: the snapshot, its row counts, what cannot be read, layers, relation
+    kinds, nodes per layer, communities per level, recent runs and every published version."""
+    import statistics
+
+    snap = cat.require_snapshot(as_of)
+    layers = cat.read("layers", snap=snap).to_pylist()
+    kinds = cat.read("relations", snap=snap, columns=["kind"]).column("kind").value_counts().to_pylist()
+    comms = cat.read("communities", snap=snap, columns=["level", "size"])
+    sizes: dict[int, list[int]] = {}
+    for level, size in zip(comms.column("level").to_pylist(), comms.column("size").to_pylist()):
+        sizes.setdefault(level, []).append(size)
+    method = snapshot_note(snap).get("method", "hirag")
+    own = get_method(method).relation_kinds if method in {m.name for m in all_methods()} else ()
+    return {
+        "index": cat.uri,
+        "version": snap["version"],
+        "method": method,
+        "created_at": snap["created_at"].isoformat(),
+        "kind": snap["kind"],
+        "run_id": snap["run_id"],
+        "vector_dim": snap["dim"],
+        "tables": cat.counts(snap),
+        "problems": cat.verify(snap),
+        "layers": [
+            {k: l[k] for k in ("layer", "n_entities", "n_clusters", "cluster_sparsity", "change_rate", "stop_reason")}
+            for l in sorted(layers, key=lambda r: r["layer"])
+        ],
+        "relations_by_kind": {k["values"]: k["counts"] for k in sorted(kinds, key=lambda k: k["values"])},
+        "nodes": node_counts(cat, snap, own),
+        "communities": [{"level": level, "count": len(v), "min_size": min(v), "median_size": statistics.median(v),
+                         "max_size": max(v)} for level, v in sorted(sizes.items())],
+        "runs": [
+            {
+                "id": r["id"], "flow": r["flow"], "status": r["status"],
+                "started_at": r["started_at"].isoformat() if r["started_at"] else None,
+                "ended_at": r["ended_at"].isoformat() if r["ended_at"] else None,
+                "snapshot_version": r["snapshot_version"], "error": r["error"],
+            }
+            for r in cat.runs(limit=runs)
+        ],
+        "versions": [{"version": s["version"], "created_at": s["created_at"].isoformat(), "kind": s["kind"]} for s in cat.snapshots()],
+    }
+
+
+def node_counts(cat: Catalog, snap: dict[str, Any], kinds: tuple[str, ...]) -> list[dict[str, int]]:
+    """Entities per layer and, per relation kind in ``kinds`` (the method's own, e.g. ArchRAG's C-HNSW links
+    ``chnsw`` and ``chnsw_down``), how many leave a node of the layer."""
+    import polars as pl
+
+    ents = pl.from_arrow(cat.read("entities", snap=snap, columns=["id", "layer"]))
+    per = ents.group_by("layer").agg(nodes=pl.len())
+    if kinds:
+        links = (pl.from_arrow(cat.read("relations", snap=snap, columns=["source_id", "kind"]))
+                 .filter(pl.col("kind").is_in(list(kinds)))
+                 .join(ents.rename({"id": "source_id"}), on="source_id")
+                 .group_by("layer").agg(**{k: (pl.col("kind") == k).sum() for k in kinds}))
+        per = per.join(links, on="layer", how="left").fill_null(0)
+    return per.sort("layer").to_dicts()

@@ -1,0 +1,118 @@
+"""Opening an index to answer questions: the one set-up of ``strata query``, ``shell``, ``eval`` and ``serve``.
+
+``open_reader`` opens an existing index (never creates one), loads the latest snapshot's view (or ``as_of``'s),
+the question embedder (checked against the index's vector dimension) and the LLM client when one is
+configured; ``Reader.ask`` retrieves a context for a question and answers it. Which modes an index offers is
+checked here and nowhere else (``check_mode``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.config import StrataConfig
+from tasks.store.catalog import Catalog
+from tasks.errors import UsageError
+from tasks.methods.registry import all_modes, index_modes
+
+
+def check_mode(method: str, mode: str | None) -> str:
+    """``mode`` (default: the method's first) if an index built by ``method`` offers it, else a usage error."""
+    offered = index_modes(method)
+    if mode is None:
+        return offered[0]
+    if mode not in all_modes():
+        raise UsageError(f"unknown mode {mode[:64]!r}; choose one of {', '.join(all_modes())}")
+    if mode not in offered:
+        raise UsageError(f"mode {mode!r} is not offered by this {method} index; it offers {', '.join(offered)}")
+    return mode
+
+
+def check_modes(modes: list[str]) -> None:
+    """Every mode named is one some index offers (before anything is loaded)."""
+    bad = [m for m in modes if m not in all_modes()]
+    if bad:
+        raise UsageError(f"unknown mode(s) {', '.join(map(repr, bad))}; choose from {', '.join(all_modes())}")
+
+
+@dataclass
+class Reader:
+    cfg: StrataConfig
+    catalog: Catalog
+    view: Any  # tasks.query.view.IndexView of the snapshot read
+    embedder: Any
+    client: Any  # LiteLLMClient, or None: offline (extractive) answers
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        return index_modes(self.view.method)
+
+    def refresh(self) -> bool:
+        """Move to the newest published snapshot; True when it changed."""
+        from tasks.query.view import load_view
+
+        view = load_view(self.catalog)
+        changed, self.view = view.version != self.view.version, view
+        return changed
+
+    def ask(self, question: str, mode: str | None = None, budget: int | None = None, view: Any = None
+            ) -> tuple[Any, dict[str, Any], float]:
+        """Retrieve a context for ``question`` from ``view`` (default: the reader's) and answer it: the context,
+        the answer (``tasks.query.answer.answer``) and the retrieval's milliseconds."""
+        from tasks.query.answer import answer
+        from tasks.query.retrieve import retrieve
+
+        view = view or self.view
+        if not question.strip():
+            raise UsageError("the question is empty: ask something, e.g. \"Who employed Bob Cratchit?\"")
+        mode = check_mode(view.method, mode)
+        cfg = self.cfg.retrieval if budget is None else self.cfg.retrieval.model_copy(update={"token_budget": budget})
+        t0 = time.perf_counter()
+        ctx = retrieve(view, question, self.embedder.embed([question])[0], mode, cfg)
+        ms = (time.perf_counter() - t0) * 1000
+        return ctx, answer(ctx, self.client, self.embedder.embed), ms
+
+
+def open_reader(index: str, cfg: StrataConfig, as_of: int | None = None, mode: str | None = None,
+                warm: bool = True) -> Reader:
+    """The index at ``index`` ready to answer: view, embedder (``warm``: its model loaded now, beside the view),
+    LLM client. A missing index, an unknown snapshot or a mode the index does not offer fail before any model
+    loads where they can."""
+    from tasks.index.embed import check_dimension, question_embedder
+    from tasks.runtime.llm_client import LiteLLMClient
+    from tasks.query.view import load_view
+
+    if mode is not None:
+        check_modes([mode])
+    catalog = Catalog(index, create=False, storage=cfg.storage)
+    embedder = question_embedder(cfg.embedding, cfg.llm)
+    loading = _warm_up(embedder) if warm else None  # the model and token tables load while the snapshot is read
+    try:
+        view = load_view(catalog, as_of)
+    finally:  # a native library still loading when the process exits aborts it: wait, whatever happened
+        if loading is not None:
+            loading.join()
+    check_mode(view.method, mode)
+    check_dimension(embedder, view.dim)
+    client = LiteLLMClient(cfg.llm, catalog.cache_dir) if cfg.llm.model else None
+    return Reader(cfg, catalog, view, embedder, client)
+
+
+def _warm_up(embedder: Any) -> threading.Thread:
+    """A thread that loads what a query needs besides its snapshot: the embedding model's session and tokenizer
+    (``prepare``, where the embedder has one) and the token-count tables (native code, which runs beside the
+    snapshot's unpickling; a cold query is ~0.2 s shorter on two cores)."""
+    from tasks.index.chunk import get_encoding
+
+    def load() -> None:
+        with contextlib.suppress(Exception):  # a failure shows again, with its message, where the query embeds
+            getattr(embedder, "prepare", lambda: None)()
+            get_encoding()
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,127 @@
+"""HiRetrieval (HiRAG §4.2, eq. 12-16, Algorithm 2) over one published snapshot.
+
+* local  (eq. 12): the top-n entities by cosine similarity to the question, over all layers;
+* global (eq. 13): the communities that contain any of them, with their reports;
+* bridge (eq. 14-16): from each retrieved community its top-m question-related entities, in a
+  deterministic order; shortest paths in G_k between consecutive key entities; the triples of
+  G_k whose two ends lie on those paths;
+* sources: whole chunks, ranked by Personalized PageRank over the entity–chunk graph
+  (``tasks.query.graph_rank``) with BM25 + dense as its prior, the dense top-3 always included. They
+  get the largest share of the budget: they are what a multi-hop answer needs, and the graph's
+  job is to find the passages dense search misses (the second hop).
+
+Modes, all at the same token budget: ``hi`` (all of the above), ``hi-nobridge``, ``flat``
+(layer-0 KG only: no summary entities in the local level or on paths), ``ppr`` (graph-ranked
+sources only), ``hybrid`` (BM25 fused with dense by reciprocal rank, no graph) and ``naive``
+(dense chunk search only). Sources are packed whole: a chunk that does not fit the budget left
+is skipped, never cut. The snapshot is loaded once (vectors as in-memory matrices, G_k as a
+graph, the BM25 index and the passage graph on first use) and reused across questions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from schemas.config import RetrievalConfig
+from tasks.query.graph_rank import RankParams, rank_chunks
+from tasks.query.lexical import rrf
+from tasks.errors import UsageError
+from tasks.methods.registry import SHARED_MODES, get_method, index_modes
+from tasks.query.context import Context, budgets, top_k
+from tasks.query.view import IndexView
+
+
+MAX_SOURCES = 200  # candidates considered for the sources section
+
+
+# ---------------------------------------------------------------------------- sources
+def rank_params(cfg: RetrievalConfig) -> RankParams:
+    return RankParams.from_config(cfg)
+
+
+def source_ranking(
+    view: IndexView, question: str, dense: np.ndarray, ent_scores: np.ndarray, how: str, cfg: RetrievalConfig
+) -> tuple[list[int], dict[str, Any]]:
+    """Chunk indices best first (at most ``MAX_SOURCES``) by ``how``: dense, hybrid (BM25 + dense by
+    reciprocal rank) or ppr (Personalized PageRank with the hybrid score as prior; the dense top-N follow
+    the walk's own top-N, so they are always in a context that holds 2N chunks).
+
+    A chunk under ``min_similarity`` with no question word counts for nothing in the fusion; the walk
+    may still reach it through the graph (that is the second hop)."""
+    if not len(view.chunk_ids):
+        return [], {}
+    related = dense >= cfg.min_similarity
+    if how == "dense":
+        return [i for i in top_k(dense, MAX_SOURCES) if related[i]], {}
+    fused = rrf([np.where(related, dense, 0.0), view.lexical().scores(question)], cfg.rrf_k)
+    if how == "hybrid":
+        return [i for i in top_k(fused, MAX_SOURCES) if fused[i] > 0], {}
+    params = rank_params(cfg)
+    graph = view.passage_graph(params)
+    scores, seeds = rank_chunks(graph, question, fused, params, ent_scores[graph.ent_view])
+    ranked = [j for j in top_k(scores, MAX_SOURCES) if scores[j] > 0]
+    # safety net: the dense top-N right after the graph's own top-N, wherever the walk put them
+    safety = [i for i in top_k(dense, cfg.safety_top) if related[i]] if cfg.safety_top else []
+    head = ranked[: cfg.safety_top]
+    head += [i for i in safety if i not in head]
+    return head + [j for j in ranked[cfg.safety_top :] if j not in head], seeds
+
+
+def _pack_sources(view: IndexView, order: list[int], scores: np.ndarray, budget: int,
+                  min_tokens: int = 20) -> tuple[list[dict[str, Any]], int]:
+    """Whole chunks in rank order; one that does not fit the budget left is skipped, never cut."""
+    out, used = [], 0
+    for j in order:
+        if budget - used < min_tokens:
+            break
+        doc = view.chunk_doc[j]
+        text = f"[{view.doc_title.get(doc)}] {view.chunk_text[j]}"
+        n = view.tokens(j, text)
+        if used + n <= budget:
+            out.append({"id": view.chunk_ids[j], "document_id": doc, "source_id": view.doc_source.get(doc),
+                        "title": view.doc_title.get(doc), "score": round(float(scores[j]), 4), "text": text})
+            used += n
+    return out, used
+
+
+def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: RetrievalConfig) -> Context:
+    """The three-level context (or a sources-only one) for one question, within ``cfg.token_budget``."""
+    method = get_method(view.method)
+    if mode not in method.modes and mode not in SHARED_MODES:
+        raise UsageError(f"unknown mode {mode!r}; this {view.method} index offers {', '.join(index_modes(view.method))}")
+    q = np.asarray(q, dtype=np.float32)  # a float64 query would upcast the whole vector matrix on every search
+    ctx = Context(question=question, mode=mode, version=view.version, query_vector=q)
+    shares = budgets(cfg, method.modes.get(mode, ()))
+    ranking = SHARED_MODES.get(mode, "ppr")
+    chunk_scores = view.similarity("chunks", q, cfg.ann_candidates)
+    needs_entities = mode in method.modes or (ranking == "ppr" and cfg.ppr_vector_seeds)
+    ent_scores = (view.similarity("entities", q, cfg.ann_candidates) if needs_entities
+                  else np.zeros(len(view.ent_ids), np.float32))
+    chunk_order, seeds = source_ranking(view, question, chunk_scores, ent_scores, ranking, cfg)
+
+    # sources first, in their share; then the method's levels, which skip what only repeats a source;
+    # then the sources take whatever budget the levels left
+    ctx.chunks, ctx.tokens["chunks"] = _pack_sources(view, chunk_order, chunk_scores, shares["chunks"])
+    if mode in method.modes:
+        method.levels(view, ctx, ent_scores, shares, cfg)
+        packed = {c["id"] for c in ctx.chunks}
+        rest = [j for j in chunk_order if view.chunk_ids[j] not in packed]
+        more, used = _pack_sources(view, rest, chunk_scores, cfg.token_budget - sum(ctx.tokens.values()))
+        ctx.chunks += more
+        ctx.tokens["chunks"] += used
+    ctx.ranked_chunk_ids = [view.chunk_ids[j] for j in chunk_order]
+    if seeds:
+        graph = view.passage_graph(rank_params(cfg))
+        ctx.seeds = {k: [view.ent_name[graph.ent_view[e]] for e in v] for k, v in seeds.items()}
+    if ctx.empty:
+        best = float(max(view.similarity("entities", q, 1), default=-1.0)) if len(view.ent_ids) else None
+        ctx.message = (
+            "the index is empty: nothing to retrieve" if not view.ent_ids and not view.chunk_ids
+            else f"nothing in the index is related to the question (best similarity {best:.2f} < "
+                 f"retrieval.min_similarity {cfg.min_similarity})"
+        )
+    return ctx
+
+

@@ -1,0 +1,74 @@
+"""An index method is added in one place: a fourth, minimal method registered in one line is built, queried and
+inspected like the built-in ones, and everything that lists methods, modes or relation kinds sees it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.pipeline import build_index
+from schemas.config import load_config
+from tasks.methods.base import Hierarchy, Layer0
+from tasks.methods.registry import all_methods, all_modes, get_method, index_modes, register, relation_kinds
+from tasks.query.context import fill, top_k
+from tasks.store.catalog import Catalog
+from tasks.store.rows import relation_table
+from tests.conftest import SMALL
+
+
+class NearestOnly:
+    """Nothing above layer 0; its mode adds the entities nearest the question to the graph-ranked sources, and
+    it links each entity to its nearest other one (a relation kind of its own)."""
+
+    name = "nearest"
+    modes = {"nearest": ("entities",)}
+    relation_kinds = ("nearest_to",)
+
+    def build(self, ctx, layer0: Layer0) -> Hierarchy:
+        vecs = layer0.vectors
+        sims = vecs @ vecs.T - 2 * np.eye(len(vecs), dtype=np.float32)
+        links = [{"id": f"near-{e['id']}", "source_id": e["id"], "target_id": layer0.entities[int(j)]["id"],
+                  "kind": "nearest_to", "description": "", "weight": float(sims[i, j]), "source_chunk_ids": []}
+                 for i, (e, j) in enumerate(zip(layer0.entities, sims.argmax(axis=1)))]
+        empty = np.zeros((0, vecs.shape[1]), np.float32)
+        return Hierarchy([], empty, relation_table(links), [], [], empty, [])
+
+    update = build
+
+    def levels(self, view, ctx, scores, budgets, cfg) -> None:
+        items = [{"id": view.ent_ids[i], "score": float(scores[i]), "text": f"- {view.ent_name[i]}: {view.ent_desc[i]}"}
+                 for i in top_k(scores, cfg.top_n)]
+        ctx.entities, ctx.tokens["entities"] = fill(items, budgets["entities"])
+
+    def refine(self, ctx, client):
+        return ctx
+
+
+def test_a_fourth_method_registered_in_one_line_builds_queries_and_inspects(small_corpus, tmp_path, monkeypatch):
+    from tasks.methods import registry
+
+    all_methods()  # the built-in ones loaded; the fourth leaves with the test
+    monkeypatch.setattr(registry, "_METHODS", dict(registry._METHODS))
+    register(NearestOnly())  # the one line
+
+    assert get_method("nearest").name == "nearest" and "nearest" in all_modes()
+    assert index_modes("nearest") == ("nearest", "ppr", "hybrid", "naive")
+    assert "nearest_to" in relation_kinds()
+    index = tmp_path / "index"
+    cfg = load_config(overrides={**SMALL, "index": {"method": "nearest"}, "dask": {"processes": False}})
+    build_index(str(small_corpus), Catalog(index), cfg)  # validation accepts its relation kind
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["query", "Who was Scrooge's clerk?", "--index", str(index), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["mode"] == "nearest" and data["entities"] and data["chunks"]
+    res = runner.invoke(app, ["inspect", "--index", str(index), "--json"])
+    info = json.loads(res.output)
+    assert res.exit_code == 0 and info["method"] == "nearest"
+    assert info["relations_by_kind"]["nearest_to"] == info["tables"]["entities"]
+    assert info["nodes"][0]["nearest_to"] == info["tables"]["entities"]  # counted per layer, as ArchRAG's links
+    assert runner.invoke(app, ["validate", "--index", str(index)]).exit_code == 0
