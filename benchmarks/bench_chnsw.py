@@ -22,7 +22,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from schemas.config import ArchRAGConfig, RetrievalConfig  # noqa: E402
-from tasks.methods.archrag import attributed_edges, chnsw_links, hierarchical_search, leiden_groups, unit  # noqa: E402
+from tasks.methods.archrag import attributed_edges, chnsw_links, leiden_groups  # noqa: E402
+from tasks.methods.archrag_search import hierarchical_search  # noqa: E402
+from tasks.methods.common import unit  # noqa: E402
 from tasks.query.context import top_k
 
 

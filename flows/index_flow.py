@@ -43,8 +43,9 @@ def index_flow(
     cfg = load_config(config_path, overrides)
     catalog = Catalog(index, storage=cfg.storage)
     with catalog.writer_lock(lock_timeout), dask_pool(cfg) as pool:
-        result = build_index(corpus, catalog, cfg, task=prefect_runner, mapper=pool, run_id=_flow_run_id(),
-                             flow_name="strata-index")
+        result = build_index(
+            corpus, catalog, cfg, task=prefect_runner, mapper=pool, run_id=_flow_run_id(), flow_name="strata-index"
+        )
     publish_layer_artifacts(result.layers, result.layers_plot)
     return asdict(result)
 
@@ -58,7 +59,9 @@ def publish_layer_artifacts(layers: list[dict[str, Any]], plot: str | None) -> N
 
     if not layers:
         return
-    create_table_artifact(key="strata-layers", table=layers, description="HiIndex layers: cluster sparsity per clustering")
+    create_table_artifact(
+        key="strata-layers", table=layers, description="HiIndex layers: cluster sparsity per clustering"
+    )
     if plot and Path(plot).exists():
         data = base64.b64encode(Path(plot).read_bytes()).decode()
         create_markdown_artifact(
@@ -86,8 +89,17 @@ def refresh_flow(
     cfg = load_config(config_path, overrides)
     catalog = Catalog(index, storage=cfg.storage)
     with catalog.writer_lock(lock_timeout), dask_pool(cfg) as pool:
-        result = update_index(corpus, catalog, cfg, task=prefect_runner, mapper=pool,
-                              run_id=_flow_run_id(), flow_name="strata-refresh", full=full, replace_root=replace_root)
+        result = update_index(
+            corpus,
+            catalog,
+            cfg,
+            task=prefect_runner,
+            mapper=pool,
+            run_id=_flow_run_id(),
+            flow_name="strata-refresh",
+            full=full,
+            replace_root=replace_root,
+        )
     publish_layer_artifacts(result.layers, result.layers_plot)
     return asdict(result)
 
@@ -111,7 +123,14 @@ def backfill_flow(
     with dask_pool(cfg) as pool:  # one pool for all partitions: up while each extracts, prestarted during its ingest
         for part in partitions:
             with catalog.writer_lock(lock_timeout):
-                result = update_index(part, catalog, cfg, task=prefect_runner, mapper=pool,
-                                      run_id=None, flow_name=f"strata-backfill:{part}")
+                result = update_index(
+                    part,
+                    catalog,
+                    cfg,
+                    task=prefect_runner,
+                    mapper=pool,
+                    run_id=None,
+                    flow_name=f"strata-backfill:{part}",
+                )
             results.append({"partition": part, "status": result.status, "version": result.version})
     return results

@@ -39,7 +39,11 @@ def deployment_name() -> str | None:
 def code_version() -> str:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=5
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=5,
         )
         return out.stdout.strip() or "unknown"
     except Exception:  # noqa: BLE001

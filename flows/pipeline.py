@@ -20,34 +20,61 @@ from pathlib import Path
 import numpy as np
 
 from flows.lineage import BuildResult
+from flows.run import PipelineRun, recorded_run
+from flows.steps import (
+    assemble,
+    chunk,
+    document_place,
+    embed,
+    extract,
+    extraction_method,
+    ingest,
+    merge,
+    publish,
+    validate,
+)
 from schemas.config import StrataConfig
-from tasks.store.catalog import Catalog
 from tasks.methods.base import Hierarchy, Layer0
 from tasks.runtime.parallel import DaskPool, LocalMapper, Mapper
 from tasks.runtime.stages import TaskRunner, direct_task, limit_malloc_arenas, release_memory
-from flows.run import PipelineRun, recorded_run
-from flows.steps import assemble, chunk, document_place, embed, extract, extraction_method, ingest, merge, publish, validate
+from tasks.store.catalog import Catalog
 
 
-def build_index(corpus: str, catalog: Catalog, cfg: StrataConfig, task: TaskRunner = direct_task,
-                mapper: Mapper | None = None, run_id: str | None = None, flow_name: str = "index") -> BuildResult:
+def build_index(
+    corpus: str,
+    catalog: Catalog,
+    cfg: StrataConfig,
+    task: TaskRunner = direct_task,
+    mapper: Mapper | None = None,
+    run_id: str | None = None,
+    flow_name: str = "index",
+) -> BuildResult:
     """Full build: every document of ``corpus`` through every stage, one new snapshot."""
     return _execute(corpus, catalog, cfg, task, mapper or LocalMapper(), run_id, flow_name, None, None)
 
 
-def update_index(corpus: str, catalog: Catalog, cfg: StrataConfig, task: TaskRunner = direct_task,
-                 mapper: Mapper | None = None, run_id: str | None = None, flow_name: str = "refresh",
-                 full: bool = False, replace_root: str | None = None) -> BuildResult:
+def update_index(
+    corpus: str,
+    catalog: Catalog,
+    cfg: StrataConfig,
+    task: TaskRunner = direct_task,
+    mapper: Mapper | None = None,
+    run_id: str | None = None,
+    flow_name: str = "refresh",
+    full: bool = False,
+    replace_root: str | None = None,
+) -> BuildResult:
     """Apply the corpus delta to the published index (a full build when the index is empty or ``full``).
 
     ``replace_root``: an indexed corpus root that ``corpus`` is the new location of (a moved mount, a new
     export folder): its documents are diffed against that root's instead of being added as a new root."""
     snap = catalog.snapshot()
-    return _execute(corpus, catalog, cfg, task, mapper or LocalMapper(), run_id, flow_name, None if full else snap,
-                    replace_root)
+    return _execute(
+        corpus, catalog, cfg, task, mapper or LocalMapper(), run_id, flow_name, None if full else snap, replace_root
+    )
 
 
-def run_stages(run: "PipelineRun") -> BuildResult:
+def run_stages(run: PipelineRun) -> BuildResult:
     """The stages, top to bottom."""
     delta = ingest(run)
     if delta.empty:
@@ -56,7 +83,9 @@ def run_stages(run: "PipelineRun") -> BuildResult:
     run.mapper.start()  # the Dask cluster comes up while the run chunks
     documents, chunks = chunk(run, delta)
     # the documents' texts are in their table now: what later stages read of them is where they come from
-    delta = replace(delta, incoming=[document_place(d) for d in delta.incoming], kept=[document_place(d) for d in delta.kept])
+    delta = replace(
+        delta, incoming=[document_place(d) for d in delta.incoming], kept=[document_place(d) for d in delta.kept]
+    )
     chunks, new_mentions = extract(run, delta, chunks)
     layer0, mentions = merge(run, delta, chunks, new_mentions)
     layer0, chunk_vectors = embed(run, layer0, chunks)
@@ -76,8 +105,10 @@ def what_publish_reads(layer0: Layer0, hierarchy: Hierarchy) -> tuple[Layer0, Hi
     """What publish still reads of a run's layer 0 and hierarchy (the ids added, the layer statistics), without
     their rows and vectors: at 100k chunks those are a gigabyte beside the assembled tables."""
     empty = np.zeros((0, 0), np.float32)
-    return (Layer0([], empty, layer0.relations.slice(0, 0), added=layer0.added),
-            Hierarchy([], empty, [], [], [], empty, hierarchy.layers))
+    return (
+        Layer0([], empty, layer0.relations.slice(0, 0), added=layer0.added),
+        Hierarchy([], empty, [], [], [], empty, hierarchy.layers),
+    )
 
 
 def _execute(corpus, catalog, cfg, task, mapper, run_id, flow_name, snap, replace_root) -> BuildResult:
@@ -108,16 +139,17 @@ def corpus_root(run: PipelineRun, replace_root: str | None) -> str:
     target = str(Path(replace_root).expanduser().resolve())
     indexed = set(run.previous("documents").column("root").to_pylist()) if run.snap else set()
     if target not in indexed:
-        raise ValueError(f"--replace-root {replace_root}: no indexed documents come from {target}; indexed roots: "
-                         f"{', '.join(sorted(indexed)) or '(none)'}")
+        raise ValueError(
+            f"--replace-root {replace_root}: no indexed documents come from {target}; indexed roots: "
+            f"{', '.join(sorted(indexed)) or '(none)'}"
+        )
     return target
 
 
 def dask_pool(cfg: StrataConfig) -> DaskPool:
     """The run's Dask cluster, warmed for its extraction method: spaCy loaded, or litellm imported with
     ``dask.llm_batches_per_worker`` batches in flight per worker (LLM extraction is I/O bound)."""
-    from tasks.index import extract
-    from tasks.index import extract_llm
+    from tasks.index import extract, extract_llm
 
     if extraction_method(cfg) == "llm":
         return DaskPool(cfg.dask, cfg.dask.llm_batches_per_worker, extract_llm.warm)

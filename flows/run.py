@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +17,13 @@ import pyarrow as pa
 from flows.lineage import BuildResult, code_version, deployment_name
 from schemas.config import StrataConfig
 from schemas.tables import DocumentRow, QuarantineRow, schema_for
-from tasks.store.catalog import Catalog
-from tasks.store.rows import plain_rows, snapshot_note
-from tasks.runtime.llm_client import LiteLLMClient, Usage
 from tasks.methods.registry import get_method
+from tasks.runtime.llm_client import LiteLLMClient, Usage
 from tasks.runtime.parallel import DaskPool, Mapper
 from tasks.runtime.progress import reporter
 from tasks.runtime.stages import Stages, TaskRunner, direct_task
+from tasks.store.catalog import Catalog
+from tasks.store.rows import plain_rows, snapshot_note
 
 
 # ---------------------------------------------------------------------------- the run
@@ -45,17 +45,25 @@ class Delta:
         return not self.incoming and not self.gone
 
 
-
 #: the stages that embed; a stage not among them ends the embedding model's child process, if one runs
 EMBEDDING_STAGES = frozenset({"embed", "hierarchy", "attach", "reports"})
-
 
 
 class PipelineRun:
     """One run's state and services; it is also the ``MethodContext`` an index method receives."""
 
-    def __init__(self, corpus: str, catalog: Catalog, cfg: StrataConfig, stages: Stages, mapper: Mapper,
-                 run_id: str, version: int, snap: dict[str, Any] | None, usage: Usage):
+    def __init__(
+        self,
+        corpus: str,
+        catalog: Catalog,
+        cfg: StrataConfig,
+        stages: Stages,
+        mapper: Mapper,
+        run_id: str,
+        version: int,
+        snap: dict[str, Any] | None,
+        usage: Usage,
+    ):
         self.corpus, self.catalog, self.cfg, self.stages, self.mapper = corpus, catalog, cfg, stages, mapper
         self.run_id, self.version, self.snap, self.usage = run_id, version, snap, usage
         self.method = get_method(cfg.index.method)
@@ -83,8 +91,16 @@ class PipelineRun:
 
     def open_embedder(self):
         """The run's embedder, cached by text hash; an update checks it gives the index's vector dimension."""
-        from tasks.index.embed import (LOCAL_MODEL, CachedEmbedder, ChildEmbedder, EmbeddingCache, LocalEmbedder,
-                                 MappedEmbedder, check_dimension, get_embedder)
+        from tasks.index.embed import (
+            LOCAL_MODEL,
+            CachedEmbedder,
+            ChildEmbedder,
+            EmbeddingCache,
+            LocalEmbedder,
+            MappedEmbedder,
+            check_dimension,
+            get_embedder,
+        )
 
         if self._embedder is None:
             inner = get_embedder(self.cfg.embedding, self.cfg.llm)
@@ -130,47 +146,93 @@ class PipelineRun:
     def previous_rows(self, name: str) -> list[dict[str, Any]]:
         return plain_rows(self.previous(name))
 
-    def result(self, status: str, delta: Delta, version: int | None = None, counts: dict[str, int] | None = None,
-               layers: list[dict[str, Any]] | None = None, plot: str | None = None) -> BuildResult:
-        return BuildResult(run_id=self.run_id, version=version if version is not None else (self.snap or {}).get("version"),
-                           counts=counts or {}, stages=self.stages.log, status=status, layers=layers or [],
-                           layers_plot=plot, input_digest=delta.digest, n_inputs=delta.n_inputs)
-
+    def result(
+        self,
+        status: str,
+        delta: Delta,
+        version: int | None = None,
+        counts: dict[str, int] | None = None,
+        layers: list[dict[str, Any]] | None = None,
+        plot: str | None = None,
+    ) -> BuildResult:
+        return BuildResult(
+            run_id=self.run_id,
+            version=version if version is not None else (self.snap or {}).get("version"),
+            counts=counts or {},
+            stages=self.stages.log,
+            status=status,
+            layers=layers or [],
+            layers_plot=plot,
+            input_digest=delta.digest,
+            n_inputs=delta.n_inputs,
+        )
 
 
 # ---------------------------------------------------------------------------- the run record
 @contextlib.contextmanager
-def recorded_run(catalog: Catalog, run_id: str | None, flow_name: str, corpus: str, cfg: StrataConfig, version: int,
-                 task: TaskRunner = direct_task):
+def recorded_run(
+    catalog: Catalog,
+    run_id: str | None,
+    flow_name: str,
+    corpus: str,
+    cfg: StrataConfig,
+    version: int,
+    task: TaskRunner = direct_task,
+):
     """A ``runs`` row for the whole run: 'running' at the start, then its outcome, stage log, usage and lineage.
 
     Yields (run_id, stages, usage, done); ``done(result)`` records the result and returns it."""
     from tasks.store.ids import make_id
 
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     run_id = run_id or make_id("run", started.isoformat(), corpus)
     stages, usage = Stages(reporter(), task), Usage()
-    catalog.log_run({"id": run_id, "flow": flow_name, "started_at": started, "status": "running",
-                     "parameters": json.dumps({"corpus": str(corpus), "index": catalog.uri, "config": cfg.fingerprint()}),
-                     "llm_calls": 0, "llm_tokens": 0, "llm_cost_usd": 0.0, "code_version": code_version(),
-                     "deployment": deployment_name(), "version": version})
+    catalog.log_run(
+        {
+            "id": run_id,
+            "flow": flow_name,
+            "started_at": started,
+            "status": "running",
+            "parameters": json.dumps({"corpus": str(corpus), "index": catalog.uri, "config": cfg.fingerprint()}),
+            "llm_calls": 0,
+            "llm_tokens": 0,
+            "llm_cost_usd": 0.0,
+            "code_version": code_version(),
+            "deployment": deployment_name(),
+            "version": version,
+        }
+    )
 
     def done(result: BuildResult) -> BuildResult:
-        catalog.finish_run(run_id, {
-            "status": result.status, "ended_at": datetime.now(timezone.utc), "stage_counts": json.dumps(stages.log),
-            "snapshot_version": result.version if result.status == "published" else None,
-            "input_digest": result.input_digest, "n_inputs": result.n_inputs, **_usage_columns(usage)})
+        catalog.finish_run(
+            run_id,
+            {
+                "status": result.status,
+                "ended_at": datetime.now(UTC),
+                "stage_counts": json.dumps(stages.log),
+                "snapshot_version": result.version if result.status == "published" else None,
+                "input_digest": result.input_digest,
+                "n_inputs": result.n_inputs,
+                **_usage_columns(usage),
+            },
+        )
         result.llm = asdict(usage)
         return result
 
     try:
         yield run_id, stages, usage, done
     except BaseException as exc:
-        catalog.finish_run(run_id, {"status": "failed", "ended_at": datetime.now(timezone.utc),
-                                    "error": f"{type(exc).__name__}: {exc}"[:4000], "stage_counts": json.dumps(stages.log),
-                                    **_usage_columns(usage)})
+        catalog.finish_run(
+            run_id,
+            {
+                "status": "failed",
+                "ended_at": datetime.now(UTC),
+                "error": f"{type(exc).__name__}: {exc}"[:4000],
+                "stage_counts": json.dumps(stages.log),
+                **_usage_columns(usage),
+            },
+        )
         raise
-
 
 
 def _usage_columns(usage: Usage) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import os
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,9 @@ access_log = logging.getLogger("strata.access")
 class QueryRequest(BaseModel):
     question: str = Field(..., max_length=4000, description="The question (not empty).")
     mode: str | None = Field(None, max_length=64, description="Retrieval mode; default: the index method's first mode.")
-    token_budget: int | None = Field(None, description="Context tokens (100 .. serve.max_budget); default: retrieval.token_budget.")
+    token_budget: int | None = Field(
+        None, description="Context tokens (100 .. serve.max_budget); default: retrieval.token_budget."
+    )
     as_of: int | None = Field(None, description="Answer from this snapshot version instead of the latest.")
 
 
@@ -67,13 +69,17 @@ class Problem(BaseModel):
 
 #: the error responses every route may give, in the OpenAPI document
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": Problem, "description": what} for code, what in (
+    code: {"model": Problem, "description": what}
+    for code, what in (
         (400, "Malformed request (bad Content-Length, a body that does not parse)"),
         (401, "Missing or wrong bearer key (with serve.api_key_env)"),
-        (404, "No such snapshot"), (408, "The body did not arrive within serve.body_timeout_s"),
-        (413, "The body is over serve.max_request_bytes"), (422, "The request does not validate"),
+        (404, "No such snapshot"),
+        (408, "The body did not arrive within serve.body_timeout_s"),
+        (413, "The body is over serve.max_request_bytes"),
+        (422, "The request does not validate"),
         (500, "Internal error (the service log has the cause)"),
-        (503, "Busy (serve.max_concurrency queries running) or still loading; see Retry-After"))
+        (503, "Busy (serve.max_concurrency queries running) or still loading; see Retry-After"),
+    )
 }
 
 
@@ -85,8 +91,10 @@ def api_key(cfg: StrataConfig) -> str | None:
         return None
     key = os.environ.get(name, "")
     if not key.strip():
-        raise RefusedError(f"serve.api_key_env names ${name}, which is not set (or empty): refusing to serve the index "
-                           f"without the key. Export {name}=<key>, or set serve.api_key_env = \"\" to serve without auth")
+        raise RefusedError(
+            f"serve.api_key_env names ${name}, which is not set (or empty): refusing to serve the index "
+            f'without the key. Export {name}=<key>, or set serve.api_key_env = "" to serve without auth'
+        )
     return key
 
 
@@ -108,8 +116,8 @@ class Service:
 
     def load(self) -> None:
         from tasks.index.embed import check_dimension, question_embedder
-        from tasks.runtime.llm_client import LiteLLMClient
         from tasks.query.view import load_view
+        from tasks.runtime.llm_client import LiteLLMClient
 
         view = load_view(self.catalog)
         embedder = question_embedder(self.cfg.embedding, self.cfg.llm)
@@ -126,29 +134,39 @@ class Service:
             return load_view(self.catalog, as_of)
 
     def answer(self, req: QueryRequest, state: dict[str, Any]) -> dict[str, Any]:
-        from tasks.query.answer import answer as make_answer
         from tasks.methods.registry import index_modes
+        from tasks.query.answer import answer as make_answer
         from tasks.query.retrieve import retrieve
 
         view = self.view(req.as_of)
         state["snapshot"] = view.version
         mode = req.mode or index_modes(view.method)[0]
         if mode not in index_modes(view.method):
-            raise HTTPException(422, f"mode {_short(repr(mode))} is not offered by this {view.method} index; choose "
-                                     f"one of {', '.join(index_modes(view.method))}")
+            raise HTTPException(
+                422,
+                f"mode {_short(repr(mode))} is not offered by this {view.method} index; choose "
+                f"one of {', '.join(index_modes(view.method))}",
+            )
         state["mode"] = mode
         budget = req.token_budget or self.cfg.retrieval.token_budget
         cfg = self.cfg.retrieval.model_copy(update={"token_budget": budget})
         t0 = time.perf_counter()
         ctx = retrieve(view, req.question, self.embedder.embed([req.question])[0], mode, cfg)
         ms = (time.perf_counter() - t0) * 1000
-        return ctx.as_dict() | {"answer": make_answer(ctx, self.client, self.embedder.embed), "retrieval_ms": round(ms, 1)}
+        return ctx.as_dict() | {
+            "answer": make_answer(ctx, self.client, self.embedder.embed),
+            "retrieval_ms": round(ms, 1),
+        }
 
 
 # ---------------------------------------------------------------------------- the one guard of every request
 async def _send_json(send: Any, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
     data = json.dumps(body).encode()
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), (b"connection", b"close")]
+    raw = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(data)).encode()),
+        (b"connection", b"close"),
+    ]
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": data})
@@ -182,13 +200,22 @@ class RequestGuard:
 
     async def _guarded(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope["path"]
-        if self.key is not None and path not in OPEN_ROUTES and not path.startswith(STATIC) and not self._authorized(scope):
+        if (
+            self.key is not None
+            and path not in OPEN_ROUTES
+            and not path.startswith(STATIC)
+            and not self._authorized(scope)
+        ):
             await _send_json(send, 401, {"detail": "missing or wrong bearer token"}, {"WWW-Authenticate": "Bearer"})
             return
         headers = dict(scope["headers"])
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            code, what = (413, f"request body over {self.max_bytes} bytes") if declared.isdigit() else (400, "bad Content-Length")
+            code, what = (
+                (413, f"request body over {self.max_bytes} bytes")
+                if declared.isdigit()
+                else (400, "bad Content-Length")
+            )
             await _send_json(send, code, {"detail": what})
             return
         chunks: list[bytes] = []
@@ -228,9 +255,13 @@ class RequestGuard:
 
     def _log(self, scope: dict[str, Any], state: dict[str, Any], status: int, ms: float) -> None:
         record: dict[str, Any] = {
-            "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-            "method": scope.get("method"), "route": scope["path"], "status": status, "latency_ms": round(ms, 1),
-            "snapshot": state.get("snapshot"), "mode": state.get("mode"),
+            "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "method": scope.get("method"),
+            "route": scope["path"],
+            "status": status,
+            "latency_ms": round(ms, 1),
+            "snapshot": state.get("snapshot"),
+            "mode": state.get("mode"),
         }
         if self.cfg.serve.log_questions and state.get("question") is not None:
             record["question"] = state["question"]
@@ -239,8 +270,10 @@ class RequestGuard:
         else:
             extra = " ".join(f"{k}={record[k]}" for k in ("snapshot", "mode") if record[k] is not None)
             question = f" question={json.dumps(record['question'], ensure_ascii=False)}" if "question" in record else ""
-            access_log.info(f"{record['time']} {record['method']} {record['route']} {status} {record['latency_ms']}ms"
-                            f"{' ' + extra if extra else ''}{question}")
+            access_log.info(
+                f"{record['time']} {record['method']} {record['route']} {status} {record['latency_ms']}ms"
+                f"{' ' + extra if extra else ''}{question}"
+            )
 
 
 def configure_access_log(stream: Any = None) -> None:
@@ -257,8 +290,14 @@ def configure_access_log(stream: Any = None) -> None:
 
 def _validation_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Pydantic's errors without what was sent: no ``input``, no ``ctx``, short locations and messages."""
-    return [{"loc": [_short(part) for part in e.get("loc", ())][:8], "msg": _short(e.get("msg", "")),
-             "type": _short(e.get("type", ""))} for e in errors[:20]]
+    return [
+        {
+            "loc": [_short(part) for part in e.get("loc", ())][:8],
+            "msg": _short(e.get("msg", "")),
+            "type": _short(e.get("type", "")),
+        }
+        for e in errors[:20]
+    ]
 
 
 # ---------------------------------------------------------------------------- the app
@@ -280,13 +319,23 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
             await run_in_threadpool(service.load)
         yield
 
-    app = FastAPI(title="Strata", description="Queries over a Strata index's published snapshots. With auth on, use "
-                  "**Authorize** with the service's key.", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  responses=ERRORS)
+    app = FastAPI(
+        title="Strata",
+        description="Queries over a Strata index's published snapshots. With auth on, use "
+        "**Authorize** with the service's key.",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        responses=ERRORS,
+    )
     app.state.service = service
     app.add_middleware(RequestGuard, cfg=cfg, key=key)
     app.mount(STATIC.rstrip("/"), StaticFiles(directory=_docs_assets()), name="static")
-    bearer = [Depends(HTTPBearer(auto_error=False, description="The key in the variable serve.api_key_env names"))] if key else []
+    bearer = (
+        [Depends(HTTPBearer(auto_error=False, description="The key in the variable serve.api_key_env names"))]
+        if key
+        else []
+    )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -306,8 +355,11 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
             raise HTTPException(503, "the snapshot is still loading", headers={"Retry-After": "1"})
         return service
 
-    @app.post("/query", summary="Retrieve a context for a question and answer it (as `strata query --json`)",
-              dependencies=bearer)
+    @app.post(
+        "/query",
+        summary="Retrieve a context for a question and answer it (as `strata query --json`)",
+        dependencies=bearer,
+    )
     async def query(req: QueryRequest, request: Request, svc: Service = Depends(ready)) -> dict[str, Any]:
         from tasks.errors import NotFoundError
 
@@ -317,8 +369,9 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
         if req.token_budget is not None and not 100 <= req.token_budget <= cfg.serve.max_budget:
             raise HTTPException(422, f"token_budget must be between 100 and {cfg.serve.max_budget}")
         if slots.locked():
-            raise HTTPException(503, f"{cfg.serve.max_concurrency} queries already running; retry shortly",
-                                headers={"Retry-After": "1"})
+            raise HTTPException(
+                503, f"{cfg.serve.max_concurrency} queries already running; retry shortly", headers={"Retry-After": "1"}
+            )
         async with slots:
             try:
                 return await run_in_threadpool(svc.answer, req, request.scope["state"])
@@ -327,14 +380,19 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
 
     @app.get("/snapshots", summary="Every published snapshot, newest first", dependencies=bearer)
     async def snapshots() -> list[dict[str, Any]]:
-        return [{"version": s["version"], "created_at": s["created_at"].isoformat(), "kind": s["kind"]}
-                for s in reversed(await run_in_threadpool(service.catalog.snapshots))]
+        return [
+            {"version": s["version"], "created_at": s["created_at"].isoformat(), "kind": s["kind"]}
+            for s in reversed(await run_in_threadpool(service.catalog.snapshots))
+        ]
 
-    @app.get("/index", summary="What `strata inspect --json` prints, and the retrieval modes the index offers",
-             dependencies=bearer)
+    @app.get(
+        "/index",
+        summary="What `strata inspect --json` prints, and the retrieval modes the index offers",
+        dependencies=bearer,
+    )
     async def index_info() -> dict[str, Any]:
-        from tasks.query.inspect import inspect_data
         from tasks.methods.registry import index_modes
+        from tasks.query.inspect import inspect_data
 
         data = await run_in_threadpool(inspect_data, service.catalog, None, 5)
         return data | {"modes": list(index_modes(data["method"]))}
@@ -355,14 +413,24 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
 
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:
-        return get_swagger_ui_html(openapi_url="/openapi.json", title="Strata API", swagger_js_url=f"{STATIC}swagger-ui-bundle.js",
-                                   swagger_css_url=f"{STATIC}swagger-ui.css", swagger_favicon_url=f"{STATIC}favicon.png",
-                                   swagger_ui_parameters={"validatorUrl": None, "persistAuthorization": True})
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="Strata API",
+            swagger_js_url=f"{STATIC}swagger-ui-bundle.js",
+            swagger_css_url=f"{STATIC}swagger-ui.css",
+            swagger_favicon_url=f"{STATIC}favicon.png",
+            swagger_ui_parameters={"validatorUrl": None, "persistAuthorization": True},
+        )
 
     @app.get("/redoc", include_in_schema=False)
     async def redoc() -> HTMLResponse:
-        return get_redoc_html(openapi_url="/openapi.json", title="Strata API", redoc_js_url=f"{STATIC}redoc.standalone.js",
-                              redoc_favicon_url=f"{STATIC}favicon.png", with_google_fonts=False)
+        return get_redoc_html(
+            openapi_url="/openapi.json",
+            title="Strata API",
+            redoc_js_url=f"{STATIC}redoc.standalone.js",
+            redoc_favicon_url=f"{STATIC}favicon.png",
+            with_google_fonts=False,
+        )
 
     return app
 

@@ -15,18 +15,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flows.lineage import BuildResult, digest_of
+from flows.run import Delta, PipelineRun
 from schemas.config import StrataConfig
 from schemas.tables import ChunkRow, DocumentRow, schema_for
-from tasks.store.rows import TableDelta
-from tasks.store.rows import plain_rows, relation_table, to_table, vector_matrix
 from tasks.errors import NotFoundError
-from tasks.runtime.llm_client import Usage
 from tasks.index.merge import ChunkOrder
 from tasks.methods.base import Hierarchy, Layer0
+from tasks.runtime.llm_client import Usage
+from tasks.store.rows import TableDelta, plain_rows, relation_table, to_table, vector_matrix
 from tasks.store.spill import SpilledTable
-
-
-from flows.run import Delta, PipelineRun
 
 
 # ---------------------------------------------------------------------------- shared stages
@@ -37,30 +34,46 @@ def ingest(run: PipelineRun) -> Delta:
     with run.stage("ingest") as st:
         ingested = st.run(ingest_corpus, run.corpus, run.cfg.corpus, None, run.root)
         run.quarantine += ingested.quarantine
-        st.done(f"{len(ingested.documents)} documents, {len(ingested.quarantine)} quarantined"
-                + (f", {ingested.ignored} files left out by .strataignore" if ingested.ignored else ""),
-                files=ingested.files_seen, documents=len(ingested.documents), quarantined=len(ingested.quarantine),
-                ignored=ingested.ignored)
+        st.done(
+            f"{len(ingested.documents)} documents, {len(ingested.quarantine)} quarantined"
+            + (f", {ingested.ignored} files left out by .strataignore" if ingested.ignored else ""),
+            files=ingested.files_seen,
+            documents=len(ingested.documents),
+            quarantined=len(ingested.quarantine),
+            ignored=ingested.ignored,
+        )
     root, digest = run.root, digest_of(ingested.documents)
     if run.snap is None:
         if not ingested.documents:
-            raise NotFoundError(f"no readable documents under {run.corpus} ({len(ingested.quarantine)} quarantined): "
-                               "nothing to index")
+            raise NotFoundError(
+                f"no readable documents under {run.corpus} ({len(ingested.quarantine)} quarantined): nothing to index"
+            )
         return Delta(root, ingested.documents, digest=digest, n_inputs=len(ingested.documents))
     with run.stage("diff") as st:
         diff = st.run(diff_documents, run.previous_rows("documents"), ingested.documents, root)
         indexed = set(run.previous("documents").column("root").to_pylist())
         summary = ", ".join(f"{k} {v}" for k, v in diff.counts().items())
         if root not in indexed:
-            summary = (f"new corpus root: {len(diff.new)} documents added next to roots {', '.join(sorted(indexed))} "
-                       f"(if {run.location} is the new place of one of them: --replace-root THAT_ROOT)")
+            summary = (
+                f"new corpus root: {len(diff.new)} documents added next to roots {', '.join(sorted(indexed))} "
+                f"(if {run.location} is the new place of one of them: --replace-root THAT_ROOT)"
+            )
         st.done(summary, **diff.counts(), new_root=int(root not in indexed))
     gone = {d["id"] for d in diff.deleted}
     chunks = run.previous("chunks", CHUNK_PLACE)
-    gone_chunks = {c for c, d in zip(chunks.column("id").to_pylist(), chunks.column("document_id").to_pylist()) if d in gone}
-    return Delta(root, diff.new + diff.changed, [d for d in run.previous_rows("documents") if d["id"] not in gone],
-                 gone, gone_chunks, diff.counts(), digest, len(ingested.documents))
-
+    gone_chunks = {
+        c for c, d in zip(chunks.column("id").to_pylist(), chunks.column("document_id").to_pylist()) if d in gone
+    }
+    return Delta(
+        root,
+        diff.new + diff.changed,
+        [d for d in run.previous_rows("documents") if d["id"] not in gone],
+        gone,
+        gone_chunks,
+        diff.counts(),
+        digest,
+        len(ingested.documents),
+    )
 
 
 def chunk(run: PipelineRun, delta: Delta) -> tuple[pa.Table, list[ChunkRow]]:
@@ -68,20 +81,24 @@ def chunk(run: PipelineRun, delta: Delta) -> tuple[pa.Table, list[ChunkRow]]:
     from tasks.index.chunk import chunk_documents
 
     with run.stage("chunk", len(delta.incoming)) as st:
-        chunks, tokens, cut = st.run(chunk_documents, delta.incoming, run.cfg.chunking, run.cfg.corpus.max_document_tokens)
+        chunks, tokens, cut = st.run(
+            chunk_documents, delta.incoming, run.cfg.chunking, run.cfg.corpus.max_document_tokens
+        )
         run.quarantine += cut
         st.advance(len(delta.incoming))
-        st.done(f"{len(chunks)} chunks" + (f", {len(cut)} documents cut at corpus.max_document_tokens" if cut else ""),
-                chunks=len(chunks), tokens=sum(tokens.values()), cut=len(cut))
+        st.done(
+            f"{len(chunks)} chunks" + (f", {len(cut)} documents cut at corpus.max_document_tokens" if cut else ""),
+            chunks=len(chunks),
+            tokens=sum(tokens.values()),
+            cut=len(cut),
+        )
     documents = delta.kept + [dict(d, n_tokens=tokens[d["id"]]) for d in delta.incoming]
     return to_table("documents", documents, 0, run.version), chunks
-
 
 
 def document_place(doc: DocumentRow) -> dict[str, Any]:
     """What extraction (the title) and merge (the source id) read of a document once it is chunked."""
     return {"id": doc["id"], "source_id": doc["source_id"], "title": doc.get("title")}
-
 
 
 def extraction_method(cfg: StrataConfig) -> str:
@@ -93,26 +110,34 @@ def extraction_method(cfg: StrataConfig) -> str:
     return method
 
 
-
 def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
     """Entities and relations of the new chunks, on the mapper (Dask), as ``mentions`` rows (document titles
     included); each chunk marked extracted or quarantined."""
     from tasks.index.extract import extract_mentions
     from tasks.index.extract_llm import extract_batch_llm
-    from tasks.index.merge import CHUNK_ORDER, MERGE_PART_ROWS, MENTIONS_PER_CHUNK, explicit_title, in_chunk_order
+    from tasks.index.merge import CHUNK_ORDER, MENTIONS_PER_CHUNK, MERGE_PART_ROWS, explicit_title, in_chunk_order
     from tasks.store.spill import SpillWriter
 
     cfg = run.cfg
     waited = time.perf_counter()
     run.mapper.ready()
     run.stages.record("dask-start", time.perf_counter() - waited)
-    llm = ({"batch_fn": extract_batch_llm, "llm": cfg.llm, "cache_dir": str(run.catalog.cache_dir), "share": None}
-           if extraction_method(cfg) == "llm" else {})
+    llm = (
+        {"batch_fn": extract_batch_llm, "llm": cfg.llm, "cache_dir": str(run.catalog.cache_dir), "share": None}
+        if extraction_method(cfg) == "llm"
+        else {}
+    )
     titles = {d["id"]: explicit_title(d) for d in delta.incoming}
     # mentions go to disk as each batch comes back, split by key hash for merge; read back per part in canonical
     # (chunk id, seq) order, so the table does not depend on the order batches finish in
-    spill = SpillWriter(run.spill_dir / "mentions", schema_for("mentions", 0), "key",
-                        -(-len(chunks) * MENTIONS_PER_CHUNK // MERGE_PART_ROWS), in_chunk_order, CHUNK_ORDER)
+    spill = SpillWriter(
+        run.spill_dir / "mentions",
+        schema_for("mentions", 0),
+        "key",
+        -(-len(chunks) * MENTIONS_PER_CHUNK // MERGE_PART_ROWS),
+        in_chunk_order,
+        CHUNK_ORDER,
+    )
     n_entities = 0
 
     def done(_i, r):
@@ -129,12 +154,17 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
         run.usage.add(Usage(**result.usage))
         run.quarantine += result.quarantine
         mentions = spill.close()
-        st.done(f"{n_entities} mentions from {len(result.ok)} chunks", chunks=len(result.ok), mentions=n_entities,
-                raw_relations=mentions.num_rows - n_entities, quarantined=len(result.quarantine),
-                llm_calls=result.usage.get("calls", 0), llm_tokens=result.llm_tokens)
+        st.done(
+            f"{n_entities} mentions from {len(result.ok)} chunks",
+            chunks=len(result.ok),
+            mentions=n_entities,
+            raw_relations=mentions.num_rows - n_entities,
+            quarantined=len(result.quarantine),
+            llm_calls=result.usage.get("calls", 0),
+            llm_tokens=result.llm_tokens,
+        )
     ok = set(result.ok)
     return [dict(c, status="extracted" if c["id"] in ok else "quarantined") for c in chunks], mentions
-
 
 
 def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: SpilledTable) -> tuple[Layer0, Any]:
@@ -145,38 +175,59 @@ def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: SpilledTa
     with run.stage("merge") as st:
         stored = (lambda columns: run.catalog.batches("mentions", run.snap, columns)) if run.snap else None
         old_entities = run.previous("entities", ENTITY_FIELDS, "layer = 0")
-        layer0, mentions = st.run(_layer0, stored, plain_rows(old_entities),
-                                  run.previous("relations"), delta.gone_chunks, new,
-                                  cfg.extract.max_description_tokens, chunk_order(run, delta, chunks), run.spill_dir / "merge")
+        layer0, mentions = st.run(
+            _layer0,
+            stored,
+            plain_rows(old_entities),
+            run.previous("relations"),
+            delta.gone_chunks,
+            new,
+            cfg.extract.max_description_tokens,
+            chunk_order(run, delta, chunks),
+            run.spill_dir / "merge",
+        )
         for name in ("entities", "relations"):  # layer 0's rows replace them; embed and the attachment read
             run.forget_previous(name)  # the parts they need (kept vectors, summaries, summary_of links) themselves
-        st.done(f"{len(layer0.entities)} entities, {layer0.relations.num_rows} relations", entities=len(layer0.entities),
-                relations=layer0.relations.num_rows, added=len(layer0.added), removed=len(layer0.removed),
-                changed=len(layer0.changed))
+        st.done(
+            f"{len(layer0.entities)} entities, {layer0.relations.num_rows} relations",
+            entities=len(layer0.entities),
+            relations=layer0.relations.num_rows,
+            added=len(layer0.added),
+            removed=len(layer0.removed),
+            changed=len(layer0.changed),
+        )
     return layer0, mentions
-
 
 
 ENTITY_FIELDS = tuple(n for n in schema_for("entities", 0).names if n not in ("vector", "version"))
 
 
-
 CHUNK_PLACE = ("id", "document_id", "chunk_index")  # what an update reads of the previous chunks before assemble
-
 
 
 def chunk_order(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]) -> ChunkOrder:
     """Every live chunk's place in the corpus: (its document's source id, its position in the document)."""
     source = {d["id"]: d["source_id"] for d in delta.kept + delta.incoming}
     old = run.previous("chunks", CHUNK_PLACE)
-    pairs = zip(old.column("id").to_pylist(), old.column("document_id").to_pylist(), old.column("chunk_index").to_pylist())
-    return {cid: (source.get(doc, ""), pos) for cid, doc, pos in
-            [*pairs, *((c["id"], c["document_id"], c["chunk_index"]) for c in chunks)]}
+    pairs = zip(
+        old.column("id").to_pylist(), old.column("document_id").to_pylist(), old.column("chunk_index").to_pylist()
+    )
+    return {
+        cid: (source.get(doc, ""), pos)
+        for cid, doc, pos in [*pairs, *((c["id"], c["document_id"], c["chunk_index"]) for c in chunks)]
+    }
 
 
-
-def _layer0(stored, old_entities, old_relations, gone: set[str], new_mentions: pa.Table, max_tokens: int,
-            order: ChunkOrder, workdir: Path) -> tuple[Layer0, pa.Table | TableDelta]:
+def _layer0(
+    stored,
+    old_entities,
+    old_relations,
+    gone: set[str],
+    new_mentions: pa.Table,
+    max_tokens: int,
+    order: ChunkOrder,
+    workdir: Path,
+) -> tuple[Layer0, pa.Table | TableDelta]:
     """Layer 0 merged whole (a build: ``stored`` is None; in a child process when the mentions are many, see
     ``MERGE_IN_CHILD_ROWS``) or recomputed for the keys the delta touched (an update: ``stored(columns)`` scans
     the previous snapshot's mentions batch by batch)."""
@@ -186,7 +237,9 @@ def _layer0(stored, old_entities, old_relations, gone: set[str], new_mentions: p
 
     if stored is None:
         if new_mentions.num_rows >= MERGE_IN_CHILD_ROWS:
-            entities, relations = in_child_process(graph_from_mentions, new_mentions, max_tokens, order, workdir=workdir)
+            entities, relations = in_child_process(
+                graph_from_mentions, new_mentions, max_tokens, order, workdir=workdir
+            )
         else:
             entities, relations = graph_from_mentions(new_mentions, max_tokens, order=order)
         return Layer0(entities, np.zeros((0, 0)), relations, added={e["id"] for e in entities}), new_mentions
@@ -197,10 +250,12 @@ def _layer0(stored, old_entities, old_relations, gone: set[str], new_mentions: p
         touched |= set(batch.filter(pc.is_in(batch.column("chunk_id"), value_set=leaving)).column("key").to_pylist())
     select = stored_mention_select(lambda: stored(list(MENTION_COLUMNS)), gone, new_mentions)
     entities, relations, added, removed, changed = recompute_layer0(
-        [e for e in old_entities if e["layer"] == 0], old_relations, select, touched, max_tokens, order)
-    return (Layer0(entities, np.zeros((0, 0)), relations, added, removed, changed, gone),
-            TableDelta("chunk_id", sorted(gone), new_mentions))
-
+        [e for e in old_entities if e["layer"] == 0], old_relations, select, touched, max_tokens, order
+    )
+    return (
+        Layer0(entities, np.zeros((0, 0)), relations, added, removed, changed, gone),
+        TableDelta("chunk_id", sorted(gone), new_mentions),
+    )
 
 
 def embed(run: PipelineRun, layer0: Layer0, chunks: list[ChunkRow]) -> tuple[Layer0, np.ndarray]:
@@ -209,13 +264,21 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: list[ChunkRow]) -> tuple[Lay
 
     fresh = [e for e in layer0.entities if e["id"] in layer0.added | layer0.changed]
     with run.stage("embed", len(fresh) + len(chunks)) as st:
-        vectors = st.run(_embed_layer0, run, layer0, [entity_text(e["name"], e["type"], e["description"]) for e in fresh],
-                         [c["text"] for c in chunks], st.advance)
+        vectors = st.run(
+            _embed_layer0,
+            run,
+            layer0,
+            [entity_text(e["name"], e["type"], e["description"]) for e in fresh],
+            [c["text"] for c in chunks],
+            st.advance,
+        )
         layer0 = replace(layer0, vectors=vectors[0], chunks=chunks, chunk_vectors=vectors[1])
-        st.done(f"{run.embedder.misses} embedded, {run.embedder.hits} from cache",
-                vectors=len(fresh) + len(chunks), cache_hits=run.embedder.hits)
+        st.done(
+            f"{run.embedder.misses} embedded, {run.embedder.hits} from cache",
+            vectors=len(fresh) + len(chunks),
+            cache_hits=run.embedder.hits,
+        )
     return layer0, vectors[1]
-
 
 
 def _embed_layer0(run: PipelineRun, layer0: Layer0, entity_texts: list[str], chunk_texts: list[str], progress):
@@ -229,31 +292,48 @@ def _embed_layer0(run: PipelineRun, layer0: Layer0, entity_texts: list[str], chu
     return (np.stack(rows) if rows else np.zeros((0, dim), np.float32)), chunk_vectors
 
 
-
-def assemble(run: PipelineRun, delta: Delta, documents, chunks, chunk_vectors, layer0: Layer0,
-             hierarchy: Hierarchy, mentions) -> dict[str, pa.Table]:
+def assemble(
+    run: PipelineRun, delta: Delta, documents, chunks, chunk_vectors, layer0: Layer0, hierarchy: Hierarchy, mentions
+) -> dict[str, pa.Table]:
     """Every table of the new snapshot (kept rows of the previous one first, then what this run made)."""
     dim, version = (run.snap or {}).get("dim") or run.embedder.dim, run.version
     old_chunks = run.previous("chunks")
     keep = [c not in delta.gone_chunks for c in old_chunks.column("id").to_pylist()]
     kept_chunks = old_chunks.filter(pa.array(keep, type=pa.bool_())) if old_chunks.num_rows else old_chunks
-    quarantine = [q for q in run.previous_rows("quarantine")
-                  if not q["item"].startswith((delta.root, run.location)) and q["item"] not in delta.gone_chunks]
+    quarantine = [
+        q
+        for q in run.previous_rows("quarantine")
+        if not q["item"].startswith((delta.root, run.location)) and q["item"] not in delta.gone_chunks
+    ]
     quarantine += run.quarantine + hierarchy.quarantine
     tables = {
         "documents": documents,
-        "chunks": _stamped(pa.concat_tables([kept_chunks.cast(schema_for("chunks", dim))] * bool(kept_chunks.num_rows)
-                                            + [to_table("chunks", chunks, dim, version, chunk_vectors)]), version),
-        "entities": to_table("entities", layer0.entities + hierarchy.entities, dim, version,
-                             np.concatenate([layer0.vectors.reshape(-1, dim), hierarchy.vectors.reshape(-1, dim)])),
+        "chunks": _stamped(
+            pa.concat_tables(
+                [kept_chunks.cast(schema_for("chunks", dim))] * bool(kept_chunks.num_rows)
+                + [to_table("chunks", chunks, dim, version, chunk_vectors)]
+            ),
+            version,
+        ),
+        "entities": to_table(
+            "entities",
+            layer0.entities + hierarchy.entities,
+            dim,
+            version,
+            np.concatenate([layer0.vectors.reshape(-1, dim), hierarchy.vectors.reshape(-1, dim)]),
+        ),
         "relations": _stamped(pa.concat_tables([layer0.relations, relation_table(hierarchy.relations)]), version),
         "layers": to_table("layers", hierarchy.layers or [], dim, version),
         "communities": to_table("communities", hierarchy.communities, dim, version),
-        "community_reports": to_table("community_reports", hierarchy.reports, dim, version,
-                                      hierarchy.report_vectors.reshape(-1, dim)),
+        "community_reports": to_table(
+            "community_reports", hierarchy.reports, dim, version, hierarchy.report_vectors.reshape(-1, dim)
+        ),
         # a build's mentions stay spilled on disk, stamped with this version when extracted
-        "mentions": (TableDelta(mentions.column, mentions.values, _stamped(mentions.add, version))
-                     if isinstance(mentions, TableDelta) else mentions),
+        "mentions": (
+            TableDelta(mentions.column, mentions.values, _stamped(mentions.add, version))
+            if isinstance(mentions, TableDelta)
+            else mentions
+        ),
         "quarantine": to_table("quarantine", _dedupe(quarantine), dim, version),
     }
     if hierarchy.layers is None:  # the previous snapshot's layer statistics still hold
@@ -261,11 +341,10 @@ def assemble(run: PipelineRun, delta: Delta, documents, chunks, chunk_vectors, l
     return tables
 
 
-
 def _stamped(table: pa.Table, version: int) -> pa.Table:
-    return table.set_column(table.schema.get_field_index("version"), "version",
-                            pa.array(np.full(table.num_rows, version, dtype=np.int64)))
-
+    return table.set_column(
+        table.schema.get_field_index("version"), "version", pa.array(np.full(table.num_rows, version, dtype=np.int64))
+    )
 
 
 def _dedupe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -277,7 +356,6 @@ def _dedupe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-
 def validate(run: PipelineRun, tables: dict[str, pa.Table]) -> None:
     from tasks.index.validate import ValidationFailed, validate_tables
 
@@ -285,14 +363,18 @@ def validate(run: PipelineRun, tables: dict[str, pa.Table]) -> None:
     with run.stage("validate") as st:
         written = {k: t.add if isinstance(t, TableDelta) else t for k, t in tables.items()}  # kept rows passed before
         report = st.run(validate_tables, {"layers": run.previous("layers"), **written}, dim)
-        st.done(f"{sum(report.checked.values())} expectations passed" if report.success else "FAILED",
-                expectations=sum(report.checked.values()), failures=len(report.failures))
+        st.done(
+            f"{sum(report.checked.values())} expectations passed" if report.success else "FAILED",
+            expectations=sum(report.checked.values()),
+            failures=len(report.failures),
+        )
     if not report.success:
         raise ValidationFailed(report.failures)
 
 
-
-def publish(run: PipelineRun, delta: Delta, tables: dict[str, pa.Table], layer0: Layer0, hierarchy: Hierarchy) -> BuildResult:
+def publish(
+    run: PipelineRun, delta: Delta, tables: dict[str, pa.Table], layer0: Layer0, hierarchy: Hierarchy
+) -> BuildResult:
     from tasks.index.plots import plot_layers
 
     cfg, dim = run.cfg, (run.snap or {}).get("dim") or run.embedder.dim
@@ -303,19 +385,39 @@ def publish(run: PipelineRun, delta: Delta, tables: dict[str, pa.Table], layer0:
     if run.snap:
         previous = run.note
         added = previous.get("added_since_full", 0) + len(layer0.added)
-        note |= {"added_since_full": added, "drift": round(added / max(1, tables["entities"].num_rows), 4),
-                 "diff": delta.counts}
+        note |= {
+            "added_since_full": added,
+            "drift": round(added / max(1, tables["entities"].num_rows), 4),
+            "diff": delta.counts,
+        }
     with run.stage("publish") as st:
-        version = st.run(run.catalog.publish, tables, run.run_id, "incremental" if run.snap else "full", dim,
-                         run.version, json.dumps(note), cfg.retrieval.ann_min_vectors)
+        version = st.run(
+            run.catalog.publish,
+            tables,
+            run.run_id,
+            "incremental" if run.snap else "full",
+            dim,
+            run.version,
+            json.dumps(note),
+            cfg.retrieval.ann_min_vectors,
+        )
         drift = note.get("drift", 0.0)
-        hint = (f"; drift {drift:.0%} > {cfg.incremental.max_drift:.0%}: consider `strata update --full`"
-                if drift > cfg.incremental.max_drift else "")
+        hint = (
+            f"; drift {drift:.0%} > {cfg.incremental.max_drift:.0%}: consider `strata update --full`"
+            if drift > cfg.incremental.max_drift
+            else ""
+        )
         st.done(f"snapshot v{version}{hint}", tables=len(tables), drift=drift)
     plot = None
     if hierarchy.layers and run.catalog.root is not None:
-        plot = str(plot_layers(hierarchy.layers, run.catalog.root / "reports" / f"layers-v{version}.png", cfg.hierarchy.epsilon))
+        plot = str(
+            plot_layers(
+                hierarchy.layers, run.catalog.root / "reports" / f"layers-v{version}.png", cfg.hierarchy.epsilon
+            )
+        )
     snap = run.catalog.snapshot(version)
-    counts = {k: run.catalog.open_table(k, snap=snap).count_rows() if isinstance(t, TableDelta) else t.num_rows
-              for k, t in tables.items()}
+    counts = {
+        k: run.catalog.open_table(k, snap=snap).count_rows() if isinstance(t, TableDelta) else t.num_rows
+        for k, t in tables.items()
+    }
     return run.result("published", delta, version, counts, hierarchy.layers, plot)

@@ -133,7 +133,7 @@ class RunRow(TypedDict):
     llm_tokens: Int
     llm_cost_usd: Float
     error: OptStr
-    snapshot_version: Annotated["int | None", pa.int64()]
+    snapshot_version: Annotated[int | None, pa.int64()]
     code_version: OptStr
     deployment: OptStr  # Prefect deployment that started the run, if any
     input_digest: OptStr  # sha256 over the sorted content hashes of the input documents
@@ -183,9 +183,16 @@ ALL_TABLES = SNAPSHOT_TABLES + LOG_TABLES
 
 
 ROWS: dict[str, type] = {
-    "documents": DocumentRow, "chunks": ChunkRow, "entities": EntityRow, "relations": RelationRow,
-    "layers": LayerRow, "communities": CommunityRow, "community_reports": ReportRow, "runs": RunRow,
-    "mentions": MentionRow, "quarantine": QuarantineRow,
+    "documents": DocumentRow,
+    "chunks": ChunkRow,
+    "entities": EntityRow,
+    "relations": RelationRow,
+    "layers": LayerRow,
+    "communities": CommunityRow,
+    "community_reports": ReportRow,
+    "runs": RunRow,
+    "mentions": MentionRow,
+    "quarantine": QuarantineRow,
 }
 
 

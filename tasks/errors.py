@@ -57,25 +57,20 @@ class IndexError_(StrataError):
     """The index is missing, locked or inconsistent; the message says what to do."""
 
 
-
 class IndexNotFound(IndexError_, NotFoundError):
     """No index, or no such snapshot, at the location."""
-
 
 
 class IndexDamaged(IndexError_, DamagedError):
     """A table the snapshot pins cannot be read."""
 
 
-
 class LockTimeout(IndexError_, RefusedError):
     """Another run is writing the index."""
 
 
-
 class DiskFull(IndexError_, RefusedError):
     """The disk filled up while a table was written: nothing was committed."""
-
 
 
 class StoreUnavailable(IndexError_, RefusedError):

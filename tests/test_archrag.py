@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.methods.archrag import attributed_edges, chnsw_links, hierarchical_search, knn_edges, leiden_groups, search_layer
+from tasks.methods.archrag import attributed_edges, chnsw_links, knn_edges, leiden_groups
+from tasks.methods.archrag_search import hierarchical_search, search_layer
 
 
 def _unit(rows) -> np.ndarray:
@@ -112,7 +113,7 @@ def test_an_archrag_index_builds_searches_top_down_and_updates(small_corpus, tmp
 
 def test_with_an_llm_the_map_step_drops_useless_pieces_and_orders_the_rest():
     from tasks.query.answer import answer
-    from tasks.methods.archrag import MAP_VERSION
+    from tasks.methods.archrag_search import MAP_VERSION
     from tasks.query.context import Context
 
     calls, seen = [], {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from pathlib import Path
 from typing import Optional
 
@@ -45,36 +46,72 @@ def inspect(
         if damaged:
             raise damaged
         return
-    out.print(f"[bold]{escape(data['index'])}[/]  snapshot v{data['version']} ({data['kind']}, {data['created_at']}), "
-              f"method {data['method']}")
+    out.print(
+        f"[bold]{escape(data['index'])}[/]  snapshot v{data['version']} ({data['kind']}, {data['created_at']}), "
+        f"method {data['method']}"
+    )
     for problem in data["problems"]:
         out.print(f"[bold red]damaged:[/] {escape(problem)}", highlight=False)
     out.print(_table("tables", ("table", "rows"), [[k, str(v)] for k, v in data["tables"].items()]))
     cols = ("layer", "n_entities", "n_clusters", "cluster_sparsity", "change_rate", "stop_reason")
     if data["layers"]:
-        out.print(_table("hierarchy layers", cols, [
-            [("" if l[c] is None else f"{l[c]:.4f}" if isinstance(l[c], float) else str(l[c])) for c in cols]
-            for l in data["layers"]]))
+        out.print(
+            _table(
+                "hierarchy layers",
+                cols,
+                [
+                    [("" if l[c] is None else f"{l[c]:.4f}" if isinstance(l[c], float) else str(l[c])) for c in cols]
+                    for l in data["layers"]
+                ],
+            )
+        )
     if data["nodes"] and len(data["nodes"][0]) > 2:  # the method's own relation kinds, counted per layer
         keys = tuple(data["nodes"][0])
-        out.print(_table(f"{data['method']} links per layer", keys, [[str(n[k]) for k in keys] for n in data["nodes"]],
-                         "right"))
+        out.print(
+            _table(
+                f"{data['method']} links per layer", keys, [[str(n[k]) for k in keys] for n in data["nodes"]], "right"
+            )
+        )
     if data["communities"]:
         keys = ("level", "count", "min_size", "median_size", "max_size")
-        out.print(_table("communities per level", keys, [[str(c[k]) for k in keys] for c in data["communities"]], "right"))
+        out.print(
+            _table("communities per level", keys, [[str(c[k]) for k in keys] for c in data["communities"]], "right")
+        )
     if versions:
-        out.print(_table("snapshots", ("version", "created_at", "kind"),
-                         [[str(v["version"]), v["created_at"], v["kind"]] for v in data["versions"]]))
-    out.print(_table("recent runs", ("started_at", "flow", "status", "snapshot", "error"), [
-        [r["started_at"] or "", r["flow"], r["status"], str(r["snapshot_version"] or ""), escape((r["error"] or "")[:80])]
-        for r in data["runs"]]))
+        out.print(
+            _table(
+                "snapshots",
+                ("version", "created_at", "kind"),
+                [[str(v["version"]), v["created_at"], v["kind"]] for v in data["versions"]],
+            )
+        )
+    out.print(
+        _table(
+            "recent runs",
+            ("started_at", "flow", "status", "snapshot", "error"),
+            [
+                [
+                    r["started_at"] or "",
+                    r["flow"],
+                    r["status"],
+                    str(r["snapshot_version"] or ""),
+                    escape((r["error"] or "")[:80]),
+                ]
+                for r in data["runs"]
+            ],
+        )
+    )
     if damaged:
         raise damaged
 
 
 @command()
-def validate(index: str = ReadIndexOpt, as_of: Optional[int] = AsOfOpt, config_path: Optional[Path] = ConfigOpt,
-             set_: Optional[list[str]] = SetOpt) -> None:
+def validate(
+    index: str = ReadIndexOpt,
+    as_of: Optional[int] = AsOfOpt,
+    config_path: Optional[Path] = ConfigOpt,
+    set_: Optional[list[str]] = SetOpt,
+) -> None:
     """Run the expectation suites over a published snapshot (exit 4 when any fails or a table cannot be read)."""
     from tasks.index.validate import validate_tables
 
@@ -87,8 +124,10 @@ def validate(index: str = ReadIndexOpt, as_of: Optional[int] = AsOfOpt, config_p
         out.print(f"[green]snapshot v{snap['version']}: all expectations passed[/]")
         return
     for f in report.failures:
-        out.print(f"[red]FAIL[/] {f['table']}: {f['expectation']}({f['column']}) — {f['unexpected_count']} bad row(s), "
-                  f"e.g. {escape(str(f['sample']))}")
+        out.print(
+            f"[red]FAIL[/] {f['table']}: {f['expectation']}({f['column']}) — {f['unexpected_count']} bad row(s), "
+            f"e.g. {escape(str(f['sample']))}"
+        )
     raise typer.Exit(EXIT_CODES["damaged"])
 
 
@@ -101,18 +140,25 @@ def rollback(
     set_: Optional[list[str]] = SetOpt,
 ) -> None:
     """Undo a bad refresh in seconds: publish a new snapshot that pins the tables of an earlier one (nothing rewritten)."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from tasks.store.ids import make_id
 
     cat = open_catalog(index, config_path, set_)
     with cat.writer_lock(lock_timeout):
-        started = datetime.now(timezone.utc)
+        started = datetime.now(UTC)
         run_id = make_id("run", started.isoformat(), "rollback", to)
-        cat.log_run({"id": run_id, "flow": "rollback", "started_at": started, "status": "running",
-                     "parameters": json.dumps({"index": cat.uri, "to": to})})
+        cat.log_run(
+            {
+                "id": run_id,
+                "flow": "rollback",
+                "started_at": started,
+                "status": "running",
+                "parameters": json.dumps({"index": cat.uri, "to": to}),
+            }
+        )
         version = cat.rollback(to, run_id)
-        cat.finish_run(run_id, {"status": "published", "ended_at": datetime.now(timezone.utc), "snapshot_version": version})
+        cat.finish_run(run_id, {"status": "published", "ended_at": datetime.now(UTC), "snapshot_version": version})
     out.print(f"snapshot v{version} published: the tables of v{to}")
 
 
@@ -129,8 +175,10 @@ def gc(
     cat = open_catalog(index, config_path, set_)
     with cat.writer_lock(lock_timeout):
         done = cat.gc(keep)
-    out.print(f"kept snapshots {done['kept']}, dropped {done['dropped'] or 'none'}; table versions removed: "
-              f"{sum(done['versions_removed'].values())} ({done['bytes_removed'] / 1e6:.1f} MB freed)")
+    out.print(
+        f"kept snapshots {done['kept']}, dropped {done['dropped'] or 'none'}; table versions removed: "
+        f"{sum(done['versions_removed'].values())} ({done['bytes_removed'] / 1e6:.1f} MB freed)"
+    )
 
 
 @command()
@@ -145,7 +193,6 @@ def export(
 ) -> None:
     """Write every table of a snapshot as <table>.parquet (load them with polars or duckdb)."""
     import pyarrow.parquet as pq
-
 
     if fmt != "parquet":
         raise UsageError(f"unsupported format {fmt!r}: only 'parquet'")
@@ -162,4 +209,3 @@ def export(
         data = cat.read(name, snap=snap)
         pq.write_table(data, out_dir / f"{name}.parquet")
         out.print(f"{name}: {data.num_rows} rows -> {out_dir / (name + '.parquet')}")
-

@@ -16,8 +16,11 @@ from flows.cli.common import AsOfOpt, ConfigOpt, ReadIndexOpt, SetOpt, command, 
 from tasks.errors import RefusedError, UsageError
 from tasks.methods.registry import modes_help
 
-ModeOpt = typer.Option(None, "--mode", help=f"Retrieval mode (default: the index method's first). {modes_help()}; "
-                                            "all at the same token budget.")
+ModeOpt = typer.Option(
+    None,
+    "--mode",
+    help=f"Retrieval mode (default: the index method's first). {modes_help()}; all at the same token budget.",
+)
 BudgetOpt = typer.Option(None, "--budget", min=100, help="Context token budget (default: retrieval.token_budget).")
 
 
@@ -39,32 +42,43 @@ def query(
     from tasks.query.view import remember_view
 
     if not question.strip():
-        raise UsageError("the question is empty: ask something, e.g. strata query \"Who employed Bob Cratchit?\"")
+        raise UsageError('the question is empty: ask something, e.g. strata query "Who employed Bob Cratchit?"')
     reader = open_reader(index, config(config_path, set_), as_of, mode)
     ctx, answer, ms = reader.ask(question, mode, budget)
     remember_view(reader.view)  # the next `strata query` on this snapshot starts from it
     if as_json:
         out.print_json(json.dumps(ctx.as_dict() | {"answer": answer, "retrieval_ms": round(ms, 1)}, default=str))
         return
-    out.print(f"[bold]Q:[/] {escape(question)}   [dim](mode {ctx.mode}, snapshot v{ctx.version}, {ms:.0f} ms, "
-              f"{sum(ctx.tokens.values())} context tokens)[/]")
+    out.print(
+        f"[bold]Q:[/] {escape(question)}   [dim](mode {ctx.mode}, snapshot v{ctx.version}, {ms:.0f} ms, "
+        f"{sum(ctx.tokens.values())} context tokens)[/]"
+    )
     if ctx.message:
         out.print(f"[yellow]{escape(ctx.message)}[/]")
     if ctx.seeds:
-        out.print(f"[dim]graph seeds — named in the question: {escape(', '.join(ctx.seeds.get('named', [])) or '(none)')}; "
-                  f"nearest to it: {escape(', '.join(ctx.seeds.get('similar', [])) or '(none)')}; "
-                  f"chained from the best sentences: {escape(', '.join(ctx.seeds.get('chained', [])) or '(none)')}[/]")
+        out.print(
+            f"[dim]graph seeds — named in the question: {escape(', '.join(ctx.seeds.get('named', [])) or '(none)')}; "
+            f"nearest to it: {escape(', '.join(ctx.seeds.get('similar', [])) or '(none)')}; "
+            f"chained from the best sentences: {escape(', '.join(ctx.seeds.get('chained', [])) or '(none)')}[/]"
+        )
     data = ctx.as_dict()
-    for title, key in (("Local: entities", "entities"), ("Global: community reports", "communities"),
-                       ("Bridge: reasoning-path triples", "bridge"), ("Sources: chunks", "chunks")):
+    for title, key in (
+        ("Local: entities", "entities"),
+        ("Global: community reports", "communities"),
+        ("Bridge: reasoning-path triples", "bridge"),
+        ("Sources: chunks", "chunks"),
+    ):
         if data[key]:
             out.rule(f"{title} ({len(data[key])})")
             for it in data[key]:
                 out.print(it["text"], markup=False, highlight=False)
     if answer.get("note"):
         out.print(f"[yellow]{escape(answer['note'])}[/]")
-    out.rule("Answer (extractive: the best-matching context sentences, no LLM)" if answer["kind"] == "extractive"
-             else f"Answer ({reader.cfg.llm.model})")
+    out.rule(
+        "Answer (extractive: the best-matching context sentences, no LLM)"
+        if answer["kind"] == "extractive"
+        else f"Answer ({reader.cfg.llm.model})"
+    )
     out.print(answer["text"] or "(no sentence of the context matches the question)", markup=False, highlight=False)
 
 
@@ -95,10 +109,16 @@ def shell(
     history = Path.home() / ".strata_history"
     with contextlib.suppress(OSError):
         readline.read_history_file(history)
-    state: dict[str, Any] = {"mode": mode or reader.modes[0], "budget": reader.cfg.retrieval.token_budget,
-                             "sources": False, "json": False}
-    out.print(f"snapshot v{reader.view.version} of {reader.catalog.uri} ({reader.view.method}; {len(reader.view.ent_ids)} "
-              f"entities, {len(reader.view.chunk_ids)} chunks), mode {state['mode']}, budget {state['budget']}; :help for commands")
+    state: dict[str, Any] = {
+        "mode": mode or reader.modes[0],
+        "budget": reader.cfg.retrieval.token_budget,
+        "sources": False,
+        "json": False,
+    }
+    out.print(
+        f"snapshot v{reader.view.version} of {reader.catalog.uri} ({reader.view.method}; {len(reader.view.ent_ids)} "
+        f"entities, {len(reader.view.chunk_ids)} chunks), mode {state['mode']}, budget {state['budget']}; :help for commands"
+    )
     while True:
         try:
             line = input("strata> ").strip()
@@ -118,10 +138,15 @@ def shell(
             print(json.dumps(ctx.as_dict() | {"answer": result, "retrieval_ms": round(ms, 1)}, default=str))
             continue
         label = "extractive" if result["kind"] == "extractive" else reader.cfg.llm.model
-        out.print(f"[bold]answer[/] [dim]({label}; mode {state['mode']}, snapshot v{ctx.version}, {ms:.0f} ms, "
-                  f"{sum(ctx.tokens.values())} context tokens)[/]")
-        out.print(result["text"] or ctx.message or "(no sentence of the context matches the question)",
-                  markup=False, highlight=False)
+        out.print(
+            f"[bold]answer[/] [dim]({label}; mode {state['mode']}, snapshot v{ctx.version}, {ms:.0f} ms, "
+            f"{sum(ctx.tokens.values())} context tokens)[/]"
+        )
+        out.print(
+            result["text"] or ctx.message or "(no sentence of the context matches the question)",
+            markup=False,
+            highlight=False,
+        )
         if state["sources"]:
             for c in ctx.as_dict()["chunks"]:
                 out.print(f"  [{c['score']:.3f}] {c['title']}: {c['text'][:160]}", markup=False, highlight=False)
@@ -146,7 +171,9 @@ def _shell_command(line: str, state: dict[str, Any], modes: tuple[str, ...]) -> 
         state["budget"] = int(arg)
         out.print(f"budget {arg} tokens")
     elif cmd == "budget":
-        console.print(f"[bold red]error:[/] the budget must be a whole number of at least 100 tokens, not {escape(repr(arg))}")
+        console.print(
+            f"[bold red]error:[/] the budget must be a whole number of at least 100 tokens, not {escape(repr(arg))}"
+        )
     elif cmd in ("sources", "json"):
         state[cmd] = not state[cmd]
         out.print(f"{cmd} {'on' if state[cmd] else 'off'}")
@@ -158,7 +185,9 @@ def _shell_command(line: str, state: dict[str, Any], modes: tuple[str, ...]) -> 
 @command()
 def serve(
     index: str = ReadIndexOpt,
-    host: Optional[str] = typer.Option(None, help="Interface to bind (default serve.host: 127.0.0.1, this machine only)."),
+    host: Optional[str] = typer.Option(
+        None, help="Interface to bind (default serve.host: 127.0.0.1, this machine only)."
+    ),
     port: Optional[int] = typer.Option(None, min=1, max=65535, help="Port, 1-65535 (default serve.port: 8000)."),
     config_path: Optional[Path] = ConfigOpt,
     set_: Optional[list[str]] = SetOpt,
@@ -203,8 +232,10 @@ def bind(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as exc:
         sock.close()
-        raise RefusedError(f"cannot listen on {host}:{port}: {exc.strerror} (is another service on that port? choose "
-                           "another with --port)") from None
+        raise RefusedError(
+            f"cannot listen on {host}:{port}: {exc.strerror} (is another service on that port? choose "
+            "another with --port)"
+        ) from None
     sock.set_inheritable(True)
     return sock
 
@@ -212,11 +243,18 @@ def bind(host: str, port: int) -> socket.socket:
 @command(name="eval")
 def eval_(
     dataset: Path = typer.Option(..., "--dataset", "-d", help="Folder with corpus.jsonl and queries.jsonl."),
-    index: str = typer.Option(..., "--index", "-i", help="The index: a folder or an s3:// URI (built from the dataset's "
-                                                          "corpus.jsonl if it holds no index yet)."),
-    modes: Optional[list[str]] = typer.Option(None, "--modes", "-m", help="Modes to compare, repeatable (default: all)."),
+    index: str = typer.Option(
+        ...,
+        "--index",
+        "-i",
+        help="The index: a folder or an s3:// URI (built from the dataset's corpus.jsonl if it holds no index yet).",
+    ),
+    modes: Optional[list[str]] = typer.Option(
+        None, "--modes", "-m", help="Modes to compare, repeatable (default: all)."
+    ),
     budgets: Optional[list[int]] = typer.Option(
-        None, "--budgets", "-b", help="Context token budgets, repeatable (default: retrieval.token_budget)."),
+        None, "--budgets", "-b", help="Context token budgets, repeatable (default: retrieval.token_budget)."
+    ),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where to write results (default: <index>/eval)."),
     limit: Optional[int] = typer.Option(None, help="Only the first N questions."),
     config_path: Optional[Path] = ConfigOpt,
@@ -232,9 +270,9 @@ def eval_(
     import csv
     import dataclasses
 
-    from tasks.store.catalog import Catalog
     from tasks.query.evaluate import evaluate, load_queries, plot_results
     from tasks.query.reader import check_mode, check_modes, open_reader
+    from tasks.store.catalog import Catalog
 
     check_modes(modes or [])
     small = [b for b in budgets or [] if b < 100]
@@ -260,17 +298,30 @@ def eval_(
     target.mkdir(parents=True, exist_ok=True)
     by_budget = {b: [r for r in results if r.token_budget == b] for b in budgets}
     per_budget = [{"token_budget": b, "modes": [dataclasses.asdict(r) for r in rs]} for b, rs in by_budget.items()]
-    summary = {"dataset": str(dataset), "index": cat.uri, "version": view.version, "n_queries": len(queries),
-               **per_budget[0], "budgets": per_budget}
+    summary = {
+        "dataset": str(dataset),
+        "index": cat.uri,
+        "version": view.version,
+        "n_queries": len(queries),
+        **per_budget[0],
+        "budgets": per_budget,
+    }
     (target / "results.json").write_text(json.dumps(summary, indent=2))
     with (target / "per_query.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["mode", "token_budget"])
         writer.writeheader()
         writer.writerows(rows)
-    plots = [plot_results(rs, target / f"recall-{b}.png", f"{dataset.name}: {len(queries)} questions, v{view.version}, budget {b}")
-             for b, rs in by_budget.items()]
-    summary["files"] = {"results": str(target / "results.json"), "per_query": str(target / "per_query.csv"),
-                        "plots": [str(p) for p in plots]}
+    plots = [
+        plot_results(
+            rs, target / f"recall-{b}.png", f"{dataset.name}: {len(queries)} questions, v{view.version}, budget {b}"
+        )
+        for b, rs in by_budget.items()
+    ]
+    summary["files"] = {
+        "results": str(target / "results.json"),
+        "per_query": str(target / "per_query.csv"),
+        "plots": [str(p) for p in plots],
+    }
     if as_json:
         out.print_json(json.dumps(summary, default=str))
         return
@@ -280,16 +331,41 @@ def eval_(
 
 
 def _eval_table(name: str, n: int, budget: int, results: list[Any]) -> Table:
-    cols = ("mode", "recall", "Δ naive [95% CI]", "W/L", "R@2", "R@5", "R@10", "answer", "offline", "tokens", "p50 ms", "p95 ms")
-    t = Table(title=f"{name}: {n} questions, budget {budget} tokens (recall: whole supporting passages in the context; "
-                    "answer: gold answer in the context; offline: in the offline answer's sentences)")
+    cols = (
+        "mode",
+        "recall",
+        "Δ naive [95% CI]",
+        "W/L",
+        "R@2",
+        "R@5",
+        "R@10",
+        "answer",
+        "offline",
+        "tokens",
+        "p50 ms",
+        "p95 ms",
+    )
+    t = Table(
+        title=f"{name}: {n} questions, budget {budget} tokens (recall: whole supporting passages in the context; "
+        "answer: gold answer in the context; offline: in the offline answer's sentences)"
+    )
     for col in cols:
         t.add_column(col, justify="right" if col != "mode" else "left", no_wrap=True)
     for r in results:
         v = r.vs_naive
         delta = f"{v['mean_diff']:+.3f} [{v['ci_low']:+.3f}, {v['ci_high']:+.3f}]" if v else "—"
-        t.add_row(r.mode, f"{r.passage_recall:.3f}", delta, f"{v['wins']}/{v['losses']}" if v else "—",
-                  f"{r.recall_at_2:.3f}", f"{r.recall_at_5:.3f}", f"{r.recall_at_10:.3f}", f"{r.answer_in_context:.3f}",
-                  f"{r.answer_in_extractive:.3f}", f"{r.mean_context_tokens:.0f}", f"{r.latency_p50_ms:.1f}",
-                  f"{r.latency_p95_ms:.1f}")
+        t.add_row(
+            r.mode,
+            f"{r.passage_recall:.3f}",
+            delta,
+            f"{v['wins']}/{v['losses']}" if v else "—",
+            f"{r.recall_at_2:.3f}",
+            f"{r.recall_at_5:.3f}",
+            f"{r.recall_at_10:.3f}",
+            f"{r.answer_in_context:.3f}",
+            f"{r.answer_in_extractive:.3f}",
+            f"{r.mean_context_tokens:.0f}",
+            f"{r.latency_p50_ms:.1f}",
+            f"{r.latency_p95_ms:.1f}",
+        )
     return t

@@ -9,14 +9,28 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from flows.cli.common import ConfigOpt, IndexOpt, LockOpt, QuietOpt, SetOpt, command, config, console, out, overrides, progress
+from flows.cli.common import (
+    ConfigOpt,
+    IndexOpt,
+    LockOpt,
+    QuietOpt,
+    SetOpt,
+    command,
+    config,
+    console,
+    out,
+    overrides,
+    progress,
+)
 from schemas.config import default_toml
 from tasks.errors import NotFoundError, RefusedError, UsageError
 
 
 @command()
-def init(path: Path = typer.Argument(Path("strata.toml"), help="Where to write the config."),
-         force: bool = typer.Option(False, "--force", help="Overwrite an existing file.")) -> None:
+def init(
+    path: Path = typer.Argument(Path("strata.toml"), help="Where to write the config."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
+) -> None:
     """Write a commented strata.toml with every setting at its default."""
     if path.exists() and not force:
         raise RefusedError(f"{path} exists (use --force to overwrite)")
@@ -42,37 +56,44 @@ def check_corpus(corpus: Path) -> None:
     """A corpus that is not there, or a folder with no file to read, fails before Prefect starts."""
     if not corpus.exists():
         raise NotFoundError(f"corpus not found: {corpus}")
-    if corpus.is_dir() and not any(p.is_file() and not any(part.startswith(".") for part in p.relative_to(corpus).parts)
-                                   for p in corpus.rglob("*")):
+    if corpus.is_dir() and not any(
+        p.is_file() and not any(part.startswith(".") for part in p.relative_to(corpus).parts) for p in corpus.rglob("*")
+    ):
         raise NotFoundError(f"no documents under {corpus}: the folder holds no files (.txt, .md, .jsonl or .parquet)")
 
 
-def run_writer(flow: str, corpus: Path, index: str, config_path: Path | None, set_: list[str] | None, quiet: bool,
-               *args: Any) -> tuple[dict[str, Any], float]:
+def run_writer(
+    flow: str, corpus: Path, index: str, config_path: Path | None, set_: list[str] | None, quiet: bool, *args: Any
+) -> tuple[dict[str, Any], float]:
     """Check the config and the corpus first, then run a writing flow with progress bars."""
     import flows.index_flow as index_flows
-
     from tasks.methods.registry import get_method
 
     get_method(config(config_path, set_).index.method)  # fail fast on a bad config, before Prefect starts
     check_corpus(corpus)
     started = time.perf_counter()
     with progress(quiet):
-        result = getattr(index_flows, flow)(str(corpus), index, str(config_path) if config_path else None,
-                                            overrides(set_), *args)
+        result = getattr(index_flows, flow)(
+            str(corpus), index, str(config_path) if config_path else None, overrides(set_), *args
+        )
     return result, time.perf_counter() - started
 
 
 @command()
 def update(
-    corpus: Path = typer.Argument(..., help="The corpus root to refresh from (documents of other roots are left alone)."),
+    corpus: Path = typer.Argument(
+        ..., help="The corpus root to refresh from (documents of other roots are left alone)."
+    ),
     index: str = IndexOpt,
     config_path: Optional[Path] = ConfigOpt,
     set_: Optional[list[str]] = SetOpt,
     full: bool = typer.Option(False, "--full", help="Rebuild everything instead of applying the delta."),
     replace_root: Optional[str] = typer.Option(
-        None, "--replace-root", help="An indexed corpus root that CORPUS is the new location of (a moved mount, a new "
-        "export folder): diff against its documents instead of adding CORPUS as a new root. Remembered afterwards."),
+        None,
+        "--replace-root",
+        help="An indexed corpus root that CORPUS is the new location of (a moved mount, a new "
+        "export folder): diff against its documents instead of adding CORPUS as a new root. Remembered afterwards.",
+    ),
     lock_timeout: float = LockOpt,
     quiet: bool = QuietOpt,
 ) -> None:
@@ -80,12 +101,16 @@ def update(
 
     New entities attach to the most similar summary nodes (HyGRAG), only the touched ancestors, communities
     and reports are refreshed, and one new snapshot is published. Nothing changed means nothing published."""
-    result, seconds = run_writer("refresh_flow", corpus, index, config_path, set_, quiet, lock_timeout, full, replace_root)
+    result, seconds = run_writer(
+        "refresh_flow", corpus, index, config_path, set_, quiet, lock_timeout, full, replace_root
+    )
     diff = result["stages"].get("diff", {})
     if diff.get("new_root"):
-        out.print(f"new corpus root: {diff.get('new', 0)} documents of {corpus} added next to the index's other roots "
-                  "(if it is the new location of an indexed root, run again with --replace-root THAT_ROOT after "
-                  "`strata rollback`)")
+        out.print(
+            f"new corpus root: {diff.get('new', 0)} documents of {corpus} added next to the index's other roots "
+            "(if it is the new location of an indexed root, run again with --replace-root THAT_ROOT after "
+            "`strata rollback`)"
+        )
     if result["status"] == "nothing-to-do":
         out.print(f"nothing changed under {corpus}: snapshot v{result['version']} stays published, nothing written")
         return
@@ -140,7 +165,9 @@ def backfill(
     config(config_path, set_)
     try:
         with progress(quiet):
-            results = backfill_flow(parts, index, str(config_path) if config_path else None, overrides(set_), lock_timeout)
+            results = backfill_flow(
+                parts, index, str(config_path) if config_path else None, overrides(set_), lock_timeout
+            )
     except Exception as exc:
         exc.args = (f"{exc}\nre-run the same command to resume: finished partitions are skipped",)
         raise

@@ -36,7 +36,7 @@ app = typer.Typer(
         "  strata init                      # write a commented strata.toml\n\n"
         "  strata index data/ --index ./index   # full build, offline by default\n\n"
         "  strata inspect --index ./index       # what is in the published snapshot\n\n"
-        "  strata query \"Who employed Bob Cratchit?\" --index ./index\n\n"
+        '  strata query "Who employed Bob Cratchit?" --index ./index\n\n'
         "  strata export --index ./index --format parquet --out ./export\n\n"
         "Exit codes: 0 success, 1 internal error, 2 usage error, 3 not found, 4 damaged index, 5 refused."
     ),
@@ -49,10 +49,16 @@ console = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)  # piped output is never hard-wrapped at 80 columns
 
 IndexOpt = typer.Option(..., "--index", "-i", help="Index location: a folder or an s3:// URI (created if missing).")
-ReadIndexOpt = typer.Option(..., "--index", "-i", help="An existing index: a folder or an s3:// URI (never created by this command).")
-ConfigOpt = typer.Option(None, "--config", "-c", help="strata.toml to use (default: $STRATA_CONFIG or built-in defaults).")
+ReadIndexOpt = typer.Option(
+    ..., "--index", "-i", help="An existing index: a folder or an s3:// URI (never created by this command)."
+)
+ConfigOpt = typer.Option(
+    None, "--config", "-c", help="strata.toml to use (default: $STRATA_CONFIG or built-in defaults)."
+)
 SetOpt = typer.Option(None, "--set", help="Override one setting, e.g. --set chunking.size=600 (repeatable).")
-AsOfOpt = typer.Option(None, "--as-of", help="This snapshot version instead of the latest (see `strata inspect --versions`).")
+AsOfOpt = typer.Option(
+    None, "--as-of", help="This snapshot version instead of the latest (see `strata inspect --versions`)."
+)
 LockOpt = typer.Option(0.0, help="Seconds to wait if another run is writing this index (then exit 5).")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bars: one log line per stage.")
 
@@ -136,7 +142,9 @@ class RichReporter:
             tid = self.ids[stage]
             task = self.progress.tasks[[t.id for t in self.progress.tasks].index(tid)]
             done = task.total or max(task.completed, 1)
-            self.progress.update(tid, total=done, completed=done, description=f"{stage}: {summary}" if summary else stage)
+            self.progress.update(
+                tid, total=done, completed=done, description=f"{stage}: {summary}" if summary else stage
+            )
 
 
 class _NoRunTracebacks(logging.Filter):
@@ -157,8 +165,15 @@ def progress(quiet: bool) -> Iterator[None]:
     loggers = [logging.getLogger(name) for name in ("prefect.flow_runs", "prefect.task_runs")]
     for logger in loggers:
         logger.addFilter(quiet_runs)
-    bars = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=console, disable=quiet)
+    bars = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=quiet,
+    )
     try:
         with bars, use_reporter(LogReporter() if quiet else RichReporter(bars)):
             yield

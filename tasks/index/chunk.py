@@ -57,7 +57,9 @@ def token_windows(n_tokens: int, size: int, overlap: int) -> list[tuple[int, int
         start += step
 
 
-def chunk_document(doc: dict[str, Any], cfg: ChunkingConfig, max_tokens: int | None = None) -> tuple[list[dict[str, Any]], int]:
+def chunk_document(
+    doc: dict[str, Any], cfg: ChunkingConfig, max_tokens: int | None = None
+) -> tuple[list[dict[str, Any]], int]:
     """Chunks of one document (of its first ``max_tokens`` tokens) and its token count. ``text[start:end]`` of
     the document is the chunk text."""
     enc = get_encoding()
@@ -104,6 +106,12 @@ def chunk_documents(
         chunks, tokens[doc["id"]] = chunk_document(doc, cfg, max_tokens)
         out.extend(chunks)
         if max_tokens is not None and tokens[doc["id"]] > max_tokens:
-            cut.append(quarantine_row(doc["uri"], "chunk", f"document has {tokens[doc['id']]} tokens: tokens {max_tokens} "
-                                      f"to {tokens[doc['id']]} are not indexed (corpus.max_document_tokens {max_tokens})"))
+            cut.append(
+                quarantine_row(
+                    doc["uri"],
+                    "chunk",
+                    f"document has {tokens[doc['id']]} tokens: tokens {max_tokens} "
+                    f"to {tokens[doc['id']]} are not indexed (corpus.max_document_tokens {max_tokens})",
+                )
+            )
     return out, tokens, cut

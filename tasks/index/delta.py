@@ -11,16 +11,16 @@ What a method builds above layer 0 follows in ``tasks.methods`` (``attach``, HiR
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.store.rows import relation_table
 from tasks.index.merge import ChunkOrder, graph_from_mentions
+from tasks.store.rows import relation_table
 
 
 @dataclass
@@ -36,8 +36,12 @@ class DocDiff:
 
     def counts(self) -> dict[str, int]:
         replaced = len(self.changed)
-        return {"new": len(self.new), "changed": replaced, "deleted": len(self.deleted) - replaced,
-                "unchanged": len(self.unchanged)}
+        return {
+            "new": len(self.new),
+            "changed": replaced,
+            "deleted": len(self.deleted) - replaced,
+            "unchanged": len(self.unchanged),
+        }
 
 
 def diff_documents(existing: list[dict[str, Any]], incoming: list[dict[str, Any]], root: str) -> DocDiff:
@@ -66,8 +70,11 @@ def _with_ends(frame):
     """Mentions with the two ends ``a`` and ``b`` of a relation key "a|b" (null ``b`` for entities), text as strings."""
     import polars as pl
 
-    return (frame.with_columns(pl.col(pl.Categorical).cast(pl.Utf8))
-            .with_columns(pl.col("key").str.split_exact("|", 1).struct.rename_fields(["a", "b"]).alias("ab")).unnest("ab"))
+    return (
+        frame.with_columns(pl.col(pl.Categorical).cast(pl.Utf8))
+        .with_columns(pl.col("key").str.split_exact("|", 1).struct.rename_fields(["a", "b"]).alias("ab"))
+        .unnest("ab")
+    )
 
 
 def mention_select(mentions: Any) -> MentionSelect:
@@ -77,7 +84,9 @@ def mention_select(mentions: Any) -> MentionSelect:
     return _with_ends(mention_frame(mentions)).filter
 
 
-def stored_mention_select(batches: Callable[[], Iterable[pa.RecordBatch]], gone: set[str], new: pa.Table) -> MentionSelect:
+def stored_mention_select(
+    batches: Callable[[], Iterable[pa.RecordBatch]], gone: set[str], new: pa.Table
+) -> MentionSelect:
     """Selection from the previous snapshot's mentions (``batches`` scans them), without those of the ``gone``
     chunks, and the ``new`` ones: each selection reads the stored table batch by batch and holds only the rows
     it keeps, so an update never loads the whole table."""
@@ -124,33 +133,50 @@ def recompute_layer0(
     is_entity, is_relation = pl.col("kind") == "entity", pl.col("kind") == "relation"
     old_by_id = {e["id"]: e for e in old_entities if e["layer"] == 0}
     # the touched entities, recomputed from all their mentions
-    new_ents, _ = graph_from_mentions(select(is_entity & pl.col("key").is_in(sorted(ent_keys))).drop("a", "b"),
-                                      max_description_tokens, order=order)
+    new_ents, _ = graph_from_mentions(
+        select(is_entity & pl.col("key").is_in(sorted(ent_keys))).drop("a", "b"), max_description_tokens, order=order
+    )
     touched_ids = {entity_id(0, k) for k in ent_keys}
     new_by_id = {e["id"]: e for e in new_ents if e["id"] in touched_ids}
     entities = [e for e in old_entities if e["layer"] == 0 and e["id"] not in touched_ids] + list(new_by_id.values())
     added = set(new_by_id) - set(old_by_id)
     removed = (touched_ids & set(old_by_id)) - set(new_by_id)
-    changed = {i for i in set(new_by_id) & set(old_by_id)
-               if (new_by_id[i]["description"], new_by_id[i]["type"], new_by_id[i]["name"])
-               != (old_by_id[i]["description"], old_by_id[i]["type"], old_by_id[i]["name"])}
+    changed = {
+        i
+        for i in set(new_by_id) & set(old_by_id)
+        if (new_by_id[i]["description"], new_by_id[i]["type"], new_by_id[i]["name"])
+        != (old_by_id[i]["description"], old_by_id[i]["type"], old_by_id[i]["name"])
+    }
     # relations recomputed: the touched pairs, and every pair of an entity that came or went (a relation
     # exists only between two entities); those of a touched entity that stays, on untouched pairs, stand
     flipped = sorted(k for k in ent_keys if entity_id(0, k) in added | removed)
-    rel = select(is_relation & (pl.col("key").is_in(sorted(pair_keys)) | pl.col("a").is_in(flipped)
-                                | pl.col("b").is_in(flipped)))
+    rel = select(
+        is_relation & (pl.col("key").is_in(sorted(pair_keys)) | pl.col("a").is_in(flipped) | pl.col("b").is_in(flipped))
+    )
     named = set(rel.get_column("a").to_list()) | set(rel.get_column("b").to_list())
     live_ids = set(old_by_id) - removed | added
-    _, new_rels = graph_from_mentions(rel.drop("a", "b"), max_description_tokens, order=order,
-                                      endpoints=[k for k in named if entity_id(0, k) in live_ids])
-    redone = {"|".join(sorted(entity_id(0, p) for p in k.split("|"))) for k in
-              set(rel.get_column("key").unique().to_list()) | pair_keys}
+    _, new_rels = graph_from_mentions(
+        rel.drop("a", "b"),
+        max_description_tokens,
+        order=order,
+        endpoints=[k for k in named if entity_id(0, k) in live_ids],
+    )
+    redone = {
+        "|".join(sorted(entity_id(0, p) for p in k.split("|")))
+        for k in set(rel.get_column("key").unique().to_list()) | pair_keys
+    }
     old = relation_table(old_relations)
     ends = pa.array(sorted(removed), pa.string())
-    gone = pc.or_(pc.or_(pc.is_in(old.column("source_id"), value_set=ends), pc.is_in(old.column("target_id"), value_set=ends)),
-                  pc.is_in(pc.binary_join_element_wise(old.column("source_id"), old.column("target_id"), "|"),
-                           value_set=pa.array(sorted(redone), pa.string())))
-    kept = np.flatnonzero(pc.and_(pc.equal(old.column("kind"), "extracted"), pc.invert(gone)).to_numpy(zero_copy_only=False))
+    gone = pc.or_(
+        pc.or_(pc.is_in(old.column("source_id"), value_set=ends), pc.is_in(old.column("target_id"), value_set=ends)),
+        pc.is_in(
+            pc.binary_join_element_wise(old.column("source_id"), old.column("target_id"), "|"),
+            value_set=pa.array(sorted(redone), pa.string()),
+        ),
+    )
+    kept = np.flatnonzero(
+        pc.and_(pc.equal(old.column("kind"), "extracted"), pc.invert(gone)).to_numpy(zero_copy_only=False)
+    )
     # the kept rows and the new ones in id order, taken in one copy (the previous relations are the largest
     # table an update holds: a filtered copy and a sorted copy beside them would triple it)
     rows = np.concatenate([kept, np.arange(new_rels.num_rows) + old.num_rows])
@@ -159,5 +185,3 @@ def recompute_layer0(
     degree = relation_degrees(relations)
     entities = [dict(e, degree=degree.get(e["id"], 0)) for e in entities]
     return sorted(entities, key=lambda e: e["id"]), relations, added, removed, changed
-
-

@@ -68,7 +68,9 @@ class LocalEmbedder:
     torch_batch_tokens = 4096  # padded tokens per PyTorch batch (widths a multiple of 16: see ``_embed_torch``)
     client = None  # no LLM client: nothing to bill
 
-    def __init__(self, batch_size: int = 32, precision: str = "auto", runtime: str = "auto", small_batches: bool = False):
+    def __init__(
+        self, batch_size: int = 32, precision: str = "auto", runtime: str = "auto", small_batches: bool = False
+    ):
         self.batch_size = batch_size
         self.small_batches = small_batches  # questions and answer sentences, not a corpus (see ``_onnx``)
         self.bf16 = precision == "bf16" or (precision == "auto" and bf16_is_fast())
@@ -76,8 +78,11 @@ class LocalEmbedder:
         if self.runtime == "onnx" and self.bf16 and precision == "bf16":
             raise ValueError("embedding.precision = 'bf16' runs on the torch runtime: set embedding.runtime = 'torch'")
         # cached vectors are per runtime and precision
-        self.cache_name = f"{self.name}@bf16" if self.runtime == "torch" and self.bf16 else (
-            f"{self.name}@onnx" if self.runtime == "onnx" else self.name)
+        self.cache_name = (
+            f"{self.name}@bf16"
+            if self.runtime == "torch" and self.bf16
+            else (f"{self.name}@onnx" if self.runtime == "onnx" else self.name)
+        )
         self._model = None
         self._session = None
         self._tok = None
@@ -189,8 +194,9 @@ class LocalEmbedder:
         session = self._onnx()
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for idx, input_ids, mask in self._batches(texts, budget=self.batch_tokens):
-            hidden = session.run(None, {"input_ids": input_ids, "attention_mask": mask,
-                                        "token_type_ids": np.zeros_like(input_ids)})[0]
+            hidden = session.run(
+                None, {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(input_ids)}
+            )[0]
             out[idx] = _mean_pooled(hidden, mask)
         return out
 
@@ -215,8 +221,9 @@ def export_onnx(model, path: Path) -> None:
             self.bert = bert
 
         def forward(self, input_ids, attention_mask, token_type_ids):
-            return self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                             token_type_ids=token_type_ids).last_hidden_state
+            return self.bert(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
 
     path.parent.mkdir(parents=True, exist_ok=True)
     enc = model.tokenizer(["an example sentence"], return_tensors="pt")
@@ -224,10 +231,16 @@ def export_onnx(model, path: Path) -> None:
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         staged = Path(tmp) / path.name
-        torch.onnx.export(Encoder(model[0].auto_model.eval()),
-                          (enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]), str(staged),
-                          input_names=["input_ids", "attention_mask", "token_type_ids"], output_names=["hidden"],
-                          dynamic_axes=axes, opset_version=17, dynamo=False)
+        torch.onnx.export(
+            Encoder(model[0].auto_model.eval()),
+            (enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]),
+            str(staged),
+            input_names=["input_ids", "attention_mask", "token_type_ids"],
+            output_names=["hidden"],
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
         os.replace(staged, path)
 
 
@@ -246,8 +259,11 @@ class LiteLLMEmbedder:
         self.name = cfg.model
         self.cache_name = f"{cfg.model}@{cfg.api_base}" if cfg.api_base else cfg.model  # another server, other vectors
         self.batch_size = cfg.batch_size
-        self.client = LiteLLMClient(base.model_copy(update={"model": cfg.model, "api_base": cfg.api_base,
-                                                            "api_key": cfg.api_key, "cache": False}))
+        self.client = LiteLLMClient(
+            base.model_copy(
+                update={"model": cfg.model, "api_base": cfg.api_base, "api_key": cfg.api_key, "cache": False}
+            )
+        )
         self._dim: int | None = None
 
     @property
@@ -290,7 +306,7 @@ class EmbeddingCache:
 
     @staticmethod
     def key(model: str, text: str) -> str:
-        return hashlib.sha256(f"{model}\x1f{text}".encode("utf-8")).hexdigest()
+        return hashlib.sha256(f"{model}\x1f{text}".encode()).hexdigest()
 
     def get_many(self, keys: list[str]) -> dict[str, bytes]:
         out: dict[str, bytes] = {}
@@ -341,7 +357,7 @@ class CachedEmbedder:
             part = parts[i]
             if vecs.shape[1] != self.dim:
                 raise ValueError(f"embedding model {self.name} returned {vecs.shape[1]}-d vectors, expected {self.dim}")
-            for (k, idx), v in zip(part, vecs):
+            for (_k, idx), v in zip(part, vecs):
                 out[idx] = v
             if self.cache:
                 self.cache.put_many([(k, v.astype(np.float32).tobytes()) for (k, _), v in zip(part, vecs)])
@@ -362,7 +378,7 @@ class MappedEmbedder:
     """The packaged model run on the mapper's workers (a Dask cluster at ``dask.address``): each part of the
     texts is one task, the model is loaded once per worker process (``get_embedder`` is cached there)."""
 
-    def __init__(self, local: "LocalEmbedder", cfg: EmbeddingConfig, mapper: Any):
+    def __init__(self, local: LocalEmbedder, cfg: EmbeddingConfig, mapper: Any):
         self.name, self.dim, self.cache_name = local.name, local.dim, local.cache_name
         self.client = None
         self.cfg, self.mapper = cfg, mapper
@@ -387,7 +403,7 @@ class ChildEmbedder(MappedEmbedder):
     ends it when a stage that does not embed begins, ``in_child_process`` before a one-off child starts); the same
     parts give the same vectors in either process."""
 
-    def __init__(self, local: "LocalEmbedder", cfg: EmbeddingConfig):
+    def __init__(self, local: LocalEmbedder, cfg: EmbeddingConfig):
         from tasks.runtime.parallel import ProcessMapper
 
         super().__init__(local, cfg, ProcessMapper())

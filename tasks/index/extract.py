@@ -16,8 +16,8 @@ from typing import Any, TypedDict
 from schemas.config import ExtractConfig
 from schemas.tables import QuarantineRow
 from tasks.runtime.parallel import Mapper
-from tasks.store.ids import quarantine_row
 from tasks.runtime.text import squash_clip
+from tasks.store.ids import quarantine_row
 
 
 class RawEntity(TypedDict):
@@ -49,7 +49,7 @@ class ExtractionResult:
     mentions: Any = None  # the same as ``mentions`` rows (a pyarrow Table), once ``batch_mentions`` made them
 
     @classmethod
-    def combine(cls, parts: list["ExtractionResult"]) -> "ExtractionResult":
+    def combine(cls, parts: list[ExtractionResult]) -> ExtractionResult:
         """Batches merged in batch order (chunk order), usage summed, mention tables concatenated."""
         import pyarrow as pa
 
@@ -71,6 +71,7 @@ class ExtractionResult:
     @property
     def llm_tokens(self) -> int:
         return self.usage.get("prompt_tokens", 0) + self.usage.get("completion_tokens", 0)
+
 
 #: spaCy NER label -> Strata entity type (labels absent here are ignored: numbers, money, ...)
 NER_TYPES = {
@@ -219,42 +220,70 @@ def extract_batch(chunks: list[dict[str, Any]], cfg: ExtractConfig) -> Extractio
 
 
 def extract_chunks(
-    chunks: list[dict[str, Any]], cfg: ExtractConfig, mapper: Mapper, on_done=None, batch_fn=None, **fn_kwargs: Any,
+    chunks: list[dict[str, Any]],
+    cfg: ExtractConfig,
+    mapper: Mapper,
+    on_done=None,
+    batch_fn=None,
+    **fn_kwargs: Any,
 ) -> ExtractionResult:
     """Run ``batch_fn`` (default: the offline ``extract_batch``) over all chunks in batches through ``mapper``.
 
     Results are merged in chunk order; LLM usage reported by the batches is summed."""
-    return ExtractionResult.combine(mapper(batch_fn or extract_batch, _batches(chunks, cfg), on_done=on_done, cfg=cfg,
-                                           **fn_kwargs))
+    return ExtractionResult.combine(
+        mapper(batch_fn or extract_batch, _batches(chunks, cfg), on_done=on_done, cfg=cfg, **fn_kwargs)
+    )
 
 
 def extract_mentions(
-    chunks: list[dict[str, Any]], titles: dict[str, str | None], cfg: ExtractConfig, mapper: Mapper, version: int,
-    on_done=None, batch_fn=None, **fn_kwargs: Any,
+    chunks: list[dict[str, Any]],
+    titles: dict[str, str | None],
+    cfg: ExtractConfig,
+    mapper: Mapper,
+    version: int,
+    on_done=None,
+    batch_fn=None,
+    **fn_kwargs: Any,
 ) -> ExtractionResult:
     """What the pipeline runs: ``extract_chunks`` with each batch turned into ``mentions`` rows where it was
     extracted (``batch_mentions``), so the result holds one Arrow table instead of the extractor's dicts.
     ``titles``: document id -> its own title (``merge.explicit_title``), mentioned in each of its chunks."""
     batches = _batches(chunks, cfg, titles)
-    return ExtractionResult.combine(mapper(batch_mentions, batches, on_done=on_done, cfg=cfg, version=version,
-                                           batch_fn=batch_fn or extract_batch, **fn_kwargs))
+    return ExtractionResult.combine(
+        mapper(
+            batch_mentions,
+            batches,
+            on_done=on_done,
+            cfg=cfg,
+            version=version,
+            batch_fn=batch_fn or extract_batch,
+            **fn_kwargs,
+        )
+    )
 
 
-def batch_mentions(chunks: list[dict[str, Any]], cfg: ExtractConfig, version: int, batch_fn=extract_batch,
-                   **fn_kwargs: Any) -> ExtractionResult:
+def batch_mentions(
+    chunks: list[dict[str, Any]], cfg: ExtractConfig, version: int, batch_fn=extract_batch, **fn_kwargs: Any
+) -> ExtractionResult:
     """One batch extracted, then its raw entities, document titles and relations as a ``mentions`` table."""
-    from tasks.store.rows import to_table
     from tasks.index.merge import dictionary_encoded, mention_rows, title_mentions
+    from tasks.store.rows import to_table
 
     res = batch_fn(chunks, cfg=cfg, **fn_kwargs)
     ok = set(res.ok)
     titled = title_mentions([c for c in chunks if c["id"] in ok], cfg.max_sentence_chars)
     rows = mention_rows(res.entities + titled, res.relations)
-    return ExtractionResult(quarantine=res.quarantine, ok=res.ok, usage=res.usage,
-                            mentions=dictionary_encoded(to_table("mentions", rows, 0, version)))
+    return ExtractionResult(
+        quarantine=res.quarantine,
+        ok=res.ok,
+        usage=res.usage,
+        mentions=dictionary_encoded(to_table("mentions", rows, 0, version)),
+    )
 
 
 def _batches(chunks: list[dict[str, Any]], cfg: ExtractConfig, titles: dict[str, str | None] | None = None):
-    payload = [{"id": c["id"], "text": c["text"], **({"title": titles.get(c["document_id"])} if titles else {})}
-               for c in chunks]
+    payload = [
+        {"id": c["id"], "text": c["text"], **({"title": titles.get(c["document_id"])} if titles else {})}
+        for c in chunks
+    ]
     return [payload[i : i + cfg.batch_size] for i in range(0, len(payload), cfg.batch_size)]

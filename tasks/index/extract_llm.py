@@ -16,8 +16,8 @@ from typing import Any
 
 from schemas.config import ExtractConfig, LLMConfig
 from tasks.index.extract import ExtractionResult
-from tasks.store.ids import quarantine_row
 from tasks.runtime.llm import ParseError, event_loop, parse_json, run_sync
+from tasks.store.ids import quarantine_row
 
 PROMPT_VERSION = "extract/1"
 ENTITY_TYPES = ["person", "organization", "location", "event", "technology", "work", "concept", "time", "group"]
@@ -38,7 +38,7 @@ def entity_messages(text: str) -> list[dict[str, str]]:
         {
             "role": "user",
             "content": (
-                f"Entity types: {', '.join(ENTITY_TYPES)}.\n\nText:\n\"\"\"\n{text}\n\"\"\"\n\n"
+                f'Entity types: {", ".join(ENTITY_TYPES)}.\n\nText:\n"""\n{text}\n"""\n\n'
                 'Return {"entities": [{"name": "<as written in the text>", "type": "<one entity type>", '
                 '"description": "<what the text says about it, one or two sentences>"}]}'
             ),
@@ -50,7 +50,10 @@ def glean_messages(text: str, found: list[dict[str, Any]]) -> list[dict[str, str
     names = ", ".join(e["name"] for e in found)
     return entity_messages(text) + [
         {"role": "assistant", "content": f'{{"entities": [{names}]}}'},
-        {"role": "user", "content": 'Some entities were missed. Return only the missing ones, same JSON shape; {"entities": []} if none.'},
+        {
+            "role": "user",
+            "content": 'Some entities were missed. Return only the missing ones, same JSON shape; {"entities": []} if none.',
+        },
     ]
 
 
@@ -61,7 +64,7 @@ def relation_messages(text: str, entities: list[dict[str, Any]]) -> list[dict[st
         {
             "role": "user",
             "content": (
-                f"Entities:\n{listing}\n\nText:\n\"\"\"\n{text}\n\"\"\"\n\n"
+                f'Entities:\n{listing}\n\nText:\n"""\n{text}\n"""\n\n'
                 'Return {"relations": [{"source": "<entity name>", "target": "<entity name>", '
                 '"description": "<how they are related, from the text>", "strength": <1-10>}]}'
             ),
@@ -84,8 +87,13 @@ def parse_entities(text: str) -> list[dict[str, Any]]:
         if not name or len(name) > 200:
             continue
         etype = str(it.get("type") or it.get("entity_type") or "concept").strip().lower()
-        out.append({"name": name, "type": etype if etype in ENTITY_TYPES else "concept",
-                    "description": str(it.get("description") or "").strip()})
+        out.append(
+            {
+                "name": name,
+                "type": etype if etype in ENTITY_TYPES else "concept",
+                "description": str(it.get("description") or "").strip(),
+            }
+        )
     return out
 
 
@@ -106,8 +114,14 @@ def parse_relations(known: set[str]):
                 strength = float(it.get("strength", it.get("weight", 1)))
             except (TypeError, ValueError):
                 strength = 1.0
-            out.append({"source": src, "target": tgt, "description": str(it.get("description") or "").strip(),
-                        "weight": max(0.1, min(strength, 10.0))})
+            out.append(
+                {
+                    "source": src,
+                    "target": tgt,
+                    "description": str(it.get("description") or "").strip(),
+                    "weight": max(0.1, min(strength, 10.0)),
+                }
+            )
         return out
 
     return parse
@@ -115,10 +129,13 @@ def parse_relations(known: set[str]):
 
 async def extract_chunk_llm(client, chunk: dict[str, Any], gleanings: int) -> tuple[list, list]:
     text = chunk["text"]
-    entities = await client.complete(entity_messages(text), prompt_version=PROMPT_VERSION, json_mode=True, parse=parse_entities)
+    entities = await client.complete(
+        entity_messages(text), prompt_version=PROMPT_VERSION, json_mode=True, parse=parse_entities
+    )
     for _ in range(gleanings):
-        more = await client.complete(glean_messages(text, entities), prompt_version=PROMPT_VERSION, json_mode=True,
-                                     parse=parse_entities)
+        more = await client.complete(
+            glean_messages(text, entities), prompt_version=PROMPT_VERSION, json_mode=True, parse=parse_entities
+        )
         seen = {e["name"].lower() for e in entities}
         new = [e for e in more if e["name"].lower() not in seen]
         if not new:
@@ -127,11 +144,16 @@ async def extract_chunk_llm(client, chunk: dict[str, Any], gleanings: int) -> tu
     relations: list[dict[str, Any]] = []
     if len(entities) > 1:
         relations = await client.complete(
-            relation_messages(text, entities), prompt_version=PROMPT_VERSION, json_mode=True,
+            relation_messages(text, entities),
+            prompt_version=PROMPT_VERSION,
+            json_mode=True,
             parse=parse_relations({e["name"].lower() for e in entities}),
         )
     ents = [dict(e, description=e["description"] or e["name"], chunk_id=chunk["id"]) for e in entities]
-    rels = [dict(r, description=r["description"] or f"{r['source']} and {r['target']}", chunk_id=chunk["id"]) for r in relations]
+    rels = [
+        dict(r, description=r["description"] or f"{r['source']} and {r['target']}", chunk_id=chunk["id"])
+        for r in relations
+    ]
     return ents, rels
 
 
@@ -157,8 +179,9 @@ def warm() -> None:
     event_loop()
 
 
-def extract_batch_llm(chunks: list[dict[str, Any]], cfg: ExtractConfig, llm: LLMConfig, cache_dir: str,
-                      share: int | None = 1, client=None) -> ExtractionResult:
+def extract_batch_llm(
+    chunks: list[dict[str, Any]], cfg: ExtractConfig, llm: LLMConfig, cache_dir: str, share: int | None = 1, client=None
+) -> ExtractionResult:
     """The LLM parallel unit: all chunks of the batch concurrently; per-chunk failures are quarantined.
 
     ``share`` is how many workers split the global concurrency and rate limits."""
@@ -168,8 +191,9 @@ def extract_batch_llm(chunks: list[dict[str, Any]], cfg: ExtractConfig, llm: LLM
 
     async def run_all():
         with usage_scope() as usage:  # this batch's calls only, though other batches share the client
-            results = await asyncio.gather(*(extract_chunk_llm(client, c, llm.gleanings) for c in chunks),
-                                           return_exceptions=True)
+            results = await asyncio.gather(
+                *(extract_chunk_llm(client, c, llm.gleanings) for c in chunks), return_exceptions=True
+            )
         return results, usage
 
     results, usage = run_sync(run_all())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +104,9 @@ def not_prose(text: str, cfg: CorpusConfig) -> str | None:
     if mean > cfg.max_mean_word_chars:
         failed.append(f"mean token length {mean:.1f} chars (corpus.max_mean_word_chars {cfg.max_mean_word_chars:g})")
     if ratio < cfg.min_compression_ratio:
-        failed.append(f"compresses to {ratio:.2f} of its size (corpus.min_compression_ratio {cfg.min_compression_ratio:g})")
+        failed.append(
+            f"compresses to {ratio:.2f} of its size (corpus.min_compression_ratio {cfg.min_compression_ratio:g})"
+        )
     return ("not prose: " + "; ".join(failed)) if failed else None
 
 
@@ -178,14 +180,16 @@ def _ingest_records(path: Path, root: str, records, cfg: CorpusConfig, out: Inge
         out.documents.append(_document(item, root, source_id, title, rec["text"], now))
 
 
-def ingest_corpus(corpus: str | Path, cfg: CorpusConfig, now: datetime | None = None, root: str | None = None) -> IngestResult:
+def ingest_corpus(
+    corpus: str | Path, cfg: CorpusConfig, now: datetime | None = None, root: str | None = None
+) -> IngestResult:
     """Read every document under ``corpus`` (a folder or one file). Never raises for bad content. Hidden files
     and, in a folder, what its ``.strataignore`` names (gitignore syntax) are not read.
 
     ``root`` is the corpus root the documents belong to (default: the folder's absolute path); a document's
     id hashes it with the document's path inside the root (or record id) and its content hash, so the same
     file under two roots is two documents."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     root_path = Path(corpus).expanduser().resolve()
     if not root_path.exists():
         raise FileNotFoundError(f"corpus not found: {corpus}")
@@ -195,7 +199,8 @@ def ingest_corpus(corpus: str | Path, cfg: CorpusConfig, now: datetime | None = 
         base = root_path.parent
     else:
         files = sorted(
-            p for p in root_path.rglob("*")
+            p
+            for p in root_path.rglob("*")
             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root_path).parts)
         )
         base = root_path
@@ -210,11 +215,17 @@ def ingest_corpus(corpus: str | Path, cfg: CorpusConfig, now: datetime | None = 
         try:
             size = path.stat().st_size
             if suffix not in allowed:
-                out.quarantine.append(quarantine_row(str(path), "ingest", f"unsupported file type {suffix or '(none)'}"))
+                out.quarantine.append(
+                    quarantine_row(str(path), "ingest", f"unsupported file type {suffix or '(none)'}")
+                )
                 continue
             if size > cfg.max_file_bytes:
                 out.quarantine.append(
-                    quarantine_row(str(path), "ingest", f"file too large ({size} bytes > corpus.max_file_bytes {cfg.max_file_bytes})")
+                    quarantine_row(
+                        str(path),
+                        "ingest",
+                        f"file too large ({size} bytes > corpus.max_file_bytes {cfg.max_file_bytes})",
+                    )
                 )
                 continue
             if size == 0:

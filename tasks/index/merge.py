@@ -12,13 +12,28 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.index.chunk import count_tokens
 from tasks.store.ids import make_id, normalize_name
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 #: named types win over the generic noun-phrase type when counts tie
-TYPE_PRIORITY = ["person", "organization", "location", "event", "work", "technology", "group", "law", "language", "time", "concept"]
+TYPE_PRIORITY = [
+    "person",
+    "organization",
+    "location",
+    "event",
+    "work",
+    "technology",
+    "group",
+    "law",
+    "language",
+    "time",
+    "concept",
+]
 
 
 def entity_id(layer: int, key: str) -> str:
@@ -58,23 +73,47 @@ def title_mentions(chunks: list[dict[str, Any]], max_chars: int) -> list[dict[st
     return out
 
 
-def mention_rows(extracted_entities: list[dict[str, Any]], extracted_relations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def mention_rows(
+    extracted_entities: list[dict[str, Any]], extracted_relations: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Raw extraction output as ``mentions`` rows, numbered per chunk, in canonical (chunk id, seq) order."""
     rows: list[dict[str, Any]] = []
     seq: dict[str, int] = defaultdict(int)
     for e in extracted_entities:
         n = seq[e["chunk_id"]]
         seq[e["chunk_id"]] += 1
-        rows.append({"id": make_id("m", e["chunk_id"], n), "chunk_id": e["chunk_id"], "seq": n, "kind": "entity",
-                     "key": normalize_name(e["name"]), "name": e["name"], "target": None, "type": e["type"],
-                     "description": e["description"], "weight": None})
+        rows.append(
+            {
+                "id": make_id("m", e["chunk_id"], n),
+                "chunk_id": e["chunk_id"],
+                "seq": n,
+                "kind": "entity",
+                "key": normalize_name(e["name"]),
+                "name": e["name"],
+                "target": None,
+                "type": e["type"],
+                "description": e["description"],
+                "weight": None,
+            }
+        )
     for r in extracted_relations:
         n = seq[r["chunk_id"]]
         seq[r["chunk_id"]] += 1
         a, b = sorted((normalize_name(r["source"]), normalize_name(r["target"])))
-        rows.append({"id": make_id("m", r["chunk_id"], n), "chunk_id": r["chunk_id"], "seq": n, "kind": "relation",
-                     "key": f"{a}|{b}", "name": r["source"], "target": r["target"], "type": None,
-                     "description": r["description"], "weight": r.get("weight", 1.0)})
+        rows.append(
+            {
+                "id": make_id("m", r["chunk_id"], n),
+                "chunk_id": r["chunk_id"],
+                "seq": n,
+                "kind": "relation",
+                "key": f"{a}|{b}",
+                "name": r["source"],
+                "target": r["target"],
+                "type": None,
+                "description": r["description"],
+                "weight": r.get("weight", 1.0),
+            }
+        )
     rows.sort(key=lambda m: (m["chunk_id"], m["seq"]))
     return rows
 
@@ -83,8 +122,16 @@ ChunkOrder = dict[str, tuple[str, int]]  # chunk id -> (document source id, posi
 
 #: the columns of ``mentions`` that layer 0 is computed from; the text ones may stay categorical (dictionary
 #: encoded, as extraction writes them): they are grouped and compared, and turned into strings once aggregated
-MENTION_COLUMNS = {"chunk_id": "str", "seq": "int", "kind": "text", "key": "str", "name": "text", "type": "text",
-                   "description": "text", "weight": "float"}
+MENTION_COLUMNS = {
+    "chunk_id": "str",
+    "seq": "int",
+    "kind": "text",
+    "key": "str",
+    "name": "text",
+    "type": "text",
+    "description": "text",
+    "weight": "float",
+}
 
 
 def dictionary_encoded(table):
@@ -107,8 +154,12 @@ def mention_frame(mentions: Any):
     if isinstance(mentions, pa.Table):
         mentions = pl.from_arrow(mentions.select(list(MENTION_COLUMNS)))
     if isinstance(mentions, pl.DataFrame):
-        return mentions.select([pl.col(c) if t == "text" and mentions.schema[c] == pl.Categorical else pl.col(c).cast(types[t])
-                                for c, t in MENTION_COLUMNS.items()])
+        return mentions.select(
+            [
+                pl.col(c) if t == "text" and mentions.schema[c] == pl.Categorical else pl.col(c).cast(types[t])
+                for c, t in MENTION_COLUMNS.items()
+            ]
+        )
     schema = {c: types[t] for c, t in MENTION_COLUMNS.items()}
     return pl.from_dicts(mentions, schema=schema) if mentions else pl.DataFrame(schema=schema)
 
@@ -119,12 +170,19 @@ def _budgeted(frame, group: str, max_tokens: int):
     corpus order."""
     import polars as pl
 
-    distinct = (frame.select(group, "description").with_row_index("at").unique([group, "description"], keep="first")
-                .with_columns(pl.col("description").cast(pl.Utf8)))
+    distinct = (
+        frame.select(group, "description")
+        .with_row_index("at")
+        .unique([group, "description"], keep="first")
+        .with_columns(pl.col("description").cast(pl.Utf8))
+    )
     tokens = {t: count_tokens(t) for t in distinct.get_column("description").unique().to_list()}
     distinct = distinct.sort(group, "at").with_columns(
-        n=pl.col("description").replace_strict(tokens, return_dtype=pl.Int64))
-    distinct = distinct.with_columns(used=pl.col("n").cum_sum().over(group), first=pl.int_range(pl.len()).over(group) == 0)
+        n=pl.col("description").replace_strict(tokens, return_dtype=pl.Int64)
+    )
+    distinct = distinct.with_columns(
+        used=pl.col("n").cum_sum().over(group), first=pl.int_range(pl.len()).over(group) == 0
+    )
     kept = distinct.filter(pl.col("first") | (pl.col("used") <= max_tokens))
     joined = kept.group_by(group, maintain_order=True).agg(pl.col("description").str.join(" "))
     return joined.join(distinct.group_by(group).agg(parts=pl.len()), on=group)
@@ -138,8 +196,12 @@ def in_chunk_order(mentions: pa.Table) -> pa.Table:
     """Mentions in their canonical order, (chunk id, seq): the order merge reads them in and the table keeps."""
     import polars as pl
 
-    rank = (pl.from_arrow(mentions.select(list(CHUNK_ORDER))).with_row_index("i")
-            .sort(pl.col("chunk_id").cast(pl.Utf8), "seq").get_column("i"))
+    rank = (
+        pl.from_arrow(mentions.select(list(CHUNK_ORDER)))
+        .with_row_index("i")
+        .sort(pl.col("chunk_id").cast(pl.Utf8), "seq")
+        .get_column("i")
+    )
     return mentions.take(rank.to_arrow())
 
 
@@ -155,8 +217,9 @@ MERGE_IN_CHILD_ROWS = 1_000_000
 MENTIONS_PER_CHUNK = 100
 
 
-def graph_from_mentions(mentions: Any, max_description_tokens: int, order: ChunkOrder | None = None,
-                        endpoints: Iterable[str] = ()):
+def graph_from_mentions(
+    mentions: Any, max_description_tokens: int, order: ChunkOrder | None = None, endpoints: Iterable[str] = ()
+):
     """Layer-0 entities and relations from mention rows (list, Arrow table or polars frame), columnar.
 
     Mentions are read in corpus order: by document source, then position in the document (``order``),
@@ -174,26 +237,54 @@ def graph_from_mentions(mentions: Any, max_description_tokens: int, order: Chunk
     corpus_order = ("place", "chunk_id", "seq")
 
     def in_corpus_order(frame, *columns):
-        return (frame.with_columns(place=pl.col("chunk_id").replace_strict(place, default=-1, return_dtype=pl.Int64))
-                .select(*corpus_order, *columns).sort(corpus_order))
+        return (
+            frame.with_columns(place=pl.col("chunk_id").replace_strict(place, default=-1, return_dtype=pl.Int64))
+            .select(*corpus_order, *columns)
+            .sort(corpus_order)
+        )
 
-    entity = pl.concat([_entity_part(in_corpus_order(m.filter(pl.col("key") != ""), "key", "name", "type", "description"),
-                                     max_description_tokens)
-                        for m in _mention_parts(mentions, "entity")]).sort("key")
+    entity = pl.concat(
+        [
+            _entity_part(
+                in_corpus_order(m.filter(pl.col("key") != ""), "key", "name", "type", "description"),
+                max_description_tokens,
+            )
+            for m in _mention_parts(mentions, "entity")
+        ]
+    ).sort("key")
     keys = entity.get_column("key").to_list()
     ends = sorted(set(endpoints) - set(keys))
-    ids = pl.DataFrame({"key": keys + ends, "id": [entity_id(0, k) for k in keys + ends]}, schema={"key": pl.Utf8, "id": pl.Utf8})
-    relation = pl.concat([_relation_part(in_corpus_order(m, "key", "description"), ids, max_description_tokens)
-                          for m in _mention_parts(mentions, "relation")]).sort("source_id", "target_id")
+    ids = pl.DataFrame(
+        {"key": keys + ends, "id": [entity_id(0, k) for k in keys + ends]}, schema={"key": pl.Utf8, "id": pl.Utf8}
+    )
+    relation = pl.concat(
+        [
+            _relation_part(in_corpus_order(m, "key", "description"), ids, max_description_tokens)
+            for m in _mention_parts(mentions, "relation")
+        ]
+    ).sort("source_id", "target_id")
     pairs = zip(relation.get_column("source_id").to_list(), relation.get_column("target_id").to_list())
-    relations = relation_frame(relation.with_columns(
-        id=pl.Series([relation_id(a, b, "extracted") for a, b in pairs], dtype=pl.Utf8), kind=pl.lit("extracted"),
-        weight=pl.col("parts").cast(pl.Float64)))
+    relations = relation_frame(
+        relation.with_columns(
+            id=pl.Series([relation_id(a, b, "extracted") for a, b in pairs], dtype=pl.Utf8),
+            kind=pl.lit("extracted"),
+            weight=pl.col("parts").cast(pl.Float64),
+        )
+    )
     degree = relation_degrees(relations)
     shared: dict[str, str] = {}  # one string per chunk id across all entities (3.1M ids at 100k chunks: -190 MB)
-    entities = [{"id": i, "name": e["name"], "type": e["type"], "description": e["description"], "layer": 0,
-                 "source_chunk_ids": [shared.setdefault(c, c) for c in e["source_chunk_ids"]], "degree": degree.get(i, 0)}
-                for i, e in zip(ids.get_column("id").to_list()[: len(keys)], entity.iter_rows(named=True))]
+    entities = [
+        {
+            "id": i,
+            "name": e["name"],
+            "type": e["type"],
+            "description": e["description"],
+            "layer": 0,
+            "source_chunk_ids": [shared.setdefault(c, c) for c in e["source_chunk_ids"]],
+            "degree": degree.get(i, 0),
+        }
+        for i, e in zip(ids.get_column("id").to_list()[: len(keys)], entity.iter_rows(named=True))
+    ]
     return entities, relations
 
 
@@ -219,20 +310,45 @@ def _entity_part(ents, max_description_tokens: int):
     """Entity rows (key, name, type, description, source_chunk_ids) of entity mentions in corpus order."""
     import polars as pl
 
-    names = (ents.group_by("key", "name").agg(n=pl.len()).with_columns(pl.col("name").cast(pl.Utf8))
-             .with_columns(upper=(pl.col("name") == pl.col("name").str.to_uppercase())
-                           & (pl.col("name") != pl.col("name").str.to_lowercase()),
-                           apostrophe=pl.col("name").str.contains("['’]"), chars=pl.col("name").str.len_chars())
-             .sort("key", pl.col("n"), "upper", "apostrophe", "chars", "name", descending=[False, True, False, False, False, False])
-             .unique("key", keep="first").select("key", "name"))
+    names = (
+        ents.group_by("key", "name")
+        .agg(n=pl.len())
+        .with_columns(pl.col("name").cast(pl.Utf8))
+        .with_columns(
+            upper=(pl.col("name") == pl.col("name").str.to_uppercase())
+            & (pl.col("name") != pl.col("name").str.to_lowercase()),
+            apostrophe=pl.col("name").str.contains("['’]"),
+            chars=pl.col("name").str.len_chars(),
+        )
+        .sort(
+            "key",
+            pl.col("n"),
+            "upper",
+            "apostrophe",
+            "chars",
+            "name",
+            descending=[False, True, False, False, False, False],
+        )
+        .unique("key", keep="first")
+        .select("key", "name")
+    )
     rank = {t: i for i, t in enumerate(TYPE_PRIORITY)}
-    types = (ents.group_by("key", "type").agg(n=pl.len()).with_columns(pl.col("type").cast(pl.Utf8))
-             .with_columns(rank=pl.col("type").replace_strict(rank, default=len(rank), return_dtype=pl.Int64))
-             .sort("key", "n", "rank", "type", descending=[False, True, False, False])
-             .unique("key", keep="first").select("key", "type"))
+    types = (
+        ents.group_by("key", "type")
+        .agg(n=pl.len())
+        .with_columns(pl.col("type").cast(pl.Utf8))
+        .with_columns(rank=pl.col("type").replace_strict(rank, default=len(rank), return_dtype=pl.Int64))
+        .sort("key", "n", "rank", "type", descending=[False, True, False, False])
+        .unique("key", keep="first")
+        .select("key", "type")
+    )
     chunks = ents.group_by("key").agg(pl.col("chunk_id").unique().sort().alias("source_chunk_ids"))
-    return (names.join(types, on="key").join(_budgeted(ents, "key", max_description_tokens), on="key")
-            .join(chunks, on="key").select("key", "name", "type", "description", "source_chunk_ids"))
+    return (
+        names.join(types, on="key")
+        .join(_budgeted(ents, "key", max_description_tokens), on="key")
+        .join(chunks, on="key")
+        .select("key", "name", "type", "description", "source_chunk_ids")
+    )
 
 
 def _relation_part(rels, ids, max_description_tokens: int):
@@ -240,19 +356,34 @@ def _relation_part(rels, ids, max_description_tokens: int):
     order; ``ids`` maps every entity key to its id (a relation needs both endpoints)."""
     import polars as pl
 
-    pair_of = (rels.select(pl.col("key").unique())  # relation key "a|b" -> "id(a)|id(b)", ids in order
-               .with_columns(pl.col("key").str.split_exact("|", 1).struct.rename_fields(["a", "b"]).alias("ab"))
-               .unnest("ab").filter(pl.col("a") != pl.col("b"))
-               .join(ids.rename({"key": "a", "id": "ida"}), on="a")
-               .join(ids.rename({"key": "b", "id": "idb"}), on="b")
-               .select("key", pair=pl.concat_str(pl.min_horizontal("ida", "idb"), pl.max_horizontal("ida", "idb"),
-                                                 separator="|").cast(pl.Categorical)))
+    pair_of = (
+        rels.select(pl.col("key").unique())  # relation key "a|b" -> "id(a)|id(b)", ids in order
+        .with_columns(pl.col("key").str.split_exact("|", 1).struct.rename_fields(["a", "b"]).alias("ab"))
+        .unnest("ab")
+        .filter(pl.col("a") != pl.col("b"))
+        .join(ids.rename({"key": "a", "id": "ida"}), on="a")
+        .join(ids.rename({"key": "b", "id": "idb"}), on="b")
+        .select(
+            "key",
+            pair=pl.concat_str(pl.min_horizontal("ida", "idb"), pl.max_horizontal("ida", "idb"), separator="|").cast(
+                pl.Categorical
+            ),
+        )
+    )
     rels = rels.join(pair_of, on="key", maintain_order="left").drop("key")
-    return (_budgeted(rels, "pair", max_description_tokens)
-            .join(rels.group_by("pair").agg(pl.col("chunk_id").unique().sort().alias("source_chunk_ids")), on="pair")
-            .with_columns(pl.col("pair").cast(pl.Utf8).str.split_exact("|", 1).struct.rename_fields(["source_id", "target_id"])
-                          .alias("st")).unnest("st")
-            .select("source_id", "target_id", "description", "parts", "source_chunk_ids"))
+    return (
+        _budgeted(rels, "pair", max_description_tokens)
+        .join(rels.group_by("pair").agg(pl.col("chunk_id").unique().sort().alias("source_chunk_ids")), on="pair")
+        .with_columns(
+            pl.col("pair")
+            .cast(pl.Utf8)
+            .str.split_exact("|", 1)
+            .struct.rename_fields(["source_id", "target_id"])
+            .alias("st")
+        )
+        .unnest("st")
+        .select("source_id", "target_id", "description", "parts", "source_chunk_ids")
+    )
 
 
 def relation_frame(frame):

@@ -30,7 +30,13 @@ def plot_layers(rows: list[dict[str, Any]], path: Path, epsilon: float) -> Path 
     ax2.set_ylabel("change rate", color="tab:pink")
     for r in pts:
         if r["stopped"]:
-            ax.annotate("stop (not built)", (r["layer"], r["cluster_sparsity"]), textcoords="offset points", xytext=(-40, -18), fontsize=8)
+            ax.annotate(
+                "stop (not built)",
+                (r["layer"], r["cluster_sparsity"]),
+                textcoords="offset points",
+                xytext=(-40, -18),
+                fontsize=8,
+            )
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="lower right")

@@ -59,7 +59,9 @@ def _vector_columns(table: pa.Table) -> dict[str, np.ndarray]:
         if len(flat) == int(np.nansum(dims)) and np.all(dims == dims[0]) and dims[0] > 0:
             finite = np.isfinite(flat.reshape(len(table), int(dims[0]))).all(axis=1)
         else:  # ragged: check row by row
-            finite = np.array([v is not None and bool(np.isfinite(np.asarray(v, dtype=np.float32)).all()) for v in col.to_pylist()])
+            finite = np.array(
+                [v is not None and bool(np.isfinite(np.asarray(v, dtype=np.float32)).all()) for v in col.to_pylist()]
+            )
     return {"vector_dim": np.nan_to_num(dims.astype(float), nan=-1).astype(int), "vector_finite": finite}
 
 
@@ -67,8 +69,11 @@ def _frame(name: str, table: pa.Table, refs: dict[str, set[str]], columns: set[s
     """The pandas frame a suite reads: the table's ``columns`` that are scalar, plus the derived columns."""
     from schemas.expectations import REFERENCES  # imports great-expectations: only when validating
 
-    scalar = [f.name for f in table.schema if f.name in columns
-              and not pa.types.is_list(f.type) and not pa.types.is_fixed_size_list(f.type)]
+    scalar = [
+        f.name
+        for f in table.schema
+        if f.name in columns and not pa.types.is_list(f.type) and not pa.types.is_fixed_size_list(f.type)
+    ]
     df = table.select(scalar).to_pandas()
     if "vector" in table.column_names:
         for k, v in _vector_columns(table).items():
@@ -107,7 +112,9 @@ def _whole_table(expectations: list[Any], table: Any) -> tuple[list[Any], dict[s
     out, derived = [], {}
     for exp in expectations:
         if isinstance(exp, gx.expectations.ExpectColumnValuesToBeUnique):
-            derived[f"{exp.column}_unique"] = unique_mask(lambda c=exp.column: (t.column(c) for t in _parts(table, [c])))
+            derived[f"{exp.column}_unique"] = unique_mask(
+                lambda c=exp.column: (t.column(c) for t in _parts(table, [c]))
+            )
             exp = gx.expectations.ExpectColumnValuesToBeInSet(column=f"{exp.column}_unique", value_set=[True])
         out.append(exp)
     return out, derived
@@ -170,8 +177,9 @@ def _parts(table: Any, columns: list[str] | None = None):
     return table.parts(columns) if isinstance(table, SpilledTable) else [table]
 
 
-def validate_tables(tables: dict[str, Any], dim: int, batch_rows: int = 100_000,
-                    relation_kinds: tuple[str, ...] | None = None) -> ValidationReport:
+def validate_tables(
+    tables: dict[str, Any], dim: int, batch_rows: int = 100_000, relation_kinds: tuple[str, ...] | None = None
+) -> ValidationReport:
     """Run each table's suite; cross-table references are resolved within ``tables``.
 
     Tables are validated in slices of ``batch_rows`` rows, each read into pandas with only the columns its
@@ -179,9 +187,8 @@ def validate_tables(tables: dict[str, Any], dim: int, batch_rows: int = 100_000,
     ``relation_kinds``: the kinds a relation may have (default: every registered method's)."""
     import great_expectations as gx
 
-    from tasks.methods.registry import relation_kinds as registered_kinds
-
     from schemas.expectations import REFERENCES, suites
+    from tasks.methods.registry import relation_kinds as registered_kinds
 
     def ids(name: str) -> list[str]:
         return tables[name].column("id").to_pylist() if name in tables else []
@@ -195,8 +202,13 @@ def validate_tables(tables: dict[str, Any], dim: int, batch_rows: int = 100_000,
         if name not in specs or table.num_rows == 0:
             continue
         expectations, derived = _whole_table(specs[name], table)
-        columns = {kw[k] for e in expectations for kw in [e.configuration.kwargs] for k in ("column", "column_A", "column_B")
-                   if kw.get(k)}
+        columns = {
+            kw[k]
+            for e in expectations
+            for kw in [e.configuration.kwargs]
+            for k in ("column", "column_A", "column_B")
+            if kw.get(k)
+        }
         try:
             asset = source.get_asset(name)
         except LookupError:
@@ -226,8 +238,10 @@ def validate_tables(tables: dict[str, Any], dim: int, batch_rows: int = 100_000,
                 if column in derived:  # reported as the uniqueness expectation it stands for, with repeated values
                     kind, column = "expect_column_values_to_be_unique", column.removesuffix("_unique")
                     sample = table.column(column).filter(pa.array(~derived[f"{column}_unique"])).to_pylist()[:3]
-                entry = failed.setdefault((kind, column), {
-                    "table": name, "expectation": kind, "column": column, "unexpected_count": 0, "sample": sample})
+                entry = failed.setdefault(
+                    (kind, column),
+                    {"table": name, "expectation": kind, "column": column, "unexpected_count": 0, "sample": sample},
+                )
                 entry["unexpected_count"] += r.result.get("unexpected_count") or 0
         report.failures += list(failed.values())
     report.success = not report.failures

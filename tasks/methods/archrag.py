@@ -13,13 +13,17 @@ nearest-neighbour index over every layer that is searched top down instead of sc
 
 from __future__ import annotations
 
-import heapq
-from typing import Any
-
 import numpy as np
 
-from tasks.methods.common import (bucket_communities, fallbacks, represented, summarizer_for, unit, update_tree,
-                                  write_reports)
+from tasks.methods.archrag_search import adaptive_filter, fill_archrag
+from tasks.methods.common import (
+    bucket_communities,
+    fallbacks,
+    summarizer_for,
+    unit,
+    update_tree,
+    write_reports,
+)
 
 
 def _nearest(x: np.ndarray, k: int, batch: int = 4096):
@@ -29,7 +33,7 @@ def _nearest(x: np.ndarray, k: int, batch: int = 4096):
 
     n = len(x)
     for start in range(0, n, batch):
-        sims = x[start:start + batch] @ x.T
+        sims = x[start : start + batch] @ x.T
         rows = np.arange(start, min(n, start + batch))
         sims[rows - start, rows] = -np.inf  # not itself
         s, best = (t.numpy() for t in torch.topk(torch.from_numpy(sims), k, dim=1))
@@ -56,7 +60,9 @@ def knn_edges(x: np.ndarray, k: int, threshold: float, batch: int = 4096) -> lis
     return list(zip(pairs[:, 0].tolist(), pairs[:, 1].tolist(), sims.tolist()))
 
 
-def attributed_edges(x: np.ndarray, relations: list[tuple[int, int]], k: int, threshold: float) -> list[tuple[int, int, float]]:
+def attributed_edges(
+    x: np.ndarray, relations: list[tuple[int, int]], k: int, threshold: float
+) -> list[tuple[int, int, float]]:
     """The layer's relation edges plus its KNN edges, each weighted by the cosine of its ends (at least 1e-3,
     so that an edge between dissimilar nodes still counts a little)."""
     pairs = {(min(a, b), max(a, b)) for a, b in relations if a != b}
@@ -89,109 +95,76 @@ def chnsw_links(layers: list[np.ndarray], m: int) -> tuple[list[list[list[int]]]
     for li, x in enumerate(layers):
         links: list[list[int]] = [[] for _ in range(len(x))]
         if len(x) > 1:
-            chosen = [np.stack([np.broadcast_to(rows[:, None], best.shape).ravel(), best.ravel()], axis=1)
-                      for rows, best, _ in _nearest(x, min(m, len(x) - 1))]
+            chosen = [
+                np.stack([np.broadcast_to(rows[:, None], best.shape).ravel(), best.ravel()], axis=1)
+                for rows, best, _ in _nearest(x, min(m, len(x) - 1))
+            ]
             pairs = np.concatenate(chosen)
             pairs = np.unique(np.concatenate([pairs, pairs[:, ::-1]]), axis=0)  # both ways
             sims = np.einsum("ij,ij->i", x[pairs[:, 0]], x[pairs[:, 1]])
             pairs = pairs[np.lexsort((pairs[:, 1], -sims, pairs[:, 0]))]  # per node: best first, ties by index
             starts = np.searchsorted(pairs[:, 0], np.arange(len(x) + 1))
             for node in range(len(x)):
-                links[node] = pairs[starts[node]:min(starts[node + 1], starts[node] + 2 * m), 1].tolist()
+                links[node] = pairs[starts[node] : min(starts[node + 1], starts[node] + 2 * m), 1].tolist()
         intra.append(links)
         if li > 0:
             below = layers[li - 1]
             down = np.zeros(len(x), dtype=np.int64)
             if len(below):
                 for start in range(0, len(x), 4096):
-                    down[start:start + 4096] = np.argmax(x[start:start + 4096] @ below.T, axis=1)
+                    down[start : start + 4096] = np.argmax(x[start : start + 4096] @ below.T, axis=1)
             inter.append(down)
     return intra, inter
 
 
-def search_layer(q: np.ndarray, x: np.ndarray, links: list[list[int]], entries: list[int], ef: int) -> list[int]:
-    """Greedy best-first search (HNSW's SEARCH-LAYER): from ``entries``, follow links while a candidate is closer
-    than the worst of the ``ef`` best found; returns those, best first (ties by index)."""
-    if not len(x) or not entries:
-        return []
-    visited = set(entries)
-    sims = {e: float(x[e] @ q) for e in entries}
-    candidates = [(-sims[e], e) for e in entries]
-    heapq.heapify(candidates)
-    best = [(sims[e], -e) for e in entries]  # min-heap of the ef best: the worst on top
-    heapq.heapify(best)
-    while len(best) > ef:
-        heapq.heappop(best)
-    while candidates:
-        s, c = heapq.heappop(candidates)
-        if -s < best[0][0] and len(best) >= ef:
-            break
-        for nb in links[c]:
-            if nb in visited:
-                continue
-            visited.add(nb)
-            sn = float(x[nb] @ q)
-            if len(best) < ef or sn > best[0][0]:
-                heapq.heappush(candidates, (-sn, nb))
-                heapq.heappush(best, (sn, -nb))
-                if len(best) > ef:
-                    heapq.heappop(best)
-    return [-i for _, i in sorted(best, key=lambda t: (-t[0], -t[1]))]
-
-
-def hierarchical_search(q: np.ndarray, layers: list[np.ndarray], intra: list[list[list[int]]], inter: list[np.ndarray],
-                        k: int, ef: int | None = None, scan_max: int = 0) -> list[list[int]]:
-    """ArchRAG's Algorithm 2 over C-HNSW: the ``k`` nodes nearest to ``q`` in every layer (``[layer 0, layer 1,
-    ...]``, best first), found top down: the top layer from its best node, each lower layer from the nodes its
-    upper neighbours link down to. A layer of at most ``scan_max`` nodes is scanned instead (exact, and cheaper
-    than a walk over so few nodes); its ``ef`` best still lead down."""
-    from tasks.query.context import top_k
-
-    ef = max(k, ef or k)
-    found: list[list[int]] = [[] for _ in layers]
-    entries: list[int] = []
-    for li in range(len(layers) - 1, -1, -1):
-        x = layers[li]
-        if not len(x):
-            continue
-        if len(x) <= scan_max:
-            hits = [int(i) for i in top_k(x @ q, ef)]
-        else:
-            if li == len(layers) - 1 or not entries:
-                entries = [int(np.argmax(x @ q))]
-            hits = search_layer(q, x, intra[li], entries, ef)
-        found[li] = hits[:k]
-        entries = sorted({int(inter[li][h]) for h in hits}) if li > 0 else []
-    return found
-
-
 # ---------------------------------------------------------------------------- the method
-def build_layers(entities: list[dict], vectors: np.ndarray, relations, cfg, seed: int, summarizer, embed, on_layer=None):
+def build_layers(
+    entities: list[dict], vectors: np.ndarray, relations, cfg, seed: int, summarizer, embed, on_layer=None
+):
     """Attributed-community layers over the layer-0 entities: summary entities (text vectors), their ``summary_of``
     links, one statistic per layer tried (``schemas.tables.LayerRow``) and every layer's unit vectors."""
     from tasks.methods.hirag.hierarchy import summary_layers
 
     index = {e["id"]: i for i, e in enumerate(entities)}
-    pairs = [(index.get(a), index.get(b)) for a, b in zip(relations.column("source_id").to_pylist(),
-                                                          relations.column("target_id").to_pylist())]
+    pairs = [
+        (index.get(a), index.get(b))
+        for a, b in zip(relations.column("source_id").to_pylist(), relations.column("target_id").to_pylist())
+    ]
     graph = {"pairs": [(a, b) for a, b in pairs if a is not None and b is not None]}  # the relations of the layer
 
     def cluster(x: np.ndarray, s: int) -> list[np.ndarray]:
-        groups = leiden_groups(len(x), attributed_edges(x, graph["pairs"], cfg.knn_k, cfg.knn_threshold), cfg.resolution, s)
+        groups = leiden_groups(
+            len(x), attributed_edges(x, graph["pairs"], cfg.knn_k, cfg.knn_threshold), cfg.resolution, s
+        )
         group_of = np.empty(len(x), dtype=np.int64)
         for gi, g in enumerate(groups):
             group_of[g] = gi
-        graph["pairs"] = sorted({(min(group_of[a], group_of[b]), max(group_of[a], group_of[b])) for a, b in graph["pairs"]
-                                 if group_of[a] != group_of[b]})  # the next layer's: communities a relation joins
+        graph["pairs"] = sorted(
+            {
+                (min(group_of[a], group_of[b]), max(group_of[a], group_of[b]))
+                for a, b in graph["pairs"]
+                if group_of[a] != group_of[b]
+            }
+        )  # the next layer's: communities a relation joins
         return groups
 
     def not_shrinking(groups, n, _cs, _rate):
         return "not_shrinking" if len(groups) > (1 - cfg.min_shrink) * n else None
 
     x = unit(vectors) if len(entities) else np.zeros((0, vectors.shape[-1] if vectors.ndim > 1 else 0), np.float32)
-    ents, matrix, rels, stats, layers = summary_layers(entities, x, cfg.max_layers, cfg.min_nodes, seed, cluster,
-                                                       summarizer, embed, stop=not_shrinking, next_features=unit,
-                                                       on_layer=on_layer)
+    ents, matrix, rels, stats, layers = summary_layers(
+        entities,
+        x,
+        cfg.max_layers,
+        cfg.min_nodes,
+        seed,
+        cluster,
+        summarizer,
+        embed,
+        stop=not_shrinking,
+        next_features=unit,
+        on_layer=on_layer,
+    )
     return ents, matrix, rels, stats, [x] + [layer.features for layer in layers]
 
 
@@ -205,57 +178,31 @@ def link_rows(layer_ids: list[list[str]], layers: list[np.ndarray], m: int) -> l
     for li, ids in enumerate(layer_ids):
         for i, links in enumerate(intra[li]):
             for j in links:
-                rows.append({"id": relation_id(ids[i], layer_ids[li][j], "chnsw"), "source_id": ids[i],
-                             "target_id": layer_ids[li][j], "kind": "chnsw", "description": "",
-                             "weight": max(1e-3, float(layers[li][i] @ layers[li][j])), "source_chunk_ids": []})
+                rows.append(
+                    {
+                        "id": relation_id(ids[i], layer_ids[li][j], "chnsw"),
+                        "source_id": ids[i],
+                        "target_id": layer_ids[li][j],
+                        "kind": "chnsw",
+                        "description": "",
+                        "weight": max(1e-3, float(layers[li][i] @ layers[li][j])),
+                        "source_chunk_ids": [],
+                    }
+                )
         if li > 0:
             for i, j in enumerate(inter[li].tolist()):
-                rows.append({"id": relation_id(ids[i], layer_ids[li - 1][j], "chnsw_down"), "source_id": ids[i],
-                             "target_id": layer_ids[li - 1][j], "kind": "chnsw_down", "description": "",
-                             "weight": max(1e-3, float(layers[li][i] @ layers[li - 1][j])), "source_chunk_ids": []})
+                rows.append(
+                    {
+                        "id": relation_id(ids[i], layer_ids[li - 1][j], "chnsw_down"),
+                        "source_id": ids[i],
+                        "target_id": layer_ids[li - 1][j],
+                        "kind": "chnsw_down",
+                        "description": "",
+                        "weight": max(1e-3, float(layers[li][i] @ layers[li - 1][j])),
+                        "source_chunk_ids": [],
+                    }
+                )
     return rows
-
-
-MAP_VERSION = "archrag-map/1"
-#: ArchRAG's map step: pieces the LLM rates under this (0-10) are left out of the answer's context
-MIN_USEFUL = 3
-
-
-def map_messages(question: str, pieces: list[str]) -> list[dict[str, str]]:
-    listing = "\n".join(f"{i}. {p}" for i, p in enumerate(pieces, 1))
-    return [
-        {"role": "system", "content": "You judge retrieved knowledge before a question is answered from it. Answer with JSON only."},
-        {"role": "user", "content": (
-            f"Question: {question}\n\nRetrieved pieces:\n{listing}\n\nRate how useful each piece is for answering "
-            f'the question, from 0 (useless) to 10 (answers it), as {{"scores": [one integer per piece, in order]}}.')},
-    ]
-
-
-def adaptive_filter(ctx: Any, client: Any) -> Any:
-    """ArchRAG's adaptive filtering with an LLM (§3.2.2): the map step rates every retrieved entity, community
-    report and relation in one call; those under ``MIN_USEFUL`` are dropped and the rest ordered by rating
-    (the reduce step answers from what is left)."""
-    from dataclasses import replace
-
-    from tasks.runtime.llm import ParseError, parse_json, run_sync
-
-    sections = ("entities", "communities", "bridge")
-    pieces = [(name, item) for name in sections for item in getattr(ctx, name)]
-    if not pieces:
-        return ctx
-
-    def parse(text: str) -> list[float]:
-        data = parse_json(text)
-        scores = data.get("scores") if isinstance(data, dict) else data
-        if not isinstance(scores, list) or len(scores) != len(pieces):
-            raise ParseError(f"{len(pieces)} scores expected")
-        return [float(x) for x in scores]
-
-    scores = run_sync(client.complete(map_messages(ctx.question, [item["text"] for _, item in pieces]),
-                                      prompt_version=MAP_VERSION, json_mode=True, parse=parse))
-    kept = {name: [it for (n, it), sc in sorted(zip(pieces, scores), key=lambda p: -p[1]) if n == name and sc >= MIN_USEFUL]
-            for name in sections}
-    return replace(ctx, **kept)
 
 
 class ArchRAG:
@@ -270,128 +217,59 @@ class ArchRAG:
     def build(self, ctx, layer0):
         import pyarrow as pa
 
-        from tasks.store.rows import relation_table
         from tasks.methods.base import Hierarchy
+        from tasks.store.rows import relation_table
 
         cfg = ctx.cfg
         with ctx.stage("hierarchy") as st:
             summarizer = summarizer_for(ctx, 1)
-            ents, vecs, rels, stats, layers = st.run(build_layers, layer0.entities, layer0.vectors, layer0.relations,
-                                                     cfg.archrag, cfg.seed, summarizer, ctx.embed,
-                                                     on_layer=lambda _s: st.advance(1))
-            ids = [[e["id"] for e in layer0.entities]] + [[e["id"] for e in ents if e["layer"] == li]
-                                                          for li in range(1, len(layers))]
+            ents, vecs, rels, stats, layers = st.run(
+                build_layers,
+                layer0.entities,
+                layer0.vectors,
+                layer0.relations,
+                cfg.archrag,
+                cfg.seed,
+                summarizer,
+                ctx.embed,
+                on_layer=lambda _s: st.advance(1),
+            )
+            ids = [[e["id"] for e in layer0.entities]] + [
+                [e["id"] for e in ents if e["layer"] == li] for li in range(1, len(layers))
+            ]
             links = st.run(link_rows, ids, layers, cfg.archrag.hnsw_m)
             rows = stats
-            st.done(f"{len(layers) - 1} layers, {len(ents)} communities, {len(links)} C-HNSW links",
-                    summary_entities=len(ents), chnsw_links=len(links))
+            st.done(
+                f"{len(layers) - 1} layers, {len(ents)} communities, {len(links)} C-HNSW links",
+                summary_entities=len(ents),
+                chnsw_links=len(links),
+            )
         communities = bucket_communities(ents, rels)
         entities, relations = layer0.entities + ents, pa.concat_tables([layer0.relations, relation_table(rels)])
         reports, report_vecs, failures = write_reports(ctx, communities, entities, relations)
-        return Hierarchy(ents, vecs, rels + links, communities, reports, report_vecs, rows, fallbacks(summarizer, failures))
+        return Hierarchy(
+            ents, vecs, rels + links, communities, reports, report_vecs, rows, fallbacks(summarizer, failures)
+        )
 
     def update(self, ctx, layer0):
         """The summary-tree update (``common.update_tree``: new entities attach to their nearest summary per layer,
         τ; communities are read again from the summaries, changed ones get new reports); the C-HNSW links are
         computed again over the updated layers."""
+
         def chnsw(summaries, vectors):
             top = max((s["layer"] for s in summaries), default=0)
-            ids = [[e["id"] for e in layer0.entities]] + [[s["id"] for s in summaries if s["layer"] == li]
-                                                          for li in range(1, top + 1)]
+            ids = [[e["id"] for e in layer0.entities]] + [
+                [s["id"] for s in summaries if s["layer"] == li] for li in range(1, top + 1)
+            ]
             vec = dict(zip([s["id"] for s in summaries], vectors))
             dim = layer0.vectors.shape[1]
-            layers = [unit(layer0.vectors)] + [unit(np.stack([vec[i] for i in layer])) if layer else
-                                               np.zeros((0, dim), np.float32) for layer in ids[1:]]
+            layers = [unit(layer0.vectors)] + [
+                unit(np.stack([vec[i] for i in layer])) if layer else np.zeros((0, dim), np.float32)
+                for layer in ids[1:]
+            ]
             return link_rows(ids, layers, ctx.cfg.archrag.hnsw_m)
 
         return update_tree(ctx, layer0, {}, chnsw)
 
     def levels(self, view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) -> None:
         fill_archrag(view, ctx, budgets, cfg)
-
-
-def view_chnsw(view):
-    """The snapshot's C-HNSW (per layer: entity indices, unit vectors, intra links; inter links), built once."""
-    def build():
-        top = int(view.ent_layer.max()) if len(view.ent_layer) else 0
-        members = [np.flatnonzero(view.ent_layer == li) for li in range(top + 1)]
-        pos = {int(e): (li, p) for li, m in enumerate(members) for p, e in enumerate(m)}
-        vecs = view.ent_vecs if view.ent_vecs is not None else np.zeros((len(view.ent_ids), view.dim), np.float32)
-        layers = [unit(vecs[m]) if len(m) else np.zeros((0, view.dim), np.float32) for m in members]
-        intra = [[[] for _ in m] for m in members]
-        inter = [np.zeros(len(m), dtype=np.int64) for m in members]
-        for r in view.rel_rows:
-            if r["kind"] not in ("chnsw", "chnsw_down"):
-                continue
-            a, b = view.ent_index.get(r["source_id"]), view.ent_index.get(r["target_id"])
-            if a is None or b is None:
-                continue
-            (la, pa_), (_, pb) = pos[a], pos[b]
-            if r["kind"] == "chnsw":
-                intra[la][pa_].append(pb)
-            else:
-                inter[la][pa_] = pb
-        for li, links in enumerate(intra):  # best first, as built
-            for p, nbs in enumerate(links):
-                nbs.sort(key=lambda q: (-float(layers[li][p] @ layers[li][q]), q))
-        return members, layers, intra, inter
-
-    return view._once("chnsw", build)
-
-
-def fill_archrag(view, ctx, budgets: dict[str, int], cfg) -> None:
-    """ArchRAG's sections: hierarchical search over C-HNSW, then adaptive filtering (offline: each piece scored by
-    its similarity to the question and the question words it shares, the best kept within the budgets)."""
-    from tasks.methods.hirag.retrieval import _name, repeats
-    from tasks.query.context import fill
-
-    if not len(view.ent_ids) or view.ent_vecs is None:  # past retrieval.ann_min_vectors: not yet searched here
-        return
-    members, layers, intra, inter = view_chnsw(view)
-    q = np.asarray(ctx.query_vector, dtype=np.float32)
-    found = hierarchical_search(q, layers, intra, inter, cfg.top_n, cfg.search_ef, cfg.search_scan_max)
-    sources = "\n".join(c["text"] for c in ctx.chunks)
-    words = _words(ctx.question)
-
-    def useful(text: str, sim: float) -> float:  # the map step: usefulness of one piece
-        return sim + 0.05 * len(words & _words(text))
-
-    local = [int(members[0][p]) for p in found[0]]
-    ents = [{"id": view.ent_ids[i], "name": view.ent_name[i], "type": view.ent_type[i], "layer": 0,
-             "score": round(float(layers[0][p] @ q), 4), "text": f"- {view.ent_name[i]} ({view.ent_type[i]}): {view.ent_desc[i]}"}
-            for p, i in zip(found[0], local) if not repeats(view.ent_desc[i], sources)]
-    comms = []
-    for li in range(1, len(found)):
-        for p in found[li]:
-            c = represented(view, int(members[li][p]))
-            rep = view.reports.get(view.communities[c]["id"]) if c is not None else None
-            if rep is not None:
-                findings = " ".join(f"• {f}" for f in (rep["findings"] or [])[:3])
-                comms.append({"id": view.communities[c]["id"], "level": view.communities[c]["level"],
-                              "title": rep["title"], "rating": rep["rating"], "summary": rep["summary"],
-                              "findings": rep["findings"], "score": round(float(layers[li][p] @ q), 4),
-                              "text": f"- [{rep['title']}] {rep['summary']} {findings}".strip()})
-    related = set(local)
-    rels = []
-    for a in sorted(related):
-        for b in view.flat_graph.adj[a] if a in view.flat_graph else ():
-            if b in related and a < b:
-                for k in view.edge_rel.get((a, b), []):
-                    r = view.rel_rows[k]
-                    if r["kind"] == "extracted" and not repeats(r["description"], sources):
-                        sim = (float(view.ent_vecs[a] @ q) + float(view.ent_vecs[b] @ q)) / 2
-                        rels.append({"source": r["source_id"], "target": r["target_id"], "kind": r["kind"], "score": sim,
-                                     "text": f"- {_name(view, r['source_id'])} — {_name(view, r['target_id'])}: {r['description']}"})
-    # the reduce step: the most useful pieces of each kind first, within the section budgets
-    for items in (ents, comms, rels):
-        items.sort(key=lambda it: -useful(it["text"], it["score"]))
-    ctx.entities, ctx.tokens["entities"] = fill(ents, budgets["entities"])
-    ctx.communities, ctx.tokens["communities"] = fill(comms, budgets["communities"])
-    if "bridge" in budgets:
-        ctx.bridge, ctx.tokens["bridge"] = fill(rels, budgets["bridge"])
-
-
-def _words(text: str) -> set[str]:
-    import re
-
-    return {w for w in re.findall(r"[a-z0-9]+", text.lower()) if len(w) > 2}

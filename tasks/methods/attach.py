@@ -13,14 +13,12 @@ from typing import Any
 import numpy as np
 
 
-
 def _members(relations: list[dict[str, Any]]) -> dict[str, set[str]]:
     out: dict[str, set[str]] = defaultdict(set)
     for r in relations:
         if r["kind"] == "summary_of":
             out[r["target_id"]].add(r["source_id"])
     return out
-
 
 
 @dataclass
@@ -32,7 +30,6 @@ class AttachResult:
     refreshed: set[str]  # summary ids re-summarised
     removed: set[str]  # summary ids dropped (no members left)
     operations: int  # summaries recomputed (LLM calls on the LLM path)
-
 
 
 def attach(
@@ -85,9 +82,17 @@ def attach(
             target = layers[l][int(np.argmax(mats[l] @ v))]["id"]
         attached[eid] = target
         changes[target] += 1
-        rels.append({"id": relation_id(eid, target, "summary_of"), "source_id": eid, "target_id": target,
-                     "kind": "summary_of", "description": f"{by_id[eid]['name']} belongs to {by_id[target]['name']}",
-                     "weight": 1.0, "source_chunk_ids": []})
+        rels.append(
+            {
+                "id": relation_id(eid, target, "summary_of"),
+                "source_id": eid,
+                "target_id": target,
+                "kind": "summary_of",
+                "description": f"{by_id[eid]['name']} belongs to {by_id[target]['name']}",
+                "weight": 1.0,
+                "source_chunk_ids": [],
+            }
+        )
     members = _members(rels)
     parents: dict[str, set[str]] = defaultdict(set)
     for r in rels:

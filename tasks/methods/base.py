@@ -77,8 +77,10 @@ class IndexMethod(Protocol):
 
     def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy: ...
     def update(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy: ...
-    def levels(self, view: IndexView, ctx: Context, scores: np.ndarray, budgets: dict[str, int],
-               cfg: RetrievalConfig) -> None:
+    def levels(
+        self, view: IndexView, ctx: Context, scores: np.ndarray, budgets: dict[str, int], cfg: RetrievalConfig
+    ) -> None:
         """Fill the context's method sections for one question (``scores``: similarity of every entity)."""
+
     def refine(self, ctx: Context, client: Any) -> Context:
         """What the answer step reads of a context of this method's modes, given an LLM (identity: all of it)."""

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tasks.store.rows import plain_rows, relation_table, vector_matrix
-from tasks.store.ids import make_id, quarantine_row
 from tasks.methods.base import Hierarchy, Layer0, MethodContext
+from tasks.store.ids import make_id, quarantine_row
+from tasks.store.rows import plain_rows, relation_table, vector_matrix
 
 SUMMARY_FALLBACK = "LLM summary unusable, offline summary used: "
 REPORT_FALLBACK = "LLM report unusable, offline report used: "
@@ -31,15 +31,17 @@ def summarizer_for(ctx: MethodContext, per_cluster: int, **llm_prompt: Any):
 
     cfg = ctx.cfg
     if ctx.llm is not None:
-        return LLMSummarizer(ctx.llm, cfg.hierarchy.meta_entities, per_cluster, cfg.extract.max_description_tokens,
-                             **llm_prompt)
+        return LLMSummarizer(
+            ctx.llm, cfg.hierarchy.meta_entities, per_cluster, cfg.extract.max_description_tokens, **llm_prompt
+        )
     return OfflineSummarizer(cfg.hierarchy.meta_entities, cfg.extract.max_description_tokens)
 
 
 def fallbacks(summarizer: Any, report_failures: list[dict[str, str]]) -> list[dict[str, Any]]:
     """Quarantine rows for LLM summaries and reports that fell back to the offline ones."""
-    return ([quarantine_row(f["item"], "hierarchy", SUMMARY_FALLBACK + f["error"]) for f in summarizer.failures]
-            + [quarantine_row(f["item"], "reports", REPORT_FALLBACK + f["error"]) for f in report_failures])
+    return [quarantine_row(f["item"], "hierarchy", SUMMARY_FALLBACK + f["error"]) for f in summarizer.failures] + [
+        quarantine_row(f["item"], "reports", REPORT_FALLBACK + f["error"]) for f in report_failures
+    ]
 
 
 def report_vectors(ctx: MethodContext, st, reports: list[dict[str, Any]]) -> np.ndarray:
@@ -48,23 +50,30 @@ def report_vectors(ctx: MethodContext, st, reports: list[dict[str, Any]]) -> np.
     return st.run(ctx.embed, [report_text(r["title"], r["summary"]) for r in reports])
 
 
-def write_reports(ctx: MethodContext, communities: list[dict[str, Any]], entities: list[dict[str, Any]],
-                  relations: pa.Table):
+def write_reports(
+    ctx: MethodContext, communities: list[dict[str, Any]], entities: list[dict[str, Any]], relations: pa.Table
+):
     """Stage ``reports`` of a build: a report per community, and its vector. Returns (reports, their vectors,
     LLM failures)."""
     from tasks.methods.reports import build_reports
 
     with ctx.stage("reports", len(communities)) as st:
-        reports, failures = st.run(build_reports, communities, entities, relations,
-                                   ctx.cfg.communities.report_max_tokens, ctx.llm)
+        reports, failures = st.run(
+            build_reports, communities, entities, relations, ctx.cfg.communities.report_max_tokens, ctx.llm
+        )
         vectors = report_vectors(ctx, st, reports)
         st.advance(len(reports))
         st.done(f"{len(reports)} reports", reports=len(reports))
     return reports, vectors, failures
 
 
-def rewrite_reports(ctx: MethodContext, comms: list[dict[str, Any]], entities: list[dict[str, Any]], relations: pa.Table,
-                    decide: Callable[[dict[str, dict[str, Any]]], tuple[set[str], dict[str, float]]]):
+def rewrite_reports(
+    ctx: MethodContext,
+    comms: list[dict[str, Any]],
+    entities: list[dict[str, Any]],
+    relations: pa.Table,
+    decide: Callable[[dict[str, dict[str, Any]]], tuple[set[str], dict[str, float]]],
+):
     """Stage ``reports`` of an update: ``decide(previous reports by community id)`` names the communities whose
     report is written again and the staleness of the others, which are kept. Returns (reports, their vectors,
     LLM failures)."""
@@ -75,15 +84,22 @@ def rewrite_reports(ctx: MethodContext, comms: list[dict[str, Any]], entities: l
         old_reports = {r["community_id"]: r for r in plain_rows(previous)}
         rewrite, staleness = decide(old_reports)
         old_vectors = dict(zip(previous.column("community_id").to_pylist(), vector_matrix(previous)))
-        existing = {cid: dict(r, staleness=staleness.get(cid, r.get("staleness")))
-                    for cid, r in old_reports.items() if cid not in rewrite}
-        reports, failures = st.run(build_reports, comms, entities, relations, ctx.cfg.communities.report_max_tokens,
-                                   ctx.llm, rewrite, existing)
+        existing = {
+            cid: dict(r, staleness=staleness.get(cid, r.get("staleness")))
+            for cid, r in old_reports.items()
+            if cid not in rewrite
+        }
+        reports, failures = st.run(
+            build_reports, comms, entities, relations, ctx.cfg.communities.report_max_tokens, ctx.llm, rewrite, existing
+        )
         redo = [r for r in reports if r["community_id"] in rewrite]
         fresh = dict(zip([r["community_id"] for r in redo], report_vectors(ctx, st, redo)))
         dim = previous.schema.field("vector").type.list_size
-        vectors = (np.stack([fresh.get(r["community_id"], old_vectors.get(r["community_id"])) for r in reports])
-                   if reports else np.zeros((0, dim), np.float32))
+        vectors = (
+            np.stack([fresh.get(r["community_id"], old_vectors.get(r["community_id"])) for r in reports])
+            if reports
+            else np.zeros((0, dim), np.float32)
+        )
         st.done(f"{len(redo)} reports rewritten", reports_rewritten=len(redo))
     return reports, vectors, failures
 
@@ -100,7 +116,9 @@ def attach_stage(ctx: MethodContext, layer0: Layer0, **llm_prompt: Any):
         summarizer = summarizer_for(ctx, 1, **llm_prompt)
 
         def summarize(layer, member_lists, vecs):
-            return [s[0] for s in summarizer.summarize_layer(layer, [Cluster(m, v) for m, v in zip(member_lists, vecs)])]
+            return [
+                s[0] for s in summarizer.summarize_layer(layer, [Cluster(m, v) for m, v in zip(member_lists, vecs)])
+            ]
 
         def embed_rows(rows):
             return ctx.embed([entity_text(r["name"], r["type"], r["description"]) for r in rows])
@@ -110,10 +128,27 @@ def attach_stage(ctx: MethodContext, layer0: Layer0, **llm_prompt: Any):
         vectors = dict(zip([e["id"] for e in layer0.entities], layer0.vectors))
         vectors.update(zip([s["id"] for s in summaries], vector_matrix(upper)))
         links = plain_rows(ctx.previous("relations", where="kind = 'summary_of'"))
-        att = st.run(attach, layer0.entities, summaries, links, vectors, layer0.added, layer0.removed,
-                     layer0.changed, cfg.incremental.tau, summarize, embed_rows, cfg.incremental.refresh_staleness)
-        st.done(f"{len(att.attached)} attached, {len(att.refreshed)} summaries refreshed", attached=len(att.attached),
-                refreshed=len(att.refreshed), dropped=len(att.removed), summary_operations=att.operations)
+        att = st.run(
+            attach,
+            layer0.entities,
+            summaries,
+            links,
+            vectors,
+            layer0.added,
+            layer0.removed,
+            layer0.changed,
+            cfg.incremental.tau,
+            summarize,
+            embed_rows,
+            cfg.incremental.refresh_staleness,
+        )
+        st.done(
+            f"{len(att.attached)} attached, {len(att.refreshed)} summaries refreshed",
+            attached=len(att.attached),
+            refreshed=len(att.refreshed),
+            dropped=len(att.removed),
+            summary_operations=att.operations,
+        )
     return att, summarizer
 
 
@@ -130,16 +165,26 @@ def bucket_communities(summaries: list[dict[str, Any]], relations: list[dict[str
             above[r["source_id"]] = r["target_id"]
     cid = {s["id"]: make_id("comm", "hygrag", s["layer"], s["id"]) for s in summaries}
     top = max((s["layer"] for s in summaries), default=0)
-    return [{"id": cid[s["id"]], "level": top - s["layer"], "parent_id": cid.get(above.get(s["id"], "")),
-             "entity_ids": [s["id"], *sorted(members.get(s["id"], []))],
-             "size": len(members.get(s["id"], [])) + len(s["source_chunk_ids"] or [])} for s in summaries]
+    return [
+        {
+            "id": cid[s["id"]],
+            "level": top - s["layer"],
+            "parent_id": cid.get(above.get(s["id"], "")),
+            "entity_ids": [s["id"], *sorted(members.get(s["id"], []))],
+            "size": len(members.get(s["id"], [])) + len(s["source_chunk_ids"] or []),
+        }
+        for s in summaries
+    ]
 
 
-def without_empty(summaries: list[dict[str, Any]], vectors: np.ndarray, links: list[dict[str, Any]], gone_chunks: set[str]):
+def without_empty(
+    summaries: list[dict[str, Any]], vectors: np.ndarray, links: list[dict[str, Any]], gone_chunks: set[str]
+):
     """Summaries after an update without the chunks that went, and without those left with neither chunks nor
     members (then their links to the summaries above them go, which may empty those in turn)."""
-    summaries = [dict(e, source_chunk_ids=[c for c in e["source_chunk_ids"] or [] if c not in gone_chunks])
-                 for e in summaries]
+    summaries = [
+        dict(e, source_chunk_ids=[c for c in e["source_chunk_ids"] or [] if c not in gone_chunks]) for e in summaries
+    ]
     while True:
         fed = {r["target_id"] for r in links}
         empty = {e["id"] for e in summaries if not e["source_chunk_ids"] and e["id"] not in fed}
@@ -151,8 +196,12 @@ def without_empty(summaries: list[dict[str, Any]], vectors: np.ndarray, links: l
     return summaries, vectors, links
 
 
-def update_tree(ctx: MethodContext, layer0: Layer0, llm_prompt: dict[str, Any],
-                more_links: Callable[[list[dict[str, Any]], np.ndarray], list[dict[str, Any]]] | None = None) -> Hierarchy:
+def update_tree(
+    ctx: MethodContext,
+    layer0: Layer0,
+    llm_prompt: dict[str, Any],
+    more_links: Callable[[list[dict[str, Any]], np.ndarray], list[dict[str, Any]]] | None = None,
+) -> Hierarchy:
     """The update of a summary tree: HiRAG's attachment (new entities join the summary nodes they are closest to,
     touched summaries are rewritten), summaries left empty go, the communities are read again from the summaries
     and the reports of those that changed are rewritten. ``more_links(summaries, vectors)``: method relations
@@ -164,17 +213,25 @@ def update_tree(ctx: MethodContext, layer0: Layer0, llm_prompt: dict[str, Any],
     with ctx.stage("communities") as st:
         comms = bucket_communities(summaries, links)
         before = {c["id"]: c["entity_ids"] for c in plain_rows(ctx.previous("communities"))}
-        changed = {c["id"] for c in comms if before.get(c["id"]) != c["entity_ids"]
-                   or c["entity_ids"][0] in att.refreshed}
+        changed = {
+            c["id"] for c in comms if before.get(c["id"]) != c["entity_ids"] or c["entity_ids"][0] in att.refreshed
+        }
         extra = more_links(summaries, vectors) if more_links else []
-        st.done(f"{len(comms)} communities, {len(changed)} changed" + (f", {len(extra)} links recomputed" if extra else ""),
-                communities=len(comms), grown=len(changed))
+        st.done(
+            f"{len(comms)} communities, {len(changed)} changed" + (f", {len(extra)} links recomputed" if extra else ""),
+            communities=len(comms),
+            grown=len(changed),
+        )
     entities = layer0.entities + summaries
     relations = pa.concat_tables([layer0.relations, relation_table(links)])
-    reports, vecs, failures = rewrite_reports(ctx, comms, entities, relations, lambda old: (
-        changed | (set(c["id"] for c in comms) - set(old)), {}))
-    layers = restate_layers(plain_rows(ctx.previous("layers")), {e["id"]: e["layer"] for e in entities},
-                            [(r["source_id"], r["target_id"]) for r in links if r["kind"] == "summary_of"])
+    reports, vecs, failures = rewrite_reports(
+        ctx, comms, entities, relations, lambda old: (changed | (set(c["id"] for c in comms) - set(old)), {})
+    )
+    layers = restate_layers(
+        plain_rows(ctx.previous("layers")),
+        {e["id"]: e["layer"] for e in entities},
+        [(r["source_id"], r["target_id"]) for r in links if r["kind"] == "summary_of"],
+    )
     return Hierarchy(summaries, vectors, links + extra, comms, reports, vecs, layers, fallbacks(summarizer, failures))
 
 

@@ -32,10 +32,18 @@ import pyarrow as pa
 import scipy.sparse as sp
 
 from schemas.config import HyGRAGConfig
-from tasks.store.rows import relation_table
 from tasks.methods.base import Hierarchy, Layer0, MethodContext
-from tasks.methods.common import (below, bucket_communities, fallbacks, represented, summarizer_for, unit, update_tree,
-                                  write_reports)
+from tasks.methods.common import (
+    below,
+    bucket_communities,
+    fallbacks,
+    represented,
+    summarizer_for,
+    unit,
+    update_tree,
+    write_reports,
+)
+from tasks.store.rows import relation_table
 
 CHUNK_TYPE = "chunk"
 
@@ -65,8 +73,9 @@ def chunk_links(entity_chunks: list[list[int]], n_chunks: int, more_than: int, m
     return shared
 
 
-def hybrid_adjacency(n_entities: int, relations: list[tuple[int, int, float]], entity_chunks: list[list[int]],
-                     links: sp.csr_matrix) -> sp.csr_matrix:
+def hybrid_adjacency(
+    n_entities: int, relations: list[tuple[int, int, float]], entity_chunks: list[list[int]], links: sp.csr_matrix
+) -> sp.csr_matrix:
     """The symmetric adjacency of entities (first) and chunks (after them): relation weights, membership 1,
     chunk links by shared entities."""
     n_chunks = links.shape[0]
@@ -151,8 +160,18 @@ def _split(members: np.ndarray, x: np.ndarray, s_max: int, rng: np.random.Genera
 
 
 # ---------------------------------------------------------------------------- the layers
-def build_layers(entities: list[dict[str, Any]], vectors: np.ndarray, relations: pa.Table, chunks: list[dict[str, Any]],
-                 chunk_vectors: np.ndarray, cfg: HyGRAGConfig, seed: int, summarizer, embed, on_layer=None):
+def build_layers(
+    entities: list[dict[str, Any]],
+    vectors: np.ndarray,
+    relations: pa.Table,
+    chunks: list[dict[str, Any]],
+    chunk_vectors: np.ndarray,
+    cfg: HyGRAGConfig,
+    seed: int,
+    summarizer,
+    embed,
+    on_layer=None,
+):
     """Summary entities (with text vectors), their ``summary_of`` relations, one community per bucket and the
     layer statistics (``schemas.tables.LayerRow``). Layer 1 buckets entities and chunks by their Cleora vectors,
     the layers above bucket summaries by their text vectors."""
@@ -162,18 +181,41 @@ def build_layers(entities: list[dict[str, Any]], vectors: np.ndarray, relations:
     index = {e["id"]: i for i, e in enumerate(entities)}
     chunk_at = {c["id"]: j for j, c in enumerate(chunks)}
     entity_chunks = [[chunk_at[c] for c in e["source_chunk_ids"] if c in chunk_at] for e in entities]
-    links = chunk_links(entity_chunks, len(chunks), cfg.shared_entities, max(1, int(cfg.max_entity_chunks * len(chunks))))
-    pairs = [(index.get(a), index.get(b), float(w)) for a, b, w in zip(
-        relations.column("source_id").to_pylist(), relations.column("target_id").to_pylist(),
-        relations.column("weight").to_pylist())]
-    adj = hybrid_adjacency(len(entities), [p for p in pairs if p[0] is not None and p[1] is not None], entity_chunks, links)
+    links = chunk_links(
+        entity_chunks, len(chunks), cfg.shared_entities, max(1, int(cfg.max_entity_chunks * len(chunks)))
+    )
+    pairs = [
+        (index.get(a), index.get(b), float(w))
+        for a, b, w in zip(
+            relations.column("source_id").to_pylist(),
+            relations.column("target_id").to_pylist(),
+            relations.column("weight").to_pylist(),
+        )
+    ]
+    adj = hybrid_adjacency(
+        len(entities), [p for p in pairs if p[0] is not None and p[1] is not None], entity_chunks, links
+    )
     text = np.concatenate([vectors.reshape(-1, dim), chunk_vectors.reshape(-1, dim)]).astype(np.float32)
-    nodes = [*entities, *({"id": c["id"], "name": " ".join(c["text"].split()[:8]), "type": CHUNK_TYPE,
-                           "description": c["text"]} for c in chunks)]
+    nodes = [
+        *entities,
+        *(
+            {"id": c["id"], "name": " ".join(c["text"].split()[:8]), "type": CHUNK_TYPE, "description": c["text"]}
+            for c in chunks
+        ),
+    ]
     x = unit(unit(text) + cleora(adj, text, cfg.cleora_iterations))
     ents, matrix, rels, stats, _ = summary_layers(
-        nodes, x, cfg.max_layers, cfg.min_bucket, seed, lambda z, s: lsh_buckets(z, cfg.lsh_bits, cfg.min_bucket, cfg.max_bucket, s),
-        summarizer, embed, next_features=unit, on_layer=on_layer)
+        nodes,
+        x,
+        cfg.max_layers,
+        cfg.min_bucket,
+        seed,
+        lambda z, s: lsh_buckets(z, cfg.lsh_bits, cfg.min_bucket, cfg.max_bucket, s),
+        summarizer,
+        embed,
+        next_features=unit,
+        on_layer=on_layer,
+    )
     owned: dict[str, list[str]] = {}  # a summary's chunk members are its source chunks, not summary_of links
     for r in rels:
         if r["source_id"] in chunk_at:
@@ -199,11 +241,25 @@ class HyGRAG:
             summarizer = summarizer_for(ctx, 1, **_synthesis())
             chunk_vectors = layer0.chunk_vectors if layer0.chunk_vectors is not None else np.zeros((0, 0), np.float32)
             ents, vecs, rels, communities, stats = st.run(
-                build_layers, layer0.entities, layer0.vectors, layer0.relations, layer0.chunks, chunk_vectors,
-                cfg.hygrag, cfg.seed, summarizer, ctx.embed, on_layer=lambda _s: st.advance(1))
+                build_layers,
+                layer0.entities,
+                layer0.vectors,
+                layer0.relations,
+                layer0.chunks,
+                chunk_vectors,
+                cfg.hygrag,
+                cfg.seed,
+                summarizer,
+                ctx.embed,
+                on_layer=lambda _s: st.advance(1),
+            )
             layers = stats
-            st.done(f"{len([r for r in layers if not r['stopped']])} layers, {len(ents)} summary nodes, "
-                    f"{len(communities)} buckets", summary_entities=len(ents), communities=len(communities))
+            st.done(
+                f"{len([r for r in layers if not r['stopped']])} layers, {len(ents)} summary nodes, "
+                f"{len(communities)} buckets",
+                summary_entities=len(ents),
+                communities=len(communities),
+            )
         rels = relation_table(rels)
         entities, relations = layer0.entities + ents, pa.concat_tables([layer0.relations, rels])
         reports, report_vecs, failures = write_reports(ctx, communities, entities, relations)
@@ -229,12 +285,25 @@ def fill_bilevel(view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) ->
     layer0 = np.flatnonzero(view.ent_layer == 0)
     local = [i for i in top_k(scores, cfg.top_n, layer0) if scores[i] >= cfg.min_similarity]
     ctx.entities, ctx.tokens["entities"] = fill(
-        [{"id": view.ent_ids[i], "name": view.ent_name[i], "type": view.ent_type[i], "layer": 0,
-          "score": round(float(scores[i]), 4),
-          "text": f"- {view.ent_name[i]} ({view.ent_type[i]}): {view.ent_desc[i]}"}
-         for i in local if not repeats(view.ent_desc[i], sources)], budgets["entities"])
-    summaries = [i for i in top_k(scores, cfg.max_communities, np.flatnonzero(view.ent_layer > 0))
-                 if scores[i] >= cfg.min_similarity]
+        [
+            {
+                "id": view.ent_ids[i],
+                "name": view.ent_name[i],
+                "type": view.ent_type[i],
+                "layer": 0,
+                "score": round(float(scores[i]), 4),
+                "text": f"- {view.ent_name[i]} ({view.ent_type[i]}): {view.ent_desc[i]}",
+            }
+            for i in local
+            if not repeats(view.ent_desc[i], sources)
+        ],
+        budgets["entities"],
+    )
+    summaries = [
+        i
+        for i in top_k(scores, cfg.max_communities, np.flatnonzero(view.ent_layer > 0))
+        if scores[i] >= cfg.min_similarity
+    ]
     comms = [c for c in (represented(view, i) for i in summaries) if c is not None]
     items = []
     for c in comms:
@@ -242,9 +311,17 @@ def fill_bilevel(view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) ->
         rep = view.reports.get(comm["id"])
         if rep is not None:
             findings = " ".join(f"• {f}" for f in (rep["findings"] or [])[:3])
-            items.append({"id": comm["id"], "level": comm["level"], "title": rep["title"], "rating": rep["rating"],
-                          "summary": rep["summary"], "findings": rep["findings"],
-                          "text": f"- [{rep['title']}] {rep['summary']} {findings}".strip()})
+            items.append(
+                {
+                    "id": comm["id"],
+                    "level": comm["level"],
+                    "title": rep["title"],
+                    "rating": rep["rating"],
+                    "summary": rep["summary"],
+                    "findings": rep["findings"],
+                    "text": f"- [{rep['title']}] {rep['summary']} {findings}".strip(),
+                }
+            )
     ctx.communities, ctx.tokens["communities"] = fill(items, budgets["communities"])
     if "bridge" not in budgets:
         return
@@ -262,6 +339,12 @@ def fill_bilevel(view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) ->
         r = view.rel_rows[k]
         if r["kind"] != "extracted" or repeats(r["description"], sources):
             continue
-        rows.append({"source": r["source_id"], "target": r["target_id"], "kind": r["kind"],
-                     "text": f"- {_name(view, r['source_id'])} — {_name(view, r['target_id'])}: {r['description']}"})
+        rows.append(
+            {
+                "source": r["source_id"],
+                "target": r["target_id"],
+                "kind": r["kind"],
+                "text": f"- {_name(view, r['source_id'])} — {_name(view, r['target_id'])}: {r['description']}",
+            }
+        )
     ctx.bridge, ctx.tokens["bridge"] = fill(rows, budgets["bridge"])

@@ -29,7 +29,9 @@ def register(method: IndexMethod) -> IndexMethod:
     taken = {mode: m.name for m in _METHODS.values() if m.name != method.name for mode in (*m.modes, *SHARED_MODES)}
     clash = [mode for mode in method.modes if mode in taken or mode in SHARED_MODES]
     if clash:
-        raise ValueError(f"method {method.name!r}: mode(s) {clash} already offered by {sorted({taken.get(c, 'every index') for c in clash})}")
+        raise ValueError(
+            f"method {method.name!r}: mode(s) {clash} already offered by {sorted({taken.get(c, 'every index') for c in clash})}"
+        )
     _METHODS[method.name] = method
     return method
 

@@ -22,10 +22,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.store.rows import relation_table
 from tasks.index.chunk import count_tokens, truncate_tokens
-from tasks.store.ids import make_id
 from tasks.runtime.llm import LLMClient, ParseError, parse_json, run_sync
+from tasks.store.ids import make_id
+from tasks.store.rows import relation_table
 
 PROMPT_VERSION = "community-report/1"
 MAX_FINDINGS = 5
@@ -40,8 +40,10 @@ class RelationIndex:
         at = {e: i for i, e in enumerate(entity_ids)}
         ids = pa.array(entity_ids, pa.string())
         # entity positions found by Arrow (no Python string per relation end: 2.3M relations at 100k chunks)
-        src, tgt = (pc.fill_null(pc.index_in(t.column(c), value_set=ids), -1).to_numpy().astype(np.int64)
-                    for c in ("source_id", "target_id"))
+        src, tgt = (
+            pc.fill_null(pc.index_in(t.column(c), value_set=ids), -1).to_numpy().astype(np.int64)
+            for c in ("source_id", "target_id")
+        )
         known = np.flatnonzero((src >= 0) & (tgt >= 0))
         # no copy of the table (its descriptions are 260 MB at 100k chunks): a community's rows are taken from
         # the record batches they lie in (a take from the chunked table would concatenate it on every call)
@@ -63,7 +65,7 @@ class RelationIndex:
         m = np.array(sorted({self.at[e] for e in members}), dtype=np.int64)
         if not len(m) or not len(self.src):
             return np.zeros(0, dtype=np.int64)
-        cand = np.unique(np.concatenate([self.by_node[self.start[i]:self.start[i + 1]] for i in m]))
+        cand = np.unique(np.concatenate([self.by_node[self.start[i] : self.start[i + 1]] for i in m]))
         cand = cand[np.isin(self.src[cand], m) & np.isin(self.tgt[cand], m)]
         return cand[np.lexsort((self.rank[cand], -self.weight[cand], ~self.extracted[cand]))]
 
@@ -116,7 +118,9 @@ def offline_report(comm, ents, index, child_reports: list[dict[str, Any]], budge
     own = " ".join(descriptions)
     if child_reports and count_tokens(own) > budget:
         # too big to describe directly: roll up the sub-community reports (bottom-up)
-        parts = [f"{c['title']}: {c['summary']}" for c in sorted(child_reports, key=lambda c: (-c["rating"], c["title"]))]
+        parts = [
+            f"{c['title']}: {c['summary']}" for c in sorted(child_reports, key=lambda c: (-c["rating"], c["title"]))
+        ]
         summary = truncate_tokens(" ".join(parts), budget // 3)
         findings = [f for c in child_reports for f in c["findings"][:1]][:MAX_FINDINGS]
     else:
@@ -130,10 +134,15 @@ def report_prompt(comm, ents, index, child_reports, budget: int) -> list[dict[st
     if child_reports and sum(count_tokens(ents[e]["description"]) for e in ranked) > budget:
         material = "Sub-community reports:\n" + "\n".join(f"- {c['title']}: {c['summary']}" for c in child_reports)
     else:
-        material = "Entities:\n" + "\n".join(f"- {ents[e]['name']} ({ents[e]['type']}): {ents[e]['description']}" for e in ranked)
+        material = "Entities:\n" + "\n".join(
+            f"- {ents[e]['name']} ({ents[e]['type']}): {ents[e]['description']}" for e in ranked
+        )
         material += "\nRelations:\n" + "\n".join(f"- {_finding(r, ents)}" for r in rels)
     return [
-        {"role": "system", "content": "You write concise, factual reports about communities of a knowledge graph. Answer with JSON only."},
+        {
+            "role": "system",
+            "content": "You write concise, factual reports about communities of a knowledge graph. Answer with JSON only.",
+        },
         {
             "role": "user",
             "content": truncate_tokens(material, budget)
@@ -163,12 +172,14 @@ def build_reports(
     done: dict[str, dict[str, Any]] = dict(existing or {})
     failures: list[dict[str, str]] = []
     for level in sorted({c["level"] for c in communities}, reverse=True):
-        batch = [c for c in communities if c["level"] == level and (only is None or c["id"] in only or c["id"] not in done)]
+        batch = [
+            c for c in communities if c["level"] == level and (only is None or c["id"] in only or c["id"] not in done)
+        ]
         if not batch:
             continue
         drafts = [offline_report(c, ents, index, [done[k] for k in children[c["id"]]], budget) for c in batch]
         max_w = max((d["weight"] for d in drafts), default=0.0)
-        for c, d in zip(batch, drafts):
+        for d in drafts:
             d["rating"] = round(10 * math.log1p(d["weight"]) / math.log1p(max_w), 2) if max_w > 0 else 0.0
         if client is not None:
             answers = run_sync(_llm_level(client, batch, ents, index, children, done, budget))
@@ -202,8 +213,14 @@ def parse_report(text: str) -> dict[str, Any]:
     findings = data.get("findings") or []
     if not isinstance(findings, list):
         findings = [findings]
-    findings = [f if isinstance(f, str) else (f.get("summary") or f.get("explanation") or json.dumps(f)) if isinstance(f, dict) else str(f)
-                for f in findings]
+    findings = [
+        f
+        if isinstance(f, str)
+        else (f.get("summary") or f.get("explanation") or json.dumps(f))
+        if isinstance(f, dict)
+        else str(f)
+        for f in findings
+    ]
     return {
         "title": str(data["title"]).strip()[:300],
         "summary": str(data.get("summary", "")).strip(),

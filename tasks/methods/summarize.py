@@ -24,8 +24,8 @@ import numpy as np
 from sklearn.feature_extraction.text import CountVectorizer
 
 from tasks.index.chunk import truncate_tokens
-from tasks.store.ids import make_id
 from tasks.runtime.llm import LLMClient, ParseError, parse_json, run_sync
+from tasks.store.ids import make_id
 
 PROMPT_VERSION = "summary-entities/1"
 
@@ -166,7 +166,9 @@ class OfflineSummarizer:
             # content first, no template words: the start of the description is what gets embedded
             head = f"{', '.join(shown) or name}: {', '.join(names)}{more}."
             body = " ".join(m["description"] for m in central)
-            out.append([{"name": name, "type": etype, "description": truncate_tokens(f"{head} {body}", self.max_tokens)}])
+            out.append(
+                [{"name": name, "type": etype, "description": truncate_tokens(f"{head} {body}", self.max_tokens)}]
+            )
         return out
 
 
@@ -197,8 +199,10 @@ def summary_prompt(members: list[dict[str, Any]], meta: list[str], n: int, max_t
 def synthesis_prompt(members: list[dict[str, Any]], meta: list[str], n: int, max_tokens: int) -> list[dict[str, str]]:
     """HyGRAG's summary node: a bucket holds passages (type ``chunk``) and entities; the summary synthesises the
     context the passages share and the relations among the entities, within ``max_tokens``."""
-    listing = "\n".join(f"- [{'passage' if m['type'] == 'chunk' else m['type']}] {m['name']}: "
-                        f"{truncate_tokens(m['description'], 120)}" for m in members)
+    listing = "\n".join(
+        f"- [{'passage' if m['type'] == 'chunk' else m['type']}] {m['name']}: {truncate_tokens(m['description'], 120)}"
+        for m in members
+    )
     listing = truncate_tokens(listing, max_tokens * 8)
     return [
         {
@@ -227,8 +231,15 @@ class LLMSummarizer:
     """Summary entities through an LLM; every cluster of a layer is sent concurrently. ``prompt`` builds the
     messages for one cluster (HiRAG's ``summary_prompt`` by default); ``prompt_version`` keys the cache."""
 
-    def __init__(self, client: LLMClient, meta_entities: list[str], per_cluster: int = 1, max_description_tokens: int = 250,
-                 prompt=summary_prompt, prompt_version: str = PROMPT_VERSION):
+    def __init__(
+        self,
+        client: LLMClient,
+        meta_entities: list[str],
+        per_cluster: int = 1,
+        max_description_tokens: int = 250,
+        prompt=summary_prompt,
+        prompt_version: str = PROMPT_VERSION,
+    ):
         self.prompt, self.prompt_version = prompt, prompt_version
         self.client = client
         self.meta = meta_entities
@@ -266,7 +277,9 @@ class LLMSummarizer:
                 messages, prompt_version=self.prompt_version, json_mode=True, parse=lambda t: self._parse(cluster, t)
             )
         except Exception as exc:  # noqa: BLE001 - fall back, never lose the cluster
-            self.failures.append({"item": ",".join(m["id"] for m in cluster.members[:3]), "error": f"{type(exc).__name__}: {exc}"})
+            self.failures.append(
+                {"item": ",".join(m["id"] for m in cluster.members[:3]), "error": f"{type(exc).__name__}: {exc}"}
+            )
             return None
 
     async def _all(self, clusters: list[Cluster]) -> list[list[dict[str, Any]] | None]:

@@ -46,20 +46,23 @@ def answer(ctx: Context, client=None, embed=None) -> dict[str, str]:
         text = run_sync(client.complete(answer_messages(ctx), prompt_version=PROMPT_VERSION))
         return {"kind": "llm", "text": str(text).strip(), **({"note": note} if note else {})}
     except Exception as exc:  # noqa: BLE001
-        return {"kind": "extractive", "text": extractive_answer(ctx, embed), "note": f"LLM answer failed: {type(exc).__name__}: {exc}"}
+        return {
+            "kind": "extractive",
+            "text": extractive_answer(ctx, embed),
+            "note": f"LLM answer failed: {type(exc).__name__}: {exc}",
+        }
 
 
 # ---------------------------------------------------------------------------- extractive answer
 _SENT = re.compile(r"(?<=[.!?])\s+")
 
 
-
 _WORD = re.compile(r"[a-z0-9]+")
 
 
-
-_STOP = set("the a an of in on at to for and or is was were are be by with from as that this which who what when where how why did does do".split())
-
+_STOP = set(
+    "the a an of in on at to for and or is was were are be by with from as that this which who what when where how why did does do".split()
+)
 
 
 def answer_candidates(ctx: Context) -> list[tuple[str, str]]:
@@ -80,32 +83,27 @@ def answer_candidates(ctx: Context) -> list[tuple[str, str]]:
     return list(out.items())
 
 
-
 #: candidates scored, in context order (the sources' ranking first): embedding them is the answer's cost
 MAX_CANDIDATES = 32
-
 
 
 #: added to a second sentence that names something the first names and the question does not (the next hop)
 CHAIN_BONUS = 0.6
 
 
-
 _NAME = re.compile(r"\b[A-Z][\w'-]*(?:\s+(?:of|the|de|van|von)?\s*[A-Z][\w'-]*)*")
 
 
-
 _NOT_NAMES = _STOP | set("he she it they his her its their there these those i we you but if then".split())
-
 
 
 def _names(text: str) -> set[str]:
     return {n.lower() for n in _NAME.findall(text)} - _NOT_NAMES
 
 
-
-def best_sentences(ctx: Context, embed: Callable[[list[str]], np.ndarray] | None = None,
-                   k: int = 2) -> list[tuple[str, str]]:
+def best_sentences(
+    ctx: Context, embed: Callable[[list[str]], np.ndarray] | None = None, k: int = 2
+) -> list[tuple[str, str]]:
     """The ``k`` of the first ``MAX_CANDIDATES`` answer candidates (``answer_candidates``) that best answer the
     question: by cosine similarity to the question (``embed``, the question's embedder, with ``ctx.query_vector``;
     without them, by the share of the question's words each holds); after the first, ``CHAIN_BONUS`` for a sentence that names what the first
@@ -127,9 +125,8 @@ def best_sentences(ctx: Context, embed: Callable[[list[str]], np.ndarray] | None
     hop = _names(cands[first][0]) - _names(ctx.question)
     rest = score + np.asarray([CHAIN_BONUS * bool(hop & _names(s)) for s, _ in cands])
     rest[first] = -np.inf
-    order = [first] + [int(i) for i in np.lexsort((np.arange(len(cands)), -rest))[:k - 1] if rest[i] > 0]
+    order = [first] + [int(i) for i in np.lexsort((np.arange(len(cands)), -rest))[: k - 1] if rest[i] > 0]
     return [cands[i] for i in order]
-
 
 
 def extractive_answer(ctx: Context, embed: Callable[[list[str]], np.ndarray] | None = None, k: int = 2) -> str:

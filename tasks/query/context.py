@@ -27,7 +27,6 @@ def top_k(scores: np.ndarray, k: int, candidates: np.ndarray | None = None) -> l
     return [int(i) for i in idx[order]]
 
 
-
 # ---------------------------------------------------------------------------- context assembly
 @dataclass
 class Context:
@@ -63,22 +62,30 @@ class Context:
 
     def as_dict(self) -> dict[str, Any]:
         """The context as plain data (``strata query --json``, the service): texts with Unix line ends."""
+
         def plain(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-            return [it | {"text": it["text"].replace("\r\n", "\n")} if "\r" in it.get("text", "") else it for it in items]
+            return [
+                it | {"text": it["text"].replace("\r\n", "\n")} if "\r" in it.get("text", "") else it for it in items
+            ]
 
         return {
-            "question": self.question, "mode": self.mode, "version": self.version, "message": self.message,
-            "tokens": self.tokens, "entities": plain(self.entities), "communities": plain(self.communities),
-            "bridge": plain(self.bridge), "chunks": plain(self.chunks), "seeds": self.seeds,
+            "question": self.question,
+            "mode": self.mode,
+            "version": self.version,
+            "message": self.message,
+            "tokens": self.tokens,
+            "entities": plain(self.entities),
+            "communities": plain(self.communities),
+            "bridge": plain(self.bridge),
+            "chunks": plain(self.chunks),
+            "seeds": self.seeds,
         }
-
 
 
 def budgets(cfg: RetrievalConfig, sections: tuple[str, ...]) -> dict[str, int]:
     shares = {s: getattr(cfg, f"share_{s}") for s in (*sections, "chunks")}
     total = sum(shares.values()) or 1.0
     return {s: int(cfg.token_budget * v / total) for s, v in shares.items()}
-
 
 
 def fill(items: list[dict[str, Any]], budget: int) -> tuple[list[dict[str, Any]], int]:

@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 from schemas.config import RetrievalConfig
-from tasks.query.context import Context
-from tasks.query.view import IndexView
 from tasks.query.answer import best_sentences
+from tasks.query.context import Context
 from tasks.query.retrieve import retrieve
+from tasks.query.view import IndexView
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans({c: " " for c in string.punctuation})
@@ -157,8 +157,9 @@ def _mean(values: list[Any]) -> float:
     return float(np.mean(kept)) if kept else float("nan")
 
 
-def _run_mode(view: IndexView, embed, queries: list[dict[str, Any]], mode: str,
-              cfg: RetrievalConfig, sentence_embed=None) -> tuple[ModeResult, list[dict[str, Any]]]:
+def _run_mode(
+    view: IndexView, embed, queries: list[dict[str, Any]], mode: str, cfg: RetrievalConfig, sentence_embed=None
+) -> tuple[ModeResult, list[dict[str, Any]]]:
     """Every question through one mode at ``cfg.token_budget``: the summary and one row per question."""
     rows: list[dict[str, Any]] = []
     for q in queries:
@@ -169,22 +170,34 @@ def _run_mode(view: IndexView, embed, queries: list[dict[str, Any]], mode: str,
         supporting = q["supporting_passage_ids"]
         ranked = ranked_passages(ctx, view, max(RECALL_KS))
         answers = ([q["answer"]] if q.get("answer") else []) + list(q.get("answer_aliases") or [])
-        rows.append({
-            "mode": mode, "token_budget": cfg.token_budget, "query_id": q["id"],
-            "passage_recall": passage_recall(supporting, retrieved_passages(ctx, view)),
-            **{f"recall_at_{k}": recall_at_k(supporting, ranked, k) for k in RECALL_KS},
-            "answer_in_context": answer_in_context(answers, ctx.text()) if answers else None,
-            "answer_in_extractive": answer_in_context(answers, " ".join(s for s, _ in best_sentences(ctx, sentence_embed)))
-            if answers else None,
-            "context_tokens": sum(ctx.tokens.values()), "latency_ms": ms, "n_chunks": len(ctx.chunks),
-        })
+        rows.append(
+            {
+                "mode": mode,
+                "token_budget": cfg.token_budget,
+                "query_id": q["id"],
+                "passage_recall": passage_recall(supporting, retrieved_passages(ctx, view)),
+                **{f"recall_at_{k}": recall_at_k(supporting, ranked, k) for k in RECALL_KS},
+                "answer_in_context": answer_in_context(answers, ctx.text()) if answers else None,
+                "answer_in_extractive": answer_in_context(
+                    answers, " ".join(s for s, _ in best_sentences(ctx, sentence_embed))
+                )
+                if answers
+                else None,
+                "context_tokens": sum(ctx.tokens.values()),
+                "latency_ms": ms,
+                "n_chunks": len(ctx.chunks),
+            }
+        )
     lat = [r["latency_ms"] for r in rows]
     hits = [r["answer_in_context"] for r in rows if r["answer_in_context"] is not None]
     result = ModeResult(
-        mode=mode, token_budget=cfg.token_budget, n_queries=len(queries),
+        mode=mode,
+        token_budget=cfg.token_budget,
+        n_queries=len(queries),
         passage_recall=_mean([r["passage_recall"] for r in rows]),
         **{f"recall_at_{k}": _mean([r[f"recall_at_{k}"] for r in rows]) for k in RECALL_KS},
-        answer_in_context=_mean(hits), n_answerable=len(hits),
+        answer_in_context=_mean(hits),
+        n_answerable=len(hits),
         answer_in_extractive=_mean([r["answer_in_extractive"] for r in rows if r["answer_in_extractive"] is not None]),
         mean_context_tokens=float(np.mean([r["context_tokens"] for r in rows])) if rows else 0.0,
         latency_p50_ms=float(np.percentile(lat, 50)) if lat else 0.0,
@@ -207,7 +220,11 @@ def _cached(embed):
 
 
 def evaluate(
-    view: IndexView, embed, queries: list[dict[str, Any]], modes: list[str], cfg: RetrievalConfig,
+    view: IndexView,
+    embed,
+    queries: list[dict[str, Any]],
+    modes: list[str],
+    cfg: RetrievalConfig,
     budgets: list[int] | None = None,
 ) -> tuple[list[ModeResult], list[dict[str, Any]]]:
     """Run every question through every mode at every budget (None: ``cfg.token_budget``); returns the

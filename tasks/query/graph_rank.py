@@ -37,8 +37,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from schemas.config import RetrievalConfig
-from tasks.store.ids import normalize_name
 from tasks.query.lexical import BM25Index
+from tasks.store.ids import normalize_name
 
 _WORD = re.compile(r"\S+")
 _NUMERIC = re.compile(r"^[\d\s.,:/\-–%$€£]+$")
@@ -116,20 +116,33 @@ def build_passage_graph(
     chunk_ent = sp.csr_matrix((cnt.astype(np.float64), (c, e)), shape=(n_chunks, n_ent))
     df = np.asarray((chunk_ent > 0).sum(axis=0)).ravel()
 
-    numeric = np.array([bool(_NUMERIC.match(ent_names[v])) or ent_types[v] in NOT_SEED_TYPES for v in ent_view], dtype=bool)
+    numeric = np.array(
+        [bool(_NUMERIC.match(ent_names[v])) or ent_types[v] in NOT_SEED_TYPES for v in ent_view], dtype=bool
+    )
     seedable = ~numeric & (df >= 1) & (df <= max(2, params.max_df * n_chunks))
 
     sents = m.select(["c", "description", "e"]).unique().sort(["c", "description", "e"])
     sent_keys = sents.select(["c", "description"]).unique(maintain_order=True)
     sent_id = {(int(a), b): i for i, (a, b) in enumerate(sent_keys.iter_rows())}
-    rows = np.fromiter((sent_id[(int(a), b)] for a, b in zip(sents["c"], sents["description"])), dtype=np.int64, count=len(sents))
+    rows = np.fromiter(
+        (sent_id[(int(a), b)] for a, b in zip(sents["c"], sents["description"])), dtype=np.int64, count=len(sents)
+    )
     sent_ent = sp.csr_matrix((np.ones(len(rows)), (rows, sents["e"].to_numpy())), shape=(len(sent_keys), n_ent))
     sent_chunk = sent_keys["c"].to_numpy().astype(np.int64)
     sent_index = BM25Index(sent_keys["description"].to_list())
 
     walk = _transition(chunk_ent, relations, node_of_view, n_chunks, n_ent, params.relation_share)
-    return PassageGraph(n_chunks, ent_view, keys, df, seedable, sent_chunk, sent_ent, sent_index,
-                        (params.damping * walk.T).tocsr().astype(np.float32))
+    return PassageGraph(
+        n_chunks,
+        ent_view,
+        keys,
+        df,
+        seedable,
+        sent_chunk,
+        sent_ent,
+        sent_index,
+        (params.damping * walk.T).tocsr().astype(np.float32),
+    )
 
 
 def _row_normalize(m: sp.csr_matrix) -> sp.csr_matrix:
@@ -215,7 +228,9 @@ def personalization(
     return (s / total if total > 0 else s), {"named": named, "similar": similar, "chained": sorted(set(chained))}
 
 
-def ppr(walk: sp.csr_matrix, restart: np.ndarray, damping: float, iterations: int = 30, tol: float = 1e-7) -> np.ndarray:
+def ppr(
+    walk: sp.csr_matrix, restart: np.ndarray, damping: float, iterations: int = 30, tol: float = 1e-7
+) -> np.ndarray:
     """Personalized PageRank by power iteration: r = (1 - d) s + d Pᵀ r (``walk`` is d Pᵀ)."""
     base = ((1.0 - damping) * restart).astype(walk.dtype)
     r = restart.astype(walk.dtype)
@@ -227,8 +242,9 @@ def ppr(walk: sp.csr_matrix, restart: np.ndarray, damping: float, iterations: in
     return r
 
 
-def rank_chunks(graph: PassageGraph, question: str, prior: np.ndarray, params: RankParams,
-                ent_sims: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+def rank_chunks(
+    graph: PassageGraph, question: str, prior: np.ndarray, params: RankParams, ent_sims: np.ndarray | None = None
+) -> tuple[np.ndarray, dict[str, Any]]:
     """PPR score of every chunk (higher first) and the seeds used."""
     restart, seeds = personalization(graph, question, prior, params, ent_sims)
     if restart.sum() == 0:  # no related chunk and no seed: nothing to rank

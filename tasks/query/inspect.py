@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks.methods.registry import all_methods, get_method
 from tasks.store.catalog import Catalog
 from tasks.store.rows import snapshot_note
-from tasks.methods.registry import all_methods, get_method
 
 
 def inspect_data(cat: Catalog, as_of: int | None, runs: int) -> dict[str, Any]:
@@ -39,18 +39,32 @@ def inspect_data(cat: Catalog, as_of: int | None, runs: int) -> dict[str, Any]:
         ],
         "relations_by_kind": {k["values"]: k["counts"] for k in sorted(kinds, key=lambda k: k["values"])},
         "nodes": node_counts(cat, snap, own),
-        "communities": [{"level": level, "count": len(v), "min_size": min(v), "median_size": statistics.median(v),
-                         "max_size": max(v)} for level, v in sorted(sizes.items())],
+        "communities": [
+            {
+                "level": level,
+                "count": len(v),
+                "min_size": min(v),
+                "median_size": statistics.median(v),
+                "max_size": max(v),
+            }
+            for level, v in sorted(sizes.items())
+        ],
         "runs": [
             {
-                "id": r["id"], "flow": r["flow"], "status": r["status"],
+                "id": r["id"],
+                "flow": r["flow"],
+                "status": r["status"],
                 "started_at": r["started_at"].isoformat() if r["started_at"] else None,
                 "ended_at": r["ended_at"].isoformat() if r["ended_at"] else None,
-                "snapshot_version": r["snapshot_version"], "error": r["error"],
+                "snapshot_version": r["snapshot_version"],
+                "error": r["error"],
             }
             for r in cat.runs(limit=runs)
         ],
-        "versions": [{"version": s["version"], "created_at": s["created_at"].isoformat(), "kind": s["kind"]} for s in cat.snapshots()],
+        "versions": [
+            {"version": s["version"], "created_at": s["created_at"].isoformat(), "kind": s["kind"]}
+            for s in cat.snapshots()
+        ],
     }
 
 
@@ -62,9 +76,12 @@ def node_counts(cat: Catalog, snap: dict[str, Any], kinds: tuple[str, ...]) -> l
     ents = pl.from_arrow(cat.read("entities", snap=snap, columns=["id", "layer"]))
     per = ents.group_by("layer").agg(nodes=pl.len())
     if kinds:
-        links = (pl.from_arrow(cat.read("relations", snap=snap, columns=["source_id", "kind"]))
-                 .filter(pl.col("kind").is_in(list(kinds)))
-                 .join(ents.rename({"id": "source_id"}), on="source_id")
-                 .group_by("layer").agg(**{k: (pl.col("kind") == k).sum() for k in kinds}))
+        links = (
+            pl.from_arrow(cat.read("relations", snap=snap, columns=["source_id", "kind"]))
+            .filter(pl.col("kind").is_in(list(kinds)))
+            .join(ents.rename({"id": "source_id"}), on="source_id")
+            .group_by("layer")
+            .agg(**{k: (pl.col("kind") == k).sum() for k in kinds})
+        )
         per = per.join(links, on="layer", how="left").fill_null(0)
     return per.sort("layer").to_dicts()

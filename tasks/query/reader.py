@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas.config import StrataConfig
-from tasks.store.catalog import Catalog
 from tasks.errors import UsageError
 from tasks.methods.registry import all_modes, index_modes
+from tasks.store.catalog import Catalog
 
 
 def check_mode(method: str, mode: str | None) -> str:
@@ -59,8 +59,9 @@ class Reader:
         changed, self.view = view.version != self.view.version, view
         return changed
 
-    def ask(self, question: str, mode: str | None = None, budget: int | None = None, view: Any = None
-            ) -> tuple[Any, dict[str, Any], float]:
+    def ask(
+        self, question: str, mode: str | None = None, budget: int | None = None, view: Any = None
+    ) -> tuple[Any, dict[str, Any], float]:
         """Retrieve a context for ``question`` from ``view`` (default: the reader's) and answer it: the context,
         the answer (``tasks.query.answer.answer``) and the retrieval's milliseconds."""
         from tasks.query.answer import answer
@@ -68,7 +69,7 @@ class Reader:
 
         view = view or self.view
         if not question.strip():
-            raise UsageError("the question is empty: ask something, e.g. \"Who employed Bob Cratchit?\"")
+            raise UsageError('the question is empty: ask something, e.g. "Who employed Bob Cratchit?"')
         mode = check_mode(view.method, mode)
         cfg = self.cfg.retrieval if budget is None else self.cfg.retrieval.model_copy(update={"token_budget": budget})
         t0 = time.perf_counter()
@@ -77,14 +78,15 @@ class Reader:
         return ctx, answer(ctx, self.client, self.embedder.embed), ms
 
 
-def open_reader(index: str, cfg: StrataConfig, as_of: int | None = None, mode: str | None = None,
-                warm: bool = True) -> Reader:
+def open_reader(
+    index: str, cfg: StrataConfig, as_of: int | None = None, mode: str | None = None, warm: bool = True
+) -> Reader:
     """The index at ``index`` ready to answer: view, embedder (``warm``: its model loaded now, beside the view),
     LLM client. A missing index, an unknown snapshot or a mode the index does not offer fail before any model
     loads where they can."""
     from tasks.index.embed import check_dimension, question_embedder
-    from tasks.runtime.llm_client import LiteLLMClient
     from tasks.query.view import load_view
+    from tasks.runtime.llm_client import LiteLLMClient
 
     if mode is not None:
         check_modes([mode])

@@ -25,13 +25,12 @@ from typing import Any
 import numpy as np
 
 from schemas.config import RetrievalConfig
-from tasks.query.graph_rank import RankParams, rank_chunks
-from tasks.query.lexical import rrf
 from tasks.errors import UsageError
 from tasks.methods.registry import SHARED_MODES, get_method, index_modes
 from tasks.query.context import Context, budgets, top_k
+from tasks.query.graph_rank import RankParams, rank_chunks
+from tasks.query.lexical import rrf
 from tasks.query.view import IndexView
-
 
 MAX_SOURCES = 200  # candidates considered for the sources section
 
@@ -69,8 +68,9 @@ def source_ranking(
     return head + [j for j in ranked[cfg.safety_top :] if j not in head], seeds
 
 
-def _pack_sources(view: IndexView, order: list[int], scores: np.ndarray, budget: int,
-                  min_tokens: int = 20) -> tuple[list[dict[str, Any]], int]:
+def _pack_sources(
+    view: IndexView, order: list[int], scores: np.ndarray, budget: int, min_tokens: int = 20
+) -> tuple[list[dict[str, Any]], int]:
     """Whole chunks in rank order; one that does not fit the budget left is skipped, never cut."""
     out, used = [], 0
     for j in order:
@@ -80,8 +80,16 @@ def _pack_sources(view: IndexView, order: list[int], scores: np.ndarray, budget:
         text = f"[{view.doc_title.get(doc)}] {view.chunk_text[j]}"
         n = view.tokens(j, text)
         if used + n <= budget:
-            out.append({"id": view.chunk_ids[j], "document_id": doc, "source_id": view.doc_source.get(doc),
-                        "title": view.doc_title.get(doc), "score": round(float(scores[j]), 4), "text": text})
+            out.append(
+                {
+                    "id": view.chunk_ids[j],
+                    "document_id": doc,
+                    "source_id": view.doc_source.get(doc),
+                    "title": view.doc_title.get(doc),
+                    "score": round(float(scores[j]), 4),
+                    "text": text,
+                }
+            )
             used += n
     return out, used
 
@@ -90,15 +98,20 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
     """The three-level context (or a sources-only one) for one question, within ``cfg.token_budget``."""
     method = get_method(view.method)
     if mode not in method.modes and mode not in SHARED_MODES:
-        raise UsageError(f"unknown mode {mode!r}; this {view.method} index offers {', '.join(index_modes(view.method))}")
+        raise UsageError(
+            f"unknown mode {mode!r}; this {view.method} index offers {', '.join(index_modes(view.method))}"
+        )
     q = np.asarray(q, dtype=np.float32)  # a float64 query would upcast the whole vector matrix on every search
     ctx = Context(question=question, mode=mode, version=view.version, query_vector=q)
     shares = budgets(cfg, method.modes.get(mode, ()))
     ranking = SHARED_MODES.get(mode, "ppr")
     chunk_scores = view.similarity("chunks", q, cfg.ann_candidates)
     needs_entities = mode in method.modes or (ranking == "ppr" and cfg.ppr_vector_seeds)
-    ent_scores = (view.similarity("entities", q, cfg.ann_candidates) if needs_entities
-                  else np.zeros(len(view.ent_ids), np.float32))
+    ent_scores = (
+        view.similarity("entities", q, cfg.ann_candidates)
+        if needs_entities
+        else np.zeros(len(view.ent_ids), np.float32)
+    )
     chunk_order, seeds = source_ranking(view, question, chunk_scores, ent_scores, ranking, cfg)
 
     # sources first, in their share; then the method's levels, which skip what only repeats a source;
@@ -118,10 +131,9 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
     if ctx.empty:
         best = float(max(view.similarity("entities", q, 1), default=-1.0)) if len(view.ent_ids) else None
         ctx.message = (
-            "the index is empty: nothing to retrieve" if not view.ent_ids and not view.chunk_ids
+            "the index is empty: nothing to retrieve"
+            if not view.ent_ids and not view.chunk_ids
             else f"nothing in the index is related to the question (best similarity {best:.2f} < "
-                 f"retrieval.min_similarity {cfg.min_similarity})"
+            f"retrieval.min_similarity {cfg.min_similarity})"
         )
     return ctx
-
-

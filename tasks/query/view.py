@@ -66,7 +66,9 @@ class IndexView:
     _ntok: dict[int, int] = field(default_factory=dict)
     _lazy_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    lance_version: int | None = None  # the ``_snapshots`` table's Lance version seen before this (latest) view was resolved
+    lance_version: int | None = (
+        None  # the ``_snapshots`` table's Lance version seen before this (latest) view was resolved
+    )
     from_disk: bool = False
 
     def __getstate__(self) -> dict[str, Any]:
@@ -92,8 +94,11 @@ class IndexView:
     def similarity(self, name: str, q: np.ndarray, k: int) -> np.ndarray:
         """Cosine of ``q`` to every row of ``name`` (entities or chunks): a product with the vectors in memory,
         or, for a table past ``retrieval.ann_min_vectors``, its ``k`` nearest through the vector index (-1 elsewhere)."""
-        ids, index, vecs = ((self.chunk_ids, self.chunk_index, self.chunk_vecs) if name == "chunks"
-                            else (self.ent_ids, self.ent_index, self.ent_vecs))
+        ids, index, vecs = (
+            (self.chunk_ids, self.chunk_index, self.chunk_vecs)
+            if name == "chunks"
+            else (self.ent_ids, self.ent_index, self.ent_vecs)
+        )
         if not ids:
             return np.zeros(0, dtype=np.float32)
         if vecs is not None:
@@ -106,7 +111,9 @@ class IndexView:
     def adjacency(self, flat: bool) -> list[list[int]]:
         """Sorted neighbour lists of G_k (or of its layer-0 part), for bridge-path search."""
         graph = self.flat_graph if flat else self.graph
-        return self._once(("adj", flat), lambda: [sorted(graph.adj[n]) if n in graph else [] for n in range(len(self.ent_ids))])
+        return self._once(
+            ("adj", flat), lambda: [sorted(graph.adj[n]) if n in graph else [] for n in range(len(self.ent_ids))]
+        )
 
     def tokens(self, j: int, text: str) -> int:
         """Token count of chunk ``j``'s source text, counted once per view."""
@@ -117,8 +124,11 @@ class IndexView:
 
     def lexical(self) -> BM25Index:
         """BM25 over the chunk texts (each led by its document's own title, if it has one), built on first use."""
+
         def build() -> BM25Index:
-            titles = {d: explicit_title({"title": self.doc_title[d], "source_id": self.doc_source[d]}) for d in self.doc_title}
+            titles = {
+                d: explicit_title({"title": self.doc_title[d], "source_id": self.doc_source[d]}) for d in self.doc_title
+            }
             return BM25Index([f"{titles.get(d) or ''} {t}" for d, t in zip(self.chunk_doc, self.chunk_text)])
 
         return self._once("bm25", build)
@@ -136,13 +146,23 @@ class IndexView:
         else:
             table = schema_for("mentions", 0).empty_table().select(["kind", "chunk_id", "key", "description"])
         mentions = pl.from_arrow(table).filter(pl.col("kind") == "entity").drop("kind")
-        relations = [(self.ent_index.get(r["source_id"]), self.ent_index.get(r["target_id"]), float(r["weight"]))
-                     for r in self.rel_rows if r["kind"] == "extracted"]
-        return build_passage_graph(self.chunk_index, self.ent_name, self.ent_type, self.ent_layer, mentions,
-                                   [r for r in relations if r[0] is not None and r[1] is not None], params)
+        relations = [
+            (self.ent_index.get(r["source_id"]), self.ent_index.get(r["target_id"]), float(r["weight"]))
+            for r in self.rel_rows
+            if r["kind"] == "extracted"
+        ]
+        return build_passage_graph(
+            self.chunk_index,
+            self.ent_name,
+            self.ent_type,
+            self.ent_layer,
+            mentions,
+            [r for r in relations if r[0] is not None and r[1] is not None],
+            params,
+        )
 
     @classmethod
-    def load(cls, catalog: Catalog, as_of: int | None = None) -> "IndexView":
+    def load(cls, catalog: Catalog, as_of: int | None = None) -> IndexView:
         snap = catalog.require_snapshot(as_of)
         ann = {}  # vector tables searched through their LanceDB index: their vectors stay on disk
         for name in ("entities", "chunks"):
@@ -158,7 +178,10 @@ class IndexView:
         rels = catalog.read("relations", snap=snap).drop(["version"]).to_pylist()
         comms = catalog.read("communities", snap=snap).to_pylist()
         report_columns = [c for c in schema_for("community_reports", snap["dim"]).names if c != "vector"]
-        reports = {r["community_id"]: r for r in catalog.read("community_reports", snap=snap, columns=report_columns).to_pylist()}
+        reports = {
+            r["community_id"]: r
+            for r in catalog.read("community_reports", snap=snap, columns=report_columns).to_pylist()
+        }
         chunks = table("chunks")
         docs = catalog.read("documents", snap=snap, columns=["id", "source_id", "title"]).to_pylist()
         ids = ents.column("id").to_pylist()
@@ -185,15 +208,28 @@ class IndexView:
                 ent_comms[m].append(ci)
         chunk_ids = chunks.column("id").to_pylist()
         view = cls(
-            version=snap["version"], dim=snap["dim"], ent_ids=ids,
-            ent_name=ents.column("name").to_pylist(), ent_type=ents.column("type").to_pylist(),
-            ent_desc=ents.column("description").to_pylist(), ent_layer=layer,
-            ent_chunks=ents.column("source_chunk_ids").to_pylist(), ent_vecs=None if "entities" in ann else vector_matrix(ents),
-            graph=graph, edge_rel=dict(edge_rel), rel_rows=rels, communities=comms, ent_communities=dict(ent_comms),
-            reports=reports, chunk_ids=chunk_ids, chunk_text=chunks.column("text").to_pylist(),
-            chunk_doc=chunks.column("document_id").to_pylist(), chunk_vecs=None if "chunks" in ann else vector_matrix(chunks),
+            version=snap["version"],
+            dim=snap["dim"],
+            ent_ids=ids,
+            ent_name=ents.column("name").to_pylist(),
+            ent_type=ents.column("type").to_pylist(),
+            ent_desc=ents.column("description").to_pylist(),
+            ent_layer=layer,
+            ent_chunks=ents.column("source_chunk_ids").to_pylist(),
+            ent_vecs=None if "entities" in ann else vector_matrix(ents),
+            graph=graph,
+            edge_rel=dict(edge_rel),
+            rel_rows=rels,
+            communities=comms,
+            ent_communities=dict(ent_comms),
+            reports=reports,
+            chunk_ids=chunk_ids,
+            chunk_text=chunks.column("text").to_pylist(),
+            chunk_doc=chunks.column("document_id").to_pylist(),
+            chunk_vecs=None if "chunks" in ann else vector_matrix(chunks),
             chunk_index={c: i for i, c in enumerate(chunk_ids)},
-            doc_source={d["id"]: d["source_id"] for d in docs}, doc_title={d["id"]: d["title"] for d in docs},
+            doc_source={d["id"]: d["source_id"] for d in docs},
+            doc_title={d["id"]: d["title"] for d in docs},
         )
         view.flat_graph = flat
         view.ent_index = index
@@ -202,13 +238,10 @@ class IndexView:
         return view
 
 
-
 _VIEWS: OrderedDict[tuple[str, int], IndexView] = OrderedDict()
 
 
-
 _VIEWS_LOCK = threading.Lock()
-
 
 
 def load_view(catalog: Catalog, as_of: int | None = None) -> IndexView:
@@ -227,7 +260,6 @@ def load_view(catalog: Catalog, as_of: int | None = None) -> IndexView:
     return view
 
 
-
 def _cached(uri: str, version: int, load: Callable[[], IndexView | None]) -> IndexView | None:
     key = (uri, version)
     with _VIEWS_LOCK:
@@ -244,17 +276,14 @@ def _cached(uri: str, version: int, load: Callable[[], IndexView | None]) -> Ind
     return view
 
 
-
 # ---------------------------------------------------------------------------- the view on disk
 #: bump when what a view holds changes shape (a copy of another format is ignored and rewritten)
 VIEW_FORMAT = 1
 
 
-
 def _views_dir(catalog: Catalog) -> Path:
     """Where views are left: under the index for a local one, the local cache folder for a remote one."""
     return catalog.cache_dir / "views"
-
 
 
 def _snapshots_lance_version(catalog: Catalog) -> int | None:
@@ -280,7 +309,6 @@ def _code_stamp() -> str:
     return digest.hexdigest()[:16]
 
 
-
 def _disk_head(catalog: Catalog) -> dict[str, Any] | None:
     """The copy on disk's record, when it was made of the snapshot that is still the latest, by this code."""
     folder = _views_dir(catalog)
@@ -295,7 +323,6 @@ def _disk_head(catalog: Catalog) -> dict[str, Any] | None:
     return head
 
 
-
 def _data_files(catalog: Catalog) -> dict[str, int]:
     """Every data file of the snapshot tables, with its size: a copy is read only while these are as they were
     when it was made (a listing of a few folders; a damaged index then fails as a load from the tables does)."""
@@ -308,7 +335,6 @@ def _data_files(catalog: Catalog) -> dict[str, int]:
             for entry in os.scandir(folder):
                 files[f"{name}/{entry.name}"] = entry.stat().st_size
     return files
-
 
 
 def _read_disk_view(catalog: Catalog, head: dict[str, Any]) -> IndexView | None:
@@ -326,12 +352,11 @@ def _read_disk_view(catalog: Catalog, head: dict[str, Any]) -> IndexView | None:
     return view
 
 
-
 def remember_view(view: IndexView) -> None:
     """Leave the latest snapshot's view (with the BM25 index and passage graph it built) on disk, so that the next
-    process asking a question skips loading the tables and importing LanceDB (``strata query``: 3.4 s -> 1.6 s on
-    the demo index). Written aside and moved into place: under a local index, or in the local cache folder for one on
-object storage (``storage.cache_dir``); only for a view whose vectors it holds (not past ``ann_min_vectors``)."""
+        process asking a question skips loading the tables and importing LanceDB (``strata query``: 3.4 s -> 1.6 s on
+        the demo index). Written aside and moved into place: under a local index, or in the local cache folder for one on
+    object storage (``storage.cache_dir``); only for a view whose vectors it holds (not past ``ann_min_vectors``)."""
     import os
     import pickle
     import tempfile
@@ -342,8 +367,13 @@ object storage (``storage.cache_dir``); only for a view whose vectors it holds (
         return
     folder.mkdir(parents=True, exist_ok=True)
     name = f"view-v{view.version}.pkl"
-    head = {"version": view.version, "lance_version": view.lance_version, "code": _code_stamp(), "file": name,
-            "files": _data_files(catalog)}
+    head = {
+        "version": view.version,
+        "lance_version": view.lance_version,
+        "code": _code_stamp(),
+        "file": name,
+        "files": _data_files(catalog),
+    }
     try:
         with tempfile.NamedTemporaryFile("wb", dir=folder, delete=False, suffix=".tmp") as fh:
             pickle.dump(view, fh, protocol=pickle.HIGHEST_PROTOCOL)

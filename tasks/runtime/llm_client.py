@@ -58,12 +58,12 @@ class Usage:
     def tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
-    def add(self, other: "Usage") -> None:
+    def add(self, other: Usage) -> None:
         for k, v in asdict(other).items():
             setattr(self, k, getattr(self, k) + v)
 
 
-_SCOPE: contextvars.ContextVar["Usage | None"] = contextvars.ContextVar("strata_llm_usage_scope", default=None)
+_SCOPE: contextvars.ContextVar[Usage | None] = contextvars.ContextVar("strata_llm_usage_scope", default=None)
 
 
 @contextlib.contextmanager
@@ -110,9 +110,13 @@ class ResponseCache:
         self._conn = sqlite3.connect(str(path), check_same_thread=False, timeout=60)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")  # a cache: consistent after a crash, no fsync per answer
-        self._conn.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, text TEXT NOT NULL, created REAL)")
+        self._conn.execute(
+            "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, text TEXT NOT NULL, created REAL)"
+        )
         # prompts whose answers stayed unparseable: remembered so a re-run does not pay for them again
-        self._conn.execute("CREATE TABLE IF NOT EXISTS unparseable (key TEXT PRIMARY KEY, error TEXT NOT NULL, created REAL)")
+        self._conn.execute(
+            "CREATE TABLE IF NOT EXISTS unparseable (key TEXT PRIMARY KEY, error TEXT NOT NULL, created REAL)"
+        )
         self._lock = threading.Lock()
 
     def get(self, key: str) -> str | None:
@@ -143,7 +147,9 @@ class ResponseCache:
 
 
 def cache_key(model: str, messages: list[dict[str, str]], params: dict[str, Any], prompt_version: str) -> str:
-    blob = json.dumps({"m": model, "msg": messages, "p": params, "v": prompt_version}, sort_keys=True, ensure_ascii=False)
+    blob = json.dumps(
+        {"m": model, "msg": messages, "p": params, "v": prompt_version}, sort_keys=True, ensure_ascii=False
+    )
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
@@ -194,7 +200,9 @@ def _parsed(text: str, parse: Callable[[str], Any] | None) -> Any:
 class LiteLLMClient:
     """Implements ``tasks.runtime.llm.LLMClient`` over litellm."""
 
-    def __init__(self, cfg: LLMConfig, cache_dir: Path | None = None, share: int = 1, completion: Callable | None = None):
+    def __init__(
+        self, cfg: LLMConfig, cache_dir: Path | None = None, share: int = 1, completion: Callable | None = None
+    ):
         if not cfg.model:
             raise ValueError("llm.model is empty: set it (e.g. 'openai/gpt-4o-mini') to use the LLM path")
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -268,7 +276,10 @@ class LiteLLMClient:
         except Exception as first:  # noqa: BLE001 - one retry with a reminder, then give up
             retry_messages = messages + [
                 {"role": "assistant", "content": text or ""},
-                {"role": "user", "content": "That answer could not be parsed. Reply again with valid JSON only, no prose."},
+                {
+                    "role": "user",
+                    "content": "That answer could not be parsed. Reply again with valid JSON only, no prose.",
+                },
             ]
             text = await self._call(retry_messages, params)
             try:
@@ -289,22 +300,37 @@ class LiteLLMClient:
 
         completion = self._completion or litellm.acompletion
         est_tokens = sum(len(m["content"]) for m in messages) // 4 + params["max_tokens"] // 4
-        resp = await self._request(lambda: completion(
-            model=self.cfg.model, messages=messages, api_base=self.cfg.api_base or None,
-            api_key=self.cfg.api_key.get_secret_value() if self.cfg.api_key else None,
-            timeout=self.cfg.timeout_s, num_retries=0, max_retries=0, **params,
-        ), est_tokens)
+        resp = await self._request(
+            lambda: completion(
+                model=self.cfg.model,
+                messages=messages,
+                api_base=self.cfg.api_base or None,
+                api_key=self.cfg.api_key.get_secret_value() if self.cfg.api_key else None,
+                timeout=self.cfg.timeout_s,
+                num_retries=0,
+                max_retries=0,
+                **params,
+            ),
+            est_tokens,
+        )
         return resp.choices[0].message.content or ""
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
         """Embedding vectors of ``texts`` (one request) from ``cfg.model``, under the same limits and retries."""
         import litellm
 
-        resp = await self._request(lambda: litellm.aembedding(
-            model=self.cfg.model, input=texts, api_base=self.cfg.api_base or None,
-            api_key=self.cfg.api_key.get_secret_value() if self.cfg.api_key else None,
-            timeout=self.cfg.timeout_s, num_retries=0, max_retries=0,
-        ), sum(len(t) for t in texts) // 4)
+        resp = await self._request(
+            lambda: litellm.aembedding(
+                model=self.cfg.model,
+                input=texts,
+                api_base=self.cfg.api_base or None,
+                api_key=self.cfg.api_key.get_secret_value() if self.cfg.api_key else None,
+                timeout=self.cfg.timeout_s,
+                num_retries=0,
+                max_retries=0,
+            ),
+            sum(len(t) for t in texts) // 4,
+        )
         data = sorted(resp.data, key=lambda d: d["index"] if isinstance(d, dict) else d.index)
         vectors = [d["embedding"] if isinstance(d, dict) else d.embedding for d in data]
         if len(vectors) != len(texts):
@@ -374,13 +400,21 @@ def _register_price(cfg: LLMConfig) -> bool:
             provider = litellm.get_llm_provider(cfg.model)[1]
         except Exception:  # noqa: BLE001
             provider = cfg.model.split("/", 1)[0]
-        litellm.register_model({cfg.model: {
-            "input_cost_per_token": (cfg.input_cost_per_mtok or 0.0) / 1e6,
-            "output_cost_per_token": (cfg.output_cost_per_mtok or 0.0) / 1e6,
-            "litellm_provider": provider, "mode": "chat",
-        }})
+        litellm.register_model(
+            {
+                cfg.model: {
+                    "input_cost_per_token": (cfg.input_cost_per_mtok or 0.0) / 1e6,
+                    "output_cost_per_token": (cfg.output_cost_per_mtok or 0.0) / 1e6,
+                    "litellm_provider": provider,
+                    "mode": "chat",
+                }
+            }
+        )
         if not configured:
-            log.info("litellm has no price for %s: cost is reported as 0 (set llm.input_cost_per_mtok and "
-                     "llm.output_cost_per_mtok to count it)", cfg.model)
+            log.info(
+                "litellm has no price for %s: cost is reported as 0 (set llm.input_cost_per_mtok and "
+                "llm.output_cost_per_mtok to count it)",
+                cfg.model,
+            )
     _PRICED[key] = configured or known
     return _PRICED[key]

@@ -100,7 +100,7 @@ class Mapper(Protocol):
 class LocalMapper:
     """In-process and sequential: the baseline the orchestration overhead is measured against."""
 
-    def start(self) -> "LocalMapper":
+    def start(self) -> LocalMapper:
         return self
 
     def ready(self) -> None:
@@ -112,7 +112,7 @@ class LocalMapper:
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> "LocalMapper":
+    def __enter__(self) -> LocalMapper:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -143,7 +143,7 @@ class ProcessMapper:
     def started(self) -> bool:
         return self._pool is not None
 
-    def start(self) -> "ProcessMapper":
+    def start(self) -> ProcessMapper:
         if self._pool is None:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
@@ -180,8 +180,9 @@ class ProcessMapper:
                     on_done(i, out[-1])
         except BrokenProcessPool as exc:
             self.release()
-            raise RuntimeError(f"{getattr(fn, '__qualname__', fn)}: its child process ended unexpectedly "
-                               "(killed: out of memory?)") from exc
+            raise RuntimeError(
+                f"{getattr(fn, '__qualname__', fn)}: its child process ended unexpectedly (killed: out of memory?)"
+            ) from exc
         finally:
             with self._lock:
                 self._busy -= 1
@@ -189,7 +190,7 @@ class ProcessMapper:
 
 
 #: the ProcessMappers whose child runs now (``release_idle_children``)
-_LIVE: "weakref.WeakSet[ProcessMapper]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[ProcessMapper] = weakref.WeakSet()
 
 
 def release_idle_children() -> None:
@@ -215,7 +216,7 @@ class DaskPool:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="strata-dask-start")
         self._started: Future | None = None
 
-    def start(self) -> "DaskPool":
+    def start(self) -> DaskPool:
         if self._started is None:
             self._started = self._executor.submit(self._open)
         return self
@@ -255,7 +256,7 @@ class DaskPool:
         self.release()
         self._executor.shutdown(wait=True)
 
-    def __enter__(self) -> "DaskPool":
+    def __enter__(self) -> DaskPool:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -292,7 +293,7 @@ def map_batches(
     return results
 
 
-def in_child_process(fn: Callable[..., R], *args: Any, workdir: "os.PathLike[str] | str") -> R:
+def in_child_process(fn: Callable[..., R], *args: Any, workdir: os.PathLike[str] | str) -> R:
     """``fn(*args)`` run in a fresh Python process, its arguments and result passed as pickle files in ``workdir``.
 
     For a step whose transient memory is much larger than its result (the build's merge: 2.6 GB of polars
@@ -316,8 +317,10 @@ def in_child_process(fn: Callable[..., R], *args: Any, workdir: "os.PathLike[str
     inp.unlink(missing_ok=True)
     if proc.returncode != 0:
         tail = (proc.stderr or "").strip().splitlines()[-15:]
-        raise RuntimeError(f"{getattr(fn, '__qualname__', fn)} failed in its child process (exit {proc.returncode}"
-                           f"{', killed: out of memory?' if proc.returncode in (-9, 137) else ''}):\n" + "\n".join(tail))
+        raise RuntimeError(
+            f"{getattr(fn, '__qualname__', fn)} failed in its child process (exit {proc.returncode}"
+            f"{', killed: out of memory?' if proc.returncode in (-9, 137) else ''}):\n" + "\n".join(tail)
+        )
     try:
         with out.open("rb") as fh:
             return pickle.load(fh)

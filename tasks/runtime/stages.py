@@ -31,7 +31,7 @@ def direct_task(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
 class Stage:
     """A running stage: ``run`` its work as a task, ``advance`` its progress, say what it ``done``."""
 
-    def __init__(self, stages: "Stages", name: str):
+    def __init__(self, stages: Stages, name: str):
         self.stages, self.name = stages, name
         self.summary = ""
         self.counts: dict[str, float] = {}

@@ -11,25 +11,24 @@ readable whether or not a run published.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import json
 import os
 import re
 import time
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from schemas.tables import LOG_TABLES, SNAPSHOT_TABLES, schema_for
-from tasks.errors import DiskFull, IndexDamaged, IndexError_, IndexNotFound, LockTimeout, StoreUnavailable, UsageError
+from tasks.errors import DiskFull, IndexDamaged, IndexError_, IndexNotFound, StoreUnavailable, UsageError
 from tasks.store.remote import STORE_ATTEMPTS, S3Lease, _default_storage, _s3_client, _transient, storage_options
 from tasks.store.rows import WRITE_BATCH_ROWS, TableDelta, plain_batches, rows_to_table, snapshot_note
-from tasks.store.vectors import build_vector_index
 from tasks.store.spill import SpilledTable
+from tasks.store.vectors import build_vector_index
 
 if TYPE_CHECKING:
     from schemas.config import StorageConfig
@@ -59,7 +58,7 @@ def is_local(uri: str) -> bool:
 
 
 class Catalog:
-    def __init__(self, uri: str | Path, create: bool = True, storage: "StorageConfig | None" = None):
+    def __init__(self, uri: str | Path, create: bool = True, storage: StorageConfig | None = None):
         """The catalog at ``uri``; a local folder is created if missing unless ``create`` is false (then a missing
         folder, or a file, is a clear error instead): see ``open_index`` for commands that only read.
 
@@ -76,8 +75,10 @@ class Catalog:
                 self.root.mkdir(parents=True, exist_ok=True)
             elif not (self.root / "lance").is_dir():
                 what = "no such folder" if not self.root.exists() else "the folder holds no Strata index"
-                raise IndexNotFound(f"no index at {self.uri} ({what}): check --index, or build one with "
-                                    f"`strata index CORPUS --index {self.uri}`")
+                raise IndexNotFound(
+                    f"no index at {self.uri} ({what}): check --index, or build one with "
+                    f"`strata index CORPUS --index {self.uri}`"
+                )
             self._db_uri = str(self.root / "lance")
         else:
             self.root = None
@@ -94,7 +95,7 @@ class Catalog:
         return lancedb.connect(self._db_uri, storage_options=storage_options(self.uri, self.storage))
 
     @property
-    def storage(self) -> "StorageConfig":
+    def storage(self) -> StorageConfig:
         if self._storage is None:
             self._storage = _default_storage()
         return self._storage
@@ -128,8 +129,11 @@ class Catalog:
         elif self.uri.startswith(("s3://", "s3a://")):
             bucket, _, prefix = self._db_uri.split("://", 1)[1].partition("/")
             try:
-                pages = _s3_client(self.storage).get_paginator("list_objects_v2").paginate(
-                    Bucket=bucket, Prefix=f"{prefix.strip('/')}/{SNAPSHOTS}.lance/_versions/")
+                pages = (
+                    _s3_client(self.storage)
+                    .get_paginator("list_objects_v2")
+                    .paginate(Bucket=bucket, Prefix=f"{prefix.strip('/')}/{SNAPSHOTS}.lance/_versions/")
+                )
                 names = [o["Key"].rsplit("/", 1)[-1] for page in pages for o in page.get("Contents", [])]
             except Exception:  # noqa: BLE001 - unreachable or not allowed to list: nothing is cached
                 return None
@@ -141,7 +145,9 @@ class Catalog:
             if not stem.isdigit():
                 return None
             n = int(stem)
-            versions.append(2**64 - 1 - n if n >= 2**63 else n)  # Lance names manifests u64::MAX - version (newest first)
+            versions.append(
+                2**64 - 1 - n if n >= 2**63 else n
+            )  # Lance names manifests u64::MAX - version (newest first)
         return max(versions) if versions else None
 
     def has_table(self, name: str) -> bool:
@@ -186,8 +192,14 @@ class Catalog:
         tbl.checkout(pinned)
         return tbl
 
-    def read(self, name: str, as_of: int | None = None, snap: dict[str, Any] | None = None,
-             columns: list[str] | None = None, where: str | None = None) -> pa.Table:
+    def read(
+        self,
+        name: str,
+        as_of: int | None = None,
+        snap: dict[str, Any] | None = None,
+        columns: list[str] | None = None,
+        where: str | None = None,
+    ) -> pa.Table:
         """A table (of the snapshot), whole or only ``columns`` (the others are never read), all rows or those
         matching the SQL filter ``where`` (read with the filter pushed down)."""
         snap = snap if snap is not None else (self.snapshot(as_of) if name not in LOG_TABLES else None)
@@ -206,8 +218,9 @@ class Catalog:
         except Exception as exc:  # noqa: BLE001 - a damaged or missing file: say which table and version
             raise self._damaged(name, snap, exc) from None
 
-    def batches(self, name: str, snap: dict[str, Any], columns: list[str], batch_rows: int = 200_000
-                ) -> Iterator[pa.RecordBatch]:
+    def batches(
+        self, name: str, snap: dict[str, Any], columns: list[str], batch_rows: int = 200_000
+    ) -> Iterator[pa.RecordBatch]:
         """A table of the snapshot read ``batch_rows`` rows at a time, only ``columns``: for scans that keep
         a few rows of a table too large to hold."""
         try:
@@ -220,14 +233,16 @@ class Catalog:
         except Exception as exc:  # noqa: BLE001
             raise self._damaged(name, snap, exc) from None
 
-    def _damaged(self, name: str, snap: dict[str, Any] | None, exc: Exception) -> "IndexError_":
+    def _damaged(self, name: str, snap: dict[str, Any] | None, exc: Exception) -> IndexError_:
         pinned = (snap or {}).get("tables", {}).get(name, "latest")
         where = f"version {pinned} of snapshot v{snap['version']}" if snap else "latest version"
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         first = re.sub(r", /\S+\.rs:\d+:\d+", "", first)  # the Rust source line Lance appends says nothing here
-        return IndexDamaged(f"table {name} ({where}) cannot be read: {first}. Its files under {self._db_uri} are damaged "
-                           "or missing: `strata rollback --to` an earlier snapshot whose tables read, or rebuild with "
-                           "`strata update --full`")
+        return IndexDamaged(
+            f"table {name} ({where}) cannot be read: {first}. Its files under {self._db_uri} are damaged "
+            "or missing: `strata rollback --to` an earlier snapshot whose tables read, or rebuild with "
+            "`strata update --full`"
+        )
 
     def verify(self, snap: dict[str, Any]) -> list[str]:
         """Read one column of every table the snapshot pins, through every data file: what cannot be read."""
@@ -251,8 +266,9 @@ class Catalog:
         return out
 
     # ------------------------------------------------------------------ writes
-    def _write(self, name: str, data: "pa.Table | TableDelta", ann_min_rows: int | None = None,
-               pinned: int | None = None) -> int:
+    def _write(
+        self, name: str, data: pa.Table | TableDelta, ann_min_rows: int | None = None, pinned: int | None = None
+    ) -> int:
         """Write one table's new version: a whole table replaces the rows; a ``TableDelta`` is applied to the
         version the previous snapshot pinned (rows deleted, rows appended) without rewriting the others."""
         if isinstance(data, TableDelta):
@@ -267,7 +283,7 @@ class Catalog:
             build_vector_index(tbl)  # a version of its own: the snapshot pins the indexed one
         return tbl.version
 
-    def _apply_delta(self, name: str, delta: "TableDelta", pinned: int | None) -> int:
+    def _apply_delta(self, name: str, delta: TableDelta, pinned: int | None) -> int:
         if pinned is None or not self.has_table(name):
             raise ValueError(f"table {name}: a delta needs the version the previous snapshot pinned")
         tbl = self.db.open_table(name)
@@ -282,7 +298,13 @@ class Catalog:
         return tbl.version
 
     def publish(
-        self, tables: dict[str, pa.Table], run_id: str, kind: str, dim: int, version: int | None = None, note: str = "",
+        self,
+        tables: dict[str, pa.Table],
+        run_id: str,
+        kind: str,
+        dim: int,
+        version: int | None = None,
+        note: str = "",
         ann_min_rows: int | None = None,
     ) -> int:
         """Write the given tables (full replacement) and commit a snapshot pinning them and the unchanged ones.
@@ -292,25 +314,36 @@ class Catalog:
         for name in SNAPSHOT_TABLES:
             if name in tables:
                 try:
-                    pins[name] = self._retrying(f"writing table {name}", functools.partial(
-                        self._write, name, tables[name], ann_min_rows, pins.get(name)))
+                    pins[name] = self._retrying(
+                        f"writing table {name}",
+                        functools.partial(self._write, name, tables[name], ann_min_rows, pins.get(name)),
+                    )
                 except Exception as exc:  # noqa: BLE001 - nothing is committed until the _snapshots append
                     kept = f"snapshot v{previous['version']} stays published" if previous else "nothing was published"
                     if self.root is None and _transient(exc):
                         raise self._unavailable(f"writing table {name}", kept, exc) from exc
                     if not _disk_full(exc):
                         raise
-                    raise DiskFull(f"disk full while writing table {name} to {self._db_uri}: {kept}. Free space "
-                                      "(`strata gc --keep N` drops old table versions) and run the same command "
-                                      "again") from exc
+                    raise DiskFull(
+                        f"disk full while writing table {name} to {self._db_uri}: {kept}. Free space "
+                        "(`strata gc --keep N` drops old table versions) and run the same command "
+                        "again"
+                    ) from exc
         new_version = version if version is not None else (previous["version"] + 1 if previous else 1)
         return self._commit(new_version, run_id, kind, pins, dim, note)
 
     def _commit(self, version: int, run_id: str, kind: str, pins: dict[str, int], dim: int, note: str) -> int:
         if self._lease is not None:
             self._lease.check()  # a writer that lost its lock (stalled past the expiry) must not commit
-        row = {"version": version, "created_at": datetime.now(timezone.utc), "run_id": run_id, "kind": kind,
-               "tables": json.dumps(pins, sort_keys=True), "dim": dim, "note": note}
+        row = {
+            "version": version,
+            "created_at": datetime.now(UTC),
+            "run_id": run_id,
+            "kind": kind,
+            "tables": json.dumps(pins, sort_keys=True),
+            "dim": dim,
+            "note": note,
+        }
         data = rows_to_table([row], _SNAPSHOT_SCHEMA)
         tries = []
 
@@ -327,8 +360,9 @@ class Catalog:
             self._retrying(f"committing snapshot v{version}", append)
         except Exception as exc:  # noqa: BLE001
             if self.root is None and _transient(exc):
-                raise self._unavailable(f"committing snapshot v{version}", "the previous snapshot stays published",
-                                        exc) from exc
+                raise self._unavailable(
+                    f"committing snapshot v{version}", "the previous snapshot stays published", exc
+                ) from exc
             raise
         return version
 
@@ -346,25 +380,39 @@ class Catalog:
                 if self.root is not None or attempt == STORE_ATTEMPTS or not _transient(exc):
                     raise
                 delay = min(8.0, 0.5 * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
-                logging.getLogger(__name__).warning("%s on %s failed (%s); attempt %d of %d in %.1fs", what, self.uri,
-                                                    str(exc).strip().splitlines()[0][:200], attempt + 1, STORE_ATTEMPTS,
-                                                    delay)
+                logging.getLogger(__name__).warning(
+                    "%s on %s failed (%s); attempt %d of %d in %.1fs",
+                    what,
+                    self.uri,
+                    str(exc).strip().splitlines()[0][:200],
+                    attempt + 1,
+                    STORE_ATTEMPTS,
+                    delay,
+                )
                 time.sleep(delay)
         raise AssertionError("unreachable")
 
     def _unavailable(self, what: str, kept: str, exc: BaseException) -> StoreUnavailable:
         first = re.sub(r", /\S+\.rs:\d+:\d+", "", str(exc).strip().splitlines()[0])[:300]
-        return StoreUnavailable(f"the store of {self.uri} kept failing while {what} ({first}), after "
-                                f"{STORE_ATTEMPTS} attempts, each request retried up to {self.storage.max_retries} times: "
-                                f"nothing was committed, {kept}. Run the same command again once the store answers "
-                                "(storage.max_retries and storage.retry_timeout_s retry longer)")
+        return StoreUnavailable(
+            f"the store of {self.uri} kept failing while {what} ({first}), after "
+            f"{STORE_ATTEMPTS} attempts, each request retried up to {self.storage.max_retries} times: "
+            f"nothing was committed, {kept}. Run the same command again once the store answers "
+            "(storage.max_retries and storage.retry_timeout_s retry longer)"
+        )
 
     def rollback(self, to_version: int, run_id: str) -> int:
         """Publish a new snapshot that pins the table versions of snapshot ``to_version``: nothing is rewritten."""
         target = self.snapshot(to_version)
         latest = self.require_snapshot()
-        return self._commit(latest["version"] + 1, run_id, "rollback", dict(target["tables"]), target["dim"],
-                            json.dumps({**snapshot_note(target), "rollback_to": to_version}))
+        return self._commit(
+            latest["version"] + 1,
+            run_id,
+            "rollback",
+            dict(target["tables"]),
+            target["dim"],
+            json.dumps({**snapshot_note(target), "rollback_to": to_version}),
+        )
 
     def gc(self, keep: int) -> dict[str, Any]:
         """Keep the newest ``keep`` snapshots; drop the older ones and every table version older than the oldest
@@ -382,12 +430,12 @@ class Catalog:
 
         def cleanup(name: str, since: datetime) -> None:
             nonlocal freed
-            since = since if since.tzinfo else since.replace(tzinfo=timezone.utc)
+            since = since if since.tzinfo else since.replace(tzinfo=UTC)
             # a margin of a second: a version written just before the oldest kept one survives, never the reverse.
             # The age is Lance's, from when it cleans: measured now, not when gc began (each table takes a second
             # on object storage, which would move the cut past the pinned version)
             tbl = self.db.open_table(name)
-            stats = tbl.cleanup_old_versions(older_than=datetime.now(timezone.utc) - since + timedelta(seconds=1))
+            stats = tbl.cleanup_old_versions(older_than=datetime.now(UTC) - since + timedelta(seconds=1))
             removed[name] = int(stats.old_versions)
             freed += int(stats.bytes_removed)
 
@@ -402,8 +450,12 @@ class Catalog:
         for name in (SNAPSHOTS, *LOG_TABLES):
             if self.has_table(name):
                 cleanup(name, kept[0]["created_at"])
-        return {"kept": [s["version"] for s in kept], "dropped": [s["version"] for s in dropped],
-                "versions_removed": removed, "bytes_removed": freed}
+        return {
+            "kept": [s["version"] for s in kept],
+            "dropped": [s["version"] for s in dropped],
+            "versions_removed": removed,
+            "bytes_removed": freed,
+        }
 
     # ------------------------------------------------------------------ run log
     def log_run(self, row: dict[str, Any]) -> None:
@@ -418,7 +470,9 @@ class Catalog:
         self._retrying("logging the run", append)
 
     def finish_run(self, run_id: str, values: dict[str, Any]) -> None:
-        self._retrying("logging the run", lambda: self.db.open_table("runs").update(where=f"id = '{run_id}'", values=values))
+        self._retrying(
+            "logging the run", lambda: self.db.open_table("runs").update(where=f"id = '{run_id}'", values=values)
+        )
 
     def runs(self, limit: int | None = None) -> list[dict[str, Any]]:
         tbl = self.open_table("runs")
@@ -430,52 +484,13 @@ class Catalog:
     # ------------------------------------------------------------------ writer lock
     @contextlib.contextmanager
     def writer_lock(self, timeout_s: float = 0.0) -> Iterator[None]:
-        """One writer per index: a second one waits up to ``timeout_s`` and then fails with a clear message.
-        A folder: an fcntl lock on ``<index>/.writer.lock``. s3://: a lock object (``S3Lease``)."""
-        if self.root is None:
-            yield from self._remote_lock(timeout_s)
-            return
-        path = self.root / ".writer.lock"
-        fh = open(path, "a+")
-        deadline = time.monotonic() + timeout_s
-        try:
-            while True:
-                try:
-                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        fh.seek(0)
-                        holder = fh.read().strip() or "another process"
-                        raise LockTimeout(
-                            f"index {self.uri} is being written by {holder}; waited {timeout_s:.0f}s "
-                            "(raise --lock-timeout to wait longer)"
-                        ) from None
-                    time.sleep(0.2)
-            fh.seek(0)
-            fh.truncate()
-            fh.write(f"pid {os.getpid()} since {datetime.now(timezone.utc).isoformat(timespec='seconds')}")
-            fh.flush()
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-            fh.close()
+        """One writer per index: a second one waits up to ``timeout_s`` and then fails with a clear message
+        (``tasks.store.locks.writer_lock``)."""
+        from tasks.store.locks import writer_lock
 
-    def _remote_lock(self, timeout_s: float) -> Iterator[None]:
-        if self.storage.writer_lock == "off":
-            yield
-            return
-        if not self.uri.startswith(("s3://", "s3a://")):
-            raise UsageError(f"no writer lock for {self.uri.split('://')[0]}:// indexes: point --index at the store's "
-                             "S3-compatible endpoint (s3:// with storage.endpoint), or set storage.writer_lock = \"off\" "
-                             "when your writers are serialised otherwise (one deployment, a concurrency limit of 1)")
-        lease = S3Lease(self.uri, self.storage)
-        lease.acquire(timeout_s)
-        self._lease = lease
-        try:
-            yield
-        finally:
-            self._lease = None
-            lease.release()
-
-
+        with writer_lock(self, timeout_s) as lease:
+            self._lease = lease
+            try:
+                yield
+            finally:
+                self._lease = None

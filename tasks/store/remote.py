@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from tasks.errors import LockTimeout
@@ -26,23 +26,28 @@ if TYPE_CHECKING:
 STORE_ATTEMPTS = 4
 
 
-
-_TRANSIENT = ("error sending request", "Commit result for version", "connection", "Connection", "SlowDown", "503",
-              "timed out", "reset by peer", "Broken pipe")
-
+_TRANSIENT = (
+    "error sending request",
+    "Commit result for version",
+    "connection",
+    "Connection",
+    "SlowDown",
+    "503",
+    "timed out",
+    "reset by peer",
+    "Broken pipe",
+)
 
 
 def _transient(exc: BaseException) -> bool:
     return any(s in str(exc) for s in _TRANSIENT)
 
 
-
 def _secret(value: Any) -> str | None:
     return value.get_secret_value() if value is not None else None
 
 
-
-def s3_settings(storage: "StorageConfig", environ: dict[str, str] | None = None) -> dict[str, str]:
+def s3_settings(storage: StorageConfig, environ: dict[str, str] | None = None) -> dict[str, str]:
     """Endpoint, region and credentials of an s3:// index: each ``storage.*`` setting, else its usual AWS variable
     (absent keys: the SDK's own chain decides, e.g. an instance role)."""
     env = os.environ if environ is None else environ
@@ -56,16 +61,20 @@ def s3_settings(storage: "StorageConfig", environ: dict[str, str] | None = None)
     return {k: v for k, v in values.items() if v}
 
 
-
-def storage_options(uri: str, storage: "StorageConfig", environ: dict[str, str] | None = None) -> dict[str, str]:
+def storage_options(uri: str, storage: StorageConfig, environ: dict[str, str] | None = None) -> dict[str, str]:
     """LanceDB's ``storage_options`` for a remote index: object_store's client retries (with exponential backoff,
     on 429/503 SlowDown, 5xx and dropped connections), and for s3:// the endpoint, region and credentials. Holds
     secrets: never logged, never stored."""
     opts = {"client_max_retries": str(storage.max_retries), "client_retry_timeout": str(storage.retry_timeout_s)}
     if uri.startswith(("s3://", "s3a://")):
         s3 = s3_settings(storage, environ)
-        for key, option in (("endpoint", "aws_endpoint"), ("region", "aws_region"), ("access_key_id", "aws_access_key_id"),
-                            ("secret_access_key", "aws_secret_access_key"), ("session_token", "aws_session_token")):
+        for key, option in (
+            ("endpoint", "aws_endpoint"),
+            ("region", "aws_region"),
+            ("access_key_id", "aws_access_key_id"),
+            ("secret_access_key", "aws_secret_access_key"),
+            ("session_token", "aws_session_token"),
+        ):
             if key in s3:
                 opts[option] = s3[key]
         if s3.get("endpoint", "").startswith("http://"):
@@ -74,8 +83,7 @@ def storage_options(uri: str, storage: "StorageConfig", environ: dict[str, str] 
     return opts
 
 
-
-def _default_storage() -> "StorageConfig":
+def _default_storage() -> StorageConfig:
     """The ``storage`` settings of ``$STRATA_CONFIG`` and the environment (``STRATA_STORAGE__*``), for a catalog
     opened without a loaded config (``validate``, ``export``, ``rollback``, ``gc``)."""
     from schemas.config import load_config
@@ -83,35 +91,36 @@ def _default_storage() -> "StorageConfig":
     return load_config().storage
 
 
-
 # ---------------------------------------------------------------------------- the writer lock on S3
-def _s3_client(storage: "StorageConfig") -> Any:
+def _s3_client(storage: StorageConfig) -> Any:
     """A boto3 S3 client for the lock object: the index's endpoint, region and credentials, and the same retries
     (standard mode: 503 SlowDown, 5xx and dropped connections, with backoff)."""
     import boto3
     from botocore.config import Config
 
     s3 = s3_settings(storage)
-    return boto3.client("s3", endpoint_url=s3.get("endpoint"), region_name=s3.get("region"),
-                        aws_access_key_id=s3.get("access_key_id"), aws_secret_access_key=s3.get("secret_access_key"),
-                        aws_session_token=s3.get("session_token"),
-                        config=Config(retries={"max_attempts": storage.max_retries + 1, "mode": "standard"},
-                                      connect_timeout=5, read_timeout=30))
-
+    return boto3.client(
+        "s3",
+        endpoint_url=s3.get("endpoint"),
+        region_name=s3.get("region"),
+        aws_access_key_id=s3.get("access_key_id"),
+        aws_secret_access_key=s3.get("secret_access_key"),
+        aws_session_token=s3.get("session_token"),
+        config=Config(
+            retries={"max_attempts": storage.max_retries + 1, "mode": "standard"}, connect_timeout=5, read_timeout=30
+        ),
+    )
 
 
 def _error_code(exc: BaseException) -> str:
     return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
 
 
-
 #: a conditional write that did not hold (412), or one racing another conditional write on the key (409)
 _CONFLICT = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
 
 
-
 _GONE = ("NoSuchKey", "404", "NotFound")
-
 
 
 class S3Lease:
@@ -121,7 +130,7 @@ class S3Lease:
     store's clock is stale: the next writer takes it over with ``If-Match`` on the stale ETag (again one wins). It is
     deleted at the end; a holder that lost it (stalled past the expiry) is refused at its commit."""
 
-    def __init__(self, uri: str, storage: "StorageConfig", client: Any = None):
+    def __init__(self, uri: str, storage: StorageConfig, client: Any = None):
         bucket, _, prefix = uri.split("://", 1)[1].partition("/")
         self.uri, self.bucket, self.ttl = uri, bucket, storage.lock_ttl_s
         self.key = (prefix.strip("/") + "/" if prefix.strip("/") else "") + ".writer.lock"
@@ -141,8 +150,9 @@ class S3Lease:
 
     def _put(self, **condition: str) -> str:
         body = json.dumps({"holder": self.holder, "since": self.since, "token": self.token, "ttl_s": self.ttl})
-        etag = self.client.put_object(Bucket=self.bucket, Key=self.key, Body=body.encode(),
-                                      ContentType="application/json", **condition)["ETag"]
+        etag = self.client.put_object(
+            Bucket=self.bucket, Key=self.key, Body=body.encode(), ContentType="application/json", **condition
+        )["ETag"]
         self.renewed = time.monotonic()
         return etag
 
@@ -161,7 +171,7 @@ class S3Lease:
         except ValueError:
             body = {}
         date = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
-        now = parsedate_to_datetime(date) if date else datetime.now(timezone.utc)
+        now = parsedate_to_datetime(date) if date else datetime.now(UTC)
         return resp["ETag"], body, (now - resp["LastModified"]).total_seconds()
 
     def _try(self) -> str | None:
@@ -181,8 +191,10 @@ class S3Lease:
             return None
         holder = f"{body.get('holder', 'another writer')} since {body.get('since', '?')}"
         if age <= self.ttl:
-            return (f"{holder} (lock {self.location}, renewed {max(age, 0):.0f}s ago; taken over once not renewed "
-                    f"for {self.ttl:.0f}s)")
+            return (
+                f"{holder} (lock {self.location}, renewed {max(age, 0):.0f}s ago; taken over once not renewed "
+                f"for {self.ttl:.0f}s)"
+            )
         try:  # stale: take it over, unless another writer renewed it or took it over meanwhile
             self.etag = self._put(IfMatch=etag)
         except Exception as exc:  # noqa: BLE001
@@ -191,17 +203,20 @@ class S3Lease:
             return ""
         import logging
 
-        logging.getLogger(__name__).warning("took over the writer lock %s of %s: not renewed for %.0fs",
-                                            self.location, holder, age)
+        logging.getLogger(__name__).warning(
+            "took over the writer lock %s of %s: not renewed for %.0fs", self.location, holder, age
+        )
         return None
 
     def acquire(self, timeout_s: float = 0.0) -> None:
         deadline = time.monotonic() + timeout_s
-        self.since = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.since = datetime.now(UTC).isoformat(timespec="seconds")
         while (holder := self._try()) is not None:
             if holder and time.monotonic() >= deadline:
-                raise LockTimeout(f"index {self.uri} is being written by {holder}; waited {timeout_s:.0f}s "
-                                  "(raise --lock-timeout to wait longer)")
+                raise LockTimeout(
+                    f"index {self.uri} is being written by {holder}; waited {timeout_s:.0f}s "
+                    "(raise --lock-timeout to wait longer)"
+                )
             time.sleep(0.05 if not holder else min(0.5, max(0.05, deadline - time.monotonic())))
         self._thread = threading.Thread(target=self._heartbeat, name="strata-writer-lock", daemon=True)
         self._thread.start()
@@ -226,8 +241,9 @@ class S3Lease:
         if self.lost is None and time.monotonic() - self.renewed > self.ttl:
             self.lost = f"the lock {self.location} was not renewed for {time.monotonic() - self.renewed:.0f}s"
         if self.lost is not None:
-            raise LockTimeout(f"lost the writer lock of {self.uri}: {self.lost}; nothing was committed by this run, "
-                              "run it again")
+            raise LockTimeout(
+                f"lost the writer lock of {self.uri}: {self.lost}; nothing was committed by this run, run it again"
+            )
 
     def release(self) -> None:
         self._stop.set()
@@ -242,5 +258,9 @@ class S3Lease:
         except Exception as exc:  # noqa: BLE001 - it expires after lock_ttl_s anyway
             import logging
 
-            logging.getLogger(__name__).warning("could not release the writer lock %s (%s): it expires after %.0fs",
-                                                self.location, _error_code(exc) or type(exc).__name__, self.ttl)
+            logging.getLogger(__name__).warning(
+                "could not release the writer lock %s (%s): it expires after %.0fs",
+                self.location,
+                _error_code(exc) or type(exc).__name__,
+                self.ttl,
+            )

@@ -14,8 +14,12 @@ from schemas.tables import schema_for
 from tasks.store.spill import plain_schema
 
 
-def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema, fixed: dict[str, Any] | None = None,
-                  defaults: dict[str, Any] | None = None) -> pa.Table:
+def rows_to_table(
+    rows: list[dict[str, Any]],
+    schema: pa.Schema,
+    fixed: dict[str, Any] | None = None,
+    defaults: dict[str, Any] | None = None,
+) -> pa.Table:
     """Rows (dicts) to an Arrow table of exactly ``schema`` (missing columns null, extra keys ignored); a column in
     ``fixed`` takes that value in every row, one in ``defaults`` takes it where the row has none (no row copied)."""
     fixed, defaults = fixed or {}, defaults or {}
@@ -30,7 +34,6 @@ def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema, fixed: dict[str
     return pa.Table.from_pydict({f.name: column(f.name) for f in schema}, schema=schema)
 
 
-
 def to_table(name: str, rows: list[dict[str, Any]], dim: int, version: int, vectors: Any = None) -> pa.Table:
     """Rows of table ``name`` as Arrow, stamped with ``version``; ``vectors`` (an n x dim matrix aligned with
     the rows) fills the vector column. A summary or report written now has ``staleness`` 0 unless it says otherwise."""
@@ -41,15 +44,18 @@ def to_table(name: str, rows: list[dict[str, Any]], dim: int, version: int, vect
     if "vector" not in schema.names:
         return rows_to_table(rows, schema, **stamp)
     table = rows_to_table(rows, schema.remove(schema.get_field_index("vector")), **stamp)
-    vecs = np.zeros((len(rows), dim), np.float32) if vectors is None and not rows else np.asarray(vectors, dtype=np.float32)
+    vecs = (
+        np.zeros((len(rows), dim), np.float32)
+        if vectors is None and not rows
+        else np.asarray(vectors, dtype=np.float32)
+    )
     if vecs.shape != (len(rows), dim):
         raise ValueError(f"{name}: {len(rows)} rows but a {vecs.shape} vector matrix (dimension {dim})")
     column = pa.FixedSizeListArray.from_arrays(pa.array(vecs.reshape(-1), type=pa.float32()), dim)
     return table.append_column(schema.field("vector"), column).select(schema.names)
 
 
-
-def relation_table(relations: "pa.Table | list[dict[str, Any]]") -> pa.Table:
+def relation_table(relations: pa.Table | list[dict[str, Any]]) -> pa.Table:
     """Relations as an Arrow table of the ``relations`` schema: a table passes through, rows are converted (the
     ``version`` stamp is 0 until the run stamps the snapshot's). Relations outnumber every other row of a
     graph by far, so the pipeline holds them in this form, never as a dict per relation."""
@@ -58,18 +64,15 @@ def relation_table(relations: "pa.Table | list[dict[str, Any]]") -> pa.Table:
     return to_table("relations", relations, 0, 0)
 
 
-
 def plain_rows(table: pa.Table) -> list[dict[str, Any]]:
     """A table's rows as dicts, without the ``version`` stamp and the ``vector`` column (vectors travel as matrices)."""
     return table.drop([c for c in ("version", "vector") if c in table.column_names]).to_pylist()
-
 
 
 def snapshot_note(snap: dict[str, Any] | None) -> dict[str, Any]:
     """A snapshot's note (method, drift, root locations, rollback), empty for snapshots written without one."""
     text = (snap or {}).get("note") or ""
     return json.loads(text) if text.startswith("{") else {}
-
 
 
 def vector_matrix(table: pa.Table) -> Any:
@@ -92,11 +95,9 @@ class TableDelta:
     add: pa.Table
 
 
-
 #: rows per batch handed to LanceDB: its writer's memory grows with the batches it is given (100k chunks as one
 #: 225 MB batch: +630 MB while written; in batches of 8,192 rows: +140 MB)
 WRITE_BATCH_ROWS = 8192
-
 
 
 def plain_batches(data: pa.Table) -> pa.RecordBatchReader:
@@ -104,4 +105,6 @@ def plain_batches(data: pa.Table) -> pa.RecordBatchReader:
     plain strings."""
     plain = plain_schema(data.schema)
     batches = data.to_batches(max_chunksize=WRITE_BATCH_ROWS)
-    return pa.RecordBatchReader.from_batches(plain, (b.cast(plain) for b in batches) if plain != data.schema else batches)
+    return pa.RecordBatchReader.from_batches(
+        plain, (b.cast(plain) for b in batches) if plain != data.schema else batches
+    )

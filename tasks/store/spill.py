@@ -9,8 +9,8 @@ part is read back in a canonical order (``order``), so the result does not depen
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -29,8 +29,10 @@ def key_hash(column) -> np.ndarray:
         return pl.from_arrow(values.cast(pa.string())).hash(seed=0).to_numpy()
 
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    out = [hashed(c.dictionary)[pc.fill_null(c.indices, 0).to_numpy()] if pa.types.is_dictionary(c.type) else hashed(c)
-           for c in chunks]
+    out = [
+        hashed(c.dictionary)[pc.fill_null(c.indices, 0).to_numpy()] if pa.types.is_dictionary(c.type) else hashed(c)
+        for c in chunks
+    ]
     return np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)
 
 
@@ -43,8 +45,15 @@ class SpillWriter:
     """Appends tables to ``n_parts`` Parquet files under ``directory``, a row going to part
     ``hash(row[by]) % n_parts``; ``close()`` gives the ``SpilledTable``."""
 
-    def __init__(self, directory: Path, schema: pa.Schema, by: str, n_parts: int,
-                 order: Callable[[pa.Table], pa.Table] | None = None, order_by: tuple[str, ...] | None = None):
+    def __init__(
+        self,
+        directory: Path,
+        schema: pa.Schema,
+        by: str,
+        n_parts: int,
+        order: Callable[[pa.Table], pa.Table] | None = None,
+        order_by: tuple[str, ...] | None = None,
+    ):
         self.directory, self.schema, self.by, self.order = Path(directory), plain_schema(schema), by, order
         self.order_by = order_by
         self.n_parts = max(1, n_parts)
@@ -75,11 +84,13 @@ class SpillWriter:
         if not self._buffers[p]:
             return
         if p not in self._writers:
-            self._writers[p] = pq.ParquetWriter(self.directory / f"part-{p:05d}.parquet", self.schema, compression="zstd")
+            self._writers[p] = pq.ParquetWriter(
+                self.directory / f"part-{p:05d}.parquet", self.schema, compression="zstd"
+            )
         self._writers[p].write_table(pa.concat_tables(self._buffers[p]))
         self._buffers[p], self._buffered[p] = [], 0
 
-    def close(self) -> "SpilledTable":
+    def close(self) -> SpilledTable:
         for p in range(self.n_parts):
             self._flush(p)
         for w in self._writers.values():
@@ -92,12 +103,23 @@ class SpilledTable:
     """A table as Parquet part files; read part by part, each part in its canonical ``order`` (a function of the
     columns ``order_by``; None: of all of them)."""
 
-    def __init__(self, files: list[Path], schema: pa.Schema, num_rows: int,
-                 order: Callable[[pa.Table], pa.Table] | None = None, order_by: tuple[str, ...] | None = None):
+    def __init__(
+        self,
+        files: list[Path],
+        schema: pa.Schema,
+        num_rows: int,
+        order: Callable[[pa.Table], pa.Table] | None = None,
+        order_by: tuple[str, ...] | None = None,
+    ):
         self.files, self.schema, self.num_rows, self.order, self.order_by = files, schema, num_rows, order, order_by
 
-    def parts(self, columns: list[str] | None = None, where: tuple[str, str] | None = None, ordered: bool = True,
-              encoded: bool = False) -> Iterator[pa.Table]:
+    def parts(
+        self,
+        columns: list[str] | None = None,
+        where: tuple[str, str] | None = None,
+        ordered: bool = True,
+        encoded: bool = False,
+    ) -> Iterator[pa.Table]:
         """Each part as one table: ``columns`` only, rows with ``where`` = (column, value) only, in the canonical
         order unless not ``ordered``; ``encoded``: string columns but ``id`` dictionary encoded (a sentence that
         describes five mentions is held once)."""
@@ -109,14 +131,16 @@ class SpilledTable:
         else:  # with what the order reads (all columns when it does not say)
             read = None if self.order_by is None else list(dict.fromkeys([*columns, *self.order_by]))
         for f in self.files:
-            table = pq.read_table(f, columns=read, read_dictionary=dictionary,
-                                  filters=[(where[0], "=", where[1])] if where else None)
+            table = pq.read_table(
+                f, columns=read, read_dictionary=dictionary, filters=[(where[0], "=", where[1])] if where else None
+            )
             yield self.order(table).select(columns) if ordering else table
             del table
             pa.default_memory_pool().release_unused()  # a part's buffers, before the next part is read
 
     def reader(self, batch_rows: int = 65_536) -> pa.RecordBatchReader:
         """Every row, part after part, as a stream (what publish writes)."""
+
         def batches():
             for part in self.parts():
                 yield from part.to_batches(max_chunksize=batch_rows)
@@ -124,7 +148,9 @@ class SpilledTable:
         return pa.RecordBatchReader.from_batches(self.schema, batches())
 
     def column(self, name: str) -> pa.ChunkedArray:
-        return pa.chunked_array([c for t in self.parts([name]) for c in t.column(name).chunks], self.schema.field(name).type)
+        return pa.chunked_array(
+            [c for t in self.parts([name]) for c in t.column(name).chunks], self.schema.field(name).type
+        )
 
     def read_all(self) -> pa.Table:
         return pa.concat_tables([self.schema.empty_table(), *self.parts()])

@@ -12,8 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from tasks.store.rows import relation_table
 from tasks.store.ids import make_id
+from tasks.store.rows import relation_table
 
 
 def graph_edges(relations: pa.Table | list[dict[str, Any]]) -> list[tuple[str, str, float]]:

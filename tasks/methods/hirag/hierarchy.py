@@ -25,8 +25,8 @@ import numpy as np
 from sklearn.decomposition import PCA
 from sklearn.mixture import GaussianMixture
 
-from schemas.tables import LayerRow
 from schemas.config import HierarchyConfig
+from schemas.tables import LayerRow
 
 STOP_CONVERGED = "cs_change_rate<=epsilon"
 STOP_MAX_LAYERS = "max_layers"
@@ -57,8 +57,9 @@ def should_stop(rate: float | None, epsilon: float) -> bool:
     return rate is not None and rate <= epsilon
 
 
-def restate_layers(recorded: list[dict[str, Any]], layer_of: dict[str, int], links: Iterable[tuple[str, str]]
-                   ) -> list[dict[str, Any]]:
+def restate_layers(
+    recorded: list[dict[str, Any]], layer_of: dict[str, int], links: Iterable[tuple[str, str]]
+) -> list[dict[str, Any]]:
     """Layer statistics after an update moved entities in and out of clusters. For every built layer,
     ``n_entities`` (nodes of the layer below), ``n_clusters`` (summary nodes with members), CS (eq. 17 over
     the member counts of ``links``, ``(member id, summary id)`` pairs) and the change rate are recomputed
@@ -76,8 +77,12 @@ def restate_layers(recorded: list[dict[str, Any]], layer_of: dict[str, int], lin
             n, clusters = per_layer.get(row["layer"] - 1, 0), sizes.get(row["layer"], [])
             cs = cluster_sparsity(clusters, n) if n >= 2 else None
             rate = change_rate(previous_cs, cs) if cs is not None else None
-            row.update(n_entities=n, n_clusters=len(clusters), cluster_sparsity=cs,
-                       change_rate=None if rate is None or math.isinf(rate) else rate)
+            row.update(
+                n_entities=n,
+                n_clusters=len(clusters),
+                cluster_sparsity=cs,
+                change_rate=None if rate is None or math.isinf(rate) else rate,
+            )
             previous_cs = cs
         rows.append(row)
     return rows
@@ -104,9 +109,11 @@ def reduce_dims(x: np.ndarray, cfg: HierarchyConfig, seed: int) -> np.ndarray:
         import umap
 
         neighbors = min(cfg.umap_neighbors, max(2, n - 1))
-        return umap.UMAP(
-            n_neighbors=neighbors, n_components=dim, metric="cosine", random_state=seed, n_jobs=1
-        ).fit_transform(x).astype(np.float64)
+        return (
+            umap.UMAP(n_neighbors=neighbors, n_components=dim, metric="cosine", random_state=seed, n_jobs=1)
+            .fit_transform(x)
+            .astype(np.float64)
+        )
     return PCA(n_components=dim, random_state=seed, svd_solver="auto").fit_transform(x).astype(np.float64)
 
 
@@ -127,7 +134,9 @@ class GMMFit:
     bics: dict[int, float] = field(default_factory=dict)
 
 
-def fit_gmm_bic(z: np.ndarray, candidates: list[int], cfg: HierarchyConfig, seed: int, max_sample: int | None = None) -> GMMFit:
+def fit_gmm_bic(
+    z: np.ndarray, candidates: list[int], cfg: HierarchyConfig, seed: int, max_sample: int | None = None
+) -> GMMFit:
     """Fit one GMM per candidate size on a seeded sample of at most ``max_sample`` points; keep the lowest BIC.
 
     The chosen model predicts posteriors for every point."""
@@ -187,13 +196,29 @@ def gmm_clusters(x: np.ndarray, cfg: HierarchyConfig, seed: int) -> list[np.ndar
 
 
 # ---------------------------------------------------------------------------- the layer loop
-def layer_row(layer: int, n_entities: int, n_clusters: int, cluster_sparsity: float | None, change_rate: float | None,
-              stopped: bool, stop_reason: str | None, seconds: float) -> LayerRow:
+def layer_row(
+    layer: int,
+    n_entities: int,
+    n_clusters: int,
+    cluster_sparsity: float | None,
+    change_rate: float | None,
+    stopped: bool,
+    stop_reason: str | None,
+    seconds: float,
+) -> LayerRow:
     """One clustering tried: the layer it builds (or would have built), the entities of the layer below it
     clustered, and the stop rule's figures, as the ``layers`` table holds them."""
     rate = None if change_rate is None or math.isinf(change_rate) else change_rate
-    return LayerRow(layer=layer, n_entities=n_entities, n_clusters=n_clusters, cluster_sparsity=cluster_sparsity,
-                    change_rate=rate, stopped=stopped, stop_reason=stop_reason, seconds=round(seconds, 3))
+    return LayerRow(
+        layer=layer,
+        n_entities=n_entities,
+        n_clusters=n_clusters,
+        cluster_sparsity=cluster_sparsity,
+        change_rate=rate,
+        stopped=stopped,
+        stop_reason=stop_reason,
+        seconds=round(seconds, 3),
+    )
 
 
 @dataclass
@@ -297,8 +322,9 @@ def summary_layers(
         relations.extend(rels)
         return ents, embed([entity_text(e["name"], e["type"], e["description"]) for e in ents])
 
-    layers, stats = build_layers(entities, features, max_layers, min_entities, seed, build_layer, cluster, stop,
-                                 next_features, on_layer)
+    layers, stats = build_layers(
+        entities, features, max_layers, min_entities, seed, build_layer, cluster, stop, next_features, on_layer
+    )
     dim = features.shape[1] if features.ndim == 2 else 0
     matrix = np.concatenate([layer.vectors for layer in layers]) if layers else np.zeros((0, dim), np.float32)
     return [e for layer in layers for e in layer.entities], matrix, relations, stats, layers
@@ -319,7 +345,16 @@ def build_hierarchy(
     summary_of relations and one statistic per clustering tried."""
     if not cfg.enabled:
         return [], np.zeros((0, vectors.shape[1]), np.float32), [], []
-    ents, matrix, rels, stats, _ = summary_layers(entities, vectors, cfg.max_layers, cfg.min_entities, seed,
-                                                  lambda x, s: gmm_clusters(x, cfg, s), summarizer, embed,
-                                                  stop=converged(cfg.epsilon), on_layer=on_layer)
+    ents, matrix, rels, stats, _ = summary_layers(
+        entities,
+        vectors,
+        cfg.max_layers,
+        cfg.min_entities,
+        seed,
+        lambda x, s: gmm_clusters(x, cfg, s),
+        summarizer,
+        embed,
+        stop=converged(cfg.epsilon),
+        on_layer=on_layer,
+    )
     return ents, matrix, rels, stats

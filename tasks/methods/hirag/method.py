@@ -6,16 +6,19 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from tasks.store.rows import plain_rows, relation_table
 from tasks.methods.base import Hierarchy, Layer0, MethodContext
 from tasks.methods.common import attach_stage, fallbacks, rewrite_reports, summarizer_for, write_reports
+from tasks.store.rows import plain_rows, relation_table
 
 
 class HiRAG:
     name = "hirag"
     #: retrieval modes and the sections each adds to the shared graph-ranked sources
-    modes = {"hi": ("entities", "communities", "bridge"), "hi-nobridge": ("entities", "communities"),
-             "flat": ("entities", "communities", "bridge")}
+    modes = {
+        "hi": ("entities", "communities", "bridge"),
+        "hi-nobridge": ("entities", "communities"),
+        "flat": ("entities", "communities", "bridge"),
+    }
     relation_kinds: tuple[str, ...] = ()
 
     def refine(self, ctx, client):
@@ -34,22 +37,42 @@ class HiRAG:
         cfg = ctx.cfg
         with ctx.stage("hierarchy") as st:
             summarizer = summarizer_for(ctx, cfg.hierarchy.summaries_per_cluster)
-            ents, vecs, rels, stats = st.run(build_hierarchy, layer0.entities, layer0.vectors, cfg.hierarchy, cfg.seed,
-                                             summarizer, ctx.embed, on_layer=lambda _s: st.advance(1))
+            ents, vecs, rels, stats = st.run(
+                build_hierarchy,
+                layer0.entities,
+                layer0.vectors,
+                cfg.hierarchy,
+                cfg.seed,
+                summarizer,
+                ctx.embed,
+                on_layer=lambda _s: st.advance(1),
+            )
             layers = stats
             built = [r for r in layers if not r["stopped"]]
-            st.done(f"{len(built)} layers, {len(ents)} summary entities, "
-                    f"stop: {layers[-1]['stop_reason'] if layers else 'disabled'}", layers=len(built), summary_entities=len(ents))
+            st.done(
+                f"{len(built)} layers, {len(ents)} summary entities, "
+                f"stop: {layers[-1]['stop_reason'] if layers else 'disabled'}",
+                layers=len(built),
+                summary_entities=len(ents),
+            )
         rels = relation_table(rels)  # 120k summary_of links at 100k chunks: 180 MB as dicts, 30 MB as Arrow
         entities, relations = layer0.entities + ents, pa.concat_tables([layer0.relations, rels])
         with ctx.stage("communities") as st:
-            communities = st.run(detect_communities, [e["id"] for e in entities], relations,
-                                 cfg.communities.max_cluster_size, cfg.seed, cfg.communities.resolution)
-            st.done(f"{len(communities)} communities", communities=len(communities),
-                    levels=len({c["level"] for c in communities}))
+            communities = st.run(
+                detect_communities,
+                [e["id"] for e in entities],
+                relations,
+                cfg.communities.max_cluster_size,
+                cfg.seed,
+                cfg.communities.resolution,
+            )
+            st.done(
+                f"{len(communities)} communities",
+                communities=len(communities),
+                levels=len({c["level"] for c in communities}),
+            )
         reports, report_vecs, failures = write_reports(ctx, communities, entities, relations)
-        return Hierarchy(ents, vecs, rels, communities, reports, report_vecs, layers,
-                         fallbacks(summarizer, failures))
+        return Hierarchy(ents, vecs, rels, communities, reports, report_vecs, layers, fallbacks(summarizer, failures))
 
     def update(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
         from tasks.methods.hirag.hierarchy import restate_layers
@@ -60,13 +83,33 @@ class HiRAG:
         entities = layer0.entities + att.entities
         relations = pa.concat_tables([layer0.relations, relation_table(att.relations)])
         with ctx.stage("communities") as st:
-            comms, grown, forced = st.run(place_in_communities, plain_rows(ctx.previous("communities")),
-                                          {e["id"] for e in entities}, relations, layer0.added)
+            comms, grown, forced = st.run(
+                place_in_communities,
+                plain_rows(ctx.previous("communities")),
+                {e["id"] for e in entities},
+                relations,
+                layer0.added,
+            )
             st.done(f"{len(comms)} communities, {len(grown)} grown", communities=len(comms), grown=len(grown))
         reports, report_vecs, failures = rewrite_reports(
-            ctx, comms, entities, relations,
-            lambda old: reports_to_rewrite(comms, old, grown, forced, cfg.incremental.refresh_staleness))
-        layers = restate_layers(plain_rows(ctx.previous("layers")), {e["id"]: e["layer"] for e in entities},
-                                [(r["source_id"], r["target_id"]) for r in att.relations if r["kind"] == "summary_of"])
-        return Hierarchy(att.entities, att.vectors, att.relations, comms, reports, report_vecs, layers,
-                         fallbacks(summarizer, failures))
+            ctx,
+            comms,
+            entities,
+            relations,
+            lambda old: reports_to_rewrite(comms, old, grown, forced, cfg.incremental.refresh_staleness),
+        )
+        layers = restate_layers(
+            plain_rows(ctx.previous("layers")),
+            {e["id"]: e["layer"] for e in entities},
+            [(r["source_id"], r["target_id"]) for r in att.relations if r["kind"] == "summary_of"],
+        )
+        return Hierarchy(
+            att.entities,
+            att.vectors,
+            att.relations,
+            comms,
+            reports,
+            report_vecs,
+            layers,
+            fallbacks(summarizer, failures),
+        )

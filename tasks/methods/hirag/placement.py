@@ -34,7 +34,9 @@ def place_in_communities(
     neighbours: dict[str, list[str]] = defaultdict(list)  # of the new nodes
     rels = relation_table(relations)
     new = pa.array(sorted(new_ids), pa.string())
-    rels = rels.filter(pc.or_(pc.is_in(rels.column("source_id"), value_set=new), pc.is_in(rels.column("target_id"), value_set=new)))
+    rels = rels.filter(
+        pc.or_(pc.is_in(rels.column("source_id"), value_set=new), pc.is_in(rels.column("target_id"), value_set=new))
+    )
     for a, b in zip(rels.column("source_id").to_pylist(), rels.column("target_id").to_pylist()):
         neighbours[a].append(b)
         neighbours[b].append(a)
@@ -63,8 +65,9 @@ def place_in_communities(
             index[cid]["entity_ids"].append(eid)
             member_sets[cid].add(eid)
             grown[cid] += 1
-            kid_votes = Counter(k["id"] for k in children.get(cid, []) for n in neighbours.get(eid, [])
-                                if n in member_sets[k["id"]])
+            kid_votes = Counter(
+                k["id"] for k in children.get(cid, []) for n in neighbours.get(eid, []) if n in member_sets[k["id"]]
+            )
             if not kid_votes:
                 break
             cid = min(kid_votes, key=lambda c: (-kid_votes[c], c))
@@ -83,7 +86,6 @@ def place_in_communities(
             c["parent_id"] = None
             forced.add(c["id"])
     return sorted(out, key=lambda c: (c["level"], c["id"])), grown, forced
-
 
 
 def reports_to_rewrite(

@@ -22,17 +22,25 @@ from tasks.query.context import Context, fill, top_k
 from tasks.query.view import IndexView
 
 
-def fill_levels(view: IndexView, ctx: Context, scores: np.ndarray, budgets: dict[str, int], cfg: RetrievalConfig) -> None:
+def fill_levels(
+    view: IndexView, ctx: Context, scores: np.ndarray, budgets: dict[str, int], cfg: RetrievalConfig
+) -> None:
     """The local, global and (when budgeted) bridge sections of ``ctx``; ``scores``: entity similarities."""
     flat = ctx.mode == "flat"
     sources = "\n".join(c["text"] for c in ctx.chunks)
     if "entities" in budgets:
         local, scores = local_entities(view, scores, cfg.top_n, flat, cfg.min_similarity)
         ent_items = [
-            {"id": view.ent_ids[i], "name": view.ent_name[i], "type": view.ent_type[i], "layer": int(view.ent_layer[i]),
-             "score": round(float(scores[i]), 4),
-             "text": f"- {view.ent_name[i]} ({view.ent_type[i]}, layer {int(view.ent_layer[i])}): {view.ent_desc[i]}"}
-            for i in local if not repeats(view.ent_desc[i], sources)
+            {
+                "id": view.ent_ids[i],
+                "name": view.ent_name[i],
+                "type": view.ent_type[i],
+                "layer": int(view.ent_layer[i]),
+                "score": round(float(scores[i]), 4),
+                "text": f"- {view.ent_name[i]} ({view.ent_type[i]}, layer {int(view.ent_layer[i])}): {view.ent_desc[i]}",
+            }
+            for i in local
+            if not repeats(view.ent_desc[i], sources)
         ]
         ctx.entities, ctx.tokens["entities"] = fill(ent_items, budgets["entities"])
 
@@ -45,9 +53,15 @@ def fill_levels(view: IndexView, ctx: Context, scores: np.ndarray, budgets: dict
                 continue
             findings = " ".join(f"• {f}" for f in (rep["findings"] or [])[:3])
             comm_items.append(
-                {"id": comm["id"], "level": comm["level"], "title": rep["title"], "rating": rep["rating"],
-                 "summary": rep["summary"], "findings": rep["findings"],
-                 "text": f"- [{rep['title']}] {rep['summary']} {findings}".strip()}
+                {
+                    "id": comm["id"],
+                    "level": comm["level"],
+                    "title": rep["title"],
+                    "rating": rep["rating"],
+                    "summary": rep["summary"],
+                    "findings": rep["findings"],
+                    "text": f"- [{rep['title']}] {rep['summary']} {findings}".strip(),
+                }
             )
         ctx.communities, ctx.tokens["communities"] = fill(comm_items, budgets["communities"])
 
@@ -61,8 +75,12 @@ def fill_levels(view: IndexView, ctx: Context, scores: np.ndarray, budgets: dict
                 if r["kind"] == "extracted" and repeats(r["description"], sources):
                     continue
                 items.append(
-                    {"source": r["source_id"], "target": r["target_id"], "kind": r["kind"],
-                     "text": f"- {_name(view, r['source_id'])} —[{r['kind']}]→ {_name(view, r['target_id'])}: {r['description']}"}
+                    {
+                        "source": r["source_id"],
+                        "target": r["target_id"],
+                        "kind": r["kind"],
+                        "text": f"- {_name(view, r['source_id'])} —[{r['kind']}]→ {_name(view, r['target_id'])}: {r['description']}",
+                    }
                 )
             ctx.bridge, ctx.tokens["bridge"] = fill(items, budgets["bridge"])
 
@@ -76,7 +94,9 @@ def repeats(description: str, sources: str) -> bool:
     return bool(parts) and all(p.rstrip("…").strip() in sources for p in parts)
 
 
-def local_entities(view: IndexView, scores: np.ndarray, n: int, flat: bool, min_sim: float) -> tuple[list[int], np.ndarray]:
+def local_entities(
+    view: IndexView, scores: np.ndarray, n: int, flat: bool, min_sim: float
+) -> tuple[list[int], np.ndarray]:
     """Eq. 12: TopN by similarity ``scores`` over all layers (layer 0 only when ``flat``); those under ``min_sim`` dropped."""
     if len(view.ent_ids) == 0:
         return [], np.zeros(0, dtype=np.float32)
@@ -90,10 +110,12 @@ def global_communities(view: IndexView, local: list[int], limit: int) -> list[in
     for e in local:
         for c in view.ent_communities.get(e, []):
             hits[c] += 1
+
     def rank(c: int):
         comm = view.communities[c]
         rating = view.reports.get(comm["id"], {}).get("rating", 0.0)
         return (-hits[c], -rating, comm["level"], comm["id"])
+
     return sorted(hits, key=rank)[:limit]
 
 
@@ -166,11 +188,13 @@ def bridge_triples(view: IndexView, paths: list[list[int]], graph: nx.Graph) -> 
     on_path = sorted({n for p in paths for n in p})
     ordered: list[int] = []
     seen: set[int] = set()
+
     def add(a: int, b: int) -> None:
         for k in view.edge_rel.get((a, b) if a < b else (b, a), []):
             if k not in seen:
                 seen.add(k)
                 ordered.append(k)
+
     for p in paths:
         for a, b in zip(p, p[1:]):
             add(a, b)
@@ -185,5 +209,3 @@ def bridge_triples(view: IndexView, paths: list[list[int]], graph: nx.Graph) -> 
 def _name(view: IndexView, eid: str) -> str:
     i = view.ent_index.get(eid)
     return view.ent_name[i] if i is not None else eid
-
-

@@ -1,0 +1,72 @@
+"""One writer per index. A folder: an fcntl lock on ``<index>/.writer.lock`` naming its holder. s3://: a lease
+object written with a conditional put (``tasks.store.remote.S3Lease``), renewed while the run lasts and checked
+before the snapshot commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from tasks.errors import LockTimeout, UsageError
+from tasks.store.remote import S3Lease
+
+if TYPE_CHECKING:
+    from tasks.store.catalog import Catalog
+
+
+@contextlib.contextmanager
+def writer_lock(catalog: Catalog, timeout_s: float = 0.0) -> Iterator[S3Lease | None]:
+    """One writer per index: a second one waits up to ``timeout_s`` and then fails with a clear message.
+    A folder: an fcntl lock on ``<index>/.writer.lock``. s3://: a lock object (``S3Lease``)."""
+    if catalog.root is None:
+        yield from _remote_lock(catalog, timeout_s)
+        return
+    path = catalog.root / ".writer.lock"
+    fh = open(path, "a+")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    fh.seek(0)
+                    holder = fh.read().strip() or "another process"
+                    raise LockTimeout(
+                        f"index {catalog.uri} is being written by {holder}; waited {timeout_s:.0f}s "
+                        "(raise --lock-timeout to wait longer)"
+                    ) from None
+                time.sleep(0.2)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} since {datetime.now(UTC).isoformat(timespec='seconds')}")
+        fh.flush()
+        yield None
+    finally:
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        fh.close()
+
+
+def _remote_lock(catalog: Catalog, timeout_s: float) -> Iterator[S3Lease | None]:
+    if catalog.storage.writer_lock == "off":
+        yield None
+        return
+    if not catalog.uri.startswith(("s3://", "s3a://")):
+        raise UsageError(
+            f"no writer lock for {catalog.uri.split('://')[0]}:// indexes: point --index at the store's "
+            'S3-compatible endpoint (s3:// with storage.endpoint), or set storage.writer_lock = "off" '
+            "when your writers are serialised otherwise (one deployment, a concurrency limit of 1)"
+        )
+    lease = S3Lease(catalog.uri, catalog.storage)
+    lease.acquire(timeout_s)
+    try:
+        yield lease
+    finally:
+        lease.release()
