@@ -12,7 +12,7 @@ export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export GX_ANALYTICS_ENABLED := false
 
-.PHONY: setup demo test test-fast test-real-model bench clean
+.PHONY: setup demo test test-fast lint test-real-model bench clean
 
 setup: $(STAMP)
 
@@ -28,8 +28,14 @@ demo: setup
 	$(BIN)/strata index data --index $(INDEX)
 	$(BIN)/strata inspect --index $(INDEX)
 
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest -q -ra tests
+
+# ruff (lint + format check) and mypy over the package code, configured in pyproject.toml
+lint: setup
+	$(BIN)/ruff check flows tasks schemas
+	$(BIN)/ruff format --check flows tasks schemas
+	$(BIN)/mypy
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -ra -m "not slow and not realmodel" tests

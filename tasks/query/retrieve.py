@@ -129,11 +129,25 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
         graph = view.passage_graph(rank_params(cfg))
         ctx.seeds = {k: [view.ent_name[graph.ent_view[e]] for e in v] for k, v in seeds.items()}
     if ctx.empty:
-        best = float(max(view.similarity("entities", q, 1), default=-1.0)) if len(view.ent_ids) else None
-        ctx.message = (
-            "the index is empty: nothing to retrieve"
-            if not view.ent_ids and not view.chunk_ids
-            else f"nothing in the index is related to the question (best similarity {best:.2f} < "
-            f"retrieval.min_similarity {cfg.min_similarity})"
-        )
+        ctx.message = _empty_reason(view, q, chunk_order, cfg)
     return ctx
+
+
+def _empty_reason(view: IndexView, q: np.ndarray, chunk_order: list[int], cfg: RetrievalConfig) -> str:
+    """Why a context came out empty: an empty index, nothing related to the question, or no whole source
+    small enough for the budget (sources are never cut)."""
+    if not view.ent_ids and not view.chunk_ids:
+        return "the index is empty: nothing to retrieve"
+    best = float(max(view.similarity("entities", q, 1), default=-1.0)) if len(view.ent_ids) else -1.0
+    if chunk_order:
+        smallest = min(view.tokens(j, view.chunk_text[j]) for j in chunk_order[:MAX_SOURCES])
+        if smallest > cfg.token_budget:
+            return (
+                f"no related source fits the token budget of {cfg.token_budget} (sources are whole chunks; the "
+                f"smallest related one has {smallest} tokens): raise the budget (--budget) or index with smaller "
+                "chunks (chunking.size)"
+            )
+    return (
+        f"nothing in the index is related to the question (best similarity {best:.2f}; "
+        f"retrieval.min_similarity {cfg.min_similarity})"
+    )

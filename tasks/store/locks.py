@@ -11,13 +11,24 @@ import os
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from tasks.errors import LockTimeout, UsageError
 from tasks.store.remote import S3Lease
 
 if TYPE_CHECKING:
-    from tasks.store.catalog import Catalog
+    from schemas.config import StorageConfig
+
+
+class Catalog(Protocol):
+    """What a lock needs of an index's catalog (``tasks.store.catalog.Catalog``)."""
+
+    root: Path | None
+    uri: str
+
+    @property
+    def storage(self) -> StorageConfig: ...
 
 
 @contextlib.contextmanager
