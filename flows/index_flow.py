@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -12,12 +13,14 @@ from prefect.utilities.annotations import quote
 from flows.env import apply_offline_defaults
 from flows.pipeline import build_index, dask_pool, update_index
 from schemas.config import load_config
+from schemas.tables import LayerRow
 from tasks.store.catalog import Catalog
 
 
-def prefect_runner(name: str, fn, *args: Any, **kwargs: Any) -> Any:
+def prefect_runner(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run one stage as a Prefect task. Arguments are quoted: Prefect must not walk 100k-row inputs."""
-    stage = task(fn, name=name, cache_policy=NO_CACHE, persist_result=False, retries=0)
+    # task(**options)(fn): what task(fn, **options) does, in the form prefect's overloads declare
+    stage = task(name=name, cache_policy=NO_CACHE, persist_result=False, retries=0)(fn)
     return stage(*[quote(a) for a in args], **{k: quote(v) for k, v in kwargs.items()})
 
 
@@ -50,7 +53,7 @@ def index_flow(
     return asdict(result)
 
 
-def publish_layer_artifacts(layers: list[dict[str, Any]], plot: str | None) -> None:
+def publish_layer_artifacts(layers: list[LayerRow], plot: str | None) -> None:
     """The layer table and the CS plot (HiRAG Fig. 4) as Prefect artifacts of the flow run."""
     import base64
     from pathlib import Path
@@ -60,7 +63,9 @@ def publish_layer_artifacts(layers: list[dict[str, Any]], plot: str | None) -> N
     if not layers:
         return
     create_table_artifact(
-        key="strata-layers", table=layers, description="HiIndex layers: cluster sparsity per clustering"
+        key="strata-layers",
+        table=layers,  # type: ignore[arg-type]  # prefect asks list[dict[str, Any]]: TypedDict rows are plain dicts
+        description="HiIndex layers: cluster sparsity per clustering",
     )
     if plot and Path(plot).exists():
         data = base64.b64encode(Path(plot).read_bytes()).decode()

@@ -6,7 +6,10 @@ import hashlib
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from schemas.tables import LayerRow
 
 
 @dataclass
@@ -16,7 +19,7 @@ class BuildResult:
     counts: dict[str, int]
     stages: dict[str, dict[str, float]]
     status: str
-    layers: list[dict[str, Any]] = field(default_factory=list)
+    layers: list[LayerRow] = field(default_factory=list)
     layers_plot: str | None = None
     llm: dict[str, Any] = field(default_factory=dict)
     input_digest: str | None = None

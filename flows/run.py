@@ -9,14 +9,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pyarrow as pa
 
 from flows.lineage import BuildResult, code_version, deployment_name
 from schemas.config import StrataConfig
-from schemas.tables import DocumentRow, QuarantineRow, schema_for
+from schemas.tables import DocumentRow, LayerRow, QuarantineRow, schema_for
 from tasks.methods.registry import get_method
 from tasks.runtime.llm_client import LiteLLMClient, Usage
 from tasks.runtime.parallel import DaskPool, Mapper
@@ -27,13 +27,21 @@ from tasks.store.rows import plain_rows, snapshot_note
 
 
 # ---------------------------------------------------------------------------- the run
+class DocumentPlace(TypedDict):
+    """What later stages read of a document once it is chunked (``flows.steps.document_place``)."""
+
+    id: str
+    source_id: str
+    title: str | None
+
+
 @dataclass
 class Delta:
     """What a run applies: for a build every document is incoming; for an update, the diff."""
 
     root: str
-    incoming: list[DocumentRow]  # documents to chunk and extract (new and changed)
-    kept: list[DocumentRow] = field(default_factory=list)  # previous documents that stay
+    incoming: list[DocumentRow] | list[DocumentPlace]  # documents to chunk and extract (new and changed)
+    kept: list[DocumentRow] | list[DocumentPlace] = field(default_factory=list)  # previous documents that stay
     gone: set[str] = field(default_factory=set)  # previous document ids deleted or replaced
     gone_chunks: set[str] = field(default_factory=set)  # their chunk ids
     counts: dict[str, int] = field(default_factory=dict)
@@ -152,7 +160,7 @@ class PipelineRun:
         delta: Delta,
         version: int | None = None,
         counts: dict[str, int] | None = None,
-        layers: list[dict[str, Any]] | None = None,
+        layers: list[LayerRow] | None = None,
         plot: str | None = None,
     ) -> BuildResult:
         return BuildResult(

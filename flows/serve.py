@@ -25,7 +25,7 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
@@ -36,6 +36,10 @@ from pydantic import BaseModel, Field
 
 from schemas.config import StrataConfig
 from tasks.errors import RefusedError
+
+if TYPE_CHECKING:
+    from tasks.index.embed import Embedder
+    from tasks.runtime.llm_client import LiteLLMClient
 
 PAGE = Path(__file__).resolve().parent / "explorer.html"
 #: routes that hold no data: the health checks, the explorer page (its calls carry the key) and the API docs
@@ -110,7 +114,8 @@ class Service:
         from tasks.store.catalog import Catalog
 
         self.cfg, self.catalog = cfg, Catalog(index, create=False, storage=cfg.storage)
-        self.embedder = self.client = None
+        self.embedder: Embedder | None = None
+        self.client: LiteLLMClient | None = None
         self.ready = False
         self._lock = threading.Lock()
 
@@ -150,11 +155,13 @@ class Service:
         state["mode"] = mode
         budget = req.token_budget or self.cfg.retrieval.token_budget
         cfg = self.cfg.retrieval.model_copy(update={"token_budget": budget})
+        embedder = self.embedder
+        assert embedder is not None  # requests reach here once loaded (``Depends(ready)``)
         t0 = time.perf_counter()
-        ctx = retrieve(view, req.question, self.embedder.embed([req.question])[0], mode, cfg)
+        ctx = retrieve(view, req.question, embedder.embed([req.question])[0], mode, cfg)
         ms = (time.perf_counter() - t0) * 1000
         return ctx.as_dict() | {
-            "answer": make_answer(ctx, self.client, self.embedder.embed),
+            "answer": make_answer(ctx, self.client, embedder.embed),
             "retrieval_ms": round(ms, 1),
         }
 
@@ -204,7 +211,7 @@ class RequestGuard:
             self.key is not None
             and path not in OPEN_ROUTES
             and not path.startswith(STATIC)
-            and not self._authorized(scope)
+            and not self._authorized(scope, self.key)
         ):
             await _send_json(send, 401, {"detail": "missing or wrong bearer token"}, {"WWW-Authenticate": "Bearer"})
             return
@@ -248,10 +255,10 @@ class RequestGuard:
 
         await self.app(scope, replay, send)
 
-    def _authorized(self, scope: dict[str, Any]) -> bool:
+    def _authorized(self, scope: dict[str, Any], key: str) -> bool:
         given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1").strip()
         scheme, _, token = given.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.key.encode())
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
     def _log(self, scope: dict[str, Any], state: dict[str, Any], status: int, ms: float) -> None:
         record: dict[str, Any] = {

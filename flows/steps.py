@@ -8,16 +8,16 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from flows.lineage import BuildResult, digest_of
-from flows.run import Delta, PipelineRun
+from flows.run import Delta, DocumentPlace, PipelineRun
 from schemas.config import StrataConfig
-from schemas.tables import ChunkRow, DocumentRow, schema_for
+from schemas.tables import ChunkRow, DocumentRow, QuarantineRow, schema_for
 from tasks.errors import NotFoundError
 from tasks.index.merge import ChunkOrder
 from tasks.methods.base import Hierarchy, Layer0
@@ -67,7 +67,7 @@ def ingest(run: PipelineRun) -> Delta:
     return Delta(
         root,
         diff.new + diff.changed,
-        [d for d in run.previous_rows("documents") if d["id"] not in gone],
+        [d for d in cast("list[DocumentRow]", run.previous_rows("documents")) if d["id"] not in gone],
         gone,
         gone_chunks,
         diff.counts(),
@@ -96,7 +96,7 @@ def chunk(run: PipelineRun, delta: Delta) -> tuple[pa.Table, list[ChunkRow]]:
     return to_table("documents", documents, 0, run.version), chunks
 
 
-def document_place(doc: DocumentRow) -> dict[str, Any]:
+def document_place(doc: DocumentRow | DocumentPlace) -> DocumentPlace:
     """What extraction (the title) and merge (the source id) read of a document once it is chunked."""
     return {"id": doc["id"], "source_id": doc["source_id"], "title": doc.get("title")}
 
@@ -173,7 +173,8 @@ def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: SpilledTa
     the chunks that went, rows of the new ones) for an update."""
     cfg = run.cfg
     with run.stage("merge") as st:
-        stored = (lambda columns: run.catalog.batches("mentions", run.snap, columns)) if run.snap else None
+        snap = run.snap
+        stored = (lambda columns: run.catalog.batches("mentions", snap, columns)) if snap else None
         old_entities = run.previous("entities", ENTITY_FIELDS, "layer = 0")
         layer0, mentions = st.run(
             _layer0,
@@ -302,7 +303,7 @@ def assemble(
     kept_chunks = old_chunks.filter(pa.array(keep, type=pa.bool_())) if old_chunks.num_rows else old_chunks
     quarantine = [
         q
-        for q in run.previous_rows("quarantine")
+        for q in cast("list[QuarantineRow]", run.previous_rows("quarantine"))
         if not q["item"].startswith((delta.root, run.location)) and q["item"] not in delta.gone_chunks
     ]
     quarantine += run.quarantine + hierarchy.quarantine
@@ -347,7 +348,7 @@ def _stamped(table: pa.Table, version: int) -> pa.Table:
     )
 
 
-def _dedupe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _dedupe(rows: list[QuarantineRow]) -> list[QuarantineRow]:
     seen, out = set(), []
     for r in rows:
         if r["id"] not in seen:

@@ -14,7 +14,7 @@ from schemas.config import load_config
 from tasks.store.catalog import Catalog
 from tasks.methods.attach import attach
 from tasks.index.delta import diff_documents
-from tasks.methods.hirag.method.placement import place_in_communities, reports_to_rewrite
+from tasks.methods.hirag.placement import place_in_communities, reports_to_rewrite
 from tasks.index.validate import validate_tables
 from schemas.tables import SNAPSHOT_TABLES
 from tests.conftest import SMALL

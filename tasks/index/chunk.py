@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tiktoken
 
 from schemas.config import ChunkingConfig
 from tasks.store.ids import make_id
+
+if TYPE_CHECKING:
+    from schemas.tables import QuarantineRow
 
 ENCODING = "cl100k_base"
 
@@ -94,14 +97,14 @@ def chunk_document(
 
 def chunk_documents(
     documents: list[dict[str, Any]], cfg: ChunkingConfig, max_tokens: int | None = None
-) -> tuple[list[dict[str, Any]], dict[str, int], list[dict[str, str]]]:
+) -> tuple[list[dict[str, Any]], dict[str, int], list[QuarantineRow]]:
     """Chunks of every document, in document order, each document's token count (by id), and a quarantine
     row for every document cut at ``max_tokens`` (what was not indexed is said, never dropped silently)."""
     from tasks.store.ids import quarantine_row
 
     out: list[dict[str, Any]] = []
     tokens: dict[str, int] = {}
-    cut: list[dict[str, str]] = []
+    cut: list[QuarantineRow] = []
     for doc in documents:
         chunks, tokens[doc["id"]] = chunk_document(doc, cfg, max_tokens)
         out.extend(chunks)

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from schemas.tables import EntityRow
 from tasks.index.merge import ChunkOrder, graph_from_mentions
 from tasks.store.rows import relation_table
 
@@ -116,7 +117,7 @@ def recompute_layer0(
     touched_keys: set[str],
     max_description_tokens: int,
     order: ChunkOrder | None = None,
-) -> tuple[list[dict[str, Any]], pa.Table, set[str], set[str], set[str]]:
+) -> tuple[list[EntityRow], pa.Table, set[str], set[str], set[str]]:
     """Layer-0 entities/extracted relations after the delta. Returns (entities, relations (a table), added,
     removed, changed ids).
 
@@ -184,4 +185,4 @@ def recompute_layer0(
     relations = pa.concat_tables([old, new_rels]).take(pa.array(rows[pc.sort_indices(ids).to_numpy()]))
     degree = relation_degrees(relations)
     entities = [dict(e, degree=degree.get(e["id"], 0)) for e in entities]
-    return sorted(entities, key=lambda e: e["id"]), relations, added, removed, changed
+    return cast("list[EntityRow]", sorted(entities, key=lambda e: e["id"])), relations, added, removed, changed

@@ -29,7 +29,9 @@ LOCAL_MODEL_NAME = "all-MiniLM-L6-v2"
 
 class Embedder(Protocol):
     name: str
-    dim: int
+
+    @property
+    def dim(self) -> int: ...
 
     def embed(self, texts: list[str]) -> np.ndarray: ...
 

@@ -161,10 +161,10 @@ def mentions_of(doc, cfg: ExtractConfig) -> list[tuple[int, int, str, str]]:
     return found
 
 
-def extract_doc(doc, chunk_id: str, cfg: ExtractConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def extract_doc(doc, chunk_id: str, cfg: ExtractConfig) -> tuple[list[RawEntity], list[RawRelation]]:
     """Raw entities and relations of one parsed chunk."""
-    entities: list[dict[str, Any]] = []
-    relations: list[dict[str, Any]] = []
+    entities: list[RawEntity] = []
+    relations: list[RawRelation] = []
     mentions = mentions_of(doc, cfg)
     if not mentions:
         return entities, relations
@@ -179,7 +179,7 @@ def extract_doc(doc, chunk_id: str, cfg: ExtractConfig) -> tuple[list[dict[str, 
         sentence = squash_clip(sentences[si][2], cfg.max_sentence_chars)
         for _, _, name, etype in ms:
             entities.append({"name": name, "type": etype, "description": sentence, "chunk_id": chunk_id})
-        names = []
+        names: list[str] = []
         for _, _, name, _ in ms:
             if name.lower() not in (n.lower() for n in names):
                 names.append(name)

@@ -111,7 +111,8 @@ def parse_relations(known: set[str]):
             if src.lower() not in known or tgt.lower() not in known or src.lower() == tgt.lower():
                 continue  # relations must join extracted entities
             try:
-                strength = float(it.get("strength", it.get("weight", 1)))
+                raw: Any = it.get("strength", it.get("weight", 1))  # JSON: a null fails float() as a string may
+                strength = float(raw)
             except (TypeError, ValueError):
                 strength = 1.0
             out.append(

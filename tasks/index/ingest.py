@@ -12,10 +12,13 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schemas.config import CorpusConfig
 from tasks.store.ids import content_hash, make_id, quarantine_row
+
+if TYPE_CHECKING:
+    from schemas.tables import QuarantineRow
 
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 
@@ -23,7 +26,7 @@ _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 @dataclass
 class IngestResult:
     documents: list[dict[str, Any]] = field(default_factory=list)
-    quarantine: list[dict[str, Any]] = field(default_factory=list)
+    quarantine: list[QuarantineRow] = field(default_factory=list)
     files_seen: int = 0
     ignored: int = 0  # files a ``.strataignore`` names
 

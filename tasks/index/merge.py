@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import PurePath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from tasks.index.chunk import count_tokens
 from tasks.store.ids import make_id, normalize_name
@@ -48,7 +48,7 @@ _DISAMBIGUATION = re.compile(r"\s*\([^()]*\)\s*$")
 _FIRST_SENTENCE = re.compile(r"^(.{20,}?[.!?])(?:\s|$)", re.DOTALL)
 
 
-def explicit_title(doc: dict[str, Any]) -> str | None:
+def explicit_title(doc: Mapping[str, Any]) -> str | None:
     """A document's own title (JSONL/Parquet ``title``, Markdown heading), without a trailing
     disambiguation such as "(band)"; None when the title is only the file or record name."""
     title = (doc.get("title") or "").strip()
@@ -197,7 +197,7 @@ def in_chunk_order(mentions: pa.Table) -> pa.Table:
     import polars as pl
 
     rank = (
-        pl.from_arrow(mentions.select(list(CHUNK_ORDER)))
+        cast(pl.DataFrame, pl.from_arrow(mentions.select(list(CHUNK_ORDER))))  # a table gives a frame
         .with_row_index("i")
         .sort(pl.col("chunk_id").cast(pl.Utf8), "seq")
         .get_column("i")
@@ -400,7 +400,8 @@ def relation_degrees(relations) -> dict[str, int]:
     """Entity id -> number of relations it is an endpoint of (an Arrow table of relations)."""
     import polars as pl
 
-    counts = pl.from_arrow(relations.select(["source_id", "target_id"])).unpivot().group_by("value").len()
+    frame = cast(pl.DataFrame, pl.from_arrow(relations.select(["source_id", "target_id"])))  # a table: a frame
+    counts = frame.unpivot().group_by("value").len()
     return dict(zip(counts.get_column("value").to_list(), counts.get_column("len").to_list()))
 
 
@@ -410,7 +411,7 @@ def merge_graph(
     max_description_tokens: int,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Resolve raw mentions (extractor output, in corpus order) into layer-0 entities and relations."""
-    order = {}
+    order: ChunkOrder = {}
     for r in [*raw_entities, *raw_relations]:
         order.setdefault(r["chunk_id"], ("", len(order)))
     return graph_from_mentions(mention_rows(raw_entities, raw_relations), max_description_tokens, order)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from schemas.tables import LayerRow
 
 
-def plot_layers(rows: list[dict[str, Any]], path: Path, epsilon: float) -> Path | None:
+def plot_layers(rows: list[LayerRow], path: Path, epsilon: float) -> Path | None:
     """CS_i and the change rate per clustering; the stopping clustering is marked. None when nothing to plot."""
     pts = [r for r in rows if r["cluster_sparsity"] is not None]
     if not pts:
@@ -18,7 +21,8 @@ def plot_layers(rows: list[dict[str, Any]], path: Path, epsilon: float) -> Path 
 
     layers = [r["layer"] for r in pts]
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
-    ax.plot(layers, [r["cluster_sparsity"] for r in pts], "o-", color="tab:blue", label="cluster sparsity CS$_i$")
+    sparsity = cast("list[float]", [r["cluster_sparsity"] for r in pts])  # pts: the rows where it is not None
+    ax.plot(layers, sparsity, "o-", color="tab:blue", label="cluster sparsity CS$_i$")
     ax.set_xlabel("layer i (clustering of layer i-1)")
     ax.set_ylabel("cluster sparsity", color="tab:blue")
     ax.set_xticks(layers)

@@ -146,7 +146,8 @@ def unique_mask(columns) -> np.ndarray:
         repeated &= ~null
     mask = ~repeated
     if repeated.any():  # the same hash: the same value, unless two values collide
-        at, start, seen = np.flatnonzero(repeated), 0, []
+        seen: list[Any] = []  # the values of the repeated hashes
+        at, start = np.flatnonzero(repeated), 0
         for col in columns():
             here = at[(at >= start) & (at < start + len(col))]
             seen += col.take(pa.array(here - start)).to_pylist() if len(here) else []

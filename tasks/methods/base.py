@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import pyarrow as pa
 
-from schemas.tables import CommunityRow, EntityRow, LayerRow, QuarantineRow, RelationRow, ReportRow
+from schemas.tables import ChunkRow, CommunityRow, EntityRow, LayerRow, QuarantineRow, RelationRow, ReportRow
 
 if TYPE_CHECKING:
     from schemas.config import RetrievalConfig, StrataConfig
@@ -37,7 +37,7 @@ class Layer0:
     removed: set[str] = field(default_factory=set)  # update: ids gone
     changed: set[str] = field(default_factory=set)  # update: ids whose name, type or description changed
     gone_chunks: set[str] = field(default_factory=set)  # update: chunk ids deleted or replaced
-    chunks: list[dict[str, Any]] = field(default_factory=list)  # this run's new chunks (a build: all of them)
+    chunks: list[ChunkRow] = field(default_factory=list)  # this run's new chunks (a build: all of them)
     chunk_vectors: np.ndarray | None = None  # aligned with ``chunks``
 
 

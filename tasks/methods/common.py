@@ -5,11 +5,12 @@ ArchRAG build and update alike."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 
+from schemas.tables import CommunityRow, QuarantineRow
 from tasks.methods.base import Hierarchy, Layer0, MethodContext
 from tasks.store.ids import make_id, quarantine_row
 from tasks.store.rows import plain_rows, relation_table, vector_matrix
@@ -37,7 +38,7 @@ def summarizer_for(ctx: MethodContext, per_cluster: int, **llm_prompt: Any):
     return OfflineSummarizer(cfg.hierarchy.meta_entities, cfg.extract.max_description_tokens)
 
 
-def fallbacks(summarizer: Any, report_failures: list[dict[str, str]]) -> list[dict[str, Any]]:
+def fallbacks(summarizer: Any, report_failures: list[dict[str, str]]) -> list[QuarantineRow]:
     """Quarantine rows for LLM summaries and reports that fell back to the offline ones."""
     return [quarantine_row(f["item"], "hierarchy", SUMMARY_FALLBACK + f["error"]) for f in summarizer.failures] + [
         quarantine_row(f["item"], "reports", REPORT_FALLBACK + f["error"]) for f in report_failures
@@ -69,7 +70,7 @@ def write_reports(
 
 def rewrite_reports(
     ctx: MethodContext,
-    comms: list[dict[str, Any]],
+    comms: list[CommunityRow],
     entities: list[dict[str, Any]],
     relations: pa.Table,
     decide: Callable[[dict[str, dict[str, Any]]], tuple[set[str], dict[str, float]]],
@@ -95,11 +96,11 @@ def rewrite_reports(
         redo = [r for r in reports if r["community_id"] in rewrite]
         fresh = dict(zip([r["community_id"] for r in redo], report_vectors(ctx, st, redo)))
         dim = previous.schema.field("vector").type.list_size
-        vectors = (
-            np.stack([fresh.get(r["community_id"], old_vectors.get(r["community_id"])) for r in reports])
-            if reports
-            else np.zeros((0, dim), np.float32)
+        # a report not rewritten is kept, and so is the vector the previous snapshot holds for it
+        each = cast(
+            "list[np.ndarray]", [fresh.get(r["community_id"], old_vectors.get(r["community_id"])) for r in reports]
         )
+        vectors = np.stack(each) if reports else np.zeros((0, dim), np.float32)
         st.done(f"{len(redo)} reports rewritten", reports_rewritten=len(redo))
     return reports, vectors, failures
 
@@ -153,7 +154,7 @@ def attach_stage(ctx: MethodContext, layer0: Layer0, **llm_prompt: Any):
 
 
 # ---------------------------------------------------------------------------- summary trees
-def bucket_communities(summaries: list[dict[str, Any]], relations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def bucket_communities(summaries: list[dict[str, Any]], relations: list[dict[str, Any]]) -> list[CommunityRow]:
     """One community per summary node (its bucket): the summary first, then its members (the ``summary_of``
     sources), sized by its members and its chunks; its parent is the community of the summary above it. Levels
     count down from the top as for every community (the top layer's buckets are level 0)."""

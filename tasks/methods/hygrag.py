@@ -193,7 +193,7 @@ def build_layers(
         )
     ]
     adj = hybrid_adjacency(
-        len(entities), [p for p in pairs if p[0] is not None and p[1] is not None], entity_chunks, links
+        len(entities), [(a, b, w) for a, b, w in pairs if a is not None and b is not None], entity_chunks, links
     )
     text = np.concatenate([vectors.reshape(-1, dim), chunk_vectors.reshape(-1, dim)]).astype(np.float32)
     nodes = [

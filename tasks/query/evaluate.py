@@ -24,6 +24,7 @@ import re
 import string
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -190,12 +191,13 @@ def _run_mode(
         )
     lat = [r["latency_ms"] for r in rows]
     hits = [r["answer_in_context"] for r in rows if r["answer_in_context"] is not None]
+    recall_at: dict[str, Any] = {f"recall_at_{k}": _mean([r[f"recall_at_{k}"] for r in rows]) for k in RECALL_KS}
     result = ModeResult(
         mode=mode,
         token_budget=cfg.token_budget,
         n_queries=len(queries),
         passage_recall=_mean([r["passage_recall"] for r in rows]),
-        **{f"recall_at_{k}": _mean([r[f"recall_at_{k}"] for r in rows]) for k in RECALL_KS},
+        **recall_at,  # the recall_at_k fields
         answer_in_context=_mean(hits),
         n_answerable=len(hits),
         answer_in_extractive=_mean([r["answer_in_extractive"] for r in rows if r["answer_in_extractive"] is not None]),
@@ -206,7 +208,7 @@ def _run_mode(
     return result, rows
 
 
-def _cached(embed):
+def _cached(embed: Callable[[list[str]], np.ndarray]) -> Callable[[list[str]], np.ndarray]:
     """``embed`` remembering every text's vector (the same source sentences come back in every mode)."""
     seen: dict[str, np.ndarray] = {}
 

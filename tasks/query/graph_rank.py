@@ -207,7 +207,7 @@ def personalization(
     chained: list[int] = []
     if params.chain_chunks and params.chain_weight > 0 and graph.sent_ent.shape[0]:
         k = min(params.chain_chunks, n)
-        top = np.argpartition(-prior, k - 1)[:k] if k else []
+        top: Any = np.argpartition(-prior, k - 1)[:k] if k else []
         top = top[np.lexsort((top, -prior[top]))] if k else top  # best first, ties by index
         scores = graph.sent_index.scores(question)
         for rank, c in enumerate(top):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from tasks.methods.registry import all_methods, get_method
 from tasks.store.catalog import Catalog
@@ -73,11 +73,11 @@ def node_counts(cat: Catalog, snap: dict[str, Any], kinds: tuple[str, ...]) -> l
     ``chnsw`` and ``chnsw_down``), how many leave a node of the layer."""
     import polars as pl
 
-    ents = pl.from_arrow(cat.read("entities", snap=snap, columns=["id", "layer"]))
+    ents = cast(pl.DataFrame, pl.from_arrow(cat.read("entities", snap=snap, columns=["id", "layer"])))
     per = ents.group_by("layer").agg(nodes=pl.len())
     if kinds:
         links = (
-            pl.from_arrow(cat.read("relations", snap=snap, columns=["source_id", "kind"]))
+            cast(pl.DataFrame, pl.from_arrow(cat.read("relations", snap=snap, columns=["source_id", "kind"])))
             .filter(pl.col("kind").is_in(list(kinds)))
             .join(ents.rename({"id": "source_id"}), on="source_id")
             .group_by("layer")

@@ -7,6 +7,8 @@ matches them exactly. ``rrf`` fuses any number of rankings (Cormack et al. 2009)
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 
@@ -23,6 +25,7 @@ def bm25s():
             del sys.modules["numba"]
     import bm25s as module
 
+    logging.getLogger("bm25s").setLevel(logging.WARNING)  # its DEBUG "Building index from tokens" on every build
     return module
 
 

@@ -36,7 +36,8 @@ def check_modes(modes: list[str]) -> None:
     """Every mode named is one some index offers (before anything is loaded)."""
     bad = [m for m in modes if m not in all_modes()]
     if bad:
-        raise UsageError(f"unknown mode(s) {', '.join(map(repr, bad))}; choose from {', '.join(all_modes())}")
+        what = "mode" if len(bad) == 1 else "modes"
+        raise UsageError(f"unknown {what} {', '.join(map(repr, bad))}; choose from {', '.join(all_modes())}")
 
 
 @dataclass

@@ -14,7 +14,7 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast, overload
 
 import networkx as nx
 import numpy as np
@@ -145,7 +145,7 @@ class IndexView:
             table = self.catalog.read("mentions", snap=self.snap, columns=["kind", "chunk_id", "key", "description"])
         else:
             table = schema_for("mentions", 0).empty_table().select(["kind", "chunk_id", "key", "description"])
-        mentions = pl.from_arrow(table).filter(pl.col("kind") == "entity").drop("kind")
+        mentions = cast(pl.DataFrame, pl.from_arrow(table)).filter(pl.col("kind") == "entity").drop("kind")
         relations = [
             (self.ent_index.get(r["source_id"]), self.ent_index.get(r["target_id"]), float(r["weight"]))
             for r in self.rel_rows
@@ -157,7 +157,7 @@ class IndexView:
             self.ent_type,
             self.ent_layer,
             mentions,
-            [r for r in relations if r[0] is not None and r[1] is not None],
+            [(a, b, w) for a, b, w in relations if a is not None and b is not None],
             params,
         )
 
@@ -260,6 +260,10 @@ def load_view(catalog: Catalog, as_of: int | None = None) -> IndexView:
     return view
 
 
+@overload
+def _cached(uri: str, version: int, load: Callable[[], IndexView]) -> IndexView: ...
+@overload
+def _cached(uri: str, version: int, load: Callable[[], IndexView | None]) -> IndexView | None: ...
 def _cached(uri: str, version: int, load: Callable[[], IndexView | None]) -> IndexView | None:
     key = (uri, version)
     with _VIEWS_LOCK:
@@ -303,7 +307,7 @@ def _code_stamp() -> str:
 
     digest = hashlib.sha256(str(VIEW_FORMAT).encode())
     for module in ("tasks.query.retrieve", "tasks.query.graph_rank", "tasks.query.lexical", "schemas.tables"):
-        digest.update(Path(importlib.import_module(module).__file__).read_bytes())
+        digest.update(Path(cast(str, importlib.import_module(module).__file__)).read_bytes())  # modules of files
     for library in (np, pa, nx, scipy, bm25s()):  # all imported by now or right after (bm25s: to read the copy)
         digest.update(f"{library.__name__}={library.__version__}".encode())
     return digest.hexdigest()[:16]
@@ -363,7 +367,7 @@ def remember_view(view: IndexView) -> None:
 
     catalog = view.catalog
     folder = _views_dir(catalog) if catalog is not None else None
-    if folder is None or view.from_disk or view.lance_version is None or view.ann:
+    if catalog is None or folder is None or view.from_disk or view.lance_version is None or view.ann:
         return
     folder.mkdir(parents=True, exist_ok=True)
     name = f"view-v{view.version}.pkl"
@@ -378,9 +382,9 @@ def remember_view(view: IndexView) -> None:
         with tempfile.NamedTemporaryFile("wb", dir=folder, delete=False, suffix=".tmp") as fh:
             pickle.dump(view, fh, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(fh.name, folder / name)
-        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp", encoding="utf-8") as fh:
-            json.dump(head, fh)
-        os.replace(fh.name, folder / "head.json")
+        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp", encoding="utf-8") as text:
+            json.dump(head, text)
+        os.replace(text.name, folder / "head.json")
         for old in folder.glob("view-v*.pkl"):
             if old.name != name:
                 old.unlink(missing_ok=True)

@@ -210,7 +210,7 @@ class LiteLLMClient:
 
         litellm.suppress_debug_info = True
         # this client does the retrying; litellm's OpenAI embedding path reads max_retries=0 as "use the default (2)"
-        litellm.DEFAULT_MAX_RETRIES = 0
+        litellm.DEFAULT_MAX_RETRIES = 0  # type: ignore[misc]  # litellm declares it Final; overridden on purpose
         logging.getLogger("LiteLLM").setLevel(logging.ERROR)
         self.cfg = cfg
         share = max(1, share)  # this client's share of the global limits (one per Dask worker)

@@ -68,7 +68,7 @@ class Catalog:
         self._storage = storage
         self._lease: S3Lease | None = None
         if is_local(self.uri):
-            self.root = Path(self.uri.removeprefix("file://")).expanduser().resolve()
+            self.root: Path | None = Path(self.uri.removeprefix("file://")).expanduser().resolve()
             if self.root.exists() and not self.root.is_dir():
                 raise UsageError(f"--index {self.uri} is a file, not an index folder")
             if create:
@@ -345,7 +345,7 @@ class Catalog:
             "note": note,
         }
         data = rows_to_table([row], _SNAPSHOT_SCHEMA)
-        tries = []
+        tries: list[int] = []
 
         def append() -> None:
             if tries and any(s["version"] == version and s["run_id"] == run_id for s in self.snapshots()):
@@ -403,7 +403,7 @@ class Catalog:
 
     def rollback(self, to_version: int, run_id: str) -> int:
         """Publish a new snapshot that pins the table versions of snapshot ``to_version``: nothing is rewritten."""
-        target = self.snapshot(to_version)
+        target = self.require_snapshot(to_version)  # None only without snapshots: raises as the next line did
         latest = self.require_snapshot()
         return self._commit(
             latest["version"] + 1,

@@ -5,13 +5,17 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from schemas.tables import QuarantineRow
 
 
 def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def quarantine_row(item: str, stage: str, error: str) -> dict[str, str]:
+def quarantine_row(item: str, stage: str, error: str) -> QuarantineRow:
     """The one constructor of ``quarantine`` rows (every stage): what, where, why, with a content id."""
     return {"id": make_id("q", stage, item, error), "item": item, "stage": stage, "error": error}
 

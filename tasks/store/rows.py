@@ -5,6 +5,7 @@ a table's schema, and read a snapshot's note and a table's vector column.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,7 @@ from tasks.store.spill import plain_schema
 
 
 def rows_to_table(
-    rows: list[dict[str, Any]],
+    rows: Sequence[Mapping[str, Any]],
     schema: pa.Schema,
     fixed: dict[str, Any] | None = None,
     defaults: dict[str, Any] | None = None,
@@ -34,13 +35,13 @@ def rows_to_table(
     return pa.Table.from_pydict({f.name: column(f.name) for f in schema}, schema=schema)
 
 
-def to_table(name: str, rows: list[dict[str, Any]], dim: int, version: int, vectors: Any = None) -> pa.Table:
+def to_table(name: str, rows: Sequence[Mapping[str, Any]], dim: int, version: int, vectors: Any = None) -> pa.Table:
     """Rows of table ``name`` as Arrow, stamped with ``version``; ``vectors`` (an n x dim matrix aligned with
     the rows) fills the vector column. A summary or report written now has ``staleness`` 0 unless it says otherwise."""
     import numpy as np
 
     schema = schema_for(name, dim)
-    stamp = {"fixed": {"version": version}, "defaults": {"staleness": 0.0}}
+    stamp: dict[str, dict[str, Any]] = {"fixed": {"version": version}, "defaults": {"staleness": 0.0}}
     if "vector" not in schema.names:
         return rows_to_table(rows, schema, **stamp)
     table = rows_to_table(rows, schema.remove(schema.get_field_index("vector")), **stamp)
@@ -55,7 +56,7 @@ def to_table(name: str, rows: list[dict[str, Any]], dim: int, version: int, vect
     return table.append_column(schema.field("vector"), column).select(schema.names)
 
 
-def relation_table(relations: pa.Table | list[dict[str, Any]]) -> pa.Table:
+def relation_table(relations: pa.Table | Sequence[Mapping[str, Any]]) -> pa.Table:
     """Relations as an Arrow table of the ``relations`` schema: a table passes through, rows are converted (the
     ``version`` stamp is 0 until the run stamps the snapshot's). Relations outnumber every other row of a
     graph by far, so the pipeline holds them in this form, never as a dict per relation."""

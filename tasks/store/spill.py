@@ -134,7 +134,7 @@ class SpilledTable:
             table = pq.read_table(
                 f, columns=read, read_dictionary=dictionary, filters=[(where[0], "=", where[1])] if where else None
             )
-            yield self.order(table).select(columns) if ordering else table
+            yield self.order(table).select(columns) if ordering and self.order is not None else table
             del table
             pa.default_memory_pool().release_unused()  # a part's buffers, before the next part is read
 

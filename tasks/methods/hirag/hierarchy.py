@@ -19,7 +19,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from sklearn.decomposition import PCA
@@ -59,7 +59,7 @@ def should_stop(rate: float | None, epsilon: float) -> bool:
 
 def restate_layers(
     recorded: list[dict[str, Any]], layer_of: dict[str, int], links: Iterable[tuple[str, str]]
-) -> list[dict[str, Any]]:
+) -> list[LayerRow]:
     """Layer statistics after an update moved entities in and out of clusters. For every built layer,
     ``n_entities`` (nodes of the layer below), ``n_clusters`` (summary nodes with members), CS (eq. 17 over
     the member counts of ``links``, ``(member id, summary id)`` pairs) and the change rate are recomputed
@@ -85,7 +85,7 @@ def restate_layers(
             )
             previous_cs = cs
         rows.append(row)
-    return rows
+    return cast("list[LayerRow]", rows)  # the recorded layer rows, restated
 
 
 # ---------------------------------------------------------------------------- soft GMM clustering

@@ -76,7 +76,7 @@ class HiRAG:
 
     def update(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
         from tasks.methods.hirag.hierarchy import restate_layers
-        from tasks.methods.hirag.method.placement import place_in_communities, reports_to_rewrite
+        from tasks.methods.hirag.placement import place_in_communities, reports_to_rewrite
 
         cfg = ctx.cfg
         att, summarizer = attach_stage(ctx, layer0)

@@ -56,7 +56,13 @@ def place_in_communities(
     for eid in sorted(new_ids):
         votes = Counter(cid for n in neighbours.get(eid, []) for cid in top_of.get(n, []))
         if not votes:
-            row = {"id": community_id(0, [eid]), "level": 0, "parent_id": None, "entity_ids": [eid], "size": 1}
+            row: dict[str, Any] = {
+                "id": community_id(0, [eid]),
+                "level": 0,
+                "parent_id": None,
+                "entity_ids": [eid],
+                "size": 1,
+            }
             added_rows.append(row)
             forced.add(row["id"])
             continue
