@@ -110,6 +110,12 @@ def test_query_and_serve_on_s3_answer_as_on_local_disk(built):
         data = json.loads(res.stdout)
         answers[where] = ([c["id"] for c in data["chunks"]], data["answer"]["text"], data["version"])
     assert answers["uri"] == answers["local"] and answers["uri"][2] == 1
+    views = Catalog(built["uri"], create=False).cache_dir / "views"
+    assert (views / "head.json").exists()  # a remote index's view is left in the local cache, for the next query
+    from tasks.query import view as views_module
+
+    views_module._VIEWS.clear()  # the next process: the view from the local cache, after one LIST request
+    assert views_module.load_view(Catalog(built["uri"], create=False)).from_disk
     with TestClient(create_app(built["uri"])) as client:
         res = client.post("/query", json={"question": "Who was Scrooge's clerk?", "mode": "hi"})
         assert res.status_code == 200, res.text
