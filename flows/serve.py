@@ -38,8 +38,8 @@ from schemas.config import StrataConfig
 from tasks.errors import RefusedError
 
 if TYPE_CHECKING:
-    from tasks.index.embed import Embedder
-    from tasks.runtime.llm_client import LiteLLMClient
+    from tasks.query.reader import Reader
+    from tasks.query.view import IndexView
 
 PAGE = Path(__file__).resolve().parent / "explorer.html"
 #: routes that hold no data: the health checks, the explorer page (its calls carry the key) and the API docs
@@ -108,62 +108,44 @@ def _short(text: Any) -> str:
 
 
 class Service:
-    """What the app holds: the catalog, the embedder and the LLM client, loaded once."""
+    """What the app holds: the index opened for reading (``tasks.query.reader``: catalog, embedder, LLM client),
+    loaded once; each request answers from the view of its own snapshot."""
 
     def __init__(self, index: str, cfg: StrataConfig):
         from tasks.store.catalog import Catalog
 
-        self.cfg, self.catalog = cfg, Catalog(index, create=False, storage=cfg.storage)
-        self.embedder: Embedder | None = None
-        self.client: LiteLLMClient | None = None
+        self.index, self.cfg = index, cfg
+        self.catalog = Catalog(index, create=False, storage=cfg.storage)
+        self.reader: Reader | None = None
         self.ready = False
         self._lock = threading.Lock()
 
     def load(self) -> None:
-        from tasks.index.embed import check_dimension, question_embedder
-        from tasks.query.view import load_view
-        from tasks.runtime.llm_client import LiteLLMClient
+        from tasks.query.reader import open_reader
 
-        view = load_view(self.catalog)
-        embedder = question_embedder(self.cfg.embedding, self.cfg.llm)
-        check_dimension(embedder, view.dim)
-        embedder.embed(["warm up"])
-        self.embedder = embedder
-        self.client = LiteLLMClient(self.cfg.llm, self.catalog.cache_dir) if self.cfg.llm.model else None
-        self.ready = True
+        reader = open_reader(self.index, self.cfg)
+        reader.embedder.embed(["warm up"])
+        self.reader, self.ready = reader, True
 
-    def view(self, as_of: int | None):
+    def view(self, as_of: int | None) -> IndexView:
         from tasks.query.view import load_view
 
         with self._lock:  # one load per new version, however many requests ask for it at once
             return load_view(self.catalog, as_of)
 
     def answer(self, req: QueryRequest, state: dict[str, Any]) -> dict[str, Any]:
-        from tasks.methods.registry import index_modes
-        from tasks.query.answer import answer as make_answer
-        from tasks.query.retrieve import retrieve
+        from tasks.errors import UsageError
 
+        reader = self.reader
+        assert reader is not None  # requests reach here once loaded (``Depends(ready)``)
         view = self.view(req.as_of)
         state["snapshot"] = view.version
-        mode = req.mode or index_modes(view.method)[0]
-        if mode not in index_modes(view.method):
-            raise HTTPException(
-                422,
-                f"mode {_short(repr(mode))} is not offered by this {view.method} index; choose "
-                f"one of {', '.join(index_modes(view.method))}",
-            )
-        state["mode"] = mode
-        budget = req.token_budget or self.cfg.retrieval.token_budget
-        cfg = self.cfg.retrieval.model_copy(update={"token_budget": budget})
-        embedder = self.embedder
-        assert embedder is not None  # requests reach here once loaded (``Depends(ready)``)
-        t0 = time.perf_counter()
-        ctx = retrieve(view, req.question, embedder.embed([req.question])[0], mode, cfg)
-        ms = (time.perf_counter() - t0) * 1000
-        return ctx.as_dict() | {
-            "answer": make_answer(ctx, self.client, embedder.embed),
-            "retrieval_ms": round(ms, 1),
-        }
+        try:
+            ctx, answer, ms = reader.ask(req.question, req.mode, req.token_budget, view=view)
+        except UsageError as exc:  # a mode this index does not offer, an empty question
+            raise HTTPException(422, str(exc)) from exc
+        state["mode"] = ctx.mode
+        return ctx.as_dict() | {"answer": answer, "retrieval_ms": round(ms, 1)}
 
 
 # ---------------------------------------------------------------------------- the one guard of every request

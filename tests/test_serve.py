@@ -47,7 +47,7 @@ def test_routes_answer_as_the_cli_does_and_bad_requests_get_a_4xx_with_a_message
         assert 'id="question"' in client.get("/").text
         for payload, status, says in (
             ({"question": "   "}, 422, "question is empty"),
-            ({"question": "q", "mode": "fast"}, 422, "mode 'fast' is not offered"),
+            ({"question": "q", "mode": "fast"}, 422, "unknown mode 'fast'"),
             ({"question": "q", "mode": "hygrag"}, 422, "not offered by this hirag index"),
             ({"question": "q", "token_budget": 50}, 422, "between 100 and 8000"),
             ({"question": "q", "token_budget": 9000}, 422, "between 100 and 8000"),
