@@ -46,7 +46,9 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 console = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)  # piped output is never hard-wrapped at 80 columns
+#: piped output: text never hard-wrapped, tables this wide (not the 80 columns rich assumes without a terminal)
+PIPED_WIDTH = 160
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else PIPED_WIDTH)
 
 IndexOpt = typer.Option(..., "--index", "-i", help="Index location: a folder or an s3:// URI (created if missing).")
 ReadIndexOpt = typer.Option(
