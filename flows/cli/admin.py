@@ -171,7 +171,6 @@ def gc(
     set_: Optional[list[str]] = SetOpt,
 ) -> None:
     """Drop old snapshots and the table versions no kept snapshot needs (never a version a kept snapshot pins)."""
-
     cat = open_catalog(index, config_path, set_)
     with cat.writer_lock(lock_timeout):
         done = cat.gc(keep)

@@ -26,7 +26,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from schemas.config import StrataConfig, load_config, parse_overrides
-from tasks.errors import EXIT_CODES, UsageError, exit_code
+from tasks.errors import EXIT_CODES, exit_code
 
 app = typer.Typer(
     name="strata",
@@ -95,10 +95,6 @@ def fail(exc: BaseException) -> None:
         text = f"{type(exc).__name__}: {text}\n(an internal error: STRATA_DEBUG=1 prints its traceback)"
     console.print(f"[bold red]error:[/] {escape(text)}", highlight=False)
     raise typer.Exit(code)
-
-
-def usage(message: str) -> UsageError:
-    return UsageError(message)
 
 
 def overrides(pairs: list[str] | None) -> dict[str, Any]:
