@@ -52,7 +52,8 @@ from tasks.query.graph_rank import question_entities  # noqa: E402
 from tasks.store.ids import normalize_name  # noqa: E402
 from tasks.methods.registry import all_modes  # noqa: E402
 from tasks.query.view import IndexView
-from tasks.query.retrieve import rank_params, retrieve
+from tasks.query.graph_rank import RankParams  # noqa: E402
+from tasks.query.retrieve import retrieve
 
 
 def percentiles(ms: list[float]) -> str:
@@ -70,7 +71,7 @@ def load_and_build(cat: Catalog, cfg: RetrievalConfig) -> IndexView:
     t1 = time.perf_counter()
     view.lexical()
     t2 = time.perf_counter()
-    graph = view.passage_graph(rank_params(cfg))
+    graph = view.passage_graph(RankParams.from_config(cfg))
     t3 = time.perf_counter()
     print(f"  one-time: view load {t1 - t0:.2f} s, BM25 over chunks {t2 - t1:.2f} s, passage graph {t3 - t2:.2f} s "
           f"({graph.n_chunks} chunks + {graph.n_entities} entity nodes, {graph.walk.nnz} edges, "
@@ -80,7 +81,7 @@ def load_and_build(cat: Catalog, cfg: RetrievalConfig) -> IndexView:
 
 def time_queries(view: IndexView, questions: list[str], vectors: np.ndarray, cfg: RetrievalConfig,
                  modes=None, gold: list[str | None] | None = None) -> None:
-    graph = view.passage_graph(rank_params(cfg))
+    graph = view.passage_graph(RankParams.from_config(cfg))
     named = [len(question_entities(graph, q)) for q in questions]
     print(f"  questions naming an entity (n-gram match): {np.mean([n > 0 for n in named]):.0%}, "
           f"{np.mean(named):.2f} entities per question")

@@ -238,7 +238,6 @@ class ArchRAG:
                 [e["id"] for e in ents if e["layer"] == li] for li in range(1, len(layers))
             ]
             links = st.run(link_rows, ids, layers, cfg.archrag.hnsw_m)
-            rows = stats
             st.done(
                 f"{len(layers) - 1} layers, {len(ents)} communities, {len(links)} C-HNSW links",
                 summary_entities=len(ents),
@@ -248,7 +247,7 @@ class ArchRAG:
         entities, relations = layer0.entities + ents, pa.concat_tables([layer0.relations, relation_table(rels)])
         reports, report_vecs, failures = write_reports(ctx, communities, entities, relations)
         return Hierarchy(
-            ents, vecs, rels + links, communities, reports, report_vecs, rows, fallbacks(summarizer, failures)
+            ents, vecs, rels + links, communities, reports, report_vecs, stats, fallbacks(summarizer, failures)
         )
 
     def update(self, ctx, layer0):

@@ -240,7 +240,7 @@ class HyGRAG:
         with ctx.stage("hierarchy") as st:
             summarizer = summarizer_for(ctx, 1, **_synthesis())
             chunk_vectors = layer0.chunk_vectors if layer0.chunk_vectors is not None else np.zeros((0, 0), np.float32)
-            ents, vecs, rels, communities, stats = st.run(
+            ents, vecs, rels, communities, layers = st.run(
                 build_layers,
                 layer0.entities,
                 layer0.vectors,
@@ -253,7 +253,6 @@ class HyGRAG:
                 ctx.embed,
                 on_layer=lambda _s: st.advance(1),
             )
-            layers = stats
             st.done(
                 f"{len([r for r in layers if not r['stopped']])} layers, {len(ents)} summary nodes, "
                 f"{len(communities)} buckets",

@@ -36,10 +36,6 @@ MAX_SOURCES = 200  # candidates considered for the sources section
 
 
 # ---------------------------------------------------------------------------- sources
-def rank_params(cfg: RetrievalConfig) -> RankParams:
-    return RankParams.from_config(cfg)
-
-
 def source_ranking(
     view: IndexView, question: str, dense: np.ndarray, ent_scores: np.ndarray, how: str, cfg: RetrievalConfig
 ) -> tuple[list[int], dict[str, Any]]:
@@ -57,7 +53,7 @@ def source_ranking(
     fused = rrf([np.where(related, dense, 0.0), view.lexical().scores(question)], cfg.rrf_k)
     if how == "hybrid":
         return [i for i in top_k(fused, MAX_SOURCES) if fused[i] > 0], {}
-    params = rank_params(cfg)
+    params = RankParams.from_config(cfg)
     graph = view.passage_graph(params)
     scores, seeds = rank_chunks(graph, question, fused, params, ent_scores[graph.ent_view])
     ranked = [j for j in top_k(scores, MAX_SOURCES) if scores[j] > 0]
@@ -126,7 +122,7 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
         ctx.tokens["chunks"] += used
     ctx.ranked_chunk_ids = [view.chunk_ids[j] for j in chunk_order]
     if seeds:
-        graph = view.passage_graph(rank_params(cfg))
+        graph = view.passage_graph(RankParams.from_config(cfg))
         ctx.seeds = {k: [view.ent_name[graph.ent_view[e]] for e in v] for k, v in seeds.items()}
     if ctx.empty:
         ctx.message = _empty_reason(view, q, chunk_order, cfg)

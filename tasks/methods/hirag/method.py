@@ -37,7 +37,7 @@ class HiRAG:
         cfg = ctx.cfg
         with ctx.stage("hierarchy") as st:
             summarizer = summarizer_for(ctx, cfg.hierarchy.summaries_per_cluster)
-            ents, vecs, rels, stats = st.run(
+            ents, vecs, rels, layers = st.run(
                 build_hierarchy,
                 layer0.entities,
                 layer0.vectors,
@@ -47,7 +47,6 @@ class HiRAG:
                 ctx.embed,
                 on_layer=lambda _s: st.advance(1),
             )
-            layers = stats
             built = [r for r in layers if not r["stopped"]]
             st.done(
                 f"{len(built)} layers, {len(ents)} summary entities, "
