@@ -142,7 +142,7 @@ class Service:
         state["snapshot"] = view.version
         try:
             ctx, answer, ms = reader.ask(req.question, req.mode, req.token_budget, view=view)
-        except UsageError as exc:  # a mode this index does not offer, an empty question
+        except UsageError as exc:  # a mode this index does not offer
             raise HTTPException(422, str(exc)) from exc
         state["mode"] = ctx.mode
         return ctx.as_dict() | {"answer": answer, "retrieval_ms": round(ms, 1)}

@@ -56,9 +56,9 @@ def check_corpus(corpus: Path) -> None:
     """A corpus that is not there, or a folder with no file to read, fails before Prefect starts."""
     if not corpus.exists():
         raise NotFoundError(f"corpus not found: {corpus}")
-    if corpus.is_dir() and not any(
-        p.is_file() and not any(part.startswith(".") for part in p.relative_to(corpus).parts) for p in corpus.rglob("*")
-    ):
+    from tasks.index.ingest import corpus_files
+
+    if corpus.is_dir() and next(corpus_files(corpus), None) is None:
         raise NotFoundError(f"no documents under {corpus}: the folder holds no files (.txt, .md, .jsonl or .parquet)")
 
 

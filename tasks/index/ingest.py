@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -183,6 +184,13 @@ def _ingest_records(path: Path, root: str, records, cfg: CorpusConfig, out: Inge
         out.documents.append(_document(item, root, source_id, title, rec["text"], now))
 
 
+def corpus_files(folder: Path) -> Iterator[Path]:
+    """The files of a corpus folder, recursively, hidden files and folders left out (``.strataignore`` not applied)."""
+    return (
+        p for p in folder.rglob("*") if p.is_file() and not any(s.startswith(".") for s in p.relative_to(folder).parts)
+    )
+
+
 def ingest_corpus(
     corpus: str | Path, cfg: CorpusConfig, now: datetime | None = None, root: str | None = None
 ) -> IngestResult:
@@ -201,11 +209,7 @@ def ingest_corpus(
         files = [root_path]
         base = root_path.parent
     else:
-        files = sorted(
-            p
-            for p in root_path.rglob("*")
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root_path).parts)
-        )
+        files = sorted(corpus_files(root_path))
         base = root_path
     ignore = ignored_by(base) if root_path.is_dir() else (lambda rel: False)
     kept = [p for p in files if not ignore(p.relative_to(base).as_posix())]

@@ -69,8 +69,6 @@ class Reader:
         from tasks.query.retrieve import retrieve
 
         view = view or self.view
-        if not question.strip():
-            raise UsageError('the question is empty: ask something, e.g. "Who employed Bob Cratchit?"')
         mode = check_mode(view.method, mode)
         cfg = self.cfg.retrieval if budget is None else self.cfg.retrieval.model_copy(update={"token_budget": budget})
         t0 = time.perf_counter()
