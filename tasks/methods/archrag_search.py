@@ -168,7 +168,7 @@ def view_chnsw(view):
 def fill_archrag(view, ctx, budgets: dict[str, int], cfg) -> None:
     """ArchRAG's sections: hierarchical search over C-HNSW, then adaptive filtering (offline: each piece scored by
     its similarity to the question and the question words it shares, the best kept within the budgets)."""
-    from tasks.methods.hirag.retrieval import _name, repeats
+    from tasks.methods.hirag.retrieval import _name, repeats, report_item
     from tasks.query.context import fill
 
     if not len(view.ent_ids) or view.ent_vecs is None:  # past retrieval.ann_min_vectors: not yet searched here
@@ -199,21 +199,9 @@ def fill_archrag(view, ctx, budgets: dict[str, int], cfg) -> None:
     for li in range(1, len(found)):
         for p in found[li]:
             c = represented(view, int(members[li][p]))
-            rep = view.reports.get(view.communities[c]["id"]) if c is not None else None
-            if rep is not None:
-                findings = " ".join(f"• {f}" for f in (rep["findings"] or [])[:3])
-                comms.append(
-                    {
-                        "id": view.communities[c]["id"],
-                        "level": view.communities[c]["level"],
-                        "title": rep["title"],
-                        "rating": rep["rating"],
-                        "summary": rep["summary"],
-                        "findings": rep["findings"],
-                        "score": round(float(layers[li][p] @ q), 4),
-                        "text": f"- [{rep['title']}] {rep['summary']} {findings}".strip(),
-                    }
-                )
+            item = report_item(view, c) if c is not None else None
+            if item is not None:
+                comms.append(item | {"score": round(float(layers[li][p] @ q), 4)})
     related = set(local)
     rels = []
     for a in sorted(related):

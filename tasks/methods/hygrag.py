@@ -275,7 +275,7 @@ class HyGRAG:
 # ---------------------------------------------------------------------------- bi-level retrieval
 def fill_bilevel(view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) -> None:
     """Context-aware then relation-aware sections of ``ctx`` (``scores``: similarity of every entity)."""
-    from tasks.methods.hirag.retrieval import _name, repeats
+    from tasks.methods.hirag.retrieval import _name, repeats, report_item
     from tasks.query.context import fill, top_k
 
     if not len(view.ent_ids):
@@ -304,23 +304,7 @@ def fill_bilevel(view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) ->
         if scores[i] >= cfg.min_similarity
     ]
     comms = [c for c in (represented(view, i) for i in summaries) if c is not None]
-    items = []
-    for c in comms:
-        comm = view.communities[c]
-        rep = view.reports.get(comm["id"])
-        if rep is not None:
-            findings = " ".join(f"• {f}" for f in (rep["findings"] or [])[:3])
-            items.append(
-                {
-                    "id": comm["id"],
-                    "level": comm["level"],
-                    "title": rep["title"],
-                    "rating": rep["rating"],
-                    "summary": rep["summary"],
-                    "findings": rep["findings"],
-                    "text": f"- [{rep['title']}] {rep['summary']} {findings}".strip(),
-                }
-            )
+    items = [item for item in (report_item(view, c) for c in comms) if item is not None]
     ctx.communities, ctx.tokens["communities"] = fill(items, budgets["communities"])
     if "bridge" not in budgets:
         return

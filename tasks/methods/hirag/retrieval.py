@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -20,6 +21,25 @@ import numpy as np
 from schemas.config import RetrievalConfig
 from tasks.query.context import Context, fill, top_k
 from tasks.query.view import IndexView
+
+
+def report_item(view: IndexView, c: int) -> dict[str, Any] | None:
+    """Community ``c``'s report as a context item (title, summary, its first three findings), None without one.
+    Every method's global level lists communities this way."""
+    comm = view.communities[c]
+    rep = view.reports.get(comm["id"])
+    if rep is None:
+        return None
+    findings = " ".join(f"• {f}" for f in (rep["findings"] or [])[:3])
+    return {
+        "id": comm["id"],
+        "level": comm["level"],
+        "title": rep["title"],
+        "rating": rep["rating"],
+        "summary": rep["summary"],
+        "findings": rep["findings"],
+        "text": f"- [{rep['title']}] {rep['summary']} {findings}".strip(),
+    }
 
 
 def fill_levels(
@@ -45,24 +65,7 @@ def fill_levels(
         ctx.entities, ctx.tokens["entities"] = fill(ent_items, budgets["entities"])
 
         comms = global_communities(view, local, cfg.max_communities)
-        comm_items = []
-        for c in comms:
-            comm = view.communities[c]
-            rep = view.reports.get(comm["id"])
-            if rep is None:
-                continue
-            findings = " ".join(f"• {f}" for f in (rep["findings"] or [])[:3])
-            comm_items.append(
-                {
-                    "id": comm["id"],
-                    "level": comm["level"],
-                    "title": rep["title"],
-                    "rating": rep["rating"],
-                    "summary": rep["summary"],
-                    "findings": rep["findings"],
-                    "text": f"- [{rep['title']}] {rep['summary']} {findings}".strip(),
-                }
-            )
+        comm_items = [item for item in (report_item(view, c) for c in comms) if item is not None]
         ctx.communities, ctx.tokens["communities"] = fill(comm_items, budgets["communities"])
 
         if "bridge" in budgets:
