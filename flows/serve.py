@@ -188,24 +188,22 @@ class RequestGuard:
             self._log(scope, state, status[0], (time.perf_counter() - started) * 1000)
 
     async def _guarded(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        path = scope["path"]
+        path, headers = scope["path"], dict(scope["headers"])
         if (
             self.key is not None
             and path not in OPEN_ROUTES
             and not path.startswith(STATIC)
-            and not self._authorized(scope, self.key)
+            and not _authorized(headers, self.key)
         ):
             await _send_json(send, 401, {"detail": "missing or wrong bearer token"}, {"WWW-Authenticate": "Bearer"})
             return
-        headers = dict(scope["headers"])
+        too_large = {"detail": f"request body over {self.max_bytes} bytes"}
         declared = headers.get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            code, what = (
-                (413, f"request body over {self.max_bytes} bytes")
-                if declared.isdigit()
-                else (400, "bad Content-Length")
-            )
-            await _send_json(send, code, {"detail": what})
+        if declared is not None and not declared.isdigit():
+            await _send_json(send, 400, {"detail": "bad Content-Length"})
+            return
+        if declared is not None and int(declared) > self.max_bytes:
+            await _send_json(send, 413, too_large)
             return
         chunks: list[bytes] = []
         size = 0
@@ -218,7 +216,7 @@ class RequestGuard:
                     body = message.get("body", b"")
                     size += len(body)
                     if size > self.max_bytes:
-                        await _send_json(send, 413, {"detail": f"request body over {self.max_bytes} bytes"})
+                        await _send_json(send, 413, too_large)
                         return
                     chunks.append(body)
                     if not message.get("more_body", False):
@@ -236,11 +234,6 @@ class RequestGuard:
             return await receive()  # after the body: wait for the disconnect, as the server would say it
 
         await self.app(scope, replay, send)
-
-    def _authorized(self, scope: dict[str, Any], key: str) -> bool:
-        given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1").strip()
-        scheme, _, token = given.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
     def _log(self, scope: dict[str, Any], state: dict[str, Any], status: int, ms: float) -> None:
         record: dict[str, Any] = {
@@ -263,6 +256,12 @@ class RequestGuard:
                 f"{record['time']} {record['method']} {record['route']} {status} {record['latency_ms']}ms"
                 f"{' ' + extra if extra else ''}{question}"
             )
+
+
+def _authorized(headers: dict[bytes, bytes], key: str) -> bool:
+    """``Authorization: Bearer <key>``, the scheme in any case, the key compared in constant time."""
+    scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
 
 def configure_access_log(stream: Any = None) -> None:
