@@ -67,8 +67,14 @@ def timed(mode: str, corpus: Path, index: Path) -> dict:
     env = dict(os.environ, PREFECT_HOME=str(index.parent / "prefect"), STRATA_CORPUS__MAX_FILE_BYTES=str(2**31))
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(["/usr/bin/time", "-v", sys.executable, __file__, "--child", mode, str(corpus), str(index)],
-                                stdout=out, stderr=err, text=True, env=env, cwd=REPO)
+        proc = subprocess.Popen(
+            ["/usr/bin/time", "-v", sys.executable, __file__, "--child", mode, str(corpus), str(index)],
+            stdout=out,
+            stderr=err,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
         samples, tree_peak, at_peak = [], 0.0, {}
         while proc.poll() is None:  # /usr/bin/time gives the largest process's peak; Dask workers, the embedding
             parts = tree_rss_mb(proc.pid)  # model's child and the Prefect server are processes of their own
@@ -84,7 +90,7 @@ def timed(mode: str, corpus: Path, index: Path) -> dict:
     line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
         sys.exit(f"{mode} run on {corpus} failed:\n{proc.stderr[-4000:]}")
-    res = json.loads(line[len("RESULT "):])
+    res = json.loads(line[len("RESULT ") :])
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
     res["peak_rss_mb"] = int(rss.group(1)) / 1024 if rss else float("nan")
     res["tree_peak_rss_mb"] = tree_peak
@@ -116,8 +122,13 @@ def tree_rss_mb(pid: int) -> dict[str, float]:
 def process_role(cmdline: str) -> str:
     """What a process of the benchmark's tree is: the run, a one-off child (``in_child_process``), a spawned child
     (the embedding model's ``ProcessMapper``, a Dask worker), the Prefect server."""
-    for marker, role in (("/usr/bin/time", "time"), ("--child", "run"), ("_child_main", "one-off child"),
-                         ("spawn_main", "spawned"), ("prefect", "prefect")):
+    for marker, role in (
+        ("/usr/bin/time", "time"),
+        ("--child", "run"),
+        ("_child_main", "one-off child"),
+        ("spawn_main", "spawned"),
+        ("prefect", "prefect"),
+    ):
         if marker in cmdline:
             return role
     return "other"
@@ -148,8 +159,21 @@ def one_size(n: int, work: Path, seed: int, flow: bool) -> dict:
     if not corpus.exists():
         corpus_dir.mkdir(parents=True, exist_ok=True)
         full = base / "all.jsonl"
-        subprocess.run([sys.executable, str(REPO / "benchmarks" / "gen_corpus.py"), str(full), "--docs", str(n + extra),
-                        "--seed", str(seed), "--vocab", str(max(200, n // 4))], check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "benchmarks" / "gen_corpus.py"),
+                str(full),
+                "--docs",
+                str(n + extra),
+                "--seed",
+                str(seed),
+                "--vocab",
+                str(max(200, n // 4)),
+            ],
+            check=True,
+            capture_output=True,
+        )
         lines = full.read_text(encoding="utf-8").splitlines(keepends=True)
         corpus.write_text("".join(lines[:n]), encoding="utf-8")
         (base / "delta.jsonl").write_text("".join(lines[n:]), encoding="utf-8")
@@ -187,22 +211,31 @@ def report(results: list[dict]) -> None:
         total = sum(v["seconds"] for v in b["stages"].values())
         tree = b.get("tree_peak_by_stage_mb", {})
         for stage, v in b["stages"].items():
-            print(f"{stage:<14}{v['seconds']:>9.1f}{v['seconds'] / total:>8.0%}{v.get('rss_mb', 0):>8.0f} MB"
-                  f"{v.get('peak_rss_mb', 0):>10.0f} MB{tree.get(stage, 0):>12.0f} MB")
-        print(f"wall {b['wall_s']:.1f} s in process ({b['process_wall_s']:.1f} s with start-up); "
-              f"{chunks / b['wall_s']:.1f} chunks/s; peak RSS {b['peak_rss_mb']:.0f} MB "
-              f"(all processes together {b.get('tree_peak_rss_mb', 0):.0f} MB: " +
-              ", ".join(f"{k} {v}" for k, v in b.get("tree_peak_parts_mb", {}).items()) + ")")
+            print(
+                f"{stage:<14}{v['seconds']:>9.1f}{v['seconds'] / total:>8.0%}{v.get('rss_mb', 0):>8.0f} MB"
+                f"{v.get('peak_rss_mb', 0):>10.0f} MB{tree.get(stage, 0):>12.0f} MB"
+            )
+        print(
+            f"wall {b['wall_s']:.1f} s in process ({b['process_wall_s']:.1f} s with start-up); "
+            f"{chunks / b['wall_s']:.1f} chunks/s; peak RSS {b['peak_rss_mb']:.0f} MB "
+            f"(all processes together {b.get('tree_peak_rss_mb', 0):.0f} MB: "
+            + ", ".join(f"{k} {v}" for k, v in b.get("tree_peak_parts_mb", {}).items())
+            + ")"
+        )
         print("tables on disk (MB): " + ", ".join(f"{k} {v:.1f}" for k, v in b["disk_mb"].items()))
-        print(f"update +1 %: {u['wall_s']:.1f} s = {u['wall_s'] / b['wall_s']:.1%} of the build; "
-              f"peak RSS {u['peak_rss_mb']:.0f} MB; stages " +
-              ", ".join(f"{k} {v['seconds']:.1f}" for k, v in u["stages"].items()))
+        print(
+            f"update +1 %: {u['wall_s']:.1f} s = {u['wall_s'] / b['wall_s']:.1%} of the build; "
+            f"peak RSS {u['peak_rss_mb']:.0f} MB; stages "
+            + ", ".join(f"{k} {v['seconds']:.1f}" for k, v in u["stages"].items())
+        )
         if "flow" in r:
             f = r["flow"]
-            print(f"flow on local Dask: {f['wall_s']:.1f} s, ratio flow/direct {f['wall_s'] / b['wall_s']:.2f}; "
-                  f"peak RSS {f['peak_rss_mb']:.0f} MB (largest process), {f.get('tree_peak_rss_mb', 0):.0f} MB "
-                  f"(all processes together: the run, its Dask workers, the Prefect server); stages " +
-                  ", ".join(f"{k} {v['seconds']:.1f}" for k, v in f["stages"].items()))
+            print(
+                f"flow on local Dask: {f['wall_s']:.1f} s, ratio flow/direct {f['wall_s'] / b['wall_s']:.2f}; "
+                f"peak RSS {f['peak_rss_mb']:.0f} MB (largest process), {f.get('tree_peak_rss_mb', 0):.0f} MB "
+                f"(all processes together: the run, its Dask workers, the Prefect server); stages "
+                + ", ".join(f"{k} {v['seconds']:.1f}" for k, v in f["stages"].items())
+            )
 
 
 def main() -> None:
@@ -221,8 +254,14 @@ def main() -> None:
         results.append(one_size(n, args.work, args.seed, args.flow))
         report(results[-1:])
     if len(results) > 1:
-        print("\ngrowth: " + "; ".join(f"{r['build']['counts']['chunks']} chunks: {r['build']['wall_s']:.0f} s, "
-                                       f"{r['build']['peak_rss_mb']:.0f} MB" for r in results))
+        print(
+            "\ngrowth: "
+            + "; ".join(
+                f"{r['build']['counts']['chunks']} chunks: {r['build']['wall_s']:.0f} s, "
+                f"{r['build']['peak_rss_mb']:.0f} MB"
+                for r in results
+            )
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))
 
