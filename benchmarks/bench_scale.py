@@ -11,7 +11,15 @@ For each size N (documents of ``benchmarks/gen_corpus.py``, about one chunk each
 
 Prints per stage seconds, chunks/s end to end, peak RSS, table sizes on disk, the growth curve.
 
+``--cluster external`` instead starts a real cluster for each size (``dask scheduler`` and ``--workers``
+``dask worker`` processes, each ``--nthreads 1 --memory-limit WORKER_MEMORY`` under its nanny), builds through the
+Prefect flow against it (``dask.address``) and prints the run process's peak RSS, each worker's peak RSS and its
+restarts (a worker process the nanny started again); the direct in-process build runs at the first size only, as
+the baseline of the flow/direct wall ratio. No update runs in this mode.
+
     .venv/bin/python benchmarks/bench_scale.py --sizes 5000 20000 [--work DIR] [--flow] [--json OUT]
+    .venv/bin/python benchmarks/bench_scale.py --sizes 20000 100000 --cluster external --workers 2 \
+        --worker-memory 3GiB --json OUT
 """
 
 from __future__ import annotations
@@ -37,8 +45,8 @@ def child(mode: str, corpus: str, index: str) -> None:
     apply_offline_defaults()
     from flows.pipeline import build_index, update_index
     from schemas.config import load_config
-    from tasks.store.catalog import Catalog
     from tasks.runtime.stages import Stages
+    from tasks.store.catalog import Catalog
 
     began, stage_call = [], Stages.__call__  # when each stage began, to place the parent's memory samples
 
@@ -61,10 +69,12 @@ def child(mode: str, corpus: str, index: str) -> None:
     print("RESULT " + json.dumps(result, default=str))
 
 
-def timed(mode: str, corpus: Path, index: Path) -> dict:
+def timed(mode: str, corpus: Path, index: Path, cluster: ExternalCluster | None = None) -> dict:
     # the corpus is one JSONL file (72 MB at 100k documents): past the default per-file cap that guards against
     # stray binaries, so the benchmark raises it
     env = dict(os.environ, PREFECT_HOME=str(index.parent / "prefect"), STRATA_CORPUS__MAX_FILE_BYTES=str(2**31))
+    if cluster is not None:
+        env["STRATA_DASK__ADDRESS"] = cluster.address
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(
@@ -82,6 +92,8 @@ def timed(mode: str, corpus: Path, index: Path) -> dict:
             samples.append((time.time(), now))
             if now > tree_peak:
                 tree_peak, at_peak = now, parts
+            if cluster is not None:
+                cluster.sample()
             time.sleep(0.5)
         out.seek(0)
         err.seek(0)
@@ -97,7 +109,93 @@ def timed(mode: str, corpus: Path, index: Path) -> dict:
     res["tree_peak_parts_mb"] = {k: round(v) for k, v in at_peak.items() if v >= 1}
     res["tree_peak_by_stage_mb"] = peaks_by_stage(samples, res.pop("began"))
     res["process_wall_s"] = outer
+    if cluster is not None:
+        res["workers"] = cluster.figures()
     return res
+
+
+class ExternalCluster:
+    """A scheduler and ``n`` workers started as the commands a team would run (``dask scheduler``, ``dask worker
+    ADDRESS --nthreads 1 --memory-limit M``), each worker under its nanny; ``sample()`` records every worker
+    process's RSS and pid (a new pid under the same nanny is a restart)."""
+
+    def __init__(self, n: int, memory: str, logs: Path):
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.address = f"tcp://127.0.0.1:{port}"
+        dask = str(Path(sys.executable).parent / "dask")
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        logs.mkdir(parents=True, exist_ok=True)
+        self.logs = logs
+        self.procs = [
+            subprocess.Popen(
+                [dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.DEVNULL,
+                stderr=(logs / "scheduler.log").open("w"),
+            )
+        ]
+        self.nannies = [
+            subprocess.Popen(
+                [
+                    dask,
+                    "worker",
+                    self.address,
+                    "--nthreads",
+                    "1",
+                    "--memory-limit",
+                    memory,
+                    "--no-dashboard",
+                    "--host",
+                    "127.0.0.1",
+                ],
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.DEVNULL,
+                stderr=(logs / f"worker-{i}.log").open("w"),
+            )
+            for i in range(n)
+        ]
+        from distributed import Client
+
+        with Client(self.address, timeout="60s") as client:
+            client.wait_for_workers(n, timeout=180)
+        self.reset()
+
+    def reset(self) -> None:
+        self.peak = [0.0] * len(self.nannies)
+        self.pids: list[set[int]] = [set() for _ in self.nannies]
+
+    def sample(self) -> None:
+        for i, nanny in enumerate(self.nannies):
+            for pid in _children(nanny.pid):
+                self.pids[i].add(pid)
+                self.peak[i] = max(self.peak[i], sum(tree_rss_mb(pid).values()))
+
+    def figures(self) -> dict:
+        out = {"peak_rss_mb": [round(p) for p in self.peak], "restarts": [max(0, len(p) - 1) for p in self.pids]}
+        self.reset()
+        return out
+
+    def close(self) -> None:
+        for p in self.nannies + self.procs:
+            p.terminate()
+        for p in self.nannies + self.procs:
+            p.wait(timeout=60)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            out += [int(c) for c in (task / "children").read_text().split()]
+    except OSError:
+        pass
+    return out
 
 
 def tree_rss_mb(pid: int) -> dict[str, float]:
@@ -151,7 +249,7 @@ def disk_mb(path: Path) -> dict[str, float]:
     return sizes
 
 
-def one_size(n: int, work: Path, seed: int, flow: bool) -> dict:
+def one_size(n: int, work: Path, seed: int, flow: bool, external: dict | None = None) -> dict:
     base = work / str(n)
     corpus_dir = base / "corpus"
     corpus = corpus_dir / "corpus.jsonl"
@@ -184,6 +282,8 @@ def one_size(n: int, work: Path, seed: int, flow: bool) -> dict:
     index = base / "index"
     shutil.rmtree(index, ignore_errors=True)
     shutil.rmtree(base / "cache", ignore_errors=True)
+    if external is not None:
+        return one_size_external(n, base, corpus_dir, external)
     print(f"[{n}] building ...", flush=True)
     full = timed("direct", corpus_dir, index)
     full["disk_mb"] = disk_mb(index)
@@ -202,8 +302,56 @@ def one_size(n: int, work: Path, seed: int, flow: bool) -> dict:
     return out
 
 
+def one_size_external(n: int, base: Path, corpus_dir: Path, external: dict) -> dict:
+    out: dict = {"docs": n, "cluster": "external", "workers": external["workers"], "worker_memory": external["memory"]}
+    if external.pop("direct", False):
+        print(f"[{n}] building in process (the baseline) ...", flush=True)
+        index = base / "index"
+        shutil.rmtree(index, ignore_errors=True)
+        out["direct"] = timed("direct", corpus_dir, index)
+        shutil.rmtree(index, ignore_errors=True)
+    print(
+        f"[{n}] building through the Prefect flow on an external cluster of {external['workers']} workers "
+        f"({external['memory']} each) ...",
+        flush=True,
+    )
+    cluster = ExternalCluster(external["workers"], external["memory"], base / "cluster-logs")
+    try:
+        index = base / "index-external"
+        shutil.rmtree(index, ignore_errors=True)
+        out["build"] = timed("flow", corpus_dir, index, cluster)
+        out["build"]["disk_mb"] = disk_mb(index)
+        shutil.rmtree(index, ignore_errors=True)
+    finally:
+        cluster.close()
+    return out
+
+
+def report_external(r: dict) -> None:
+    b = r["build"]
+    print(
+        f"\n== {r['docs']} documents, {b['counts']['chunks']} chunks, {b['counts']['entities']} entities; "
+        f"external cluster of {r['workers']} workers, {r['worker_memory']} each"
+    )
+    print("stages: " + ", ".join(f"{k} {v['seconds']:.1f} s" for k, v in b["stages"].items()))
+    print(
+        f"flow wall {b['wall_s']:.1f} s; the run process's peak RSS {b['peak_rss_mb']:.0f} MB (its tree with the "
+        f"Prefect server: {b.get('tree_peak_rss_mb', 0):.0f} MB); workers' peak RSS "
+        f"{', '.join(f'{m} MB' for m in b['workers']['peak_rss_mb'])}; restarts {sum(b['workers']['restarts'])}"
+    )
+    if "direct" in r:
+        d = r["direct"]
+        print(
+            f"direct in process: wall {d['wall_s']:.1f} s, peak RSS {d['peak_rss_mb']:.0f} MB; "
+            f"flow on the external cluster / direct = {b['wall_s'] / d['wall_s']:.2f}"
+        )
+
+
 def report(results: list[dict]) -> None:
     for r in results:
+        if r.get("cluster") == "external":
+            report_external(r)
+            continue
         b, u = r["build"], r["update"]
         chunks = b["counts"]["chunks"]
         print(f"\n== {r['docs']} documents, {chunks} chunks, {b['counts']['entities']} entities")
@@ -247,13 +395,33 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "strata-scale")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--flow", action="store_true", help="also build through the Prefect flow on local Dask")
+    ap.add_argument(
+        "--cluster",
+        choices=["local", "external"],
+        default="local",
+        help="external: build through the flow on a scheduler and workers started as separate commands",
+    )
+    ap.add_argument("--workers", type=int, default=2, help="workers of the external cluster")
+    ap.add_argument("--worker-memory", default="3GiB", help="each external worker's --memory-limit")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     results = []
+    external = (
+        {"workers": args.workers, "memory": args.worker_memory, "direct": True} if args.cluster == "external" else None
+    )
     for n in args.sizes:
-        results.append(one_size(n, args.work, args.seed, args.flow))
+        results.append(one_size(n, args.work, args.seed, args.flow, external))
         report(results[-1:])
-    if len(results) > 1:
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2, default=str))
+    if external is not None:
+        first, last = results[0]["build"], results[-1]["build"]
+        print(
+            f"\nthe run process's peak: {first['peak_rss_mb']:.0f} MB at {first['counts']['chunks']} chunks, "
+            f"{last['peak_rss_mb']:.0f} MB at {last['counts']['chunks']} chunks "
+            f"({last['peak_rss_mb'] / first['peak_rss_mb']:.2f}x)"
+        )
+    elif len(results) > 1:
         print(
             "\ngrowth: "
             + "; ".join(

@@ -22,6 +22,7 @@ from tasks.errors import NotFoundError
 from tasks.index.merge import ChunkOrder
 from tasks.methods.base import Hierarchy, Layer0
 from tasks.runtime.llm_client import Usage
+from tasks.runtime.parallel import Mapper
 from tasks.store.rows import TableDelta, plain_rows, relation_table, to_table, vector_matrix
 from tasks.store.spill import SpilledTable
 
@@ -115,12 +116,12 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
     included); each chunk marked extracted or quarantined."""
     from tasks.index.extract import extract_mentions
     from tasks.index.extract_llm import extract_batch_llm
-    from tasks.index.merge import CHUNK_ORDER, MENTIONS_PER_CHUNK, MERGE_PART_ROWS, explicit_title, in_chunk_order
+    from tasks.index.merge import CHUNK_ORDER, MENTIONS_PER_CHUNK, explicit_title, in_chunk_order
     from tasks.store.spill import SpillWriter
 
     cfg = run.cfg
     waited = time.perf_counter()
-    run.mapper.ready()
+    client = run.mapper.ready()
     run.stages.record("dask-start", time.perf_counter() - waited)
     llm = (
         {"batch_fn": extract_batch_llm, "llm": cfg.llm, "cache_dir": str(run.catalog.cache_dir), "share": None}
@@ -134,10 +135,12 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
         run.spill_dir / "mentions",
         schema_for("mentions", 0),
         "key",
-        -(-len(chunks) * MENTIONS_PER_CHUNK // MERGE_PART_ROWS),
+        -(-len(chunks) * MENTIONS_PER_CHUNK // cfg.dask.part_rows),
         in_chunk_order,
         CHUNK_ORDER,
     )
+    if client is not None and run.snap is None:
+        _check_reach(client, run.spill_dir)
     n_entities = 0
 
     def done(_i, r):
@@ -150,7 +153,8 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
 
     with run.stage("extract", len(chunks)) as st:
         result = st.run(extract_mentions, chunks, titles, cfg.extract, run.mapper, run.version, on_done=done, **llm)
-        run.mapper.release()  # idle workers would slow the CPU-bound stages that follow
+        if run.snap:  # idle workers would slow the CPU-bound stages that follow (a build merges on them)
+            run.mapper.release()
         run.usage.add(Usage(**result.usage))
         run.quarantine += result.quarantine
         mentions = spill.close()
@@ -167,6 +171,20 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
     return [dict(c, status="extracted" if c["id"] in ok else "quarantined") for c in chunks], mentions
 
 
+def _check_reach(client: Any, folder: Path) -> None:
+    """A build merges on the Dask workers, in the run's work folder: every worker must reach it (checked before
+    extraction, not an hour later)."""
+    from tasks.errors import UsageError
+    from tasks.index.merge_parts import unreachable_workers
+
+    missing = unreachable_workers(client, folder)
+    if missing:
+        raise UsageError(
+            f"Dask worker(s) {', '.join(missing)} cannot reach the run's work folder {folder} (under the index "
+            "location): run them where the index is, or mount it at the same path on their machines"
+        )
+
+
 def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: SpilledTable) -> tuple[Layer0, Any]:
     """Layer 0 from the mentions: merged whole for a build, recomputed for the keys the delta touched for an
     update. Returns it with the new snapshot's ``mentions``: the whole table for a build, the change (rows of
@@ -178,6 +196,7 @@ def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: SpilledTa
         old_entities = run.previous("entities", ENTITY_FIELDS, "layer = 0")
         layer0, mentions = st.run(
             _layer0,
+            run.mapper,
             stored,
             plain_rows(old_entities),
             run.previous("relations"),
@@ -187,6 +206,7 @@ def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: SpilledTa
             chunk_order(run, delta, chunks),
             run.spill_dir / "merge",
         )
+        run.mapper.release()  # idle workers would slow the CPU-bound stages that follow
         for name in ("entities", "relations"):  # layer 0's rows replace them; embed and the attachment read
             run.forget_previous(name)  # the parts they need (kept vectors, summaries, summary_of links) themselves
         st.done(
@@ -220,29 +240,34 @@ def chunk_order(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]) -> Chunk
 
 
 def _layer0(
+    mapper: Mapper,
     stored,
     old_entities,
     old_relations,
     gone: set[str],
-    new_mentions: pa.Table,
+    new_mentions: SpilledTable,
     max_tokens: int,
     order: ChunkOrder,
     workdir: Path,
 ) -> tuple[Layer0, pa.Table | TableDelta]:
-    """Layer 0 merged whole (a build: ``stored`` is None; in a child process when the mentions are many, see
-    ``MERGE_IN_CHILD_ROWS``) or recomputed for the keys the delta touched (an update: ``stored(columns)`` scans
-    the previous snapshot's mentions batch by batch)."""
+    """Layer 0 merged whole (a build: ``stored`` is None; a task per spilled part on the run's Dask cluster, or in
+    this process — in a child process when the mentions are many, see ``MERGE_IN_CHILD_ROWS``) or recomputed for
+    the keys the delta touched (an update: ``stored(columns)`` scans the previous snapshot's mentions batch by
+    batch)."""
     from tasks.index.delta import recompute_layer0, stored_mention_select
-    from tasks.index.merge import MENTION_COLUMNS, MERGE_IN_CHILD_ROWS, graph_from_mentions
-    from tasks.runtime.parallel import in_child_process
+    from tasks.index.merge import MENTION_COLUMNS, MERGE_IN_CHILD_ROWS
+    from tasks.index.merge_parts import merge_spilled
+    from tasks.runtime.parallel import DaskPool, LocalMapper, in_child_process
 
     if stored is None:
-        if new_mentions.num_rows >= MERGE_IN_CHILD_ROWS:
+        if isinstance(mapper, DaskPool):
+            entities, relations = merge_spilled(mapper, new_mentions, max_tokens, order, workdir)
+        elif new_mentions.num_rows >= MERGE_IN_CHILD_ROWS:
             entities, relations = in_child_process(
-                graph_from_mentions, new_mentions, max_tokens, order, workdir=workdir
+                merge_spilled, LocalMapper(), new_mentions, max_tokens, order, workdir, workdir=workdir / "child"
             )
         else:
-            entities, relations = graph_from_mentions(new_mentions, max_tokens, order=order)
+            entities, relations = merge_spilled(LocalMapper(), new_mentions, max_tokens, order, workdir)
         return Layer0(entities, np.zeros((0, 0)), relations, added={e["id"] for e in entities}), new_mentions
     new_mentions = new_mentions.read_all()  # an update's new mentions: its delta's, held in memory
     leaving = pa.array(sorted(gone), pa.string())

@@ -115,6 +115,13 @@ class DaskConfig(_Section):
     )
     n_workers: int = Field(2, gt=0, description="Workers of the local cluster.")
     processes: bool = Field(True, description="Local cluster of processes (true) or threads (false).")
+    part_rows: int = Field(
+        200_000,
+        gt=0,
+        description="Mentions per spilled part (split by key hash, so an entity or relation is merged whole "
+        "in one part): one merge task on a worker holds one part; validation and publish read them one at a time "
+        "(at 100k chunks, 400k-row parts cost publish +700 MB, 200k-row parts +510 MB).",
+    )
     llm_batches_per_worker: int = Field(
         2,
         gt=0,

@@ -132,7 +132,7 @@ def test_a_merge_in_its_child_process_publishes_the_same_build(tmp_path):
             mock.patch("tasks.index.merge.MERGE_IN_CHILD_ROWS", 0), \
             mock.patch("tasks.runtime.parallel.in_child_process", wraps=parallel.in_child_process) as in_child:
         build_index(str(_corpus(CORPUS, 1)), Catalog(tmp_path / "built"), load_config(overrides=CONFIG))
-    assert [c.args[0].__name__ for c in in_child.call_args_list] == ["graph_from_mentions"]
+    assert [c.args[0].__name__ for c in in_child.call_args_list] == ["merge_spilled"]
     assert table_digests(tmp_path / "built") == golden["build"]
 
 

@@ -11,16 +11,13 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 import flows.index_flow as index_flow_module
 from flows.cli import app, date_partitions
-from schemas.config import DaskConfig, ExtractConfig
+from schemas.config import DaskConfig
 from tasks.store.catalog import Catalog
-from tasks.index.extract import extract_chunks
-from tasks.runtime.parallel import DaskPool, LocalMapper
 from tests.conftest import REPO, musique_passages
 
 runner = CliRunner()
@@ -116,61 +113,6 @@ def test_a_local_cluster_leaves_the_runs_environment_as_it_was(monkeypatch):
         assert client.submit(sum, [1, 2]).result() == 3
         assert {k: os.environ.get(k) for k in names} == before
     assert {k: os.environ.get(k) for k in names} == before
-
-
-@pytest.mark.slow
-def test_extraction_and_embedding_on_an_external_dask_cluster(tmp_path, small_corpus):
-    """A scheduler and two workers as separate processes on 127.0.0.1, used through dask.address: extraction
-    and embedding run there, and the index built there equals the one built locally, table by table."""
-    port = _free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    dask = str(Path(sys.executable).parent / "dask")
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
-                              env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        for _ in range(2):
-            procs.append(subprocess.Popen([dask, "worker", address, "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1"],
-                                          env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        from distributed import Client
-
-        with Client(address, timeout="60s") as client:
-            client.wait_for_workers(2, timeout=120)
-            pids = set(client.run(os.getpid).values())
-        assert len(pids) == 2 and os.getpid() not in pids
-        chunks = [{"id": f"c{i}", "text": r["text"]} for i, r in enumerate(musique_passages(12))]
-        cfg = ExtractConfig(batch_size=3)
-        with DaskPool(DaskConfig(address=address)) as pool:
-            remote = extract_chunks(chunks, cfg, pool)
-        local = extract_chunks(chunks, cfg, LocalMapper())
-        assert remote.ok == local.ok and remote.entities == local.entities
-        res = runner.invoke(app, ["index", str(small_corpus), "--index", str(tmp_path / "index"), "--quiet",
-                                  "--set", f"dask.address={address}", "--set", "chunking.size=200"])
-        assert res.exit_code == 0, res.output
-        embedded = Catalog(tmp_path / "index").runs()[-1]
-        with Client(address, timeout="60s") as client:  # the workers loaded the model; this process did not need to
-            assert all(client.run(lambda: "tasks.index.embed" in sys.modules and
-                                  __import__("tasks.index.embed").index.embed._local.cache_info().currsize > 0).values())
-        res = runner.invoke(app, ["index", str(small_corpus), "--index", str(tmp_path / "local"), "--quiet",
-                                  "--set", "chunking.size=200"])
-        assert res.exit_code == 0, res.output
-        from tests.test_golden_tables import table_digests
-
-        # every id, row and layer statistic equal; vectors equal up to float rounding (a worker runs the model
-        # with one thread, so kernels may sum in another order: bf16 autocast shows it in the last bits)
-        assert table_digests(tmp_path / "index", ("vector",)) == table_digests(tmp_path / "local", ("vector",))
-        remote_cat, local_cat = Catalog(tmp_path / "index"), Catalog(tmp_path / "local")
-        for name in ("chunks", "entities", "community_reports"):
-            a, b = (c.read(name, snap=c.require_snapshot()) for c in (remote_cat, local_cat))
-            va, vb = (np.array(t.column("vector").to_pylist(), dtype=np.float32) for t in (a, b))
-            assert a.column("id") == b.column("id") and va.shape == vb.shape
-            assert float(np.min(np.sum(va * vb, axis=1))) > 0.999, name
-        assert json.loads(embedded["stage_counts"])["embed"]["vectors"] > 0
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
 
 
 @pytest.mark.slow

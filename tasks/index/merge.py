@@ -205,11 +205,6 @@ def in_chunk_order(mentions: pa.Table) -> pa.Table:
     return mentions.take(rank.to_arrow())
 
 
-#: a run's mentions are spilled in parts of about this many rows, split by a hash of their key so that every
-#: entity and every relation is merged whole within one part: the merge's transient frames are a part's, and so
-#: are validation's and publish's, which read the spill part by part (100k chunks: 400k-row parts cost publish
-#: +700 MB, 200k-row parts +510 MB, writing the mentions table alone)
-MERGE_PART_ROWS = 200_000
 #: a build merges this many mentions or more in a child process (``tasks.runtime.parallel.in_child_process``): at 100k
 #: chunks (9.5M mentions) the merge's transient frames left 1.5 GB mapped in the run's process after it
 MERGE_IN_CHILD_ROWS = 1_000_000
@@ -228,62 +223,97 @@ def graph_from_mentions(
     supporting sentences in corpus order within the token budget, so a document appended later, under a
     source that sorts after the others, does not change the text (nor the vector) of an entity it mentions
     again. Relations are undirected (canonical endpoint order) and weighted by their distinct sentences.
-    A spilled table (``tasks.store.spill``) is merged part by part (same result). ``endpoints``: keys of entities that
-    exist besides those the mentions name (an update's untouched ones), which relations may join."""
+    A spilled table (``tasks.store.spill``) is merged part by part (same result; ``tasks.index.merge_parts``
+    merges its parts as tasks on the cluster). ``endpoints``: keys of entities that exist besides those the
+    mentions name (an update's untouched ones), which relations may join."""
     import polars as pl
 
-    order = order or {}
-    place = {c: i for i, c in enumerate(sorted(order, key=lambda c: (order[c], c)))}  # chunk -> rank in the corpus
-    corpus_order = ("place", "chunk_id", "seq")
-
-    def in_corpus_order(frame, *columns):
-        return (
-            frame.with_columns(place=pl.col("chunk_id").replace_strict(place, default=-1, return_dtype=pl.Int64))
-            .select(*corpus_order, *columns)
-            .sort(corpus_order)
-        )
-
-    entity = pl.concat(
-        [
-            _entity_part(
-                in_corpus_order(m.filter(pl.col("key") != ""), "key", "name", "type", "description"),
-                max_description_tokens,
-            )
-            for m in _mention_parts(mentions, "entity")
-        ]
-    ).sort("key")
+    places = corpus_places(order or {})
+    entity = pl.concat([entity_part(m, places, max_description_tokens) for m in _mention_parts(mentions, "entity")])
     keys = entity.get_column("key").to_list()
     ends = sorted(set(endpoints) - set(keys))
-    ids = pl.DataFrame(
-        {"key": keys + ends, "id": [entity_id(0, k) for k in keys + ends]}, schema={"key": pl.Utf8, "id": pl.Utf8}
-    )
+    ids = pl.concat([entity.select("key", "id"), key_ids(ends)])
     relation = pl.concat(
-        [
-            _relation_part(in_corpus_order(m, "key", "description"), ids, max_description_tokens)
-            for m in _mention_parts(mentions, "relation")
-        ]
+        [relation_part(m, places, ids, max_description_tokens) for m in _mention_parts(mentions, "relation")]
+    )
+    return layer0_rows(entity, relation)
+
+
+def corpus_places(order: ChunkOrder):
+    """Every chunk's rank in the corpus (by document source, then position in it) as a (chunk_id, place) frame."""
+    import polars as pl
+
+    ranked = sorted(order, key=lambda c: (order[c], c))
+    return pl.DataFrame(
+        {"chunk_id": ranked, "place": list(range(len(ranked)))}, schema={"chunk_id": pl.Utf8, "place": pl.Int64}
+    )
+
+
+def _in_corpus_order(frame, places, *columns):
+    import polars as pl
+
+    return (
+        frame.join(places, on="chunk_id", how="left", maintain_order="left")
+        .with_columns(pl.col("place").fill_null(-1))
+        .select("place", "chunk_id", "seq", *columns)
+        .sort("place", "chunk_id", "seq")
+    )
+
+
+def key_ids(keys: list[str]):
+    """A (key, id) frame: each entity key with its layer-0 id."""
+    import polars as pl
+
+    return pl.DataFrame({"key": keys, "id": [entity_id(0, k) for k in keys]}, schema={"key": pl.Utf8, "id": pl.Utf8})
+
+
+def entity_part(mentions, places, max_description_tokens: int):
+    """The entities (key, id, name, type, description, source_chunk_ids) of a frame of entity mentions that holds
+    every mention of its keys, sorted by key."""
+    import polars as pl
+
+    ents = _in_corpus_order(mentions.filter(pl.col("key") != ""), places, "key", "name", "type", "description")
+    entity = _entity_part(ents, max_description_tokens).sort("key")
+    ids = key_ids(entity.get_column("key").to_list())
+    return entity.with_columns(id=ids.get_column("id")).select(
+        "key", "id", "name", "type", "description", "source_chunk_ids"
+    )
+
+
+def relation_part(mentions, places, ids, max_description_tokens: int):
+    """The relations (``relations`` columns but version) of a frame of relation mentions that holds every mention
+    of its pairs, sorted by endpoints; ``ids`` is the (key, id) frame of every entity (a relation needs both)."""
+    import polars as pl
+
+    relation = _relation_part(
+        _in_corpus_order(mentions, places, "key", "description"), ids, max_description_tokens
     ).sort("source_id", "target_id")
     pairs = zip(relation.get_column("source_id").to_list(), relation.get_column("target_id").to_list())
-    relations = relation_frame(
-        relation.with_columns(
-            id=pl.Series([relation_id(a, b, "extracted") for a, b in pairs], dtype=pl.Utf8),
-            kind=pl.lit("extracted"),
-            weight=pl.col("parts").cast(pl.Float64),
-        )
-    )
+    return relation.with_columns(
+        id=pl.Series([relation_id(a, b, "extracted") for a, b in pairs], dtype=pl.Utf8),
+        kind=pl.lit("extracted"),
+        weight=pl.col("parts").cast(pl.Float64),
+    ).drop("parts")
+
+
+def layer0_rows(entity, relation):
+    """Layer 0 from merged parts: entity rows (dicts, sorted by key) with their degrees, and the relations as an
+    Arrow table sorted by endpoints. ``entity``: frames of ``entity_part``; ``relation``: of ``relation_part``."""
+    entity = entity.sort("key")
+    relations = relation_frame(relation.sort("source_id", "target_id"))
     degree = relation_degrees(relations)
     shared: dict[str, str] = {}  # one string per chunk id across all entities (3.1M ids at 100k chunks: -190 MB)
     entities = [
         {
-            "id": i,
+            "id": e["id"],
             "name": e["name"],
             "type": e["type"],
             "description": e["description"],
             "layer": 0,
             "source_chunk_ids": [shared.setdefault(c, c) for c in e["source_chunk_ids"]],
-            "degree": degree.get(i, 0),
+            "degree": degree.get(e["id"], 0),
         }
-        for i, e in zip(ids.get_column("id").to_list()[: len(keys)], entity.iter_rows(named=True))
+        for e in entity.iter_rows(named=True)
     ]
     return entities, relations
 

@@ -277,20 +277,41 @@ def map_batches(
     """Run ``fn(batch, **kwargs)`` for every batch on the cluster; results in batch order.
 
     The batches are scattered to the workers first: the task graph carries references, not the chunk
-    text (a corpus inside the graph makes the scheduler hold and forward all of it)."""
+    text (a corpus inside the graph makes the scheduler hold and forward all of it). A batch whose scattered
+    copy was lost with its worker (killed, out of memory) is scattered and submitted again, up to
+    ``LOST_BATCH_TRIES`` times; a task that raised is not."""
     from distributed import as_completed
+    from distributed.client import FutureCancelledError
 
     if not batches:
         return []
     futures = client.map(fn, client.scatter(batches), pure=False, **kwargs)
     index = {f.key: i for i, f in enumerate(futures)}
+    tries = [1] * len(batches)
     results: list[Any] = [None] * len(batches)
-    for fut in as_completed(futures):
-        i = index[fut.key]
-        results[i] = fut.result()
+    pending = as_completed(futures)
+    for fut in pending:
+        i = index.pop(fut.key)
+        try:
+            results[i] = fut.result()
+        except FutureCancelledError:
+            if tries[i] >= LOST_BATCH_TRIES:
+                raise
+            tries[i] += 1
+            logging.getLogger("strata").warning(
+                "batch %d of %s lost with its worker: submitted again", i, getattr(fn, "__name__", fn)
+            )
+            again = client.submit(fn, client.scatter(batches[i]), pure=False, **kwargs)
+            index[again.key] = i
+            pending.add(again)
+            continue
         if on_done:
             on_done(i, results[i])
     return results
+
+
+#: how many times a batch lost with its worker is submitted in all
+LOST_BATCH_TRIES = 3
 
 
 def in_child_process(fn: Callable[..., R], *args: Any, workdir: os.PathLike[str] | str) -> R:

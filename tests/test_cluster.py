@@ -1,0 +1,182 @@
+"""Past one machine: a real external Dask cluster (``dask scheduler`` and two ``dask worker`` processes on
+127.0.0.1), the build's merge as tasks on it, the same tables as in-process, and a worker SIGKILLed mid-merge."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from tests.conftest import REPO
+from tests.test_golden_tables import table_digests
+
+STRATA = str(Path(sys.executable).parent / "strata")
+SETS = ["--set", "chunking.size=200", "--set", "dask.part_rows=400"]  # ~12 spilled parts: a merge task each
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A scheduler and two workers (each under its nanny, which restarts a killed worker), as separate processes."""
+    from distributed import Client
+
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    dask = str(Path(sys.executable).parent / "dask")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    quiet = {"env": env, "cwd": REPO, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    procs = [
+        subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], **quiet)
+    ]
+    try:
+        for _ in range(2):
+            procs.append(
+                subprocess.Popen(
+                    [
+                        dask,
+                        "worker",
+                        address,
+                        "--nthreads",
+                        "1",
+                        "--no-dashboard",
+                        "--host",
+                        "127.0.0.1",
+                        "--memory-limit",
+                        "2GiB",
+                    ],
+                    **quiet,
+                )
+            )
+        with Client(address, timeout="60s") as client:
+            client.wait_for_workers(2, timeout=120)
+        yield address
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+
+
+def assert_same_tables(index: Path, reference: Path, drop: tuple[str, ...] = ()) -> None:
+    """Every table row for row (but ``drop``), the mentions as a set: they are stored in the order of their spilled
+    parts, which ``dask.part_rows`` sets (the reference has one part, the cluster runs a dozen)."""
+    from tasks.store.catalog import Catalog
+
+    got, want = table_digests(index, drop), table_digests(reference, drop)
+    assert {k: v for k, v in got.items() if k != "mentions"} == {k: v for k, v in want.items() if k != "mentions"}
+    a, b = (Catalog(i).read("mentions", snap=Catalog(i).require_snapshot()) for i in (index, reference))
+    assert a.num_rows > 0 and a.sort_by("id").equals(b.sort_by("id"))
+
+
+def _strata(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [STRATA, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory, small_corpus):
+    """The reference: the small corpus built with every stage in this process (no Dask), the default parts."""
+    from flows.pipeline import build_index
+    from schemas.config import load_config
+    from tasks.store.catalog import Catalog
+
+    index = tmp_path_factory.mktemp("direct") / "index"
+    build_index(str(small_corpus), Catalog(index), load_config(overrides={"chunking": {"size": 200}}))
+    return index
+
+
+@pytest.mark.slow
+def test_tables_are_the_same_in_process_on_the_local_cluster_and_on_an_external_one(
+    tmp_path, small_corpus, in_process, cluster
+):
+    local, external = tmp_path / "local", tmp_path / "external"
+    res = _strata("index", str(small_corpus), "--index", str(local), *SETS)
+    assert res.returncode == 0, res.stderr
+    res = _strata("index", str(small_corpus), "--index", str(external), *SETS, "--set", f"dask.address={cluster}")
+    assert res.returncode == 0, res.stderr
+    # a successful run logs no errors: neither Dask's (worker heartbeats, lost connections) nor Prefect's
+    assert not [line for line in (res.stdout + res.stderr).splitlines() if "ERROR" in line or "Traceback" in line]
+    from distributed import Client
+
+    with Client(cluster, timeout="60s") as client:  # the workers loaded the embedding model; the run did not need to
+        assert all(
+            client.run(
+                lambda: (
+                    "tasks.index.embed" in sys.modules
+                    and __import__("tasks.index.embed").index.embed._local.cache_info().currsize > 0
+                )
+            ).values()
+        )
+    # every id and row equal whatever ran the merge, in how many parts; the local cluster's vectors too (the
+    # model runs in this machine's run process either way); the external workers embed with one thread each, so
+    # their vectors may differ in the last bits
+    assert_same_tables(local, in_process)
+    assert_same_tables(external, in_process, ("vector",))
+    from tasks.store.catalog import Catalog
+
+    a_cat, b_cat = Catalog(in_process), Catalog(external)
+    for name in ("chunks", "entities", "community_reports"):
+        a, b = (c.read(name, snap=c.require_snapshot()) for c in (a_cat, b_cat))
+        va, vb = (np.array(t.column("vector").to_pylist(), dtype=np.float32) for t in (a, b))
+        assert va.shape == vb.shape and float(np.min(np.sum(va * vb, axis=1))) > 0.999, name
+
+
+class KillOnce(WorkerPlugin):
+    """SIGKILL the worker process (as the OOM killer would) the first time a task of ``task`` starts on it,
+    once across the cluster (the marker file says it happened)."""
+
+    def __init__(self, task: str, marker: str):
+        self.task, self.marker = task, marker
+
+    def transition(self, key, start, finish, **kwargs):
+        if finish == "executing" and str(key).startswith(self.task):
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["batch_mentions", "merge_entities", "merge_relations"])
+def test_a_worker_killed_mid_stage_costs_a_retry_not_the_run(tmp_path, small_corpus, in_process, cluster, task):
+    from distributed import Client
+
+    marker = tmp_path / "killed"
+    with Client(cluster, timeout="60s") as client:
+        client.register_plugin(KillOnce(task, str(marker)), name=f"kill-{task}")
+        try:
+            res = _strata(
+                "index",
+                str(small_corpus),
+                "--index",
+                str(tmp_path / "index"),
+                *SETS,
+                "--set",
+                f"dask.address={cluster}",
+            )
+        finally:
+            client.unregister_worker_plugin(f"kill-{task}")
+        client.wait_for_workers(2, timeout=120)  # the nanny brought the killed worker back
+    assert marker.exists(), f"no worker was killed: no {task} task ran on the cluster"
+    assert res.returncode == 0, res.stderr
+    # the tables an undisturbed run publishes: no row lost, none twice
+    assert_same_tables(tmp_path / "index", in_process, ("vector",))
