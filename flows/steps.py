@@ -382,13 +382,28 @@ def _dedupe(rows: list[QuarantineRow]) -> list[QuarantineRow]:
     return out
 
 
+def parts_mapper(run: PipelineRun, tables: dict[str, Any]) -> Mapper:
+    """Where validation and publish work on a spilled table (a build's mentions) a part per task: on the run's
+    Dask workers when it has several parts, else in this process (the cluster is not brought up for one task)."""
+    from tasks.runtime.parallel import LocalMapper
+
+    spilled = [t for t in tables.values() if isinstance(t, SpilledTable)]
+    return run.mapper if any(len(t.files) > 1 for t in spilled) else LocalMapper()
+
+
 def validate(run: PipelineRun, tables: dict[str, pa.Table]) -> None:
     from tasks.index.validate import ValidationFailed, validate_tables
 
     dim = (run.snap or {}).get("dim") or run.embedder.dim
     with run.stage("validate") as st:
         written = {k: t.add if isinstance(t, TableDelta) else t for k, t in tables.items()}  # kept rows passed before
-        report = st.run(validate_tables, {"layers": run.previous("layers"), **written}, dim)
+        report = st.run(
+            validate_tables,
+            {"layers": run.previous("layers"), **written},
+            dim,
+            mapper=parts_mapper(run, tables),
+            workdir=run.spill_dir / "validate",
+        )
         st.done(
             f"{sum(report.checked.values())} expectations passed" if report.success else "FAILED",
             expectations=sum(report.checked.values()),
@@ -399,7 +414,7 @@ def validate(run: PipelineRun, tables: dict[str, pa.Table]) -> None:
 
 
 def publish(
-    run: PipelineRun, delta: Delta, tables: dict[str, pa.Table], layer0: Layer0, hierarchy: Hierarchy
+    run: PipelineRun, delta: Delta, tables: dict[str, Any], layer0: Layer0, hierarchy: Hierarchy
 ) -> BuildResult:
     from tasks.index.plots import plot_layers
 
@@ -416,17 +431,22 @@ def publish(
             "drift": round(added / max(1, tables["entities"].num_rows), 4),
             "diff": delta.counts,
         }
+    mapper = parts_mapper(run, tables)
     with run.stage("publish") as st:
-        version = st.run(
-            run.catalog.publish,
-            tables,
-            run.run_id,
-            "incremental" if run.snap else "full",
-            dim,
-            run.version,
-            json.dumps(note),
-            cfg.retrieval.ann_min_vectors,
-        )
+        try:
+            version = st.run(
+                run.catalog.publish,
+                tables,
+                run.run_id,
+                "incremental" if run.snap else "full",
+                dim,
+                run.version,
+                json.dumps(note),
+                cfg.retrieval.ann_min_vectors,
+                mapper,
+            )
+        finally:
+            run.mapper.release()
         drift = note.get("drift", 0.0)
         hint = (
             f"; drift {drift:.0%} > {cfg.incremental.max_drift:.0%}: consider `strata update --full`"

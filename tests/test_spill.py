@@ -70,7 +70,12 @@ def test_unique_mask_over_pieces_marks_every_repeat_and_no_null(monkeypatch, col
     assert unique_mask(lambda: iter(pieces)).tolist() == [False, False, True, True, False, True, True, False, True]
 
 
-def test_validation_reads_a_spilled_table_part_by_part_and_sees_repeats_across_parts(tmp_path):
+@pytest.mark.parametrize("tasks", [False, True])
+def test_validation_reads_a_spilled_table_part_by_part_and_sees_repeats_across_parts(tmp_path, tasks):
+    """In this process (``unique_mask`` over the parts) or a task per part (``tasks.index.validate_parts``: the
+    run's Dask workers; here, in process): the same report."""
+    from tasks.runtime.parallel import LocalMapper
+
     tables = tiny_tables()
     chunk = tables["chunks"].column("id")[0].as_py()
     rows = _mentions(6).to_pylist()
@@ -84,7 +89,10 @@ def test_validation_reads_a_spilled_table_part_by_part_and_sees_repeats_across_p
     spilled = _spill(tmp_path, [table], 3)
     assert len(spilled.files) > 1
     tables["mentions"] = spilled
-    failures = {f["expectation"]: f for f in validate_tables(tables, DIM, batch_rows=2).failures}
+    on = {"mapper": LocalMapper(), "workdir": tmp_path / "work"} if tasks else {}
+    report = validate_tables(tables, DIM, batch_rows=2, **on)
+    failures = {f["expectation"]: f for f in report.failures}
+    assert report.checked["mentions"] == 5 and len(report.failures) == 2
     assert failures["expect_column_values_to_be_unique"]["unexpected_count"] == 2
     assert failures["expect_column_values_to_be_unique"]["sample"] == [rows[0]["id"]] * 2
     assert failures["expect_column_values_to_be_null"]["unexpected_count"] == 1

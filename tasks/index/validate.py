@@ -179,71 +179,106 @@ def _parts(table: Any, columns: list[str] | None = None):
 
 
 def validate_tables(
-    tables: dict[str, Any], dim: int, batch_rows: int = 100_000, relation_kinds: tuple[str, ...] | None = None
+    tables: dict[str, Any],
+    dim: int,
+    batch_rows: int = 100_000,
+    relation_kinds: tuple[str, ...] | None = None,
+    mapper: Any = None,
+    workdir: Any = None,
 ) -> ValidationReport:
     """Run each table's suite; cross-table references are resolved within ``tables``.
 
     Tables are validated in slices of ``batch_rows`` rows, each read into pandas with only the columns its
     suite names, so memory stays bounded however large a table grows (failure counts add up over slices).
+    A spilled table is validated a part per task on ``mapper`` (the run's Dask workers) when one is given, with
+    ``workdir`` for what the tasks share (``tasks.index.validate_parts``).
     ``relation_kinds``: the kinds a relation may have (default: every registered method's)."""
-    import great_expectations as gx
-
-    from schemas.expectations import REFERENCES, suites
+    from schemas.expectations import suites
     from tasks.methods.registry import relation_kinds as registered_kinds
+    from tasks.store.spill import SpilledTable
 
     def ids(name: str) -> list[str]:
         return tables[name].column("id").to_pylist() if name in tables else []
 
     refs = {n: set(ids(n)) - {None} for n in ("documents", "chunks", "entities", "communities")}
     refs["quarantine_items"] = set(tables["quarantine"].column("item").to_pylist()) if "quarantine" in tables else set()
-    ctx, source = _context()
-    specs = suites(dim, relation_kinds or registered_kinds())
+    kinds = relation_kinds or registered_kinds()
+    specs = suites(dim, kinds)
     report = ValidationReport(success=True)
     for name, table in tables.items():
         if name not in specs or table.num_rows == 0:
             continue
-        expectations, derived = _whole_table(specs[name], table)
-        columns = {
-            kw[k]
-            for e in expectations
-            for kw in [e.configuration.kwargs]
-            for k in ("column", "column_A", "column_B")
-            if kw.get(k)
-        }
-        try:
-            asset = source.get_asset(name)
-        except LookupError:
-            asset = source.add_dataframe_asset(name=name)
-        try:
-            batch_def = asset.get_batch_definition("all")
-        except (KeyError, LookupError):
-            batch_def = asset.add_batch_definition_whole_dataframe("all")
-        suite = gx.ExpectationSuite(name=f"strata-{name}")
-        for exp in expectations:
-            suite.add_expectation(exp)
-        failed: dict[tuple[str, str], dict[str, Any]] = {}
-        read = sorted(set(table.column_names) & (columns | set(REFERENCES.get(name, {}))))  # of a spilled table
-        for start, part in _slices(table, batch_rows, read):
-            df = _frame(name, part, refs, columns)
-            for column, values in derived.items():
-                df[column] = values[start : start + part.num_rows]
-            result = batch_def.get_batch(batch_parameters={"dataframe": df}).validate(suite)
-            report.checked[name] = len(result.results)
-            for r in result.results:
-                if r.success:
-                    continue
-                kw = r.expectation_config.kwargs
-                column = kw.get("column") or f"{kw.get('column_A')},{kw.get('column_B')}"
-                kind = r.expectation_config.type
-                sample = (r.result.get("partial_unexpected_list") or [])[:3]
-                if column in derived:  # reported as the uniqueness expectation it stands for, with repeated values
-                    kind, column = "expect_column_values_to_be_unique", column.removesuffix("_unique")
-                    sample = table.column(column).filter(pa.array(~derived[f"{column}_unique"])).to_pylist()[:3]
-                entry = failed.setdefault(
-                    (kind, column),
-                    {"table": name, "expectation": kind, "column": column, "unexpected_count": 0, "sample": sample},
-                )
-                entry["unexpected_count"] += r.result.get("unexpected_count") or 0
-        report.failures += list(failed.values())
+        if isinstance(table, SpilledTable) and mapper is not None:
+            from tasks.index.validate_parts import validate_spilled
+
+            failed = validate_spilled(mapper, name, table, refs, dim, kinds, batch_rows, workdir)
+        else:
+            expectations, derived = _whole_table(specs[name], table)
+            failed = check_table(name, table, expectations, derived, refs, batch_rows)
+        report.checked[name] = len(specs[name])
+        report.failures += failed
     report.success = not report.failures
     return report
+
+
+def check_table(
+    name: str,
+    table: Any,
+    expectations: list[Any],
+    derived: dict[str, np.ndarray],
+    refs: dict[str, set[str]],
+    batch_rows: int,
+) -> list[dict[str, Any]]:
+    """The failures of ``expectations`` over ``table`` (slice by slice), one entry per expectation and column with
+    its unexpected rows counted and a sample; ``derived`` columns are added to every slice."""
+    import great_expectations as gx
+
+    from schemas.expectations import REFERENCES
+
+    columns = suite_columns(expectations)
+    _, source = _context()
+    try:
+        asset = source.get_asset(name)
+    except LookupError:
+        asset = source.add_dataframe_asset(name=name)
+    try:
+        batch_def = asset.get_batch_definition("all")
+    except (KeyError, LookupError):
+        batch_def = asset.add_batch_definition_whole_dataframe("all")
+    suite = gx.ExpectationSuite(name=f"strata-{name}")
+    for exp in expectations:
+        suite.add_expectation(exp)
+    failed: dict[tuple[str, str], dict[str, Any]] = {}
+    read = sorted(set(table.column_names) & (columns | set(REFERENCES.get(name, {}))))  # of a spilled table
+    for start, part in _slices(table, batch_rows, read):
+        df = _frame(name, part, refs, columns)
+        for column, values in derived.items():
+            df[column] = values[start : start + part.num_rows]
+        result = batch_def.get_batch(batch_parameters={"dataframe": df}).validate(suite)
+        for r in result.results:
+            if r.success:
+                continue
+            kw = r.expectation_config.kwargs
+            column = kw.get("column") or f"{kw.get('column_A')},{kw.get('column_B')}"
+            kind = r.expectation_config.type
+            sample = (r.result.get("partial_unexpected_list") or [])[:3]
+            if column in derived:  # reported as the uniqueness expectation it stands for, with repeated values
+                kind, column = "expect_column_values_to_be_unique", column.removesuffix("_unique")
+                sample = table.column(column).filter(pa.array(~derived[f"{column}_unique"])).to_pylist()[:3]
+            entry = failed.setdefault(
+                (kind, column),
+                {"table": name, "expectation": kind, "column": column, "unexpected_count": 0, "sample": sample},
+            )
+            entry["unexpected_count"] += r.result.get("unexpected_count") or 0
+    return list(failed.values())
+
+
+def suite_columns(expectations: list[Any]) -> set[str]:
+    """The columns ``expectations`` name (derived ones included)."""
+    return {
+        kw[k]
+        for e in expectations
+        for kw in [e.configuration.kwargs]
+        for k in ("column", "column_A", "column_B")
+        if kw.get(k)
+    }

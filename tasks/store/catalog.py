@@ -25,7 +25,15 @@ import pyarrow as pa
 
 from schemas.tables import LOG_TABLES, SNAPSHOT_TABLES, schema_for
 from tasks.errors import DiskFull, IndexDamaged, IndexError_, IndexNotFound, StoreUnavailable, UsageError
-from tasks.store.remote import STORE_ATTEMPTS, S3Lease, _default_storage, _s3_client, _transient, storage_options
+from tasks.store.remote import (
+    STORE_ATTEMPTS,
+    S3Lease,
+    _default_storage,
+    _s3_client,
+    _transient,
+    is_local,
+    storage_options,
+)
 from tasks.store.rows import WRITE_BATCH_ROWS, TableDelta, plain_batches, rows_to_table, snapshot_note
 from tasks.store.spill import SpilledTable
 from tasks.store.vectors import build_vector_index
@@ -51,10 +59,6 @@ def _disk_full(exc: BaseException) -> bool:
     import errno
 
     return (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "No space left on device" in str(exc)
-
-
-def is_local(uri: str) -> bool:
-    return "://" not in uri or uri.startswith("file://")
 
 
 class Catalog:
@@ -267,19 +271,38 @@ class Catalog:
 
     # ------------------------------------------------------------------ writes
     def _write(
-        self, name: str, data: pa.Table | TableDelta, ann_min_rows: int | None = None, pinned: int | None = None
+        self,
+        name: str,
+        data: pa.Table | TableDelta | SpilledTable,
+        ann_min_rows: int | None = None,
+        pinned: int | None = None,
+        mapper: Any = None,
     ) -> int:
         """Write one table's new version: a whole table replaces the rows; a ``TableDelta`` is applied to the
-        version the previous snapshot pinned (rows deleted, rows appended) without rewriting the others."""
+        version the previous snapshot pinned (rows deleted, rows appended) without rewriting the others; a
+        spilled table's parts are written as fragments by tasks on ``mapper`` (default: in this process) and
+        committed as one version."""
         if isinstance(data, TableDelta):
             return self._apply_delta(name, data, pinned)
+        if isinstance(data, SpilledTable) and data.files:
+            from tasks.runtime.parallel import LocalMapper
+            from tasks.store.fragments import write_spilled
+
+            current = self.db.open_table(name).version if self.has_table(name) else None
+            options = None if self.root is not None else storage_options(self.uri, self.storage)
+            write_spilled(mapper or LocalMapper(), data, f"{self._db_uri}/{name}.lance", self.uri, options, current)
+            return self._vector_index(self.db.open_table(name), ann_min_rows)
         data = data.reader(WRITE_BATCH_ROWS) if isinstance(data, SpilledTable) else plain_batches(data)
         if self.has_table(name):
             tbl = self.db.open_table(name)
             tbl.add(data, mode="overwrite")
         else:
             tbl = self.db.create_table(name, data=data)
-        if ann_min_rows is not None and "vector" in data.schema.names and tbl.count_rows() >= ann_min_rows:
+        return self._vector_index(tbl, ann_min_rows)
+
+    @staticmethod
+    def _vector_index(tbl: Any, ann_min_rows: int | None) -> int:
+        if ann_min_rows is not None and "vector" in tbl.schema.names and tbl.count_rows() >= ann_min_rows:
             build_vector_index(tbl)  # a version of its own: the snapshot pins the indexed one
         return tbl.version
 
@@ -299,16 +322,18 @@ class Catalog:
 
     def publish(
         self,
-        tables: dict[str, pa.Table],
+        tables: dict[str, Any],
         run_id: str,
         kind: str,
         dim: int,
         version: int | None = None,
         note: str = "",
         ann_min_rows: int | None = None,
+        mapper: Any = None,
     ) -> int:
         """Write the given tables (full replacement) and commit a snapshot pinning them and the unchanged ones.
-        A vector table of at least ``ann_min_rows`` rows gets its vector index, part of the snapshot."""
+        A vector table of at least ``ann_min_rows`` rows gets its vector index, part of the snapshot. A spilled
+        table is written by tasks on ``mapper`` (the run's Dask workers), a part each."""
         previous = self.snapshot()
         pins: dict[str, int] = dict(previous["tables"]) if previous else {}
         for name in SNAPSHOT_TABLES:
@@ -316,7 +341,7 @@ class Catalog:
                 try:
                     pins[name] = self._retrying(
                         f"writing table {name}",
-                        functools.partial(self._write, name, tables[name], ann_min_rows, pins.get(name)),
+                        functools.partial(self._write, name, tables[name], ann_min_rows, pins.get(name), mapper),
                     )
                 except Exception as exc:  # noqa: BLE001 - nothing is committed until the _snapshots append
                     kept = f"snapshot v{previous['version']} stays published" if previous else "nothing was published"

@@ -47,6 +47,11 @@ def _secret(value: Any) -> str | None:
     return value.get_secret_value() if value is not None else None
 
 
+def is_local(uri: str) -> bool:
+    """A folder (a path, or a ``file://`` URI) rather than object storage."""
+    return "://" not in uri or uri.startswith("file://")
+
+
 def s3_settings(storage: StorageConfig, environ: dict[str, str] | None = None) -> dict[str, str]:
     """Endpoint, region and credentials of an s3:// index: each ``storage.*`` setting, else its usual AWS variable
     (absent keys: the SDK's own chain decides, e.g. an instance role)."""
