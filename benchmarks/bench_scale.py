@@ -109,6 +109,8 @@ def timed(mode: str, corpus: Path, index: Path, cluster: ExternalCluster | None 
     res["tree_peak_parts_mb"] = {k: round(v) for k, v in at_peak.items() if v >= 1}
     res["tree_peak_by_stage_mb"] = peaks_by_stage(samples, res.pop("began"))
     res["process_wall_s"] = outer
+    # a successful run logs no errors: neither its own, nor Prefect's, nor Dask's (lost workers, heartbeats)
+    res["error_lines"] = [l for l in (proc.stdout + proc.stderr).splitlines() if "ERROR" in l or "Traceback" in l]
     if cluster is not None:
         res["workers"] = cluster.figures()
     return res
@@ -173,19 +175,35 @@ class ExternalCluster:
     def sample(self) -> None:
         for i, nanny in enumerate(self.nannies):
             for pid in _children(nanny.pid):
+                try:
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"spawn_main" not in cmdline:  # the nanny's multiprocessing resource tracker
+                    continue
                 self.pids[i].add(pid)
                 self.peak[i] = max(self.peak[i], sum(tree_rss_mb(pid).values()))
 
     def figures(self) -> dict:
-        out = {"peak_rss_mb": [round(p) for p in self.peak], "restarts": [max(0, len(p) - 1) for p in self.pids]}
+        out = {
+            "peak_rss_mb": [round(p) for p in self.peak],
+            "restarts": [max(0, len(p) - 1) for p in self.pids],
+            "error_lines": [
+                line
+                for log in sorted(self.logs.glob("*.log"))
+                for line in log.read_text(errors="replace").splitlines()
+                if "ERROR" in line or "Traceback" in line
+            ],
+        }
         self.reset()
         return out
 
     def close(self) -> None:
-        for p in self.nannies + self.procs:
-            p.terminate()
-        for p in self.nannies + self.procs:
-            p.wait(timeout=60)
+        for group in (self.nannies, self.procs):  # the workers first: a scheduler gone first makes them log errors
+            for p in group:
+                p.terminate()
+            for p in group:
+                p.wait(timeout=60)
 
 
 def _children(pid: int) -> list[int]:
@@ -337,7 +355,8 @@ def report_external(r: dict) -> None:
     print(
         f"flow wall {b['wall_s']:.1f} s; the run process's peak RSS {b['peak_rss_mb']:.0f} MB (its tree with the "
         f"Prefect server: {b.get('tree_peak_rss_mb', 0):.0f} MB); workers' peak RSS "
-        f"{', '.join(f'{m} MB' for m in b['workers']['peak_rss_mb'])}; restarts {sum(b['workers']['restarts'])}"
+        f"{', '.join(f'{m} MB' for m in b['workers']['peak_rss_mb'])}; restarts {sum(b['workers']['restarts'])}; "
+        f"ERROR or Traceback lines: run {len(b['error_lines'])}, cluster {len(b['workers']['error_lines'])}"
     )
     if "direct" in r:
         d = r["direct"]

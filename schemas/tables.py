@@ -179,6 +179,8 @@ SNAPSHOT_TABLES = (
 )
 #: Append-only log, not pinned: every run is recorded whether or not it published.
 LOG_TABLES = ("runs",)
+#: the log of snapshots: one row per published version, pinning a version of every table
+SNAPSHOTS = "_snapshots"
 ALL_TABLES = SNAPSHOT_TABLES + LOG_TABLES
 
 

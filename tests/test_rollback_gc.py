@@ -61,3 +61,25 @@ def test_a_table_delta_applies_to_the_pinned_version_not_to_an_uncommitted_one(t
     assert cat.read("quarantine", as_of=1).column("id").to_pylist() == ["q-1"]  # the previous snapshot is intact
     assert cat.snapshot()["tables"]["quarantine"] > pinned
     assert cat.snapshot()["tables"]["entities"] == cat.snapshot(1)["tables"]["entities"]  # untouched tables stay pinned
+
+
+def test_gc_removes_the_fragments_of_a_run_killed_before_its_commit(tmp_path):
+    """A build writes its spilled mentions as Lance fragments and commits them as one version; a run killed in
+    between leaves files no version references. gc (under the writer lock) removes them with the old versions."""
+    import pyarrow as pa
+    from lance.fragment import write_fragments
+
+    cat = Catalog(tmp_path / "idx")
+    cat.publish(tiny_tables(1), "run-1", "full", 8)
+    data = tmp_path / "idx" / "lance" / "entities.lance" / "data"
+    before = set(data.iterdir())
+    entities = cat.read("entities")
+    write_fragments(pa.Table.from_batches(entities.to_batches()), str(data.parent), schema=entities.schema)
+    orphans = set(data.iterdir()) - before
+    assert orphans and cat.read("entities").num_rows == entities.num_rows  # written, never committed
+    time.sleep(1.1)
+    cat.publish(tiny_tables(2, suffix="-2"), "run-2", "full", 8)
+    res = CliRunner().invoke(app, ["gc", "--index", str(tmp_path / "idx"), "--keep", "1"])
+    assert res.exit_code == 0, res.output
+    assert not orphans & set(data.iterdir())
+    assert Catalog(tmp_path / "idx").read("entities").column("name").to_pylist()[0] == "Scrooge-2"

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from schemas.tables import LOG_TABLES, SNAPSHOT_TABLES, schema_for
+from schemas.tables import LOG_TABLES, SNAPSHOT_TABLES, SNAPSHOTS, schema_for
 from tasks.errors import DiskFull, IndexDamaged, IndexError_, IndexNotFound, StoreUnavailable, UsageError
 from tasks.store.remote import (
     STORE_ATTEMPTS,
@@ -41,7 +41,6 @@ from tasks.store.vectors import build_vector_index
 if TYPE_CHECKING:
     from schemas.config import StorageConfig
 
-SNAPSHOTS = "_snapshots"
 _SNAPSHOT_SCHEMA = pa.schema(
     [
         ("version", pa.int64()),
@@ -440,47 +439,10 @@ class Catalog:
         )
 
     def gc(self, keep: int) -> dict[str, Any]:
-        """Keep the newest ``keep`` snapshots; drop the older ones and every table version older than the oldest
-        version a kept snapshot pins (a pinned version is never removed; Lance keeps each table's latest). The log
-        tables (``_snapshots``, ``runs``) lose their versions older than the oldest kept snapshot. Nothing is
-        compacted or rewritten: the index only shrinks."""
-        from datetime import timedelta
+        """Keep the newest ``keep`` snapshots, drop the table versions no kept one pins (``tasks.store.gc``)."""
+        from tasks.store.gc import collect_garbage
 
-        snaps = self.snapshots()
-        if keep < 1:
-            raise UsageError("gc --keep must be at least 1: the latest snapshot is always kept")
-        kept, dropped = snaps[-keep:], snaps[:-keep]
-        removed: dict[str, int] = {}
-        freed = 0
-
-        def cleanup(name: str, since: datetime) -> None:
-            nonlocal freed
-            since = since if since.tzinfo else since.replace(tzinfo=UTC)
-            # a margin of a second: a version written just before the oldest kept one survives, never the reverse.
-            # The age is Lance's, from when it cleans: measured now, not when gc began (each table takes a second
-            # on object storage, which would move the cut past the pinned version)
-            tbl = self.db.open_table(name)
-            stats = tbl.cleanup_old_versions(older_than=datetime.now(UTC) - since + timedelta(seconds=1))
-            removed[name] = int(stats.old_versions)
-            freed += int(stats.bytes_removed)
-
-        if dropped:
-            self.db.open_table(SNAPSHOTS).delete(f"version < {kept[0]['version']}")
-        for name in SNAPSHOT_TABLES:
-            pinned = [s["tables"][name] for s in kept if name in s["tables"]]
-            if not pinned or not self.has_table(name):
-                continue
-            stamps = {v["version"]: v["timestamp"] for v in self.db.open_table(name).list_versions()}
-            cleanup(name, stamps[min(pinned)])
-        for name in (SNAPSHOTS, *LOG_TABLES):
-            if self.has_table(name):
-                cleanup(name, kept[0]["created_at"])
-        return {
-            "kept": [s["version"] for s in kept],
-            "dropped": [s["version"] for s in dropped],
-            "versions_removed": removed,
-            "bytes_removed": freed,
-        }
+        return collect_garbage(self, keep)
 
     # ------------------------------------------------------------------ run log
     def log_run(self, row: dict[str, Any]) -> None:
