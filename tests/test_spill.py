@@ -72,7 +72,7 @@ def test_unique_mask_over_pieces_marks_every_repeat_and_no_null(monkeypatch, col
 
 @pytest.mark.parametrize("tasks", [False, True])
 def test_validation_reads_a_spilled_table_part_by_part_and_sees_repeats_across_parts(tmp_path, tasks):
-    """In this process (``unique_mask`` over the parts) or a task per part (``tasks.index.validate_parts``: the
+    """In this process (``unique_mask`` over the parts) or a task per part (``validate.validate_spilled``: the
     run's Dask workers; here, in process): the same report."""
     from tasks.runtime.parallel import LocalMapper
 
