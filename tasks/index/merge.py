@@ -296,7 +296,7 @@ def relation_part(mentions, places, ids, max_description_tokens: int):
     ).drop("parts")
 
 
-def layer0_rows(entity, relation):
+def layer0_rows(entity: Any, relation: Any) -> tuple[list[dict[str, Any]], Any]:
     """Layer 0 from merged parts: entity rows (dicts, sorted by key) with their degrees, and the relations as an
     Arrow table sorted by endpoints. ``entity``: frames of ``entity_part``; ``relation``: of ``relation_part``."""
     entity = entity.sort("key")
