@@ -23,6 +23,9 @@ OFFLINE_DEFAULTS = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "TRANSFORMERS_VERBOSITY": "error",
     "TOKENIZERS_PARALLELISM": "false",
+    # Lance's own log at its default level writes a WARN line for every table a build's fragments create ("No
+    # existing dataset ... it will be created"): errors only
+    "LANCE_LOG": "error",
     # polars' jemalloc hands freed pages back to the system within 0.1 s instead of keeping them for reuse: the
     # merge's transient frames otherwise stay in the RSS of every later stage (20k chunks: 1.70 -> 1.26 GB after
     # the merge, same speed). Read when polars loads, so it must be set before.
