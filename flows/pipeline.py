@@ -38,6 +38,7 @@ from tasks.methods.base import Hierarchy, Layer0
 from tasks.runtime.parallel import DaskPool, LocalMapper, Mapper
 from tasks.runtime.stages import TaskRunner, direct_task, limit_malloc_arenas, release_memory
 from tasks.store.catalog import Catalog
+from tasks.store.rows import relation_table
 
 
 def build_index(
@@ -106,7 +107,7 @@ def what_publish_reads(layer0: Layer0, hierarchy: Hierarchy) -> tuple[Layer0, Hi
     their rows and vectors: at 100k chunks those are a gigabyte beside the assembled tables."""
     empty = np.zeros((0, 0), np.float32)
     return (
-        Layer0([], empty, layer0.relations.slice(0, 0), added=layer0.added),
+        Layer0([], empty, relation_table([]), added=layer0.added),
         Hierarchy([], empty, [], [], [], empty, hierarchy.layers),
     )
 

@@ -23,7 +23,7 @@ from tasks.index.merge import ChunkOrder
 from tasks.methods.base import Hierarchy, Layer0
 from tasks.runtime.llm_client import Usage
 from tasks.runtime.parallel import Mapper
-from tasks.store.rows import TableDelta, plain_rows, relation_table, to_table, vector_matrix
+from tasks.store.rows import TableDelta, plain_rows, relation_table, stamped, to_table, vector_matrix
 from tasks.store.spill import SpilledTable
 
 
@@ -205,6 +205,7 @@ def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: SpilledTa
             cfg.extract.max_description_tokens,
             chunk_order(run, delta, chunks),
             run.spill_dir / "merge",
+            run.version,
         )
         run.mapper.release()  # idle workers would slow the CPU-bound stages that follow
         for name in ("entities", "relations"):  # layer 0's rows replace them; embed and the attachment read
@@ -249,11 +250,12 @@ def _layer0(
     max_tokens: int,
     order: ChunkOrder,
     workdir: Path,
+    version: int = 0,
 ) -> tuple[Layer0, pa.Table | TableDelta]:
     """Layer 0 merged whole (a build: ``stored`` is None; a task per spilled part on the run's Dask cluster, or in
     this process — in a child process when the mentions are many, see ``MERGE_IN_CHILD_ROWS``) or recomputed for
     the keys the delta touched (an update: ``stored(columns)`` scans the previous snapshot's mentions batch by
-    batch)."""
+    batch). A build's relations stay spilled, in parts stamped ``version``."""
     from tasks.index.delta import recompute_layer0, stored_mention_select
     from tasks.index.merge import MENTION_COLUMNS, MERGE_IN_CHILD_ROWS
     from tasks.index.merge_parts import merge_spilled
@@ -261,13 +263,20 @@ def _layer0(
 
     if stored is None:
         if isinstance(mapper, DaskPool):
-            entities, relations = merge_spilled(mapper, new_mentions, max_tokens, order, workdir)
+            entities, relations = merge_spilled(mapper, new_mentions, max_tokens, order, workdir, version)
         elif new_mentions.num_rows >= MERGE_IN_CHILD_ROWS:
             entities, relations = in_child_process(
-                merge_spilled, LocalMapper(), new_mentions, max_tokens, order, workdir, workdir=workdir / "child"
+                merge_spilled,
+                LocalMapper(),
+                new_mentions,
+                max_tokens,
+                order,
+                workdir,
+                version,
+                workdir=workdir / "child",
             )
         else:
-            entities, relations = merge_spilled(LocalMapper(), new_mentions, max_tokens, order, workdir)
+            entities, relations = merge_spilled(LocalMapper(), new_mentions, max_tokens, order, workdir, version)
         return Layer0(entities, np.zeros((0, 0)), relations, added={e["id"] for e in entities}), new_mentions
     new_mentions = new_mentions.read_all()  # an update's new mentions: its delta's, held in memory
     leaving = pa.array(sorted(gone), pa.string())
@@ -334,7 +343,7 @@ def assemble(
     quarantine += run.quarantine + hierarchy.quarantine
     tables = {
         "documents": documents,
-        "chunks": _stamped(
+        "chunks": stamped(
             pa.concat_tables(
                 [kept_chunks.cast(schema_for("chunks", dim))] * bool(kept_chunks.num_rows)
                 + [to_table("chunks", chunks, dim, version, chunk_vectors)]
@@ -348,7 +357,7 @@ def assemble(
             version,
             np.concatenate([layer0.vectors.reshape(-1, dim), hierarchy.vectors.reshape(-1, dim)]),
         ),
-        "relations": _stamped(pa.concat_tables([layer0.relations, relation_table(hierarchy.relations)]), version),
+        "relations": _relations(run, layer0.relations, relation_table(hierarchy.relations)),
         "layers": to_table("layers", hierarchy.layers or [], dim, version),
         "communities": to_table("communities", hierarchy.communities, dim, version),
         "community_reports": to_table(
@@ -356,7 +365,7 @@ def assemble(
         ),
         # a build's mentions stay spilled on disk, stamped with this version when extracted
         "mentions": (
-            TableDelta(mentions.column, mentions.values, _stamped(mentions.add, version))
+            TableDelta(mentions.column, mentions.values, stamped(mentions.add, version))
             if isinstance(mentions, TableDelta)
             else mentions
         ),
@@ -367,10 +376,14 @@ def assemble(
     return tables
 
 
-def _stamped(table: pa.Table, version: int) -> pa.Table:
-    return table.set_column(
-        table.schema.get_field_index("version"), "version", pa.array(np.full(table.num_rows, version, dtype=np.int64))
-    )
+def _relations(run: PipelineRun, layer0: pa.Table | SpilledTable, above: pa.Table) -> pa.Table | SpilledTable:
+    """The relations table: layer 0's, then those the method added above it. A build's layer 0 stays in its
+    spilled parts (stamped with the version when merged), the method's relations a part after them."""
+    from tasks.methods.graph_parts import with_above
+
+    if isinstance(layer0, SpilledTable):
+        return with_above(layer0, above, run.spill_dir / "relations-above.parquet", run.version)
+    return stamped(pa.concat_tables([layer0, above]), run.version)
 
 
 def _dedupe(rows: list[QuarantineRow]) -> list[QuarantineRow]:

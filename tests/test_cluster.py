@@ -158,7 +158,19 @@ class KillOnce(WorkerPlugin):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["batch_mentions", "merge_entities", "merge_relations", "check_part", "write_part"])
+@pytest.mark.parametrize(
+    "task",
+    [
+        "batch_mentions",
+        "merge_entities",
+        "merge_relations",
+        "sort_relations",
+        "communities_task",
+        "reports_task",
+        "check_part",
+        "write_part",
+    ],
+)
 def test_a_worker_killed_mid_stage_costs_a_retry_not_the_run(tmp_path, small_corpus, in_process, cluster, task):
     from distributed import Client
 

@@ -117,3 +117,15 @@ def test_merge_in_parts_equals_merge_whole(tmp_path):
     assert len(whole_entities) > 5 and whole_relations.num_rows > 5
     assert part_entities == whole_entities
     assert part_relations.equals(whole_relations)
+    # as tasks (merge_parts): the relations come back as ranges of source ids, sorted within each, that the run
+    # process never reads; in order they are the whole table
+    import polars as pl
+
+    from tasks.index.merge_parts import merge_spilled, range_bounds
+    from tasks.runtime.parallel import LocalMapper
+
+    task_entities, task_relations = merge_spilled(LocalMapper(), spilled, 12, order, tmp_path / "work")
+    assert len(task_relations.files) == len(spilled.files) and task_relations.num_rows == whole_relations.num_rows
+    assert task_entities == whole_entities and task_relations.read_all().equals(whole_relations)
+    assert range_bounds(pl.Series(list("jihgfedcba")), 3) == ["d", "g"]
+    assert range_bounds(pl.Series(["x", "x", "x"]), 3) == ["x"] and range_bounds(pl.Series([], dtype=pl.Utf8), 4) == []

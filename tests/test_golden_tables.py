@@ -38,6 +38,7 @@ def table_digests(index: Path, also_drop: tuple[str, ...] = ()) -> dict[str, str
     for name in SNAPSHOT_TABLES:
         table = cat.read(name, snap=snap)
         table = table.drop([c for c in {*VOLATILE.get(name, ()), *also_drop} if c in table.column_names])
+        table = table.combine_chunks()  # the rows, not how they lie in fragments (a spilled table writes several)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)

@@ -299,11 +299,16 @@ def relation_part(mentions, places, ids, max_description_tokens: int):
 def layer0_rows(entity: Any, relation: Any) -> tuple[list[dict[str, Any]], Any]:
     """Layer 0 from merged parts: entity rows (dicts, sorted by key) with their degrees, and the relations as an
     Arrow table sorted by endpoints. ``entity``: frames of ``entity_part``; ``relation``: of ``relation_part``."""
-    entity = entity.sort("key")
     relations = relation_frame(relation.sort("source_id", "target_id"))
-    degree = relation_degrees(relations)
+    return entity_rows(entity, relation_degrees(relations)), relations
+
+
+def entity_rows(entity: Any, degree: dict[str, int]) -> list[dict[str, Any]]:
+    """Layer-0 entity rows (dicts, sorted by key) of ``entity_part`` frames, with their ``degree`` (relations an
+    entity is an end of)."""
+    entity = entity.sort("key")
     shared: dict[str, str] = {}  # one string per chunk id across all entities (3.1M ids at 100k chunks: -190 MB)
-    entities = [
+    return [
         {
             "id": e["id"],
             "name": e["name"],
@@ -315,7 +320,6 @@ def layer0_rows(entity: Any, relation: Any) -> tuple[list[dict[str, Any]], Any]:
         }
         for e in entity.iter_rows(named=True)
     ]
-    return entities, relations
 
 
 def _mention_parts(mentions: Any, kind: str):
@@ -416,14 +420,15 @@ def _relation_part(rels, ids, max_description_tokens: int):
     )
 
 
-def relation_frame(frame):
-    """A polars frame with the relation columns as an Arrow table of the ``relations`` schema (version 0)."""
+def relation_frame(frame, version: int = 0):
+    """A polars frame with the relation columns as an Arrow table of the ``relations`` schema (stamped
+    ``version``)."""
     import polars as pl
 
     from schemas.tables import schema_for
 
     schema = schema_for("relations", 0)
-    return frame.with_columns(version=pl.lit(0, pl.Int64)).select(schema.names).to_arrow().cast(schema)
+    return frame.with_columns(version=pl.lit(version, pl.Int64)).select(schema.names).to_arrow().cast(schema)
 
 
 def relation_degrees(relations) -> dict[str, int]:

@@ -1,5 +1,5 @@
 """A build's merge as tasks on the cluster: one task per spilled part, reading it from the run's work folder and
-writing its merged part back there; the run process only assembles the results.
+writing its merged part back there; the run process holds the entity rows, never the relations.
 
 Extraction spills the mentions in parts split by a hash of their key (``tasks.store.spill``), so every mention of
 an entity, and every mention of a relation, is in one part. Merge is two rounds of tasks over those parts:
@@ -7,7 +7,11 @@ an entity, and every mention of a relation, is in one part. Merge is two rounds 
 1. entities: each task merges the entity mentions of one part (``merge.entity_part``) and writes them, with
    their ids, to ``entities-NNNNN.parquet``;
 2. relations: each task reads every entity part's (key, id) columns (a relation needs both endpoints) and merges
-   the relation mentions of one part (``merge.relation_part``) into ``relations-NNNNN.parquet``.
+   the relation mentions of one part (``merge.relation_part``) into ``relations-NNNNN.parquet``, its rows
+   grouped by the range of their source id (ranges of equal entity counts, a Parquet row group each);
+3. ranges: each task reads its range from every part's file and sorts it by endpoints into
+   ``layer0-relations-NNNNN.parquet``: the ranges in order are the relations table, which stays a spilled table
+   (the communities, reports, validation and publish read it part by part, on the workers).
 
 A task reads only its part and the chunk places (``places.parquet``: each chunk's rank in the corpus), and writes
 its output under a temporary name then renames it: a task retried on another worker (its worker was killed)
@@ -19,26 +23,32 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from schemas.tables import schema_for
 from tasks.index.merge import (
     ChunkOrder,
     corpus_places,
     entity_part,
+    entity_rows,
     graph_from_mentions,
-    layer0_rows,
     mention_frame,
+    relation_frame,
     relation_part,
 )
-from tasks.store.spill import SpilledTable
+from tasks.store.spill import SpilledTable, write_whole
 
 
-def merge_spilled(mapper: Any, mentions: SpilledTable, max_tokens: int, order: ChunkOrder, workdir: Path):
-    """Layer 0 (entity rows, relations table) of a build's spilled mentions, merged part by part on ``mapper``
-    (the run's Dask cluster, or in this process). ``workdir`` must be reachable by every worker."""
+def merge_spilled(
+    mapper: Any, mentions: SpilledTable, max_tokens: int, order: ChunkOrder, workdir: Path, version: int = 0
+):
+    """Layer 0 of a build's spilled mentions, merged part by part on ``mapper`` (the run's Dask cluster, or in
+    this process): the entity rows, and the relations as a ``SpilledTable`` of parts in endpoint order (stamped
+    ``version``), which this process never reads. ``workdir`` must be reachable by every worker."""
     import polars as pl
 
     if not mentions.files:
@@ -51,16 +61,31 @@ def merge_spilled(mapper: Any, mentions: SpilledTable, max_tokens: int, order: C
     entity_files = [str(workdir / f"entities-{i:05d}.parquet") for i in range(len(parts))]
     relation_files = [str(workdir / f"relations-{i:05d}.parquet") for i in range(len(parts))]
     mapper(merge_entities, list(zip(parts, entity_files)), places=places, max_tokens=max_tokens)
+    entity = pl.concat([pl.read_parquet(f) for f in entity_files])
+    bounds = range_bounds(entity.get_column("id"), len(parts))
     mapper(
         merge_relations,
         list(zip(parts, relation_files)),
         places=places,
         entity_files=entity_files,
         max_tokens=max_tokens,
+        bounds=bounds,
     )
-    entity = pl.concat([pl.read_parquet(f) for f in entity_files])
-    relation = pl.concat([pl.read_parquet(f) for f in relation_files])
-    return layer0_rows(entity, relation)
+    ranges = [
+        (b, str(workdir / f"layer0-relations-{b:05d}.parquet"), str(workdir / f"degrees-{b:05d}.parquet"))
+        for b in range(len(bounds) + 1)
+    ]
+    counts = mapper(sort_relations, ranges, files=relation_files, version=version)
+    degrees = pl.concat([pl.read_parquet(d) for _, _, d in ranges]).group_by("id").agg(pl.col("n").sum())
+    relations = SpilledTable([Path(f) for _, f, _ in ranges], schema_for("relations", 0), sum(counts))
+    return entity_rows(entity, dict(degrees.iter_rows())), relations
+
+
+def range_bounds(ids: Any, n: int) -> list[str]:
+    """At most ``n - 1`` ids cutting the sorted ``ids`` into ``n`` ranges of about equal size."""
+    ordered = ids.sort()
+    cuts = sorted({ordered[i * len(ordered) // n] for i in range(1, n)} if len(ordered) else set())
+    return cuts
 
 
 def merge_entities(job: tuple[str, str], places: str, max_tokens: int) -> int:
@@ -73,16 +98,44 @@ def merge_entities(job: tuple[str, str], places: str, max_tokens: int) -> int:
     return frame.height
 
 
-def merge_relations(job: tuple[str, str], places: str, entity_files: list[str], max_tokens: int) -> int:
+def merge_relations(
+    job: tuple[str, str], places: str, entity_files: list[str], max_tokens: int, bounds: list[str]
+) -> int:
     """One part's relations (a task): ``job`` = (mention part file, output file); the (key, id) of every entity
-    come from ``entity_files``. Returns their number."""
+    come from ``entity_files``. Written with their range of source ids (``bounds``), a row group per range.
+    Returns their number."""
     import polars as pl
 
     part, out = job
     ids = pl.concat([pl.read_parquet(f, columns=["key", "id"]) for f in entity_files])
     frame = relation_part(_mentions(part, "relation"), pl.read_parquet(places), ids, max_tokens)
-    _write(frame, out)
+    ranged = frame.with_columns(
+        range=pl.Series(bounds, dtype=pl.Utf8).search_sorted(frame.get_column("source_id"), side="right")
+    ).sort("range", maintain_order=True)
+    table, at = ranged.to_arrow(), ranged.get_column("range").to_numpy()
+    tmp = f"{out}.{os.getpid()}.tmp"
+    with pq.ParquetWriter(tmp, table.schema) as writer:
+        for r in np.unique(at):  # a row group per range: a range's task reads its own and skips the others
+            lo, hi = np.searchsorted(at, [r, r + 1])
+            writer.write_table(table.slice(int(lo), int(hi - lo)))
+    os.replace(tmp, out)
     return frame.height
+
+
+def sort_relations(job: tuple[int, str, str], files: list[str], version: int) -> int:
+    """One range of source ids (a task): its relations from every part's file, in endpoint order, as the
+    ``relations`` table's rows (``job`` = (range, output file, degrees file)); each entity's number of
+    relations in the range written beside them. Returns their number."""
+    import polars as pl
+
+    r, out, degrees_out = job
+    ranged = [pq.read_table(f, filters=[("range", "=", r)]) for f in files]
+    frame = cast(pl.DataFrame, pl.from_arrow(pa.concat_tables(ranged))).drop("range").sort("source_id", "target_id")
+    relations = relation_frame(frame, version)
+    ends = frame.select("source_id", "target_id").unpivot().group_by("value").len()
+    _write(ends.select(id=pl.col("value"), n=pl.col("len").cast(pl.Int64)), degrees_out)
+    write_whole(relations, out)
+    return relations.num_rows
 
 
 def _mentions(part: str, kind: str):
@@ -103,9 +156,7 @@ def _mentions(part: str, kind: str):
 
 
 def _write(frame, out: str) -> None:
-    tmp = f"{out}.{os.getpid()}.tmp"
-    frame.write_parquet(tmp)
-    os.replace(tmp, out)  # whole or not at all: a retried task writes the same file again
+    write_whole(frame.to_arrow(), out)
 
 
 def _host() -> str:

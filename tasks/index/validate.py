@@ -71,6 +71,25 @@ def _vector_columns(table: pa.Table) -> dict[str, np.ndarray]:
     return {"vector_dim": np.nan_to_num(dims.astype(float), nan=-1).astype(int), "vector_finite": finite}
 
 
+#: what ``_frame`` reads for a table's derived columns besides its suite's columns: (columns, reference sets)
+_DERIVED_INPUTS: dict[str, tuple[set[str], set[str]]] = {
+    "entities": ({"layer", "source_chunk_ids"}, {"chunks"}),
+    "relations": ({"source_chunk_ids"}, {"chunks"}),
+    "chunks": ({"status", "id"}, {"quarantine_items"}),
+    "communities": ({"entity_ids", "parent_id"}, {"entities", "communities"}),
+}
+
+
+def frame_inputs(name: str) -> tuple[set[str], set[str]]:
+    """The columns and the reference sets (``refs`` keys) that table ``name``'s frame reads beyond its suite's
+    columns: what a task validating one part of it must be given."""
+    from schemas.expectations import REFERENCES
+
+    columns, refs = _DERIVED_INPUTS.get(name, (set(), set()))
+    references = REFERENCES.get(name, {})
+    return columns | set(references), refs | set(references.values())
+
+
 def _frame(name: str, table: pa.Table, refs: dict[str, set[str]], columns: set[str]) -> pd.DataFrame:
     """The pandas frame a suite reads: the table's ``columns`` that are scalar, plus the derived columns."""
     from schemas.expectations import REFERENCES  # imports great-expectations: only when validating
@@ -237,7 +256,6 @@ def check_table(
     its unexpected rows counted and a sample; ``derived`` columns are added to every slice."""
     import great_expectations as gx
 
-    from schemas.expectations import REFERENCES
 
     columns = suite_columns(expectations)
     _, source = _context()
@@ -253,7 +271,7 @@ def check_table(
     for exp in expectations:
         suite.add_expectation(exp)
     failed: dict[tuple[str, str], dict[str, Any]] = {}
-    read = sorted(set(table.column_names) & (columns | set(REFERENCES.get(name, {}))))  # of a spilled table
+    read = sorted(set(table.column_names) & (columns | frame_inputs(name)[0]))  # of a spilled table
     for start, part in _slices(table, batch_rows, read):
         df = _frame(name, part, refs, columns)
         for column, values in derived.items():
@@ -306,12 +324,11 @@ def validate_spilled(
     workdir: Any,
 ) -> list[dict[str, Any]]:
     """The failures of table ``name``'s suite over the spilled ``table``, checked part by part on ``mapper``."""
-    from schemas.expectations import REFERENCES
 
     work = Path(workdir) / f"validate-{name}"
     work.mkdir(parents=True, exist_ok=True)
     ref_files = {}
-    for target in set(REFERENCES.get(name, {}).values()):
+    for target in sorted(frame_inputs(name)[1]):
         ref_files[target] = str(work / f"ids-{target}.parquet")
         pq.write_table(pa.table({"id": pa.array(sorted(refs[target]), pa.string())}), ref_files[target])
     n = len(table.files)
@@ -370,15 +387,15 @@ def check_part(
     import great_expectations as gx
     import numpy as np
 
-    from schemas.expectations import REFERENCES, suites
-    from tasks.store.spill import key_hash
+    from schemas.expectations import suites
+    from tasks.store.spill import key_hash, write_whole
 
     path, order, order_by, part = job
     unique = unique_columns(name, dim, kinds)
     unique_type = gx.expectations.ExpectColumnValuesToBeUnique
     expectations = [e for e in suites(dim, kinds)[name] if not isinstance(e, unique_type)]
     names = pq.read_schema(path).names
-    wanted = suite_columns(expectations) | set(REFERENCES.get(name, {})) | set(unique)
+    wanted = suite_columns(expectations) | frame_inputs(name)[0] | set(unique)
     # with what its canonical order reads (every column when it does not say)
     read = None if order is not None and order_by is None else [c for c in names if c in wanted | set(order_by or ())]
     table = pq.read_table(path, columns=read)
@@ -390,9 +407,7 @@ def check_part(
         bucket = key_hash(values) % np.uint64(buckets)
         for b in range(buckets):
             out = Path(workdir) / f"{column}-{b:05d}-{part:05d}.parquet"
-            tmp = out.with_suffix(f".{part}.tmp")
-            pq.write_table(pa.table({"v": values.filter(pa.array(bucket == b))}), tmp)
-            tmp.replace(out)  # whole or not at all: a retried task writes it again
+            write_whole(pa.table({"v": values.filter(pa.array(bucket == b))}), out)
     return failures
 
 

@@ -221,13 +221,14 @@ class ArchRAG:
         from tasks.store.rows import relation_table
 
         cfg = ctx.cfg
+        base = relation_table(layer0.relations)  # read whole: this method clusters over the whole graph at once
         with ctx.stage("hierarchy") as st:
             summarizer = summarizer_for(ctx, 1)
             ents, vecs, rels, stats, layers = st.run(
                 build_layers,
                 layer0.entities,
                 layer0.vectors,
-                layer0.relations,
+                base,
                 cfg.archrag,
                 cfg.seed,
                 summarizer,
@@ -244,7 +245,7 @@ class ArchRAG:
                 chnsw_links=len(links),
             )
         communities = bucket_communities(ents, rels)
-        entities, relations = layer0.entities + ents, pa.concat_tables([layer0.relations, relation_table(rels)])
+        entities, relations = layer0.entities + ents, pa.concat_tables([base, relation_table(rels)])
         reports, report_vecs, failures = write_reports(ctx, communities, entities, relations)
         return Hierarchy(
             ents, vecs, rels + links, communities, reports, report_vecs, stats, fallbacks(summarizer, failures)

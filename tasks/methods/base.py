@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from tasks.query.context import Context
     from tasks.query.view import IndexView
     from tasks.runtime.stages import Stage
+    from tasks.store.spill import SpilledTable
 
 
 @dataclass
@@ -32,7 +34,9 @@ class Layer0:
 
     entities: list[EntityRow]
     vectors: np.ndarray  # aligned with ``entities``
-    relations: pa.Table  # the ``relations`` schema (``tasks.store.rows.relation_table``): they outnumber all other rows
+    # the ``relations`` schema (``tasks.store.rows.relation_table``): they outnumber all other rows, and a build's
+    # stay in the parts merge wrote (a ``SpilledTable``, read on the workers: ``tasks.methods.graph_parts``)
+    relations: pa.Table | SpilledTable
     added: set[str] = field(default_factory=set)  # update: ids new since the previous snapshot
     removed: set[str] = field(default_factory=set)  # update: ids gone
     changed: set[str] = field(default_factory=set)  # update: ids whose name, type or description changed
@@ -60,6 +64,14 @@ class MethodContext(Protocol):
 
     cfg: StrataConfig
     llm: Any  # LiteLLMClient or None (offline)
+    mapper: Any  # where tasks run: the run's Dask cluster (``tasks.runtime.parallel.Mapper``)
+    version: int  # the snapshot the run writes
+    usage: Any  # the run's LLM usage (``Usage``): a task's own client adds its share
+    catalog: Any  # the index (its ``cache_dir`` holds the LLM response cache)
+
+    @property
+    def spill_dir(self) -> Path:  # the run's work folder, which every worker reaches
+        ...
 
     def stage(self, name: str, total: int | None = None) -> AbstractContextManager[Stage]: ...
     def embed(self, texts: list[str], progress: Callable[[int], None] | None = None) -> np.ndarray: ...

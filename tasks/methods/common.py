@@ -51,17 +51,21 @@ def report_vectors(ctx: MethodContext, st, reports: list[dict[str, Any]]) -> np.
     return st.run(ctx.embed, [report_text(r["title"], r["summary"]) for r in reports])
 
 
-def write_reports(
-    ctx: MethodContext, communities: list[dict[str, Any]], entities: list[dict[str, Any]], relations: pa.Table
-):
+def write_reports(ctx: MethodContext, communities: list[dict[str, Any]], entities: list[dict[str, Any]], relations):
     """Stage ``reports`` of a build: a report per community, and its vector. Returns (reports, their vectors,
-    LLM failures)."""
+    LLM failures). Spilled ``relations`` (a build's, ``tasks.methods.graph_parts``) are read by one task on the
+    run's cluster, never by this process."""
+    from tasks.methods.graph_parts import reports_on_cluster
     from tasks.methods.reports import build_reports
+    from tasks.store.spill import SpilledTable
 
     with ctx.stage("reports", len(communities)) as st:
-        reports, failures = st.run(
-            build_reports, communities, entities, relations, ctx.cfg.communities.report_max_tokens, ctx.llm
-        )
+        if isinstance(relations, SpilledTable):
+            reports, failures = st.run(reports_on_cluster, ctx, communities, entities, relations)
+        else:
+            reports, failures = st.run(
+                build_reports, communities, entities, relations, ctx.cfg.communities.report_max_tokens, ctx.llm
+            )
         vectors = report_vectors(ctx, st, reports)
         st.advance(len(reports))
         st.done(f"{len(reports)} reports", reports=len(reports))

@@ -237,6 +237,7 @@ class HyGRAG:
     def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
 
         cfg = ctx.cfg
+        base = relation_table(layer0.relations)  # read whole: this method clusters over the whole graph at once
         with ctx.stage("hierarchy") as st:
             summarizer = summarizer_for(ctx, 1, **_synthesis())
             chunk_vectors = layer0.chunk_vectors if layer0.chunk_vectors is not None else np.zeros((0, 0), np.float32)
@@ -244,7 +245,7 @@ class HyGRAG:
                 build_layers,
                 layer0.entities,
                 layer0.vectors,
-                layer0.relations,
+                base,
                 layer0.chunks,
                 chunk_vectors,
                 cfg.hygrag,
@@ -260,7 +261,7 @@ class HyGRAG:
                 communities=len(communities),
             )
         rels = relation_table(rels)
-        entities, relations = layer0.entities + ents, pa.concat_tables([layer0.relations, rels])
+        entities, relations = layer0.entities + ents, pa.concat_tables([base, rels])
         reports, report_vecs, failures = write_reports(ctx, communities, entities, relations)
         return Hierarchy(ents, vecs, rels, communities, reports, report_vecs, layers, fallbacks(summarizer, failures))
 

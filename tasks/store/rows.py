@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from schemas.tables import schema_for
-from tasks.store.spill import plain_schema
+from tasks.store.spill import SpilledTable, plain_schema
 
 
 def rows_to_table(
@@ -56,13 +56,24 @@ def to_table(name: str, rows: Sequence[Mapping[str, Any]], dim: int, version: in
     return table.append_column(schema.field("vector"), column).select(schema.names)
 
 
-def relation_table(relations: pa.Table | Sequence[Mapping[str, Any]]) -> pa.Table:
-    """Relations as an Arrow table of the ``relations`` schema: a table passes through, rows are converted (the
-    ``version`` stamp is 0 until the run stamps the snapshot's). Relations outnumber every other row of a
-    graph by far, so the pipeline holds them in this form, never as a dict per relation."""
+def relation_table(relations: Any) -> pa.Table:
+    """Relations as an Arrow table of the ``relations`` schema: a table passes through, a spilled one is read
+    whole, rows are converted (the ``version`` stamp is 0 until the run stamps the snapshot's). Relations
+    outnumber every other row of a graph by far, so the pipeline holds them in this form, never as a dict per
+    relation (and a build keeps layer 0's spilled: only a method that needs them all at once reads them here)."""
     if isinstance(relations, pa.Table):
         return relations
+    if isinstance(relations, SpilledTable):
+        return relations.read_all()
     return to_table("relations", relations, 0, 0)
+
+
+def stamped(table: pa.Table, version: int) -> pa.Table:
+    """``table`` with every row's ``version`` set to the snapshot's."""
+    import numpy as np
+
+    at = table.schema.get_field_index("version")
+    return table.set_column(at, "version", pa.array(np.full(table.num_rows, version, dtype=np.int64)))
 
 
 def plain_rows(table: pa.Table) -> list[dict[str, Any]]:

@@ -41,6 +41,16 @@ def plain_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in schema])
 
 
+def write_whole(table: pa.Table, out: str | Path) -> None:
+    """``table`` as the Parquet file ``out``, whole or not at all (written under a temporary name, then renamed):
+    a task retried after its worker died writes the same file again."""
+    import os
+
+    tmp = f"{out}.{os.getpid()}.tmp"
+    pq.write_table(table, tmp)
+    os.replace(tmp, out)
+
+
 class SpillWriter:
     """Appends tables to ``n_parts`` Parquet files under ``directory``, a row going to part
     ``hash(row[by]) % n_parts``; ``close()`` gives the ``SpilledTable``."""

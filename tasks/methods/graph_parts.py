@@ -1,0 +1,144 @@
+"""The communities and reports of a build whose relations stay spilled (``tasks.index.merge_parts``): each one task
+on the run's cluster (a Dask worker, or this process without one) that reads the relation parts from the run's
+work folder and writes its rows there, so the run process never holds the relations.
+
+Leiden needs the whole graph at once, so communities are one task over an edge list of (source, target, weight)
+read from the parts (``communities.graph_edges``: ~300 bytes an edge with Leiden's own; docs/benchmarks.md, "Past
+one machine"). Reports are one task too: a report reads the relations between its community's members, across
+every level (bottom-up: a parent's report rolls up its children's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tasks.store.rows import stamped
+from tasks.store.spill import SpilledTable, write_whole
+
+#: what the reports read of a relation (``reports.RelationIndex``)
+REPORT_COLUMNS = ["id", "source_id", "target_id", "kind", "description", "weight"]
+#: what a report reads of an entity
+ENTITY_COLUMNS = ("id", "name", "type", "description", "layer")
+
+
+def with_above(base: SpilledTable, above: pa.Table, path: Path, version: int) -> SpilledTable:
+    """A spilled layer 0's relations with those a method added above it (stamped ``version``) as a last part."""
+    if not above.num_rows:
+        return base
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(stamped(above.cast(base.schema), version), path)
+    return SpilledTable([*base.files, path], base.schema, base.num_rows + above.num_rows)
+
+
+def communities_on_cluster(ctx: Any, entity_ids: list[str], relations: SpilledTable) -> list[dict[str, Any]]:
+    """``communities.detect_communities`` over spilled ``relations``, as one task on the run's mapper (the
+    community settings of ``ctx.cfg``)."""
+    cfg, work = ctx.cfg.communities, _work(ctx)
+    ids, out = work / "entity-ids.parquet", work / "communities.parquet"
+    pq.write_table(pa.table({"id": pa.array(entity_ids, pa.string())}), ids)
+    ctx.mapper(
+        communities_task,
+        [str(out)],
+        files=[str(f) for f in relations.files],
+        ids=str(ids),
+        max_cluster_size=cfg.max_cluster_size,
+        seed=ctx.cfg.seed,
+        resolution=cfg.resolution,
+    )
+    return pq.read_table(out).to_pylist()
+
+
+def communities_task(out: str, files: list[str], ids: str, max_cluster_size: int, seed: int, resolution: float) -> int:
+    """The communities of the graph whose relations are ``files`` (a task); written to ``out``, their number
+    returned."""
+    from tasks.methods.hirag.communities import detect_communities
+
+    edges = pa.concat_tables([pq.read_table(f, columns=["source_id", "target_id", "weight"]) for f in files])
+    rows = detect_communities(pq.read_table(ids).column("id").to_pylist(), edges, max_cluster_size, seed, resolution)
+    del edges
+    write_whole(pa.Table.from_pylist(rows, schema=COMMUNITY_SCHEMA), out)
+    return len(rows)
+
+
+COMMUNITY_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("level", pa.int64()),
+        ("parent_id", pa.string()),
+        ("entity_ids", pa.list_(pa.string())),
+        ("size", pa.int64()),
+    ]
+)
+
+
+def reports_on_cluster(
+    ctx: Any, communities: list[dict[str, Any]], entities: list[dict[str, Any]], relations: SpilledTable
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """``reports.build_reports`` over spilled ``relations``, as one task on the run's mapper (with an LLM, the
+    task's own client: same settings and response cache; its usage added to the run's)."""
+    from tasks.runtime.llm_client import Usage
+
+    work = _work(ctx)
+    comms, ents, out = work / "report-communities.parquet", work / "report-entities.parquet", work / "reports.parquet"
+    pq.write_table(pa.Table.from_pylist(communities, schema=COMMUNITY_SCHEMA), comms)
+    pq.write_table(
+        pa.table({c: [e[c] for e in entities] for c in ENTITY_COLUMNS}),
+        ents,
+    )
+    [(failures, usage)] = ctx.mapper(
+        reports_task,
+        [str(out)],
+        files=[str(f) for f in relations.files],
+        communities=str(comms),
+        entities=str(ents),
+        budget=ctx.cfg.communities.report_max_tokens,
+        llm=ctx.cfg.llm if ctx.llm is not None else None,
+        cache_dir=str(ctx.catalog.cache_dir),
+    )
+    ctx.usage.add(Usage(**usage))
+    return pq.read_table(out).to_pylist(), failures
+
+
+def reports_task(
+    out: str, files: list[str], communities: str, entities: str, budget: int, llm: Any, cache_dir: str
+) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """A report per community of ``communities`` (a task), from the relations in ``files``; written to ``out``.
+    Returns the LLM failures (offline reports kept) and the LLM usage."""
+    from tasks.index.extract_llm import _client
+    from tasks.methods.reports import build_reports
+    from tasks.runtime.llm_client import usage_scope
+
+    relations = pa.concat_tables([pq.read_table(f, columns=REPORT_COLUMNS) for f in files])
+    client = _client(llm, cache_dir, 1) if llm is not None else None
+    with usage_scope() as usage:
+        reports, failures = build_reports(
+            pq.read_table(communities).to_pylist(), pq.read_table(entities).to_pylist(), relations, budget, client
+        )
+    del relations
+    write_whole(pa.Table.from_pylist(reports, schema=REPORT_SCHEMA), out)
+    return failures, asdict(usage)
+
+
+REPORT_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("community_id", pa.string()),
+        ("level", pa.int64()),
+        ("title", pa.string()),
+        ("summary", pa.string()),
+        ("rating", pa.float64()),
+        ("findings", pa.list_(pa.string())),
+        ("full_text", pa.string()),
+    ]
+)
+
+
+def _work(ctx: Any) -> Path:
+    work = Path(ctx.spill_dir) / "graph"
+    work.mkdir(parents=True, exist_ok=True)
+    return work
