@@ -77,7 +77,8 @@ def merge_spilled(
     ]
     counts = mapper(sort_relations, ranges, files=relation_files, version=version)
     degrees = pl.concat([pl.read_parquet(d) for _, _, d in ranges]).group_by("id").agg(pl.col("n").sum())
-    relations = SpilledTable([Path(f) for _, f, _ in ranges], schema_for("relations", 0), sum(counts))
+    files = [Path(f) for (_, f, _), n in zip(ranges, counts) if n]  # a range may hold no relation
+    relations = SpilledTable(files, schema_for("relations", 0), sum(counts))
     return entity_rows(entity, dict(degrees.iter_rows())), relations
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -254,8 +255,22 @@ def check_table(
 ) -> list[dict[str, Any]]:
     """The failures of ``expectations`` over ``table`` (slice by slice), one entry per expectation and column with
     its unexpected rows counted and a sample; ``derived`` columns are added to every slice."""
-    import great_expectations as gx
+    with _GX:  # great-expectations' context is one per process, not thread-safe (a threaded Dask worker)
+        return _check_table(name, table, expectations, derived, refs, batch_rows)
 
+
+_GX = threading.Lock()
+
+
+def _check_table(
+    name: str,
+    table: Any,
+    expectations: list[Any],
+    derived: dict[str, np.ndarray],
+    refs: dict[str, set[str]],
+    batch_rows: int,
+) -> list[dict[str, Any]]:
+    import great_expectations as gx
 
     columns = suite_columns(expectations)
     _, source = _context()
@@ -401,7 +416,7 @@ def check_part(
     table = pq.read_table(path, columns=read)
     table = order(table) if order is not None else table
     ids = {target: set(pq.read_table(f).column("id").to_pylist()) for target, f in refs.items()}
-    failures = check_table(name, table, expectations, {}, ids, batch_rows)
+    failures = check_table(name, table, expectations, {}, ids, batch_rows) if table.num_rows else []
     for column in unique:
         values = table.column(column)
         bucket = key_hash(values) % np.uint64(buckets)

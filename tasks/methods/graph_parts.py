@@ -58,7 +58,7 @@ def communities_task(out: str, files: list[str], ids: str, max_cluster_size: int
     returned."""
     from tasks.methods.hirag.communities import detect_communities
 
-    edges = pa.concat_tables([pq.read_table(f, columns=["source_id", "target_id", "weight"]) for f in files])
+    edges = _read(files, ["source_id", "target_id", "weight"])
     rows = detect_communities(pq.read_table(ids).column("id").to_pylist(), edges, max_cluster_size, seed, resolution)
     del edges
     write_whole(pa.Table.from_pylist(rows, schema=COMMUNITY_SCHEMA), out)
@@ -113,7 +113,7 @@ def reports_task(
     from tasks.methods.reports import build_reports
     from tasks.runtime.llm_client import usage_scope
 
-    relations = pa.concat_tables([pq.read_table(f, columns=REPORT_COLUMNS) for f in files])
+    relations = _read(files, REPORT_COLUMNS)
     client = _client(llm, cache_dir, 1) if llm is not None else None
     with usage_scope() as usage:
         reports, failures = build_reports(
@@ -142,3 +142,10 @@ def _work(ctx: Any) -> Path:
     work = Path(ctx.spill_dir) / "graph"
     work.mkdir(parents=True, exist_ok=True)
     return work
+
+
+def _read(files: list[str], columns: list[str]) -> pa.Table:
+    from schemas.tables import schema_for
+
+    empty = schema_for("relations", 0).empty_table().select(columns)
+    return pa.concat_tables([empty, *(pq.read_table(f, columns=columns) for f in files)])
