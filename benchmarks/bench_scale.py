@@ -422,11 +422,16 @@ def main() -> None:
     )
     ap.add_argument("--workers", type=int, default=2, help="workers of the external cluster")
     ap.add_argument("--worker-memory", default="3GiB", help="each external worker's --memory-limit")
+    ap.add_argument(
+        "--no-baseline", action="store_true", help="external cluster: skip the direct in-process build at the first size"
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     results = []
     external = (
-        {"workers": args.workers, "memory": args.worker_memory, "direct": True} if args.cluster == "external" else None
+        {"workers": args.workers, "memory": args.worker_memory, "direct": not args.no_baseline}
+        if args.cluster == "external"
+        else None
     )
     for n in args.sizes:
         results.append(one_size(n, args.work, args.seed, args.flow, external))

@@ -40,7 +40,7 @@ from tasks.index.merge import (
     relation_frame,
     relation_part,
 )
-from tasks.store.spill import SpilledTable, write_whole
+from tasks.store.spill import SpilledTable, read_part, write_whole
 
 
 def merge_spilled(
@@ -148,11 +148,7 @@ def _mentions(part: str, kind: str):
             "location; every worker must reach it at the same path (run the workers where the index is, or "
             "mount it at the same path on theirs)"
         )
-    schema = pq.read_schema(part)
-    dictionary = [n for n in MENTION_COLUMNS if n != "id" and pa.types.is_string(schema.field(n).type)]
-    table = pq.read_table(
-        part, columns=list(MENTION_COLUMNS), read_dictionary=dictionary, filters=[("kind", "=", kind)]
-    )
+    table = read_part(part, columns=list(MENTION_COLUMNS), where=("kind", kind), encoded=True)
     return mention_frame(table)
 
 

@@ -403,18 +403,14 @@ def check_part(
     import numpy as np
 
     from schemas.expectations import suites
-    from tasks.store.spill import key_hash, write_whole
+    from tasks.store.spill import key_hash, read_part, write_whole
 
     path, order, order_by, part = job
     unique = unique_columns(name, dim, kinds)
     unique_type = gx.expectations.ExpectColumnValuesToBeUnique
     expectations = [e for e in suites(dim, kinds)[name] if not isinstance(e, unique_type)]
-    names = pq.read_schema(path).names
     wanted = suite_columns(expectations) | frame_inputs(name)[0] | set(unique)
-    # with what its canonical order reads (every column when it does not say)
-    read = None if order is not None and order_by is None else [c for c in names if c in wanted | set(order_by or ())]
-    table = pq.read_table(path, columns=read)
-    table = order(table) if order is not None else table
+    table = read_part(path, order, order_by, [c for c in pq.read_schema(path).names if c in wanted])
     ids = {target: set(pq.read_table(f).column("id").to_pylist()) for target, f in refs.items()}
     failures = check_table(name, table, expectations, {}, ids, batch_rows) if table.num_rows else []
     for column in unique:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tasks.store.spill import SpilledTable
+from tasks.store.spill import SpilledTable, read_part
 
 
 def write_spilled(
@@ -43,14 +43,12 @@ def write_part(
 ) -> list[Any]:
     """One spilled part, in its canonical order, as Lance fragment files of the table (a task); their metadata.
     A task retried after its worker died writes new files; those of the lost attempt stay unreferenced."""
-    import pyarrow.parquet as pq
     from lance.fragment import write_fragments
 
     from tasks.store.rows import WRITE_BATCH_ROWS
 
     path, order = part
-    table = pq.read_table(path)
-    table = (order(table) if order is not None else table).cast(schema)
+    table = read_part(path, order).cast(schema)
     reader = pa.RecordBatchReader.from_batches(schema, table.to_batches(max_chunksize=WRITE_BATCH_ROWS))
     reach = options if options is not None else _options(index_uri)
     return write_fragments(reader, table_uri, schema=schema, storage_options=reach)

@@ -51,6 +51,29 @@ def write_whole(table: pa.Table, out: str | Path) -> None:
     os.replace(tmp, out)
 
 
+def read_part(
+    path: str | Path,
+    order: Callable[[pa.Table], pa.Table] | None = None,
+    order_by: tuple[str, ...] | None = None,
+    columns: list[str] | None = None,
+    where: tuple[str, str] | None = None,
+    encoded: bool = False,
+) -> pa.Table:
+    """One part file (what a task reads of a spilled table): ``columns`` only (None: all), rows with ``where`` =
+    (column, value) only, in the canonical ``order`` (a function of the columns ``order_by``; None: of all of
+    them) when one is given; ``encoded``: string columns but ``id`` dictionary encoded (a sentence that
+    describes five mentions is held once)."""
+    schema = pq.read_schema(path)
+    names = columns or schema.names
+    dictionary = [f.name for f in schema if encoded and f.name != "id" and pa.types.is_string(f.type)]
+    # with what the order reads (every column when it does not say)
+    read = names if order is None else None if order_by is None else list(dict.fromkeys([*names, *order_by]))
+    table = pq.read_table(
+        path, columns=read, read_dictionary=dictionary, filters=[(where[0], "=", where[1])] if where else None
+    )
+    return order(table).select(names) if order is not None else table
+
+
 class SpillWriter:
     """Appends tables to ``n_parts`` Parquet files under ``directory``, a row going to part
     ``hash(row[by]) % n_parts``; ``close()`` gives the ``SpilledTable``."""
@@ -133,19 +156,8 @@ class SpilledTable:
         """Each part as one table: ``columns`` only, rows with ``where`` = (column, value) only, in the canonical
         order unless not ``ordered``; ``encoded``: string columns but ``id`` dictionary encoded (a sentence that
         describes five mentions is held once)."""
-        columns = columns or self.schema.names
-        ordering = self.order is not None and ordered
-        dictionary = [f.name for f in self.schema if encoded and f.name != "id" and pa.types.is_string(f.type)]
-        if not ordering:
-            read: list[str] | None = columns
-        else:  # with what the order reads (all columns when it does not say)
-            read = None if self.order_by is None else list(dict.fromkeys([*columns, *self.order_by]))
         for f in self.files:
-            table = pq.read_table(
-                f, columns=read, read_dictionary=dictionary, filters=[(where[0], "=", where[1])] if where else None
-            )
-            yield self.order(table).select(columns) if ordering and self.order is not None else table
-            del table
+            yield read_part(f, self.order if ordered else None, self.order_by, columns, where, encoded)
             pa.default_memory_pool().release_unused()  # a part's buffers, before the next part is read
 
     def reader(self, batch_rows: int = 65_536) -> pa.RecordBatchReader:
