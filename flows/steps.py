@@ -330,7 +330,10 @@ def _embed_layer0(run: PipelineRun, layer0: Layer0, entity_texts: list[str], chu
 def assemble(
     run: PipelineRun, delta: Delta, documents, chunks, chunk_vectors, layer0: Layer0, hierarchy: Hierarchy, mentions
 ) -> dict[str, pa.Table]:
-    """Every table of the new snapshot (kept rows of the previous one first, then what this run made)."""
+    """Every table of the new snapshot (kept rows of the previous one first, then what this run made); a build's
+    relations stay spilled."""
+    from tasks.methods.graph_parts import with_above
+
     dim, version = (run.snap or {}).get("dim") or run.embedder.dim, run.version
     old_chunks = run.previous("chunks")
     keep = [c not in delta.gone_chunks for c in old_chunks.column("id").to_pylist()]
@@ -357,7 +360,9 @@ def assemble(
             version,
             np.concatenate([layer0.vectors.reshape(-1, dim), hierarchy.vectors.reshape(-1, dim)]),
         ),
-        "relations": _relations(run, layer0.relations, relation_table(hierarchy.relations)),
+        "relations": with_above(
+            layer0.relations, relation_table(hierarchy.relations), run.spill_dir / "relations-above.parquet", version
+        ),
         "layers": to_table("layers", hierarchy.layers or [], dim, version),
         "communities": to_table("communities", hierarchy.communities, dim, version),
         "community_reports": to_table(
@@ -374,16 +379,6 @@ def assemble(
     if hierarchy.layers is None:  # the previous snapshot's layer statistics still hold
         del tables["layers"]
     return tables
-
-
-def _relations(run: PipelineRun, layer0: pa.Table | SpilledTable, above: pa.Table) -> pa.Table | SpilledTable:
-    """The relations table: layer 0's, then those the method added above it. A build's layer 0 stays in its
-    spilled parts (stamped with the version when merged), the method's relations a part after them."""
-    from tasks.methods.graph_parts import with_above
-
-    if isinstance(layer0, SpilledTable):
-        return with_above(layer0, above, run.spill_dir / "relations-above.parquet", run.version)
-    return stamped(pa.concat_tables([layer0, above]), run.version)
 
 
 def _dedupe(rows: list[QuarantineRow]) -> list[QuarantineRow]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -83,3 +84,18 @@ def test_gc_removes_the_fragments_of_a_run_killed_before_its_commit(tmp_path):
     assert res.exit_code == 0, res.output
     assert not orphans & set(data.iterdir())
     assert Catalog(tmp_path / "idx").read("entities").column("name").to_pylist()[0] == "Scrooge-2"
+
+
+def test_gc_removes_unreferenced_files_only_under_a_real_writer_lock():
+    """Files no version references are removed only where gc holds a lock that keeps writers out: not on object
+    storage with ``storage.writer_lock = "off"``, where they may be a running build's fragments before its commit."""
+    from types import SimpleNamespace
+
+    from tasks.store.gc import lock_held
+
+    def store(lock: str) -> SimpleNamespace:
+        return SimpleNamespace(writer_lock=lock)
+
+    assert lock_held(SimpleNamespace(root=Path("/idx"), storage=store("off")))  # a folder: the fcntl lock
+    assert lock_held(SimpleNamespace(root=None, storage=store("auto")))
+    assert not lock_held(SimpleNamespace(root=None, storage=store("off")))

@@ -26,13 +26,27 @@ REPORT_COLUMNS = ["id", "source_id", "target_id", "kind", "description", "weight
 ENTITY_COLUMNS = ("id", "name", "type", "description", "layer")
 
 
-def with_above(base: SpilledTable, above: pa.Table, path: Path, version: int) -> SpilledTable:
-    """A spilled layer 0's relations with those a method added above it (stamped ``version``) as a last part."""
+def with_above(base: pa.Table | SpilledTable, above: pa.Table, path: Path, version: int) -> pa.Table | SpilledTable:
+    """Layer 0's relations, then those a method added above it, stamped ``version``: a table as one table; a
+    build's spilled relations with the method's as a last part (written to ``path``)."""
+    if not isinstance(base, SpilledTable):
+        return stamped(pa.concat_tables([base, above]), version)
     if not above.num_rows:
         return base
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(stamped(above.cast(base.schema), version), path)
     return SpilledTable([*base.files, path], base.schema, base.num_rows + above.num_rows)
+
+
+def find_communities(ctx: Any, entity_ids: list[str], relations: pa.Table | SpilledTable) -> list[dict[str, Any]]:
+    """``communities.detect_communities`` with the run's settings: in this process over a table, as one task on
+    the run's cluster over spilled relations."""
+    from tasks.methods.hirag.communities import detect_communities
+
+    if isinstance(relations, SpilledTable):
+        return communities_on_cluster(ctx, entity_ids, relations)
+    cfg = ctx.cfg.communities
+    return detect_communities(entity_ids, relations, cfg.max_cluster_size, ctx.cfg.seed, cfg.resolution)
 
 
 def communities_on_cluster(ctx: Any, entity_ids: list[str], relations: SpilledTable) -> list[dict[str, Any]]:

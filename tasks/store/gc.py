@@ -10,6 +10,12 @@ from schemas.tables import LOG_TABLES, SNAPSHOT_TABLES, SNAPSHOTS
 from tasks.errors import UsageError
 
 
+def lock_held(cat: Any) -> bool:
+    """Whether gc runs under a real writer lock: not on object storage with ``storage.writer_lock = "off"``, where
+    a writer may be committing fragments that no version references yet (those wait for Lance's week)."""
+    return cat.root is not None or cat.storage.writer_lock != "off"
+
+
 def collect_garbage(cat: Any, keep: int) -> dict[str, Any]:
     """Keep the newest ``keep`` snapshots; drop the older ones and every table version older than the oldest
     version a kept snapshot pins (a pinned version is never removed; Lance keeps each table's latest). The log
@@ -42,9 +48,9 @@ def collect_garbage(cat: Any, keep: int) -> dict[str, Any]:
         if not pinned or not cat.has_table(name):
             continue
         stamps = {v["version"]: v["timestamp"] for v in cat.db.open_table(name).list_versions()}
-        # gc holds the writer lock: no write is in progress, so the files no version references (the
-        # fragments of a run killed before its commit) go too, not only those a week old (Lance's default)
-        cleanup(name, stamps[min(pinned)], unverified=True)
+        # under the writer lock no write is in progress, so the files no version references (the fragments of a
+        # run killed before its commit) go too, not only those a week old (Lance's default)
+        cleanup(name, stamps[min(pinned)], unverified=lock_held(cat))
     for name in (SNAPSHOTS, *LOG_TABLES):
         if cat.has_table(name):
             cleanup(name, kept[0]["created_at"])

@@ -3,17 +3,12 @@ layers and bottom-up reports; updates attach new entities HyGRAG-style and refre
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import Any
-
 import numpy as np
 import pyarrow as pa
 
 from tasks.methods.base import Hierarchy, Layer0, MethodContext
 from tasks.methods.common import attach_stage, fallbacks, rewrite_reports, summarizer_for, write_reports
 from tasks.store.rows import plain_rows, relation_table
-from tasks.store.spill import SpilledTable
 
 
 class HiRAG:
@@ -36,17 +31,10 @@ class HiRAG:
         fill_levels(view, ctx, scores, budgets, cfg)
 
     def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
-        from tasks.methods.graph_parts import communities_on_cluster, with_above
-        from tasks.methods.hirag.communities import detect_communities
+        from tasks.methods.graph_parts import find_communities, with_above
         from tasks.methods.hirag.hierarchy import build_hierarchy
 
         cfg = ctx.cfg
-
-        def detect(ids: list[str], relations: pa.Table) -> list[dict[str, Any]]:
-            return detect_communities(
-                ids, relations, cfg.communities.max_cluster_size, cfg.seed, cfg.communities.resolution
-            )
-
         with ctx.stage("hierarchy") as st:
             summarizer = summarizer_for(ctx, cfg.hierarchy.summaries_per_cluster)
             ents, vecs, rels, layers = st.run(
@@ -68,15 +56,10 @@ class HiRAG:
             )
         rels = relation_table(rels)  # 120k summary_of links at 100k chunks: 180 MB as dicts, 30 MB as Arrow
         entities = layer0.entities + ents
-        if isinstance(layer0.relations, SpilledTable):  # a build's: Leiden and the reports are tasks that read them
-            relations: pa.Table | SpilledTable = with_above(
-                layer0.relations, rels, ctx.spill_dir / "relations-above.parquet", ctx.version
-            )
-            find: Callable[..., list[dict[str, Any]]] = functools.partial(communities_on_cluster, ctx)
-        else:
-            relations, find = pa.concat_tables([layer0.relations, rels]), detect
+        # a build's relations stay spilled: Leiden and the reports are then tasks on the cluster that read them
+        relations = with_above(layer0.relations, rels, ctx.spill_dir / "relations-above.parquet", ctx.version)
         with ctx.stage("communities") as st:
-            communities = st.run(find, [e["id"] for e in entities], relations)
+            communities = st.run(find_communities, ctx, [e["id"] for e in entities], relations)
             st.done(
                 f"{len(communities)} communities",
                 communities=len(communities),
