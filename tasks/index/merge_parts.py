@@ -85,8 +85,7 @@ def merge_spilled(
 def range_bounds(ids: Any, n: int) -> list[str]:
     """At most ``n - 1`` ids cutting the sorted ``ids`` into ``n`` ranges of about equal size."""
     ordered = ids.sort()
-    cuts = sorted({ordered[i * len(ordered) // n] for i in range(1, n)} if len(ordered) else set())
-    return cuts
+    return sorted({ordered[i * len(ordered) // n] for i in range(1, n)} if len(ordered) else set())
 
 
 def merge_entities(job: tuple[str, str], places: str, max_tokens: int) -> int:
