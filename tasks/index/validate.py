@@ -245,6 +245,9 @@ def validate_tables(
     return report
 
 
+_GX = threading.Lock()
+
+
 def check_table(
     name: str,
     table: Any,
@@ -255,59 +258,45 @@ def check_table(
 ) -> list[dict[str, Any]]:
     """The failures of ``expectations`` over ``table`` (slice by slice), one entry per expectation and column with
     its unexpected rows counted and a sample; ``derived`` columns are added to every slice."""
-    with _GX:  # great-expectations' context is one per process, not thread-safe (a threaded Dask worker)
-        return _check_table(name, table, expectations, derived, refs, batch_rows)
-
-
-_GX = threading.Lock()
-
-
-def _check_table(
-    name: str,
-    table: Any,
-    expectations: list[Any],
-    derived: dict[str, np.ndarray],
-    refs: dict[str, set[str]],
-    batch_rows: int,
-) -> list[dict[str, Any]]:
     import great_expectations as gx
 
-    columns = suite_columns(expectations)
-    _, source = _context()
-    try:
-        asset = source.get_asset(name)
-    except LookupError:
-        asset = source.add_dataframe_asset(name=name)
-    try:
-        batch_def = asset.get_batch_definition("all")
-    except (KeyError, LookupError):
-        batch_def = asset.add_batch_definition_whole_dataframe("all")
-    suite = gx.ExpectationSuite(name=f"strata-{name}")
-    for exp in expectations:
-        suite.add_expectation(exp)
-    failed: dict[tuple[str, str], dict[str, Any]] = {}
-    read = sorted(set(table.column_names) & (columns | frame_inputs(name)[0]))  # of a spilled table
-    for start, part in _slices(table, batch_rows, read):
-        df = _frame(name, part, refs, columns)
-        for column, values in derived.items():
-            df[column] = values[start : start + part.num_rows]
-        result = batch_def.get_batch(batch_parameters={"dataframe": df}).validate(suite)
-        for r in result.results:
-            if r.success:
-                continue
-            kw = r.expectation_config.kwargs
-            column = kw.get("column") or f"{kw.get('column_A')},{kw.get('column_B')}"
-            kind = r.expectation_config.type
-            sample = (r.result.get("partial_unexpected_list") or [])[:3]
-            if column in derived:  # reported as the uniqueness expectation it stands for, with repeated values
-                kind, column = "expect_column_values_to_be_unique", column.removesuffix("_unique")
-                sample = table.column(column).filter(pa.array(~derived[f"{column}_unique"])).to_pylist()[:3]
-            entry = failed.setdefault(
-                (kind, column),
-                {"table": name, "expectation": kind, "column": column, "unexpected_count": 0, "sample": sample},
-            )
-            entry["unexpected_count"] += r.result.get("unexpected_count") or 0
-    return list(failed.values())
+    with _GX:  # great-expectations' context is one per process, not thread-safe (a threaded Dask worker)
+        columns = suite_columns(expectations)
+        _, source = _context()
+        try:
+            asset = source.get_asset(name)
+        except LookupError:
+            asset = source.add_dataframe_asset(name=name)
+        try:
+            batch_def = asset.get_batch_definition("all")
+        except (KeyError, LookupError):
+            batch_def = asset.add_batch_definition_whole_dataframe("all")
+        suite = gx.ExpectationSuite(name=f"strata-{name}")
+        for exp in expectations:
+            suite.add_expectation(exp)
+        failed: dict[tuple[str, str], dict[str, Any]] = {}
+        read = sorted(set(table.column_names) & (columns | frame_inputs(name)[0]))  # of a spilled table
+        for start, part in _slices(table, batch_rows, read):
+            df = _frame(name, part, refs, columns)
+            for column, values in derived.items():
+                df[column] = values[start : start + part.num_rows]
+            result = batch_def.get_batch(batch_parameters={"dataframe": df}).validate(suite)
+            for r in result.results:
+                if r.success:
+                    continue
+                kw = r.expectation_config.kwargs
+                column = kw.get("column") or f"{kw.get('column_A')},{kw.get('column_B')}"
+                kind = r.expectation_config.type
+                sample = (r.result.get("partial_unexpected_list") or [])[:3]
+                if column in derived:  # reported as the uniqueness expectation it stands for, with repeated values
+                    kind, column = "expect_column_values_to_be_unique", column.removesuffix("_unique")
+                    sample = table.column(column).filter(pa.array(~derived[f"{column}_unique"])).to_pylist()[:3]
+                entry = failed.setdefault(
+                    (kind, column),
+                    {"table": name, "expectation": kind, "column": column, "unexpected_count": 0, "sample": sample},
+                )
+                entry["unexpected_count"] += r.result.get("unexpected_count") or 0
+        return list(failed.values())
 
 
 def suite_columns(expectations: list[Any]) -> set[str]:
