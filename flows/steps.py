@@ -23,7 +23,15 @@ from tasks.index.merge import ChunkOrder
 from tasks.methods.base import Hierarchy, Layer0
 from tasks.runtime.llm_client import Usage
 from tasks.runtime.parallel import Mapper
-from tasks.store.rows import TableDelta, plain_rows, relation_table, stamped, to_table, vector_matrix
+from tasks.store.rows import (
+    TableDelta,
+    plain_rows,
+    relation_table,
+    spilled_rows,
+    stamped,
+    to_table,
+    vector_matrix,
+)
 from tasks.store.spill import SpilledTable
 
 
@@ -344,22 +352,34 @@ def assemble(
         if not q["item"].startswith((delta.root, run.location)) and q["item"] not in delta.gone_chunks
     ]
     quarantine += run.quarantine + hierarchy.quarantine
-    tables = {
-        "documents": documents,
-        "chunks": stamped(
+    entities = [(layer0.entities, layer0.vectors.reshape(-1, dim)), (hierarchy.entities, hierarchy.vectors)]
+    if run.snap is None:  # a build's chunks and entities as parts: validated and published a part per task
+        part_rows = max(1, run.cfg.dask.part_rows // ROWS_PER_MENTION)
+        new_chunks: Any = spilled_rows(
+            "chunks", [(chunks, chunk_vectors)], dim, version, run.spill_dir / "tables" / "chunks", part_rows
+        )
+        all_entities: Any = spilled_rows(
+            "entities", entities, dim, version, run.spill_dir / "tables" / "entities", part_rows
+        )
+    else:
+        new_chunks = stamped(
             pa.concat_tables(
                 [kept_chunks.cast(schema_for("chunks", dim))] * bool(kept_chunks.num_rows)
                 + [to_table("chunks", chunks, dim, version, chunk_vectors)]
             ),
             version,
-        ),
-        "entities": to_table(
+        )
+        all_entities = to_table(
             "entities",
             layer0.entities + hierarchy.entities,
             dim,
             version,
-            np.concatenate([layer0.vectors.reshape(-1, dim), hierarchy.vectors.reshape(-1, dim)]),
-        ),
+            np.concatenate([v.reshape(-1, dim) for _, v in entities]),
+        )
+    tables = {
+        "documents": documents,
+        "chunks": new_chunks,
+        "entities": all_entities,
         "relations": with_above(
             layer0.relations, relation_table(hierarchy.relations), run.spill_dir / "relations-above.parquet", version
         ),
@@ -379,6 +399,11 @@ def assemble(
     if hierarchy.layers is None:  # the previous snapshot's layer statistics still hold
         del tables["layers"]
     return tables
+
+
+#: a chunk or entity row (text, sources, vector) weighs about as much as this many mention rows: their parts hold
+#: ``dask.part_rows`` divided by it
+ROWS_PER_MENTION = 10
 
 
 def _dedupe(rows: list[QuarantineRow]) -> list[QuarantineRow]:

@@ -74,9 +74,10 @@ def _vector_columns(table: pa.Table) -> dict[str, np.ndarray]:
 
 #: what ``_frame`` reads for a table's derived columns besides its suite's columns: (columns, reference sets)
 _DERIVED_INPUTS: dict[str, tuple[set[str], set[str]]] = {
-    "entities": ({"layer", "source_chunk_ids"}, {"chunks"}),
+    "entities": ({"layer", "source_chunk_ids", "vector"}, {"chunks"}),
     "relations": ({"source_chunk_ids"}, {"chunks"}),
-    "chunks": ({"status", "id"}, {"quarantine_items"}),
+    "chunks": ({"status", "id", "vector"}, {"quarantine_items"}),
+    "community_reports": ({"vector"}, set()),
     "communities": ({"entity_ids", "parent_id"}, {"entities", "communities"}),
 }
 

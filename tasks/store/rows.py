@@ -56,6 +56,32 @@ def to_table(name: str, rows: Sequence[Mapping[str, Any]], dim: int, version: in
     return table.append_column(schema.field("vector"), column).select(schema.names)
 
 
+def spilled_rows(
+    name: str,
+    pieces: Sequence[tuple[Sequence[Mapping[str, Any]], Any]],
+    dim: int,
+    version: int,
+    directory: Any,
+    part_rows: int,
+) -> SpilledTable:
+    """Rows of table ``name`` written as Parquet parts of at most ``part_rows`` rows under ``directory`` (one
+    slice in memory as Arrow at a time), ``pieces`` one after another: (rows, their vector matrix or None).
+    The spilled table holds the rows in that order: what validation and publish then read part by part."""
+    from pathlib import Path
+
+    from tasks.store.spill import write_whole
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    files: list[Path] = []
+    for rows, vectors in pieces:
+        for s in range(0, len(rows), part_rows):
+            files.append(directory / f"part-{len(files):05d}.parquet")
+            vecs = None if vectors is None else vectors[s : s + part_rows]
+            write_whole(to_table(name, rows[s : s + part_rows], dim, version, vecs), files[-1])
+    return SpilledTable(files, schema_for(name, dim), sum(len(rows) for rows, _ in pieces))
+
+
 def relation_table(relations: Any) -> pa.Table:
     """Relations as an Arrow table of the ``relations`` schema: a table passes through, a spilled one is read
     whole, rows are converted (the ``version`` stamp is 0 until the run stamps the snapshot's). Relations
