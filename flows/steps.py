@@ -326,12 +326,14 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: list[ChunkRow]) -> tuple[Lay
 
 def _embed_layer0(run: PipelineRun, layer0: Layer0, entity_texts: list[str], chunk_texts: list[str], progress):
     dim = run.embedder.dim
-    fresh = iter(run.embed(entity_texts, progress))
+    fresh = run.embed(entity_texts, progress)
     chunk_vectors = run.embed(chunk_texts, progress)
+    if len(fresh) == len(layer0.entities):  # a build: every entity new, in order
+        return fresh, chunk_vectors
     old = run.previous("entities", ("id", "vector"), "layer = 0")
     kept = dict(zip(old.column("id").to_pylist(), vector_matrix(old))) if old.num_rows else {}
-    redo = layer0.added | layer0.changed
-    rows = [next(fresh) if e["id"] in redo else kept[e["id"]] for e in layer0.entities]
+    redo, new = layer0.added | layer0.changed, iter(fresh)
+    rows = [next(new) if e["id"] in redo else kept[e["id"]] for e in layer0.entities]
     return (np.stack(rows) if rows else np.zeros((0, dim), np.float32)), chunk_vectors
 
 

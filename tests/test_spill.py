@@ -158,3 +158,18 @@ def test_in_child_process_returns_the_result_and_reports_a_failure(tmp_path):
     with pytest.raises(RuntimeError, match=r"_fails failed in its child process(.|\n)*ValueError: no luck"):
         in_child_process(_fails, "no luck", workdir=tmp_path)
     assert not list(tmp_path.glob("*.pkl*"))
+
+
+def test_a_mapper_told_not_to_keep_results_hands_each_to_on_done_only():
+    """``keep=False`` (the embedder's vectors): every result reaches ``on_done`` once, in any mapper, and the list
+    returned holds none of them."""
+    from tasks.runtime.parallel import LocalMapper, ProcessMapper
+
+    for mapper in (LocalMapper(), ProcessMapper()):
+        seen: dict[int, int] = {}
+        try:
+            out = mapper(abs, [-1, -2, -3], on_done=seen.__setitem__, keep=False)
+        finally:
+            mapper.release()
+        assert out == [None, None, None] and seen == {0: 1, 1: 2, 2: 3}
+        assert mapper(abs, [-4]) == [4]

@@ -386,10 +386,13 @@ class MappedEmbedder:
         self.cfg, self.mapper = cfg, mapper
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        return self.embed_parts([texts])[0]
+        out: list[np.ndarray] = []
+        self.embed_parts([texts], on_done=lambda _i, v: out.append(v))
+        return out[0]
 
-    def embed_parts(self, parts: list[list[str]], on_done: Callable[[int, np.ndarray], None] | None = None):
-        return self.mapper(embed_part, parts, on_done=on_done, cfg=self.cfg)
+    def embed_parts(self, parts: list[list[str]], on_done: Callable[[int, np.ndarray], None]) -> None:
+        """Each part's vectors to ``on_done(i, vectors)`` as they come (not kept)."""
+        self.mapper(embed_part, parts, on_done=on_done, keep=False, cfg=self.cfg)
 
 
 #: a call that brings this many texts or more to embed starts the packaged model in a child process, and the run's
@@ -412,13 +415,14 @@ class ChildEmbedder(MappedEmbedder):
         self.local = local
         self.large = False  # a call has been large: every later one goes to a child (started again if released)
 
-    def embed_parts(self, parts: list[list[str]], on_done: Callable[[int, np.ndarray], None] | None = None):
+    def embed_parts(self, parts: list[list[str]], on_done: Callable[[int, np.ndarray], None]) -> None:
         self.large = self.large or sum(len(p) for p in parts) >= EMBED_IN_CHILD_TEXTS
         if not self.large:
             from tasks.runtime.parallel import LocalMapper
 
-            return LocalMapper()(self.local.embed, parts, on_done=on_done)
-        return super().embed_parts(parts, on_done)
+            LocalMapper()(self.local.embed, parts, on_done=on_done, keep=False)
+        else:
+            super().embed_parts(parts, on_done)
 
     def release(self) -> None:
         """End the child process (its memory goes back to the system); a later call starts a new one."""

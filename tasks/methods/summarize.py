@@ -48,7 +48,13 @@ TYPE_TO_META = {
 @dataclass
 class Cluster:
     members: list[dict[str, Any]]  # entity rows of the layer below (id, name, type, description)
-    vectors: np.ndarray  # their vectors, same order
+    vectors: np.ndarray  # their vectors, same order; with ``rows``: the layer's matrix, theirs are those rows
+    rows: np.ndarray | None = None
+
+    def matrix(self) -> np.ndarray:
+        """The members' vectors, taken from the layer's matrix only when asked (a layer's clusters each holding
+        a copy of their rows would copy the matrix once more: ~500 MB at 100k chunks)."""
+        return self.vectors if self.rows is None else self.vectors[self.rows]
 
 
 class Summarizer(Protocol):
@@ -142,8 +148,9 @@ def _display(term: str, members: list[dict[str, Any]]) -> str:
 def _central(cluster: Cluster, k: int) -> list[int]:
     if len(cluster.members) <= k:
         return list(range(len(cluster.members)))
-    centroid = cluster.vectors.mean(axis=0)
-    sims = cluster.vectors @ centroid
+    vectors = cluster.matrix()
+    centroid = vectors.mean(axis=0)
+    sims = vectors @ centroid
     return [int(i) for i in np.lexsort((np.arange(len(sims)), -sims))[:k]]
 
 

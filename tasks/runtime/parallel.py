@@ -85,7 +85,9 @@ def _environ_kept(names: tuple[str, ...]) -> Iterator[None]:
 
 
 class Mapper(Protocol):
-    """Runs ``fn(batch, **kwargs)`` over batches, results in batch order; ``on_done(i, result)`` as each ends.
+    """Runs ``fn(batch, **kwargs)`` over batches, results in batch order; ``on_done(i, result)`` as each ends
+    (``keep=False``: results go to ``on_done`` only, and the list returned holds None — a stage that stores each
+    result as it comes does not hold them all twice).
 
     ``start`` may bring its workers up in the background, ``ready`` waits for them, ``release`` frees them
     once the parallel stage is over. A ``share=None`` keyword is filled with the number of workers (each
@@ -94,7 +96,9 @@ class Mapper(Protocol):
     def start(self) -> Any: ...
     def ready(self) -> Any: ...
     def release(self) -> None: ...
-    def __call__(self, fn: Callable[..., R], batches: list[Any], on_done=None, **kwargs: Any) -> list[R]: ...
+    def __call__(
+        self, fn: Callable[..., R], batches: list[Any], on_done=None, keep: bool = True, **kwargs: Any
+    ) -> list[R]: ...
 
 
 class LocalMapper:
@@ -118,14 +122,18 @@ class LocalMapper:
     def __exit__(self, *exc: Any) -> None:
         pass
 
-    def __call__(self, fn: Callable[..., R], batches: list[Any], on_done=None, **kwargs: Any) -> list[R]:
+    def __call__(
+        self, fn: Callable[..., R], batches: list[Any], on_done=None, keep: bool = True, **kwargs: Any
+    ) -> list[R]:
         if "share" in kwargs and kwargs["share"] is None:
             kwargs["share"] = 1
-        out = []
+        out: list[Any] = []
         for i, b in enumerate(batches):
             out.append(fn(b, **kwargs))
             if on_done:
                 on_done(i, out[-1])
+            if not keep:
+                out[-1] = None
         return out
 
 
@@ -164,7 +172,9 @@ class ProcessMapper:
             _LIVE.discard(self)
         pool.shutdown(wait=True, cancel_futures=True)
 
-    def __call__(self, fn: Callable[..., R], batches: list[Any], on_done=None, **kwargs: Any) -> list[R]:
+    def __call__(
+        self, fn: Callable[..., R], batches: list[Any], on_done=None, keep: bool = True, **kwargs: Any
+    ) -> list[R]:
         from concurrent.futures.process import BrokenProcessPool
 
         if "share" in kwargs and kwargs["share"] is None:
@@ -172,12 +182,14 @@ class ProcessMapper:
         with self._lock:
             self._busy += 1
             futures = [self.start()._pool.submit(fn, b, **kwargs) for b in batches]
-        out: list[R] = []
+        out: list[Any] = []
         try:
             for i, fut in enumerate(futures):
                 out.append(fut.result())
                 if on_done:
                     on_done(i, out[-1])
+                if not keep:
+                    out[-1] = None
         except BrokenProcessPool as exc:
             self.release()
             raise RuntimeError(
@@ -235,11 +247,13 @@ class DaskPool:
         """The client, once the cluster is up and warm (starting it now if nobody did)."""
         return self.start()._started.result()[1]  # type: ignore[union-attr]
 
-    def __call__(self, fn: Callable[..., Any], batches: list[Any], on_done=None, **kwargs: Any) -> list[Any]:
+    def __call__(
+        self, fn: Callable[..., Any], batches: list[Any], on_done=None, keep: bool = True, **kwargs: Any
+    ) -> list[Any]:
         client = self.ready()
         if "share" in kwargs and kwargs["share"] is None:
             kwargs["share"] = worker_count(client)
-        return map_batches(client, fn, batches, on_done, **kwargs)
+        return map_batches(client, fn, batches, on_done, keep, **kwargs)
 
     def release(self) -> None:
         """Shut the cluster down now: idle workers still cost the CPU-bound stages that follow extraction
@@ -272,9 +286,11 @@ def map_batches(
     fn: Callable[..., R],
     batches: list[Any],
     on_done: Callable[[int, R], None] | None = None,
+    keep: bool = True,
     **kwargs: Any,
 ) -> list[R]:
-    """Run ``fn(batch, **kwargs)`` for every batch on the cluster; results in batch order.
+    """Run ``fn(batch, **kwargs)`` for every batch on the cluster; results in batch order (``Mapper``). A result
+    fetched is released on the cluster at once: no worker holds the results of a stage until its end.
 
     The batches are scattered to the workers first: the task graph carries references, not the chunk
     text (a corpus inside the graph makes the scheduler hold and forward all of it). A batch whose scattered
@@ -305,8 +321,11 @@ def map_batches(
             index[again.key] = i
             pending.add(again)
             continue
+        fut.release()
         if on_done:
             on_done(i, results[i])
+        if not keep:
+            results[i] = None
     return results
 
 

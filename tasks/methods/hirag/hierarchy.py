@@ -317,7 +317,7 @@ def summary_layers(
     relations: list[dict[str, Any]] = []
 
     def build_layer(i: int, below: list[dict[str, Any]], x: np.ndarray, clusters: list[np.ndarray]):
-        groups = [Cluster([below[j] for j in c], x[c]) for c in clusters]
+        groups = [Cluster([below[j] for j in c], x, c) for c in clusters]
         ents, rels = summary_rows(i, groups, summarizer.summarize_layer(i, groups))
         relations.extend(rels)
         return ents, embed([entity_text(e["name"], e["type"], e["description"]) for e in ents])
