@@ -89,11 +89,12 @@ def run_stages(run: PipelineRun) -> BuildResult:
     )
     chunks, new_mentions = extract(run, delta, chunks)
     layer0, mentions = merge(run, delta, chunks, new_mentions)
-    layer0, chunk_vectors = embed(run, layer0, chunks)
+    layer0 = embed(run, layer0, chunks)
+    del chunks  # in parts with their vectors from here on (``Layer0.chunks``)
     hierarchy = run.method.update(run, layer0) if run.snap else run.method.build(run, layer0)
-    tables = assemble(run, delta, documents, chunks, chunk_vectors, layer0, hierarchy, mentions)
+    tables = assemble(run, delta, documents, layer0, hierarchy, mentions)
     # from here on the tables hold every row: the Python rows and vector matrices they were made from go
-    del documents, chunks, chunk_vectors, mentions
+    del documents, mentions
     delta = replace(delta, incoming=[], kept=[])
     layer0, hierarchy = what_publish_reads(layer0, hierarchy)
     run.forget_previous()

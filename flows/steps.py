@@ -301,44 +301,63 @@ def _layer0(
     )
 
 
-def embed(run: PipelineRun, layer0: Layer0, chunks: list[ChunkRow]) -> tuple[Layer0, np.ndarray]:
-    """Vectors of new and changed entities and of the new chunks; unchanged entities keep theirs."""
+def embed(run: PipelineRun, layer0: Layer0, chunks: list[ChunkRow]) -> Layer0:
+    """Vectors of new and changed entities (unchanged ones keep theirs) and of the new chunks, which go to parts
+    with their vectors a part at a time (``Layer0.chunks``): from here on the run holds none of their texts."""
     from tasks.index.embed import entity_text
 
     fresh = [e for e in layer0.entities if e["id"] in layer0.added | layer0.changed]
     with run.stage("embed", len(fresh) + len(chunks)) as st:
         vectors = st.run(
-            _embed_layer0,
+            _embed_entities,
             run,
             layer0,
             [entity_text(e["name"], e["type"], e["description"]) for e in fresh],
-            [c["text"] for c in chunks],
             st.advance,
         )
-        layer0 = replace(layer0, vectors=vectors[0], chunks=chunks, chunk_vectors=vectors[1])
+        pieces = (
+            (part, run.embed([c["text"] for c in part], st.advance))
+            for part in (
+                chunks[s : s + chunk_part_rows(run.cfg)] for s in range(0, len(chunks), chunk_part_rows(run.cfg))
+            )
+        )
+        new_chunks = st.run(
+            spilled_rows,
+            "chunks",
+            pieces,
+            run.embedder.dim,
+            run.version,
+            run.spill_dir / "tables" / "chunks",
+            chunk_part_rows(run.cfg),
+        )
         st.done(
             f"{run.embedder.misses} embedded, {run.embedder.hits} from cache",
             vectors=len(fresh) + len(chunks),
             cache_hits=run.embedder.hits,
         )
-    return layer0, vectors[1]
+    return replace(layer0, vectors=vectors, chunks=new_chunks)
 
 
-def _embed_layer0(run: PipelineRun, layer0: Layer0, entity_texts: list[str], chunk_texts: list[str], progress):
+def chunk_part_rows(cfg: StrataConfig) -> int:
+    """Rows in a part of chunks or entities: a chunk or entity row (text, sources, vector) weighs about as much as
+    ten mention rows, whose parts hold ``dask.part_rows``."""
+    return max(1, cfg.dask.part_rows // 10)
+
+
+def _embed_entities(run: PipelineRun, layer0: Layer0, entity_texts: list[str], progress) -> np.ndarray:
     dim = run.embedder.dim
     fresh = run.embed(entity_texts, progress)
-    chunk_vectors = run.embed(chunk_texts, progress)
     if len(fresh) == len(layer0.entities):  # a build: every entity new, in order
-        return fresh, chunk_vectors
+        return fresh
     old = run.previous("entities", ("id", "vector"), "layer = 0")
     kept = dict(zip(old.column("id").to_pylist(), vector_matrix(old))) if old.num_rows else {}
     redo, new = layer0.added | layer0.changed, iter(fresh)
     rows = [next(new) if e["id"] in redo else kept[e["id"]] for e in layer0.entities]
-    return (np.stack(rows) if rows else np.zeros((0, dim), np.float32)), chunk_vectors
+    return np.stack(rows) if rows else np.zeros((0, dim), np.float32)
 
 
 def assemble(
-    run: PipelineRun, delta: Delta, documents, chunks, chunk_vectors, layer0: Layer0, hierarchy: Hierarchy, mentions
+    run: PipelineRun, delta: Delta, documents, layer0: Layer0, hierarchy: Hierarchy, mentions
 ) -> dict[str, pa.Table]:
     """Every table of the new snapshot (kept rows of the previous one first, then what this run made); a build's
     relations stay spilled."""
@@ -355,19 +374,15 @@ def assemble(
     ]
     quarantine += run.quarantine + hierarchy.quarantine
     entities = [(layer0.entities, layer0.vectors.reshape(-1, dim)), (hierarchy.entities, hierarchy.vectors)]
+    chunks: Any = layer0.chunks if layer0.chunks is not None else SpilledTable([], schema_for("chunks", dim), 0)
     if run.snap is None:  # a build's chunks and entities as parts: validated and published a part per task
-        part_rows = max(1, run.cfg.dask.part_rows // ROWS_PER_MENTION)
-        new_chunks: Any = spilled_rows(
-            "chunks", [(chunks, chunk_vectors)], dim, version, run.spill_dir / "tables" / "chunks", part_rows
-        )
         all_entities: Any = spilled_rows(
-            "entities", entities, dim, version, run.spill_dir / "tables" / "entities", part_rows
+            "entities", entities, dim, version, run.spill_dir / "tables" / "entities", chunk_part_rows(run.cfg)
         )
     else:
-        new_chunks = stamped(
+        chunks = stamped(
             pa.concat_tables(
-                [kept_chunks.cast(schema_for("chunks", dim))] * bool(kept_chunks.num_rows)
-                + [to_table("chunks", chunks, dim, version, chunk_vectors)]
+                [kept_chunks.cast(schema_for("chunks", dim))] * bool(kept_chunks.num_rows) + [chunks.read_all()]
             ),
             version,
         )
@@ -380,7 +395,7 @@ def assemble(
         )
     tables = {
         "documents": documents,
-        "chunks": new_chunks,
+        "chunks": chunks,
         "entities": all_entities,
         "relations": with_above(
             layer0.relations, relation_table(hierarchy.relations), run.spill_dir / "relations-above.parquet", version
@@ -401,11 +416,6 @@ def assemble(
     if hierarchy.layers is None:  # the previous snapshot's layer statistics still hold
         del tables["layers"]
     return tables
-
-
-#: a chunk or entity row (text, sources, vector) weighs about as much as this many mention rows: their parts hold
-#: ``dask.part_rows`` divided by it
-ROWS_PER_MENTION = 10
 
 
 def _dedupe(rows: list[QuarantineRow]) -> list[QuarantineRow]:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 import pyarrow as pa
@@ -41,8 +41,17 @@ class Layer0:
     removed: set[str] = field(default_factory=set)  # update: ids gone
     changed: set[str] = field(default_factory=set)  # update: ids whose name, type or description changed
     gone_chunks: set[str] = field(default_factory=set)  # update: chunk ids deleted or replaced
-    chunks: list[ChunkRow] = field(default_factory=list)  # this run's new chunks (a build: all of them)
-    chunk_vectors: np.ndarray | None = None  # aligned with ``chunks``
+    # this run's new chunks (a build: all of them) with their vectors, in the parts embed wrote (``chunk_rows``)
+    chunks: SpilledTable | None = None
+
+    def chunk_rows(self) -> tuple[list[ChunkRow], np.ndarray]:
+        """This run's new chunks as rows and their vector matrix, read whole (for a method that needs them all)."""
+        from tasks.store.rows import plain_rows, vector_matrix
+
+        table = self.chunks.read_all() if self.chunks is not None else None
+        if table is None or not table.num_rows:
+            return [], np.zeros((0, 0), np.float32)
+        return cast("list[ChunkRow]", plain_rows(table)), vector_matrix(table)
 
 
 @dataclass

@@ -240,13 +240,13 @@ class HyGRAG:
         base = relation_table(layer0.relations)  # read whole: this method clusters over the whole graph at once
         with ctx.stage("hierarchy") as st:
             summarizer = summarizer_for(ctx, 1, **_synthesis())
-            chunk_vectors = layer0.chunk_vectors if layer0.chunk_vectors is not None else np.zeros((0, 0), np.float32)
+            chunks, chunk_vectors = layer0.chunk_rows()
             ents, vecs, rels, communities, layers = st.run(
                 build_layers,
                 layer0.entities,
                 layer0.vectors,
                 base,
-                layer0.chunks,
+                chunks,
                 chunk_vectors,
                 cfg.hygrag,
                 cfg.seed,

@@ -5,7 +5,7 @@ a table's schema, and read a snapshot's note and a table's vector column.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,15 +58,16 @@ def to_table(name: str, rows: Sequence[Mapping[str, Any]], dim: int, version: in
 
 def spilled_rows(
     name: str,
-    pieces: Sequence[tuple[Sequence[Mapping[str, Any]], Any]],
+    pieces: Iterable[tuple[Sequence[Mapping[str, Any]], Any]],
     dim: int,
     version: int,
     directory: Any,
     part_rows: int,
 ) -> SpilledTable:
     """Rows of table ``name`` written as Parquet parts of at most ``part_rows`` rows under ``directory`` (one
-    slice in memory as Arrow at a time), ``pieces`` one after another: (rows, their vector matrix or None).
-    The spilled table holds the rows in that order: what validation and publish then read part by part."""
+    slice in memory as Arrow at a time), ``pieces`` one after another: (rows, their vector matrix or None),
+    each taken from the iterable only when the one before is written. The spilled table holds the rows in that
+    order: what validation and publish then read part by part."""
     from pathlib import Path
 
     from tasks.store.spill import write_whole
@@ -74,12 +75,14 @@ def spilled_rows(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
+    n = 0
     for rows, vectors in pieces:
         for s in range(0, len(rows), part_rows):
             files.append(directory / f"part-{len(files):05d}.parquet")
             vecs = None if vectors is None else vectors[s : s + part_rows]
             write_whole(to_table(name, rows[s : s + part_rows], dim, version, vecs), files[-1])
-    return SpilledTable(files, schema_for(name, dim), sum(len(rows) for rows, _ in pieces))
+        n += len(rows)
+    return SpilledTable(files, schema_for(name, dim), n)
 
 
 def relation_table(relations: Any) -> pa.Table:
