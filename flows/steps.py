@@ -85,8 +85,9 @@ def ingest(run: PipelineRun) -> Delta:
     )
 
 
-def chunk(run: PipelineRun, delta: Delta) -> tuple[pa.Table, list[ChunkRow]]:
-    """Chunks of the incoming documents; the documents table after the run (kept + incoming with token counts)."""
+def chunk(run: PipelineRun, delta: Delta) -> tuple[SpilledTable, list[ChunkRow]]:
+    """Chunks of the incoming documents; the documents table after the run (kept + incoming with token counts),
+    in parts: the run holds none of their texts from here on."""
     from tasks.index.chunk import chunk_documents
 
     with run.stage("chunk", len(delta.incoming)) as st:
@@ -102,7 +103,8 @@ def chunk(run: PipelineRun, delta: Delta) -> tuple[pa.Table, list[ChunkRow]]:
             cut=len(cut),
         )
     documents = delta.kept + [dict(d, n_tokens=tokens[d["id"]]) for d in delta.incoming]
-    return to_table("documents", documents, 0, run.version), chunks
+    folder = run.spill_dir / "tables" / "documents"
+    return spilled_rows("documents", [(documents, None)], 0, run.version, folder, chunk_part_rows(run.cfg)), chunks
 
 
 def document_place(doc: DocumentRow | DocumentPlace) -> DocumentPlace:
