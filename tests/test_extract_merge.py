@@ -89,7 +89,8 @@ def test_merge_in_parts_equals_merge_whole(tmp_path):
 
     from tasks.store.rows import to_table
     from tasks.index.merge import dictionary_encoded, graph_from_mentions, in_chunk_order, mention_rows
-    from tasks.store.spill import SpillWriter
+    from tasks.runtime.parallel import LocalMapper
+    from tasks.store.spill import gather, write_split
 
     rnd = random.Random(3)
     names = ["Scrooge", "scrooge", "Marley", "Bob Cratchit", "London", "Fezziwig", "Belle", "Tiny Tim", "Fred"]
@@ -107,10 +108,10 @@ def test_merge_in_parts_equals_merge_whole(tmp_path):
     rows = mention_rows(ents, rels)
     order = {r["chunk_id"]: (f"doc{i % 7}.md", i) for i, r in enumerate(rows)}
     table = dictionary_encoded(to_table("mentions", rows, 0, 1))
-    spill = SpillWriter(tmp_path, table.schema, "key", 6, in_chunk_order)
-    for start in range(0, table.num_rows, 30):
-        spill.add(table.slice(start, 30))
-    spilled = spill.close()
+    files = [str(tmp_path / f"task-{start:05d}.parquet") for start in range(0, table.num_rows, 30)]
+    for start, f in zip(range(0, table.num_rows, 30), files):
+        write_split(table.slice(start, 30), "key", 6, f)
+    spilled = gather(LocalMapper(), files, table.schema, 6, tmp_path / "parts", in_chunk_order)
     assert len(spilled.files) > 2
     whole_entities, whole_relations = graph_from_mentions(table, 12, order)
     part_entities, part_relations = graph_from_mentions(spilled, 12, order)
@@ -122,7 +123,6 @@ def test_merge_in_parts_equals_merge_whole(tmp_path):
     import polars as pl
 
     from tasks.index.merge_parts import merge_spilled, range_bounds
-    from tasks.runtime.parallel import LocalMapper
 
     task_entities, task_relations = merge_spilled(LocalMapper(), spilled, 12, order, tmp_path / "work")
     assert len(task_relations.files) == len(spilled.files) and task_relations.num_rows == whole_relations.num_rows

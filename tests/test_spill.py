@@ -1,11 +1,12 @@
 """The spill that holds a run's mentions on disk: every row once, every key in one part, the same table
-whatever order the batches arrive in; the uniqueness check that reads a column piece by piece."""
+whatever order the tasks that wrote them end in; the uniqueness check that reads a column piece by piece."""
 
 import pyarrow as pa
 import pytest
 
 from tasks.index.merge import graph_from_mentions, in_chunk_order, mention_rows
-from tasks.store.spill import SpillWriter
+from tasks.runtime.parallel import LocalMapper
+from tasks.store.spill import gather, write_split
 from tasks.index.validate import unique_mask, validate_tables
 from tests.helpers import DIM, tiny_tables
 
@@ -21,14 +22,15 @@ def _mentions(n_chunks: int) -> pa.Table:
 
 
 def _spill(tmp_path, batches, n_parts):
-    w = SpillWriter(tmp_path / "spill", batches[0].schema, "key", n_parts, in_chunk_order)
-    for b in batches:
-        w.add(b)
-    return w.close()
+    """As extraction spills: each batch (a task) writes its file split by key hash, a task per part gathers."""
+    (tmp_path / "tasks").mkdir(parents=True)
+    files = [str(tmp_path / "tasks" / f"task-{i:05d}.parquet") for i in range(len(batches))]
+    for b, f in zip(batches, files):
+        write_split(b, "key", n_parts, f)
+    return gather(LocalMapper(), files, batches[0].schema, n_parts, tmp_path / "parts", in_chunk_order)
 
 
-def test_every_row_lands_once_with_each_key_in_one_part_and_arrival_order_does_not_matter(tmp_path, monkeypatch):
-    monkeypatch.setattr("tasks.store.spill.FLUSH_ROWS", 5)  # several row groups per part file
+def test_every_row_lands_once_with_each_key_in_one_part_and_arrival_order_does_not_matter(tmp_path):
     table = _mentions(40)
     batches = [table.slice(i, 17) for i in range(0, table.num_rows, 17)]
     forward = _spill(tmp_path / "a", batches, 4)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from schemas.config import ExtractConfig
 from schemas.tables import QuarantineRow
@@ -46,15 +46,13 @@ class ExtractionResult:
     quarantine: list[QuarantineRow] = field(default_factory=list)
     ok: list[str] = field(default_factory=list)  # chunk ids extracted
     usage: dict[str, int] = field(default_factory=dict)  # LLM calls and tokens (empty offline)
-    mentions: Any = None  # the same as ``mentions`` rows (a pyarrow Table), once ``batch_mentions`` made them
+    mention_rows: int = 0  # ``mentions`` rows a task wrote (``batch_mentions``)
+    entity_mentions: int = 0  # of which entity mentions
 
     @classmethod
     def combine(cls, parts: list[ExtractionResult]) -> ExtractionResult:
-        """Batches merged in batch order (chunk order), usage summed, mention tables concatenated."""
-        import pyarrow as pa
-
+        """Batches merged in batch order (chunk order), usage and counts summed."""
         out = cls()
-        tables = []
         for r in parts:
             out.entities += r.entities
             out.relations += r.relations
@@ -62,10 +60,8 @@ class ExtractionResult:
             out.ok += r.ok
             for k, v in r.usage.items():
                 out.usage[k] = out.usage.get(k, 0) + v
-            if r.mentions is not None:
-                tables.append(r.mentions)
-        if tables:
-            out.mentions = pa.concat_tables(tables)
+            out.mention_rows += r.mention_rows
+            out.entity_mentions += r.entity_mentions
         return out
 
     @property
@@ -219,71 +215,81 @@ def extract_batch(chunks: list[dict[str, Any]], cfg: ExtractConfig) -> Extractio
     return out
 
 
-def extract_chunks(
-    chunks: list[dict[str, Any]],
-    cfg: ExtractConfig,
-    mapper: Mapper,
-    on_done=None,
-    batch_fn=None,
-    **fn_kwargs: Any,
-) -> ExtractionResult:
-    """Run ``batch_fn`` (default: the offline ``extract_batch``) over all chunks in batches through ``mapper``.
-
-    Results are merged in chunk order; LLM usage reported by the batches is summed."""
-    return ExtractionResult.combine(
-        mapper(batch_fn or extract_batch, _batches(chunks, cfg), on_done=on_done, cfg=cfg, **fn_kwargs)
-    )
-
-
 def extract_mentions(
     chunks: list[dict[str, Any]],
     titles: dict[str, str | None],
     cfg: ExtractConfig,
     mapper: Mapper,
     version: int,
+    spill: tuple[str, int],
     on_done=None,
     batch_fn=None,
     **fn_kwargs: Any,
 ) -> ExtractionResult:
-    """What the pipeline runs: ``extract_chunks`` with each batch turned into ``mentions`` rows where it was
-    extracted (``batch_mentions``), so the result holds one Arrow table instead of the extractor's dicts.
-    ``titles``: document id -> its own title (``merge.explicit_title``), mentioned in each of its chunks."""
-    batches = _batches(chunks, cfg, titles)
+    """What the pipeline runs: a task per ``CHUNKS_PER_TASK`` chunks, each extracting them ``cfg.batch_size`` at a
+    time and writing their ``mentions`` rows itself (``batch_mentions``), so no mention comes back to this
+    process. ``titles``: document id -> its own title (``merge.explicit_title``), mentioned in each of its
+    chunks; ``spill`` = (the folder the tasks write to, the parts of the key hash)."""
+    tasks = _tasks(chunks, titles, cfg.batch_size)
     return ExtractionResult.combine(
         mapper(
             batch_mentions,
-            batches,
+            tasks,
             on_done=on_done,
             cfg=cfg,
             version=version,
+            spill=spill,
             batch_fn=batch_fn or extract_batch,
             **fn_kwargs,
         )
     )
 
 
-def batch_mentions(
-    chunks: list[dict[str, Any]], cfg: ExtractConfig, version: int, batch_fn=extract_batch, **fn_kwargs: Any
-) -> ExtractionResult:
-    """One batch extracted, then its raw entities, document titles and relations as a ``mentions`` table."""
-    from tasks.index.merge import dictionary_encoded, mention_rows, title_mentions
-    from tasks.store.rows import to_table
+#: chunks per extraction task at most (each writes one file of mentions, which every part of merge reads a row
+#: group of; the extractor itself takes ``extract.batch_size`` at a time), and the tasks a smaller corpus is
+#: split into where it has enough batches (so that every worker has a share)
+CHUNKS_PER_TASK, MIN_TASKS = 512, 16
 
-    res = batch_fn(chunks, cfg=cfg, **fn_kwargs)
+
+def batch_mentions(
+    task: tuple[int, list[dict[str, Any]]],
+    cfg: ExtractConfig,
+    version: int,
+    spill: tuple[str, int],
+    batch_fn=extract_batch,
+    **fn_kwargs: Any,
+) -> ExtractionResult:
+    """One task: its chunks extracted a batch at a time, then their raw entities, document titles and relations
+    as ``mentions`` rows, written to the task's file in ``spill`` = (folder, parts) split by key hash
+    (``spill.write_split``). Returns all but the rows (their count in ``mention_rows``, ``entity_mentions``)."""
+    from pathlib import Path
+
+    from tasks.index.merge import mention_rows, title_mentions
+    from tasks.store.rows import to_table
+    from tasks.store.spill import write_split
+
+    index, chunks = task
+    res = ExtractionResult.combine(
+        [batch_fn(chunks[s : s + cfg.batch_size], cfg=cfg, **fn_kwargs) for s in range(0, len(chunks), cfg.batch_size)]
+    )
     ok = set(res.ok)
     titled = title_mentions([c for c in chunks if c["id"] in ok], cfg.max_sentence_chars)
-    rows = mention_rows(res.entities + titled, res.relations)
+    entities = cast("list[dict[str, Any]]", res.entities) + titled
+    table = to_table("mentions", mention_rows(entities, cast("list[dict[str, Any]]", res.relations)), 0, version)
+    folder, parts = spill
+    write_split(table, "key", parts, Path(folder) / f"task-{index:05d}.parquet")
     return ExtractionResult(
         quarantine=res.quarantine,
         ok=res.ok,
         usage=res.usage,
-        mentions=dictionary_encoded(to_table("mentions", rows, 0, version)),
+        mention_rows=table.num_rows,
+        entity_mentions=len(entities),
     )
 
 
-def _batches(chunks: list[dict[str, Any]], cfg: ExtractConfig, titles: dict[str, str | None] | None = None):
-    payload = [
-        {"id": c["id"], "text": c["text"], **({"title": titles.get(c["document_id"])} if titles else {})}
-        for c in chunks
-    ]
-    return [payload[i : i + cfg.batch_size] for i in range(0, len(payload), cfg.batch_size)]
+def _tasks(
+    chunks: list[dict[str, Any]], titles: dict[str, str | None], batch_size: int
+) -> list[tuple[int, list[dict[str, Any]]]]:
+    payload = [{"id": c["id"], "text": c["text"], "title": titles.get(c["document_id"])} for c in chunks]
+    size = min(CHUNKS_PER_TASK, max(batch_size, -(-len(payload) // MIN_TASKS)))
+    return [(i // size, payload[i : i + size]) for i in range(0, len(payload), size)]

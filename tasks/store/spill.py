@@ -1,23 +1,20 @@
 """A large table kept on disk while a run works on it: Parquet part files split by a hash of one column.
 
-Extraction writes the run's ``mentions`` here batch by batch as they come back (from Dask workers, in any
-order), so no stage holds all mentions of a large corpus in memory: merge reads one part at a time (every
-row of a key is in the same part), validation reads slices, publish streams the parts into LanceDB. Each
-part is read back in a canonical order (``order``), so the result does not depend on arrival order.
+Each extraction task writes its ``mentions`` here itself (``write_split``: a file per task, a row group per
+part), and a task per part gathers them (``gather``), so neither the run process nor any one worker holds all
+mentions of a large corpus: merge reads one part at a time (every row of a key is in the same part),
+validation and publish a part per task. Each part is read back in a canonical order (``order``), so the result
+does not depend on the order tasks finish in.
 """
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-#: rows a part holds in memory before they are appended to its file
-FLUSH_ROWS = 20_000
 
 
 def key_hash(column) -> np.ndarray:
@@ -74,62 +71,55 @@ def read_part(
     return order(table).select(names) if order is not None else table
 
 
-class SpillWriter:
-    """Appends tables to ``n_parts`` Parquet files under ``directory``, a row going to part
-    ``hash(row[by]) % n_parts``; ``close()`` gives the ``SpilledTable``."""
+PART = "_part"  # the column of a unit's file that names each row's part
 
-    def __init__(
-        self,
-        directory: Path,
-        schema: pa.Schema,
-        by: str,
-        n_parts: int,
-        order: Callable[[pa.Table], pa.Table] | None = None,
-        order_by: tuple[str, ...] | None = None,
-    ):
-        self.directory, self.schema, self.by, self.order = Path(directory), plain_schema(schema), by, order
-        self.order_by = order_by
-        self.n_parts = max(1, n_parts)
-        shutil.rmtree(self.directory, ignore_errors=True)
-        self.directory.mkdir(parents=True)
-        self._buffers: list[list[pa.Table]] = [[] for _ in range(self.n_parts)]
-        self._buffered = [0] * self.n_parts
-        self._writers: dict[int, pq.ParquetWriter] = {}
-        self.num_rows = 0
 
-    def add(self, table: pa.Table) -> None:
-        if not table.num_rows:
-            return
-        table = table.cast(self.schema)
-        self.num_rows += table.num_rows
-        part = key_hash(table.column(self.by)) % np.uint64(self.n_parts)
-        rank = np.argsort(part, kind="stable")
-        table, part = table.take(pa.array(rank)), part[rank]
-        bounds = np.searchsorted(part, np.arange(self.n_parts + 1, dtype=np.uint64))
-        for p in range(self.n_parts):
+def write_split(table: pa.Table, by: str, n_parts: int, out: str | Path) -> int:
+    """One unit of work's rows as the Parquet file ``out``, each row tagged with its part, ``hash(row[by]) %
+    n_parts``, a row group per part (what ``gather_part`` reads of it), whole or not at all. Returns the rows."""
+    import os
+
+    table = table.cast(plain_schema(table.schema))
+    part = key_hash(table.column(by)) % np.uint64(max(1, n_parts))
+    rank = np.argsort(part, kind="stable")
+    table = table.take(pa.array(rank)).append_column(PART, pa.array(part[rank].astype(np.int32)))
+    bounds = np.searchsorted(part[rank], np.arange(n_parts + 1, dtype=np.uint64))
+    tmp = f"{out}.{os.getpid()}.tmp"
+    with pq.ParquetWriter(tmp, table.schema, compression="zstd") as writer:
+        for p in range(n_parts):
             if bounds[p + 1] > bounds[p]:
-                self._buffers[p].append(table.slice(int(bounds[p]), int(bounds[p + 1] - bounds[p])))
-                self._buffered[p] += int(bounds[p + 1] - bounds[p])
-                if self._buffered[p] >= FLUSH_ROWS:
-                    self._flush(p)
+                writer.write_table(table.slice(int(bounds[p]), int(bounds[p + 1] - bounds[p])))
+    os.replace(tmp, out)
+    return table.num_rows
 
-    def _flush(self, p: int) -> None:
-        if not self._buffers[p]:
-            return
-        if p not in self._writers:
-            self._writers[p] = pq.ParquetWriter(
-                self.directory / f"part-{p:05d}.parquet", self.schema, compression="zstd"
-            )
-        self._writers[p].write_table(pa.concat_tables(self._buffers[p]))
-        self._buffers[p], self._buffered[p] = [], 0
 
-    def close(self) -> SpilledTable:
-        for p in range(self.n_parts):
-            self._flush(p)
-        for w in self._writers.values():
-            w.close()
-        files = [self.directory / f"part-{p:05d}.parquet" for p in sorted(self._writers)]
-        return SpilledTable(files, self.schema, self.num_rows, self.order, self.order_by)
+def gather_part(job: tuple[int, str], files: list[str]) -> int:
+    """One part (a task): its row group from every unit's file, in unit order, as the part file ``job[1]``.
+    Returns its rows (no file for none)."""
+    p, out = job
+    table = pa.concat_tables([pq.read_table(f, filters=[(PART, "=", p)]).drop([PART]) for f in files])
+    if table.num_rows:
+        write_whole(table, out)
+    return table.num_rows
+
+
+def gather(
+    mapper,
+    files: list[str],
+    schema: pa.Schema,
+    n_parts: int,
+    directory: Path,
+    order: Callable[[pa.Table], pa.Table] | None = None,
+    order_by: tuple[str, ...] | None = None,
+) -> SpilledTable:
+    """The units' files (``write_split``) as a ``SpilledTable`` of ``n_parts`` parts, every row of a key in one
+    part, a task per part on ``mapper``; each part read back in the canonical ``order``, so the table does not
+    depend on which unit finished first."""
+    directory.mkdir(parents=True, exist_ok=True)
+    jobs = [(p, str(directory / f"part-{p:05d}.parquet")) for p in range(max(1, n_parts))]
+    rows = mapper(gather_part, jobs, files=files) if files else [0] * len(jobs)
+    kept = [Path(out) for (_, out), n in zip(jobs, rows) if n]
+    return SpilledTable(kept, plain_schema(schema), sum(rows), order, order_by)
 
 
 class SpilledTable:
