@@ -270,21 +270,13 @@ def _layer0(
     from tasks.runtime.parallel import DaskPool, LocalMapper, in_child_process
 
     if stored is None:
+        args = (new_mentions, max_tokens, order, workdir, version)
         if isinstance(mapper, DaskPool):
-            entities, relations = merge_spilled(mapper, new_mentions, max_tokens, order, workdir, version)
+            entities, relations = merge_spilled(mapper, *args)
         elif new_mentions.num_rows >= MERGE_IN_CHILD_ROWS:
-            entities, relations = in_child_process(
-                merge_spilled,
-                LocalMapper(),
-                new_mentions,
-                max_tokens,
-                order,
-                workdir,
-                version,
-                workdir=workdir / "child",
-            )
+            entities, relations = in_child_process(merge_spilled, LocalMapper(), *args, workdir=workdir / "child")
         else:
-            entities, relations = merge_spilled(LocalMapper(), new_mentions, max_tokens, order, workdir, version)
+            entities, relations = merge_spilled(LocalMapper(), *args)
         return Layer0(entities, np.zeros((0, 0)), relations, added={e["id"] for e in entities}), new_mentions
     new_mentions = new_mentions.read_all()  # an update's new mentions: its delta's, held in memory
     leaving = pa.array(sorted(gone), pa.string())
@@ -315,21 +307,11 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: list[ChunkRow]) -> Layer0:
             [entity_text(e["name"], e["type"], e["description"]) for e in fresh],
             st.advance,
         )
-        pieces = (
-            (part, run.embed([c["text"] for c in part], st.advance))
-            for part in (
-                chunks[s : s + chunk_part_rows(run.cfg)] for s in range(0, len(chunks), chunk_part_rows(run.cfg))
-            )
-        )
-        new_chunks = st.run(
-            spilled_rows,
-            "chunks",
-            pieces,
-            run.embedder.dim,
-            run.version,
-            run.spill_dir / "tables" / "chunks",
-            chunk_part_rows(run.cfg),
-        )
+        size = chunk_part_rows(run.cfg)
+        parts = (chunks[s : s + size] for s in range(0, len(chunks), size))
+        pieces = ((part, run.embed([c["text"] for c in part], st.advance)) for part in parts)
+        folder = run.spill_dir / "tables" / "chunks"
+        new_chunks = st.run(spilled_rows, "chunks", pieces, run.embedder.dim, run.version, folder, size)
         st.done(
             f"{run.embedder.misses} embedded, {run.embedder.hits} from cache",
             vectors=len(fresh) + len(chunks),

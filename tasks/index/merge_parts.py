@@ -25,7 +25,6 @@ import os
 from pathlib import Path
 from typing import Any, cast
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -112,13 +111,7 @@ def merge_relations(
     ranged = frame.with_columns(
         range=pl.Series(bounds, dtype=pl.Utf8).search_sorted(frame.get_column("source_id"), side="right")
     ).sort("range", maintain_order=True)
-    table, at = ranged.to_arrow(), ranged.get_column("range").to_numpy()
-    tmp = f"{out}.{os.getpid()}.tmp"
-    with pq.ParquetWriter(tmp, table.schema) as writer:
-        for r in np.unique(at):  # a row group per range: a range's task reads its own and skips the others
-            lo, hi = np.searchsorted(at, [r, r + 1])
-            writer.write_table(table.slice(int(lo), int(hi - lo)))
-    os.replace(tmp, out)
+    write_whole(ranged.to_arrow(), out, group_by="range")  # a range's task reads its row group, skips the others
     return frame.height
 
 

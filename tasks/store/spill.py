@@ -38,13 +38,21 @@ def plain_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in schema])
 
 
-def write_whole(table: pa.Table, out: str | Path) -> None:
+def write_whole(table: pa.Table, out: str | Path, group_by: str | None = None) -> None:
     """``table`` as the Parquet file ``out``, whole or not at all (written under a temporary name, then renamed):
-    a task retried after its worker died writes the same file again."""
+    a task retried after its worker died writes the same file again. ``group_by``: an integer column the rows are
+    sorted by, each of whose values gets a row group of its own (a task that reads one value skips the others)."""
     import os
 
     tmp = f"{out}.{os.getpid()}.tmp"
-    pq.write_table(table, tmp)
+    if group_by is None:
+        pq.write_table(table, tmp)
+    else:
+        at = table.column(group_by).to_numpy()
+        with pq.ParquetWriter(tmp, table.schema) as writer:
+            for v in np.unique(at):
+                lo, hi = np.searchsorted(at, [v, v + 1])
+                writer.write_table(table.slice(int(lo), int(hi - lo)))
     os.replace(tmp, out)
 
 
@@ -77,19 +85,10 @@ PART = "_part"  # the column of a unit's file that names each row's part
 def write_split(table: pa.Table, by: str, n_parts: int, out: str | Path) -> int:
     """One unit of work's rows as the Parquet file ``out``, each row tagged with its part, ``hash(row[by]) %
     n_parts``, a row group per part (what ``gather_part`` reads of it), whole or not at all. Returns the rows."""
-    import os
-
     table = table.cast(plain_schema(table.schema))
-    part = key_hash(table.column(by)) % np.uint64(max(1, n_parts))
+    part = (key_hash(table.column(by)) % np.uint64(max(1, n_parts))).astype(np.int32)
     rank = np.argsort(part, kind="stable")
-    table = table.take(pa.array(rank)).append_column(PART, pa.array(part[rank].astype(np.int32)))
-    bounds = np.searchsorted(part[rank], np.arange(n_parts + 1, dtype=np.uint64))
-    tmp = f"{out}.{os.getpid()}.tmp"
-    with pq.ParquetWriter(tmp, table.schema, compression="zstd") as writer:
-        for p in range(n_parts):
-            if bounds[p + 1] > bounds[p]:
-                writer.write_table(table.slice(int(bounds[p]), int(bounds[p + 1] - bounds[p])))
-    os.replace(tmp, out)
+    write_whole(table.take(pa.array(rank)).append_column(PART, pa.array(part[rank])), out, group_by=PART)
     return table.num_rows
 
 
