@@ -2,7 +2,7 @@
 
 Each suite is built from the table's own columns plus a few derived columns that the
 validator adds (``vector_dim``, ``vector_finite``, ``sources_known``, and for each reference in
-``REFERENCES`` a ``<column>_dangling`` column holding the ids that the referenced table lacks,
+``schemas.tables.REFERENCES`` a ``<column>_dangling`` column holding the ids that the referenced table lacks,
 null where the reference resolves). A failing suite stops the publish.
 """
 
@@ -15,14 +15,6 @@ import great_expectations as gx
 E = gx.expectations
 
 QUARANTINE_STAGES = ["ingest", "chunk", "extract", "merge", "embed", "hierarchy", "communities", "reports"]
-
-# table -> column -> the table whose ids it must name (referential integrity)
-REFERENCES: dict[str, dict[str, str]] = {
-    "chunks": {"document_id": "documents"},
-    "relations": {"source_id": "entities", "target_id": "entities"},
-    "mentions": {"chunk_id": "chunks"},
-    "community_reports": {"community_id": "communities"},
-}
 
 
 def _resolves(column: str) -> Any:

@@ -179,6 +179,14 @@ SNAPSHOT_TABLES = (
 )
 #: Append-only log, not pinned: every run is recorded whether or not it published.
 LOG_TABLES = ("runs",)
+
+# table -> column -> the table whose ids it must name (referential integrity, ``schemas.expectations``)
+REFERENCES: dict[str, dict[str, str]] = {
+    "chunks": {"document_id": "documents"},
+    "relations": {"source_id": "entities", "target_id": "entities"},
+    "mentions": {"chunk_id": "chunks"},
+    "community_reports": {"community_id": "communities"},
+}
 #: the log of snapshots: one row per published version, pinning a version of every table
 SNAPSHOTS = "_snapshots"
 ALL_TABLES = SNAPSHOT_TABLES + LOG_TABLES

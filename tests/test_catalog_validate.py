@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -167,3 +169,26 @@ def test_validation_in_slices_counts_every_bad_row_and_sees_repeats_across_slice
     repeated = failures[("entities", "expect_column_values_to_be_unique")]
     assert repeated["unexpected_count"] == 2 and repeated["sample"] == ["ent-a", "ent-a"]
     assert failures[("chunks", "expect_column_values_to_be_null")]["unexpected_count"] == 2
+
+
+def test_validation_on_workers_keeps_great_expectations_out_of_the_run_process(tmp_path):
+    """With a mapper every table is checked by tasks (a table in memory written as one part): the process that
+    asks never imports great-expectations (~155 MB resident), and gets the report it would get itself."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, json\n"
+        "from tasks.index.validate import validate_tables\n"
+        "from tasks.runtime.parallel import ProcessMapper\n"
+        "from tests.helpers import DIM, tiny_tables\n"
+        "t = tiny_tables()\n"
+        "m = ProcessMapper()\n"
+        f"r = validate_tables(t, DIM, mapper=m, workdir={str(tmp_path / 'work')!r})\n"
+        "m.release()\n"
+        "print(json.dumps([r.success, r.checked, 'great_expectations' in sys.modules]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    success, checked, imported = json.loads(out.stdout.strip().splitlines()[-1])
+    assert success and not imported
+    assert checked == validate_tables(tiny_tables(), DIM).checked

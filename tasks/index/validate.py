@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from tasks.store.spill import SpilledTable
 
 
@@ -85,7 +86,7 @@ _DERIVED_INPUTS: dict[str, tuple[set[str], set[str]]] = {
 def frame_inputs(name: str) -> tuple[set[str], set[str]]:
     """The columns and the reference sets (``refs`` keys) that table ``name``'s frame reads beyond its suite's
     columns: what a task validating one part of it must be given."""
-    from schemas.expectations import REFERENCES
+    from schemas.tables import REFERENCES
 
     columns, refs = _DERIVED_INPUTS.get(name, (set(), set()))
     references = REFERENCES.get(name, {})
@@ -94,7 +95,7 @@ def frame_inputs(name: str) -> tuple[set[str], set[str]]:
 
 def _frame(name: str, table: pa.Table, refs: dict[str, set[str]], columns: set[str]) -> pd.DataFrame:
     """The pandas frame a suite reads: the table's ``columns`` that are scalar, plus the derived columns."""
-    from schemas.expectations import REFERENCES  # imports great-expectations: only when validating
+    from schemas.tables import REFERENCES
 
     scalar = [
         f.name
@@ -217,12 +218,12 @@ def validate_tables(
 
     Tables are validated in slices of ``batch_rows`` rows, each read into pandas with only the columns its
     suite names, so memory stays bounded however large a table grows (failure counts add up over slices).
-    A spilled table is validated a part per task on ``mapper`` (the run's Dask workers) when one is given, with
-    ``workdir`` for what the tasks share (``validate_spilled``).
-    ``relation_kinds``: the kinds a relation may have (default: every registered method's)."""
-    from schemas.expectations import suites
+    With a ``mapper`` (the run's Dask workers) every table is validated by tasks, a part per task, with
+    ``workdir`` for what the tasks share (``validate_spilled``; a table in memory is written there as one part),
+    and this process never loads great-expectations. ``relation_kinds``: the kinds a relation may have
+    (default: every registered method's)."""
     from tasks.methods.registry import relation_kinds as registered_kinds
-    from tasks.store.spill import SpilledTable
+    from tasks.store.spill import SpilledTable, write_whole
 
     def ids(name: str) -> list[str]:
         return tables[name].column("id").to_pylist() if name in tables else []
@@ -230,17 +231,26 @@ def validate_tables(
     refs = {n: set(ids(n)) - {None} for n in ("documents", "chunks", "entities", "communities")}
     refs["quarantine_items"] = set(tables["quarantine"].column("item").to_pylist()) if "quarantine" in tables else set()
     kinds = relation_kinds or registered_kinds()
-    specs = suites(dim, kinds)
     report = ValidationReport(success=True)
     for name, table in tables.items():
-        if name not in specs or table.num_rows == 0:
+        if table.num_rows == 0:
             continue
-        if isinstance(table, SpilledTable) and mapper is not None:
-            failed = validate_spilled(mapper, name, table, refs, dim, kinds, batch_rows, workdir)
+        if mapper is not None:
+            if not isinstance(table, SpilledTable):
+                Path(workdir).mkdir(parents=True, exist_ok=True)
+                write_whole(table, Path(workdir) / f"whole-{name}.parquet")
+                table = SpilledTable([Path(workdir) / f"whole-{name}.parquet"], table.schema, table.num_rows)
+            failed, checked = validate_spilled(mapper, name, table, refs, dim, kinds, batch_rows, workdir)
         else:
+            from schemas.expectations import suites
+
+            specs = suites(dim, kinds)
+            if name not in specs:
+                continue
             expectations, derived = _whole_table(specs[name], table)
-            failed = check_table(name, table, expectations, derived, refs, batch_rows)
-        report.checked[name] = len(specs[name])
+            failed, checked = check_table(name, table, expectations, derived, refs, batch_rows), len(specs[name])
+        if checked:
+            report.checked[name] = checked
         report.failures += failed
     report.success = not report.failures
     return report
@@ -327,8 +337,9 @@ def validate_spilled(
     kinds: tuple[str, ...],
     batch_rows: int,
     workdir: Any,
-) -> list[dict[str, Any]]:
-    """The failures of table ``name``'s suite over the spilled ``table``, checked part by part on ``mapper``."""
+) -> tuple[list[dict[str, Any]], int]:
+    """The failures of table ``name``'s suite over the spilled ``table``, checked part by part on ``mapper``, and
+    the number of expectations its suite has (0: none)."""
 
     work = Path(workdir) / f"validate-{name}"
     work.mkdir(parents=True, exist_ok=True)
@@ -350,11 +361,12 @@ def validate_spilled(
         batch_rows=batch_rows,
     )
     failed: dict[tuple[str, str], dict[str, Any]] = {}
-    for part in checked:
+    for part, _, _ in checked:
         for f in part:
             entry = failed.setdefault((f["expectation"], f["column"]), dict(f, unexpected_count=0))
             entry["unexpected_count"] += f["unexpected_count"]
-    for column in unique_columns(name, dim, kinds):
+    _, expectations, unique = checked[0]
+    for column in unique:
         buckets = [[str(work / f"{column}-{b:05d}-{p:05d}.parquet") for p in range(n)] for b in range(n)]
         repeats = mapper(repeated_values, buckets)
         count = sum(c for c, _ in repeats)
@@ -366,15 +378,7 @@ def validate_spilled(
                 "unexpected_count": count,
                 "sample": sorted(v for _, sample in repeats for v in sample)[:3],
             }
-    return list(failed.values())
-
-
-def unique_columns(name: str, dim: int, kinds: tuple[str, ...]) -> list[str]:
-    import great_expectations as gx
-
-    from schemas.expectations import suites
-
-    return [e.column for e in suites(dim, kinds)[name] if isinstance(e, gx.expectations.ExpectColumnValuesToBeUnique)]
+    return list(failed.values()), expectations
 
 
 def check_part(
@@ -386,9 +390,10 @@ def check_part(
     buckets: int,
     workdir: str,
     batch_rows: int,
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], int, list[str]]:
     """One part (a task): the suite but uniqueness over its rows, in their canonical order; the values of each
-    column that must be unique written to ``buckets`` files by hash. Returns the part's failures."""
+    column that must be unique written to ``buckets`` files by hash. Returns the part's failures, the number of
+    expectations of the table's suite (0: it has none) and the columns that must be unique."""
     import great_expectations as gx
     import numpy as np
 
@@ -396,20 +401,21 @@ def check_part(
     from tasks.store.spill import key_hash, read_part, write_whole
 
     path, order, order_by, part = job
-    unique = unique_columns(name, dim, kinds)
+    suite = suites(dim, kinds).get(name, [])
     unique_type = gx.expectations.ExpectColumnValuesToBeUnique
-    expectations = [e for e in suites(dim, kinds)[name] if not isinstance(e, unique_type)]
+    unique = [e.column for e in suite if isinstance(e, unique_type)]
+    expectations = [e for e in suite if not isinstance(e, unique_type)]
     wanted = suite_columns(expectations) | frame_inputs(name)[0] | set(unique)
     table = read_part(path, order, order_by, [c for c in pq.read_schema(path).names if c in wanted])
     ids = {target: set(pq.read_table(f).column("id").to_pylist()) for target, f in refs.items()}
-    failures = check_table(name, table, expectations, {}, ids, batch_rows) if table.num_rows else []
+    failures = check_table(name, table, expectations, {}, ids, batch_rows) if table.num_rows and suite else []
     for column in unique:
         values = table.column(column)
         bucket = key_hash(values) % np.uint64(buckets)
         for b in range(buckets):
             out = Path(workdir) / f"{column}-{b:05d}-{part:05d}.parquet"
             write_whole(pa.table({"v": values.filter(pa.array(bucket == b))}), out)
-    return failures
+    return failures, len(suite), unique
 
 
 def repeated_values(files: list[str]) -> tuple[int, list[str]]:
