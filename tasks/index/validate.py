@@ -232,19 +232,21 @@ def validate_tables(
     refs["quarantine_items"] = set(tables["quarantine"].column("item").to_pylist()) if "quarantine" in tables else set()
     kinds = relation_kinds or registered_kinds()
     report = ValidationReport(success=True)
+    if mapper is None:
+        from schemas.expectations import suites
+
+        specs = suites(dim, kinds)
     for name, table in tables.items():
         if table.num_rows == 0:
             continue
         if mapper is not None:
             if not isinstance(table, SpilledTable):
-                Path(workdir).mkdir(parents=True, exist_ok=True)
-                write_whole(table, Path(workdir) / f"whole-{name}.parquet")
-                table = SpilledTable([Path(workdir) / f"whole-{name}.parquet"], table.schema, table.num_rows)
+                whole = Path(workdir) / f"whole-{name}.parquet"
+                whole.parent.mkdir(parents=True, exist_ok=True)
+                write_whole(table, whole)
+                table = SpilledTable([whole], table.schema, table.num_rows)
             failed, checked = validate_spilled(mapper, name, table, refs, dim, kinds, batch_rows, workdir)
         else:
-            from schemas.expectations import suites
-
-            specs = suites(dim, kinds)
             if name not in specs:
                 continue
             expectations, derived = _whole_table(specs[name], table)
