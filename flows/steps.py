@@ -158,9 +158,14 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
             on_done=lambda _i, r: st.advance(len(r.ok) + len(r.quarantine)),
             **llm,
         )
-        files = sorted(str(f) for f in written.glob("task-*.parquet"))
         mentions = gather(
-            run.mapper, files, schema_for("mentions", 0), parts, run.spill_dir / "mentions", in_chunk_order, CHUNK_ORDER
+            run.mapper,
+            sorted(result.files),
+            schema_for("mentions", 0),
+            parts,
+            run.spill_dir / "mentions",
+            in_chunk_order,
+            CHUNK_ORDER,
         )
         if run.snap:  # idle workers would slow the CPU-bound stages that follow (a build merges on them)
             run.mapper.release()

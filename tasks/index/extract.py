@@ -48,6 +48,7 @@ class ExtractionResult:
     usage: dict[str, int] = field(default_factory=dict)  # LLM calls and tokens (empty offline)
     mention_rows: int = 0  # ``mentions`` rows a task wrote (``batch_mentions``)
     entity_mentions: int = 0  # of which entity mentions
+    files: list[str] = field(default_factory=list)  # the files the tasks wrote them to, in task order
 
     @classmethod
     def combine(cls, parts: list[ExtractionResult]) -> ExtractionResult:
@@ -62,6 +63,7 @@ class ExtractionResult:
                 out.usage[k] = out.usage.get(k, 0) + v
             out.mention_rows += r.mention_rows
             out.entity_mentions += r.entity_mentions
+            out.files += r.files
         return out
 
     @property
@@ -277,13 +279,15 @@ def batch_mentions(
     entities = cast("list[dict[str, Any]]", res.entities) + titled
     table = to_table("mentions", mention_rows(entities, cast("list[dict[str, Any]]", res.relations)), 0, version)
     folder, parts = spill
-    write_split(table, "key", parts, Path(folder) / f"task-{index:05d}.parquet")
+    out = Path(folder) / f"task-{index:05d}.parquet"
+    write_split(table, "key", parts, out)
     return ExtractionResult(
         quarantine=res.quarantine,
         ok=res.ok,
         usage=res.usage,
         mention_rows=table.num_rows,
         entity_mentions=len(entities),
+        files=[str(out)],
     )
 
 
