@@ -384,8 +384,15 @@ def assemble(
         "documents": documents,
         "chunks": chunks,
         "entities": all_entities,
-        "relations": with_above(
-            layer0.relations, relation_table(hierarchy.relations), run.spill_dir / "relations-above.parquet", version
+        "relations": (
+            hierarchy.graph_relations
+            if hierarchy.graph_relations is not None
+            else with_above(
+                layer0.relations,
+                relation_table(hierarchy.relations),
+                run.spill_dir / "relations-above.parquet",
+                version,
+            )
         ),
         "layers": to_table("layers", hierarchy.layers or [], dim, version),
         "communities": to_table("communities", hierarchy.communities, dim, version),

@@ -66,6 +66,8 @@ class Hierarchy:
     report_vectors: np.ndarray  # aligned with ``reports``
     layers: list[LayerRow] | None  # None: the previous snapshot's layer statistics still hold
     quarantine: list[QuarantineRow] = field(default_factory=list)  # LLM output that fell back to offline
+    #: layer 0's relations and ``relations`` as the one table the method already built them into (``with_above``)
+    graph_relations: Any = None
 
 
 class MethodContext(Protocol):

@@ -66,7 +66,9 @@ class HiRAG:
                 levels=len({c["level"] for c in communities}),
             )
         reports, report_vecs, failures = write_reports(ctx, communities, entities, relations)
-        return Hierarchy(ents, vecs, rels, communities, reports, report_vecs, layers, fallbacks(summarizer, failures))
+        return Hierarchy(
+            ents, vecs, rels, communities, reports, report_vecs, layers, fallbacks(summarizer, failures), relations
+        )
 
     def update(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
         from tasks.methods.hirag.hierarchy import restate_layers
