@@ -62,6 +62,28 @@ def test_reports_one_per_community_and_bottom_up_when_over_budget():
     assert all(0 <= r["rating"] <= 10 for r in reports)
 
 
+def test_offline_report_names_named_entities_and_never_repeats_a_sentence():
+    shared = "Bob Cratchit, clerk to Ebenezer Scrooge, sat in the tank."
+    ents = [
+        {"id": "fire", "name": "fire", "type": "concept", "layer": 0, "description": f"{shared} The fire was small."},
+        {"id": "bob", "name": "Bob Cratchit", "type": "person", "layer": 0, "description": f"{shared} Mrs. Cratchit cooked."},
+        {"id": "xmas", "name": "Christmas Eve", "type": "time", "layer": 0, "description": shared},
+        {"id": "scrooge", "name": "Scrooge", "type": "person", "layer": 0, "description": shared},
+    ]
+    rels = [{"id": f"r{i}", "source_id": a, "target_id": b, "kind": "extracted", "weight": w, "description": d}
+            for i, (a, b, w, d) in enumerate([("fire", "bob", 3.0, shared), ("fire", "xmas", 2.0, shared),
+                                              ("bob", "scrooge", 1.0, "Scrooge paid Bob fifteen shillings.")])]
+    comm = {"id": "c", "level": 0, "parent_id": None, "entity_ids": ["fire", "bob", "xmas", "scrooge"], "size": 4}
+    (report,), _ = build_reports([comm], ents, rels, budget=600)
+    # fire is the most connected member, but a concept: the named people first, then the time
+    assert report["title"] == "Bob Cratchit, Scrooge and Christmas Eve"
+    # each member's first sentence not yet said, most central first, round after round: each sentence once
+    assert report["summary"] == f"{shared} Mrs. Cratchit cooked. The fire was small."
+    assert report["findings"] == ["Bob Cratchit — Scrooge: Scrooge paid Bob fifteen shillings."]
+    (small,), _ = build_reports([comm], ents, rels, budget=30)  # 10 tokens: the first sentence, cut
+    assert small["summary"] and small["summary"] in shared and small["summary"] != shared
+
+
 class FakeLLM:
     """A local fake of the LLM client that records concurrency."""
 

@@ -301,3 +301,15 @@ def test_the_view_copy_is_stamped_with_the_versions_of_the_libraries_it_pickles(
     monkeypatch.undo()
     _code_stamp.cache_clear()
     assert _code_stamp() == before
+
+
+def test_the_entities_section_shows_what_the_question_names_then_named_entities_then_concepts():
+    from tasks.methods.hirag.retrieval import named_first
+
+    items = [{"name": n, "type": t} for n, t in [("marriage", "concept"), ("Tim Cratchit", "person"),
+                                                 ("cripple", "concept"), ("Bob Cratchit", "person"),
+                                                 ("Christmas Eve", "concept")]]
+    order = lambda q: [i["name"] for i in named_first(items, q)]  # noqa: E731
+    assert order("Who employed Bob Cratchit?") == ["Bob Cratchit", "Tim Cratchit", "Christmas Eve", "marriage", "cripple"]
+    # a question about a concept keeps it first
+    assert order("Whose marriage was happy?")[0] == "marriage"

@@ -1,8 +1,8 @@
 """Community reports: title, summary, rating and findings for every community.
 
-Offline (extractive): the title names the community's most connected entities, the summary
-is drawn from the most central members' descriptions, the findings are its strongest
-relations, and the rating is its internal relation weight relative to the strongest
+Offline (extractive): the title names the community's most connected named entities, the
+summary is its most central members' distinct sentences within a token budget, the findings
+are its strongest relations that the summary does not already say, and the rating is its internal relation weight relative to the strongest
 community of its level (0-10). With an ``LLMClient``, each report is a JSON answer to a
 prompt; reports of one level run concurrently.
 
@@ -92,9 +92,18 @@ def _material(comm: dict[str, Any], ents: dict[str, dict[str, Any]], index: Rela
     return ranked, index.rows(inner[:MAX_PROMPT_RELATIONS]), sum(index.weight[inner].tolist())
 
 
+#: the title's names come from the most central members of the most specific kind first: named things, then
+#: times, then concept phrases, then summary entities (a title "1988, East Asia and 17 September" names dates)
+_TITLE_RANK = {"time": 1, "concept": 2}
+
+
 def _title(ranked: list[str], ents: dict[str, dict[str, Any]]) -> str:
-    names = []
-    for e in ranked:
+    def kind(e: str) -> int:
+        ent = ents[e]
+        return 3 if ent["layer"] > 0 else _TITLE_RANK.get(ent["type"], 0 if ent["name"][:1].isupper() else 2)
+
+    names: list[str] = []
+    for e in sorted(ranked, key=kind):  # stable: most central first within a kind
         if ents[e]["name"] not in names:
             names.append(ents[e]["name"])
         if len(names) == 3:
@@ -111,22 +120,72 @@ def _finding(r: dict[str, Any], ents: dict[str, dict[str, Any]]) -> str:
     return f"{a} — {b}: {truncate_tokens(r['description'], 60)}"
 
 
+#: characters of a description read for its sentences (the summary takes a few of each member's first ones)
+SENTENCE_PREFIX_CHARS = 600
+
+
+def _sentences(text: str) -> list[str]:
+    """The whole sentences in the first ``SENTENCE_PREFIX_CHARS`` of ``text`` (one cut there is dropped)."""
+    from tasks.runtime.text import split_sentences
+
+    found = split_sentences(text[:SENTENCE_PREFIX_CHARS])
+    return found[:-1] if len(text) > SENTENCE_PREFIX_CHARS and len(found) > 1 else found
+
+
+def _key(sentence: str) -> str:
+    return " ".join(sentence.lower().split())
+
+
+def central_sentences(texts: list[str], budget: int) -> list[str]:
+    """Distinct sentences of ``texts`` (most central first) within ``budget`` tokens: each text's first sentence
+    not yet taken, round after round, so the summary covers the central members before it goes deep into one;
+    no sentence twice. A first sentence over the budget is cut to it (a summary is never empty)."""
+    pending = [_sentences(t) for t in texts]
+    out: list[str] = []
+    seen: set[str] = set()
+    used = 0
+    while any(pending):
+        for queue in pending:
+            while queue and _key(queue[0]) in seen:
+                queue.pop(0)
+            if not queue:
+                continue
+            sentence = queue.pop(0)
+            n = count_tokens(sentence)
+            if used + n > budget:
+                if not out:
+                    out.append(truncate_tokens(sentence, budget))
+                return out
+            out.append(sentence)
+            seen.add(_key(sentence))
+            used += n
+    return out
+
+
 def offline_report(comm, ents, index, child_reports: list[dict[str, Any]], budget: int) -> dict[str, Any]:
+    """A title naming the community's most central named entities, a summary of its most central distinct
+    sentences within ``budget / 3`` tokens, and findings from its strongest relations that the summary does
+    not already say (a community over ``budget`` is summarised from its sub-communities' reports instead)."""
     ranked, rels, weight = _material(comm, ents, index)
     title = _title(ranked, ents)
-    descriptions = [f"{ents[e]['name']}: {ents[e]['description']}" for e in ranked]
-    own = " ".join(descriptions)
-    if child_reports and count_tokens(own) > budget:
+    own = sum(count_tokens(ents[e]["description"]) for e in ranked)
+    if child_reports and own > budget:
         # too big to describe directly: roll up the sub-community reports (bottom-up)
-        parts = [
-            f"{c['title']}: {c['summary']}" for c in sorted(child_reports, key=lambda c: (-c["rating"], c["title"]))
-        ]
-        summary = truncate_tokens(" ".join(parts), budget // 3)
-        findings = [f for c in child_reports for f in c["findings"][:1]][:MAX_FINDINGS]
+        kids = sorted(child_reports, key=lambda c: (-c["rating"], c["title"]))
+        sentences = central_sentences([c["summary"] for c in kids], budget // 3)
+        candidates = [f for c in kids for f in c["findings"][:1]]
     else:
-        summary = truncate_tokens(" ".join(descriptions[:5]), budget // 3)
-        findings = [_finding(r, ents) for r in rels[:MAX_FINDINGS]]
-    return {"title": title, "summary": summary, "findings": findings, "weight": weight}
+        sentences = central_sentences([ents[e]["description"] for e in ranked], budget // 3)
+        candidates = [_finding(r, ents) for r in rels]
+    said, findings = [_key(s) for s in sentences], []
+    for f in candidates:
+        key = _key(f.split(": ", 1)[-1].removesuffix("…"))
+        if key and not any(key.startswith(k) or k.startswith(key) for k in said):
+            said.append(key)
+            findings.append(f)
+        if len(findings) == MAX_FINDINGS:
+            break
+    return {"title": title, "summary": " ".join(sentences), "findings": findings, "weight": weight}
 
 
 def report_prompt(comm, ents, index, child_reports, budget: int) -> list[dict[str, str]]:

@@ -22,8 +22,8 @@ _SENTENCIZER = None
 
 
 def split_sentences(text: str) -> list[str]:
-    """``text`` as sentences, whitespace folded: spaCy's rule-based sentencizer over its English tokenizer, whose
-    exceptions keep abbreviations and initials whole ("Mrs. Cratchit", "Michael S. Hart", "the U.S. Army"); a piece
+    """``text`` as sentences, whitespace folded, a blank line always ending one: spaCy's rule-based sentencizer
+    over its English tokenizer, whose exceptions keep abbreviations and initials whole ("Mrs. Cratchit", "Michael S. Hart", "the U.S. Army"); a piece
     that starts in lower case continues the sentence before it (``He said "Go away!" and left.``)."""
     global _SENTENCIZER
     if _SENTENCIZER is None:
@@ -33,8 +33,18 @@ def split_sentences(text: str) -> list[str]:
         nlp.add_pipe("sentencizer")
         _SENTENCIZER = nlp
     out: list[str] = []
+    for paragraph in _PARAGRAPH.split(text):
+        out += _paragraph_sentences(_SENTENCIZER, _SPACE.sub(" ", paragraph).strip())
+    return out
+
+
+_PARAGRAPH = re.compile(r"\n\s*\n")
+
+
+def _paragraph_sentences(nlp, text: str) -> list[str]:
+    out: list[str] = []
     carry = ""  # an opening quote the sentencizer left at the end of the sentence before
-    for sent in _SENTENCIZER(_SPACE.sub(" ", text).strip()).sents:
+    for sent in nlp(text).sents:
         s = carry + sent.text.strip()
         carry = ""
         if _OPENING_QUOTE.search(s):

@@ -42,6 +42,21 @@ def report_item(view: IndexView, c: int) -> dict[str, Any] | None:
     }
 
 
+def named_first(items: list[dict[str, Any]], question: str) -> list[dict[str, Any]]:
+    """The entities section's order: those the question names first, then named entities, then generic concept
+    phrases ("marriage", "industry"), each group by similarity (the levels are chosen before: this only decides
+    what the section's budget shows first)."""
+    q = f" {' '.join(re.findall(r'[a-z0-9]+', question.lower()))} "
+
+    def group(item: dict[str, Any]) -> int:
+        name = " ".join(re.findall(r"[a-z0-9]+", item["name"].lower()))
+        if name and f" {name} " in q:
+            return 0
+        return 2 if item["type"] == "concept" and not item["name"][:1].isupper() else 1
+
+    return sorted(items, key=group)  # stable: by similarity within a group
+
+
 def fill_levels(
     view: IndexView, ctx: Context, scores: np.ndarray, budgets: dict[str, int], cfg: RetrievalConfig
 ) -> None:
@@ -62,7 +77,7 @@ def fill_levels(
             for i in local
             if not repeats(view.ent_desc[i], sources)
         ]
-        ctx.entities, ctx.tokens["entities"] = fill(ent_items, budgets["entities"])
+        ctx.entities, ctx.tokens["entities"] = fill(named_first(ent_items, ctx.question), budgets["entities"])
 
         comms = global_communities(view, local, cfg.max_communities)
         comm_items = [item for item in (report_item(view, c) for c in comms) if item is not None]
