@@ -102,6 +102,9 @@ def test_an_archrag_index_builds_searches_top_down_and_updates(small_corpus, tmp
     assert out.exit_code == 0, out.output
     answer = json.loads(out.stdout)
     assert answer["mode"] == "archrag" and answer["entities"] and answer["chunks"]
+    out = runner.invoke(app, ["query", "Who was Scrooge's clerk?", "--index", str(tmp_path / "index"), "--answer"])
+    assert out.exit_code == 0 and out.stdout.strip() == answer["answer"]["text"], out.output  # the answer alone
+    assert "Bob Cratchit" in out.stdout and len(out.stdout.split()) <= 60 + 2 * 3  # two sentences, their sources
     (corpus / "notes" / "fezziwig.md").write_text(
         "# Fezziwig\n\nOld Fezziwig was the merchant to whom young Ebenezer Scrooge was apprenticed.\n", encoding="utf-8")
     (corpus / "carol_2.txt").unlink()

@@ -34,10 +34,13 @@ def query(
     config_path: Optional[Path] = ConfigOpt,
     set_: Optional[list[str]] = SetOpt,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    answer_only: bool = typer.Option(False, "--answer", help="Print the answer alone, without the context."),
 ) -> None:
     """Retrieve local entities, community reports and bridge paths for a question, then answer it.
 
-    Without an LLM configured the answer is extractive: the context sentences that best match the question."""
+    Without an LLM configured the answer is extractive: at most two sentences of the sources (60 words), the one
+    closest to the question and the one that best continues it, each with its document; or a plain statement
+    that the index holds no answer when no source sentence comes close."""
     from tasks.query.reader import open_reader
     from tasks.query.view import remember_view
 
@@ -48,6 +51,9 @@ def query(
     remember_view(reader.view)  # the next `strata query` on this snapshot starts from it
     if as_json:
         out.print_json(json.dumps(ctx.as_dict() | {"answer": answer, "retrieval_ms": round(ms, 1)}, default=str))
+        return
+    if answer_only:
+        out.print(answer["text"] or ctx.message or "(no answer)", markup=False, highlight=False, soft_wrap=True)
         return
     out.print(
         f"[bold]Q:[/] {escape(question)}   [dim](mode {ctx.mode}, snapshot v{ctx.version}, {ms:.0f} ms, "
