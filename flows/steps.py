@@ -373,27 +373,17 @@ def assemble(
             ),
             version,
         )
-        all_entities = to_table(
-            "entities",
-            layer0.entities + hierarchy.entities,
-            dim,
-            version,
-            np.concatenate([v.reshape(-1, dim) for _, v in entities]),
-        )
+        vectors = np.concatenate([v.reshape(-1, dim) for _, v in entities])
+        all_entities = to_table("entities", layer0.entities + hierarchy.entities, dim, version, vectors)
+    relations = hierarchy.graph_relations  # the method's own graph table, when it made one
+    if relations is None:
+        above = relation_table(hierarchy.relations)
+        relations = with_above(layer0.relations, above, run.spill_dir / "relations-above.parquet", version)
     tables = {
         "documents": documents,
         "chunks": chunks,
         "entities": all_entities,
-        "relations": (
-            hierarchy.graph_relations
-            if hierarchy.graph_relations is not None
-            else with_above(
-                layer0.relations,
-                relation_table(hierarchy.relations),
-                run.spill_dir / "relations-above.parquet",
-                version,
-            )
-        ),
+        "relations": relations,
         "layers": to_table("layers", hierarchy.layers or [], dim, version),
         "communities": to_table("communities", hierarchy.communities, dim, version),
         "community_reports": to_table(
