@@ -82,7 +82,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (413, "The body is over serve.max_request_bytes"),
         (422, "The request does not validate"),
         (500, "Internal error (the service log has the cause)"),
-        (503, "Busy (serve.max_concurrency queries running) or still loading; see Retry-After"),
+        (503, "Busy, still loading, or the snapshot removed by gc mid-request; see Retry-After"),
     )
 }
 
@@ -134,16 +134,18 @@ class Service:
             return load_view(self.catalog, as_of)
 
     def answer(self, req: QueryRequest, state: dict[str, Any]) -> dict[str, Any]:
-        from tasks.errors import UsageError
+        from tasks.errors import SnapshotGone, UsageError
 
         reader = self.reader
         assert reader is not None  # requests reach here once loaded (``Depends(ready)``)
-        view = self.view(req.as_of)
-        state["snapshot"] = view.version
         try:
+            view = self.view(req.as_of)
+            state["snapshot"] = view.version
             ctx, answer, ms = reader.ask(req.question, req.mode, req.token_budget, view=view)
         except UsageError as exc:  # a mode this index does not offer
             raise HTTPException(422, str(exc)) from exc
+        except SnapshotGone as exc:  # gc removed it mid-request: the retry reads the newest (or 404 with as_of)
+            raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from exc
         state["mode"] = ctx.mode
         return ctx.as_dict() | {"answer": answer, "retrieval_ms": round(ms, 1)}
 

@@ -42,6 +42,10 @@ class RefusedError(StrataError):
     kind = "refused"
 
 
+class SnapshotGone(RefusedError):
+    """The snapshot a read was pinned to was removed (``strata gc``) while it read: reading again takes the newest."""
+
+
 def exit_code(exc: BaseException) -> int:
     """The exit code for ``exc``: its kind's, or a usage error's for a bad setting, or an internal error's."""
     from schemas.config import ConfigError

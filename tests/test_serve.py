@@ -130,6 +130,20 @@ def test_queries_during_a_publish_all_succeed_on_one_version_each_and_the_new_on
         pinned = client.post("/query", json={"question": "Who was apprenticed to Fezziwig?", "as_of": 1}).json()
         assert pinned["version"] == 1
         assert [s["version"] for s in client.get("/snapshots").json()] == [2, 1]
+        # gc removes v1 under a request that resolved it before: a retryable 503 naming gc, then the newest answers
+        from tasks.query.view import IndexView
+
+        resolved = IndexView.load(Catalog(index), 1)  # its passage graph not built yet: read on first use
+        assert Catalog(index).gc(keep=1)["dropped"] == [1]
+        svc = client.app.state.service
+        svc.view, stale = (lambda _as_of: resolved), svc.view
+        res = client.post("/query", json={"question": "Who was apprenticed to Fezziwig?"})
+        assert res.status_code == 503 and res.headers["Retry-After"] == "1", res.text
+        assert "snapshot v1 was removed by `strata gc`" in res.json()["detail"]
+        svc.view = stale
+        assert client.post("/query", json={"question": "Who was apprenticed to Fezziwig?"}).json()["version"] == 2
+        gone = client.post("/query", json={"question": "Who was apprenticed to Fezziwig?", "as_of": 1})
+        assert gone.status_code == 404 and "snapshot version 1 not found" in gone.json()["detail"]
 
 
 def test_serve_refuses_an_index_that_is_not_there(tmp_path):

@@ -67,12 +67,14 @@ class Reader:
         the answer (``tasks.query.answer.answer``) and the retrieval's milliseconds."""
         from tasks.query.answer import answer
         from tasks.query.retrieve import retrieve
+        from tasks.query.view import removed_meanwhile
 
         view = view or self.view
         mode = check_mode(view.method, mode)
         cfg = self.cfg.retrieval if budget is None else self.cfg.retrieval.model_copy(update={"token_budget": budget})
         t0 = time.perf_counter()
-        ctx = retrieve(view, question, self.embedder.embed([question])[0], mode, cfg)
+        with removed_meanwhile(self.catalog, view.version):  # a view reads some tables on first use
+            ctx = retrieve(view, question, self.embedder.embed([question])[0], mode, cfg)
         ms = (time.perf_counter() - t0) * 1000
         return ctx, answer(ctx, self.client, self.embedder.embed), ms
 

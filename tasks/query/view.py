@@ -244,6 +244,34 @@ _VIEWS: OrderedDict[tuple[str, int], IndexView] = OrderedDict()
 _VIEWS_LOCK = threading.Lock()
 
 
+@contextlib.contextmanager
+def removed_meanwhile(catalog: Catalog, version: int):
+    """Reads of snapshot ``version``: a failure (a table version's files missing, say) while that snapshot is no
+    longer published — ``strata gc`` removed it under the reader — is ``SnapshotGone``, a clear and retryable
+    error, not an internal one; the view of it is dropped, so the next read resolves the newest snapshot."""
+    from tasks.errors import DamagedError, NotFoundError, SnapshotGone, StrataError
+
+    try:
+        yield
+    except Exception as exc:
+        if isinstance(exc, StrataError) and not isinstance(exc, DamagedError):
+            raise  # a usage error, say: nothing to do with the snapshot
+        try:  # a fresh handle: the reader's own may still see the snapshots table as it was when opened
+            gone = Catalog(catalog.uri, create=False, storage=catalog._storage).snapshot(version) is None
+        except NotFoundError:
+            gone = True
+        except Exception:  # noqa: BLE001 - the index itself unreadable: the first error tells more
+            gone = False
+        if not gone:
+            raise
+        with _VIEWS_LOCK:
+            _VIEWS.pop((catalog.uri, version), None)
+        raise SnapshotGone(
+            f"snapshot v{version} was removed by `strata gc` while it was being read: ask again, the newest "
+            "snapshot answers"
+        ) from exc
+
+
 def load_view(catalog: Catalog, as_of: int | None = None) -> IndexView:
     """The in-memory view of a snapshot, loaded once per (index, version) and reused (2 kept); the latest one
     from the copy a previous process left on disk (``remember_view``) while it is still the latest."""
@@ -254,7 +282,8 @@ def load_view(catalog: Catalog, as_of: int | None = None) -> IndexView:
             return view
     seen = _snapshots_lance_version(catalog)  # before the snapshot is resolved: a publish after it only makes
     version = catalog.require_snapshot(as_of)["version"]  # the copy on disk look older than it is
-    view = _cached(catalog.uri, version, lambda: IndexView.load(catalog, version))
+    with removed_meanwhile(catalog, version):
+        view = _cached(catalog.uri, version, lambda: IndexView.load(catalog, version))
     if as_of is None and view.lance_version is None:
         view.lance_version = seen
     return view
