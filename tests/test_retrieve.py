@@ -313,3 +313,21 @@ def test_the_entities_section_shows_what_the_question_names_then_named_entities_
     assert order("Who employed Bob Cratchit?") == ["Bob Cratchit", "Tim Cratchit", "Christmas Eve", "marriage", "cripple"]
     # a question about a concept keeps it first
     assert order("Whose marriage was happy?")[0] == "marriage"
+
+
+def test_sentence_vectors_embed_each_text_once_and_keep_the_most_recent():
+    from tasks.query.answer import SentenceVectors
+
+    calls = []
+
+    def embed(texts):
+        calls.append(list(texts))
+        return np.asarray([[float(len(t)), 1.0] for t in texts])
+
+    vectors = SentenceVectors(embed, size=2)
+    assert vectors(["ab", "abc", "ab"]).tolist() == [[2, 1], [3, 1], [2, 1]] and calls == [["ab", "abc"]]
+    assert vectors(["abc"]).tolist() == [[3, 1]] and len(calls) == 1  # remembered
+    vectors(["abcd"])  # over the size: "ab", used least recently, goes
+    assert list(vectors.seen) == ["abc", "abcd"]
+    vectors(["ab"])
+    assert calls[-1] == ["ab"] and vectors([]).shape == (0, 0)

@@ -213,6 +213,34 @@ def best_sentences(
     return out
 
 
+class SentenceVectors:
+    """``embed`` remembering the vectors of the last ``size`` texts it embedded (least recently used first out;
+    None: all of them), safe across threads: the offline answer's candidates come from the same sources question
+    after question, and embedding them was most of a query's CPU (~0.3 s of ~0.33 s on two cores)."""
+
+    def __init__(self, embed: Callable[[list[str]], np.ndarray], size: int | None = 20_000):
+        from collections import OrderedDict
+        from threading import Lock
+
+        self.embed, self.size = embed, size
+        self.seen: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.lock = Lock()
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        with self.lock:
+            new = [t for t in dict.fromkeys(texts) if t not in self.seen]
+        found = dict(zip(new, self.embed(new))) if new else {}  # the model runs outside the lock
+        with self.lock:
+            for t in texts:
+                if t in self.seen:
+                    self.seen.move_to_end(t)
+                    found.setdefault(t, self.seen[t])
+            self.seen.update(found)
+            while self.size is not None and len(self.seen) > self.size:
+                self.seen.popitem(last=False)
+        return np.stack([found[t] for t in texts]) if texts else np.zeros((0, 0), np.float32)
+
+
 def extractive_answer(ctx: Context, embed: Callable[[list[str]], np.ndarray] | None = None, k: int = 2) -> str:
     """Without an LLM: the sentences of the sources that answer the question (``best_sentences``), each with its
     source; ``NOT_FOUND`` when the context holds something but no sentence close to the question, and nothing for

@@ -24,7 +24,6 @@ import re
 import string
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from schemas.config import RetrievalConfig
-from tasks.query.answer import best_sentences
+from tasks.query.answer import SentenceVectors, best_sentences
 from tasks.query.context import Context
 from tasks.query.retrieve import retrieve
 from tasks.query.view import IndexView
@@ -208,19 +207,6 @@ def _run_mode(
     return result, rows
 
 
-def _cached(embed: Callable[[list[str]], np.ndarray]) -> Callable[[list[str]], np.ndarray]:
-    """``embed`` remembering every text's vector (the same source sentences come back in every mode)."""
-    seen: dict[str, np.ndarray] = {}
-
-    def cached(texts: list[str]) -> np.ndarray:
-        new = [t for t in dict.fromkeys(texts) if t not in seen]
-        if new:
-            seen.update(zip(new, embed(new)))
-        return np.stack([seen[t] for t in texts]) if texts else np.zeros((0, 0), np.float32)
-
-    return cached
-
-
 def evaluate(
     view: IndexView,
     embed,
@@ -233,7 +219,7 @@ def evaluate(
     per-(budget, mode) summaries, budget by budget in mode order, and the per-question rows."""
     rows: list[dict[str, Any]] = []
     summaries: list[ModeResult] = []
-    sentences = _cached(embed)  # the offline answer's candidates: the modes share most source sentences
+    sentences = SentenceVectors(embed, None)  # the offline answer's candidates: the modes share most sentences
     embed(["warm-up"])  # load the model before timing anything
     passage_chunk_counts(view)
     for budget in dict.fromkeys(budgets or [cfg.token_budget]):

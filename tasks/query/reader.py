@@ -47,6 +47,7 @@ class Reader:
     view: Any  # tasks.query.view.IndexView of the snapshot read
     embedder: Any
     client: Any  # LiteLLMClient, or None: offline (extractive) answers
+    sentences: Any = None  # the offline answer's sentence vectors, remembered (``answer.SentenceVectors``)
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -76,7 +77,7 @@ class Reader:
         with removed_meanwhile(self.catalog, view.version):  # a view reads some tables on first use
             ctx = retrieve(view, question, self.embedder.embed([question])[0], mode, cfg)
         ms = (time.perf_counter() - t0) * 1000
-        return ctx, answer(ctx, self.client, self.embedder.embed), ms
+        return ctx, answer(ctx, self.client, self.sentences or self.embedder.embed), ms
 
 
 def open_reader(
@@ -102,7 +103,9 @@ def open_reader(
     check_mode(view.method, mode)
     check_dimension(embedder, view.dim)
     client = LiteLLMClient(cfg.llm, catalog.cache_dir) if cfg.llm.model else None
-    return Reader(cfg, catalog, view, embedder, client)
+    from tasks.query.answer import SentenceVectors
+
+    return Reader(cfg, catalog, view, embedder, client, SentenceVectors(embedder.embed))
 
 
 def _warm_up(embedder: Any) -> threading.Thread:
