@@ -119,6 +119,7 @@ class Service:
         self.reader: Reader | None = None
         self.ready = False
         self._lock = threading.Lock()
+        self._latest: tuple[float, IndexView] | None = None  # (when, the latest snapshot's view then)
 
     def load(self) -> None:
         from tasks.query.reader import open_reader
@@ -128,10 +129,17 @@ class Service:
         self.reader, self.ready = reader, True
 
     def view(self, as_of: int | None) -> IndexView:
+        """The view of ``as_of``, or of the latest snapshot: the one found less than ``serve.snapshot_check_s`` ago,
+        else the index is checked again (a folder listing, one LIST request on s3://)."""
         from tasks.query.view import load_view
 
         with self._lock:  # one load per new version, however many requests ask for it at once
-            return load_view(self.catalog, as_of)
+            if as_of is not None:
+                return load_view(self.catalog, as_of)
+            now = time.monotonic()
+            if self._latest is None or now - self._latest[0] >= self.cfg.serve.snapshot_check_s:
+                self._latest = (now, load_view(self.catalog))
+            return self._latest[1]
 
     def answer(self, req: QueryRequest, state: dict[str, Any]) -> dict[str, Any]:
         from tasks.errors import SnapshotGone, UsageError
@@ -145,6 +153,7 @@ class Service:
         except UsageError as exc:  # a mode this index does not offer
             raise HTTPException(422, str(exc)) from exc
         except SnapshotGone as exc:  # gc removed it mid-request: the retry reads the newest (or 404 with as_of)
+            self._latest = None
             raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from exc
         state["mode"] = ctx.mode
         return ctx.as_dict() | {"answer": answer, "retrieval_ms": round(ms, 1)}

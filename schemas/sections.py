@@ -369,6 +369,12 @@ class ServeConfig(_Section):
         "text", description="Access log: one line per request on stderr, as text or as a JSON object."
     )
     log_questions: bool = Field(False, description="Include the question in the access log (never the key).")
+    snapshot_check_s: float = Field(
+        1.0,
+        ge=0,
+        description="Seconds a request may reuse the latest snapshot found by the one before it: a publish is "
+        "picked up within this time, and the index is checked at most this often (0: every request).",
+    )
 
 
 class StorageConfig(_Section):

@@ -110,7 +110,7 @@ def test_queries_during_a_publish_all_succeed_on_one_version_each_and_the_new_on
     (corpus / "fezziwig.md").write_text("# Fezziwig\n\nOld Fezziwig was the merchant to whom young Ebenezer Scrooge "
                                         "was apprenticed.\n", encoding="utf-8")
     cfg = load_config(overrides=OVERRIDES)
-    with _client(index) as client:
+    with _client(index, snapshot_check_s=0) as client:  # every request checks for a newer snapshot
         versions, failures = [], []
         done = threading.Event()
 
@@ -144,6 +144,19 @@ def test_queries_during_a_publish_all_succeed_on_one_version_each_and_the_new_on
         assert client.post("/query", json={"question": "Who was apprenticed to Fezziwig?"}).json()["version"] == 2
         gone = client.post("/query", json={"question": "Who was apprenticed to Fezziwig?", "as_of": 1})
         assert gone.status_code == 404 and "snapshot version 1 not found" in gone.json()["detail"]
+
+
+def test_the_latest_snapshot_is_looked_up_at_most_once_per_snapshot_check_interval(served_index, monkeypatch):
+    import tasks.query.view as views
+
+    looked = []
+    load = views.load_view
+    monkeypatch.setattr(views, "load_view", lambda catalog, as_of=None: looked.append(as_of) or load(catalog, as_of))
+    with _client(served_index, snapshot_check_s=3600) as client:
+        for _ in range(3):
+            assert client.post("/query", json={"question": "Who was Scrooge's clerk?", "mode": "naive"}).status_code == 200
+        assert client.post("/query", json={"question": "Who?", "mode": "naive", "as_of": 1}).json()["version"] == 1
+    assert looked.count(None) == 2 and looked.count(1) == 1  # the service's first load, then one request's
 
 
 def test_serve_refuses_an_index_that_is_not_there(tmp_path):
