@@ -69,7 +69,7 @@ def answer_candidates(ctx: Context, limit: int | None = None) -> list[tuple[str,
     """(sentence, its source's title) for every sentence of the context's sources (``split_sentences``: whole
     sentences, abbreviations and initials kept), in context order, without repeats. Entity descriptions, reports
     and reasoning paths are left out: they are stitched from many places (a path's "X belongs to Y / Z" answers
-    nothing; taking them lowered the hit rate from 0.28 to 0.23 on MuSiQue's subset, README "The offline answer").
+    nothing; taking them lowered the hit rate from 0.28 to 0.23 on MuSiQue's subset, docs/benchmarks.md, "The offline answer").
     With ``limit``, the sources are split only until that many are found (segmentation is the costly part)."""
     from tasks.runtime.text import split_sentences
 
@@ -169,7 +169,7 @@ def best_sentences(
        of the asked kind that neither names. It is taken only where both fit in ``max_words``; a longer first
        sentence is cut there.
 
-    Ties: earlier first. Chosen on MuSiQue's subset (README "The offline answer"): the second hop's own query
+    Ties: earlier first. Chosen on MuSiQue's subset (docs/benchmarks.md, "The offline answer"): the second hop's own query
     raised the gold answer's share 0.28 -> 0.33 at 1,000 tokens; the kind bonus kept it (0.36 -> 0.37 at 4,000);
     several first sentences tried in pairs, or weighting names by rarity, did not help."""
     cands = answer_candidates(ctx, MAX_CANDIDATES)
