@@ -121,7 +121,7 @@ def _finding(r: dict[str, Any], ents: dict[str, dict[str, Any]]) -> str:
 
 
 #: characters of a description read for its sentences (the summary takes a few of each member's first ones)
-SENTENCE_PREFIX_CHARS = 600
+SENTENCE_PREFIX_CHARS = 400
 
 
 def _sentences(text: str) -> list[str]:
@@ -140,12 +140,14 @@ def central_sentences(texts: list[str], budget: int) -> list[str]:
     """Distinct sentences of ``texts`` (most central first) within ``budget`` tokens: each text's first sentence
     not yet taken, round after round, so the summary covers the central members before it goes deep into one;
     no sentence twice. A first sentence over the budget is cut to it (a summary is never empty)."""
-    pending = [_sentences(t) for t in texts]
+    pending: list[list[str] | None] = [None] * len(texts)  # each text split when its turn first comes
     out: list[str] = []
     seen: set[str] = set()
     used = 0
-    while any(pending):
-        for queue in pending:
+    while any(q is None or q for q in pending):
+        for i, queue in enumerate(pending):
+            if queue is None:
+                queue = pending[i] = _sentences(texts[i])
             while queue and _key(queue[0]) in seen:
                 queue.pop(0)
             if not queue:
