@@ -2,8 +2,8 @@
 
 Offline (extractive): the title names the community's most connected named entities, the
 summary is its most central members' distinct sentences within a token budget, the findings
-are its strongest relations that the summary does not already say, and the rating is its internal relation weight relative to the strongest
-community of its level (0-10). With an ``LLMClient``, each report is a JSON answer to a
+are its strongest relations that the summary does not already say, and the rating is its
+internal relation weight relative to the strongest community of its level (0-10). With an ``LLMClient``, each report is a JSON answer to a
 prompt; reports of one level run concurrently.
 
 Reports are built bottom-up (deepest level first): a community whose own material exceeds
