@@ -13,6 +13,7 @@ the token budget is described from the reports of its sub-communities instead.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 from collections import defaultdict
@@ -124,12 +125,15 @@ def _finding(r: dict[str, Any], ents: dict[str, dict[str, Any]]) -> str:
 SENTENCE_PREFIX_CHARS = 400
 
 
-def _sentences(text: str) -> list[str]:
-    """The whole sentences in the first ``SENTENCE_PREFIX_CHARS`` of ``text`` (one cut there is dropped)."""
+@functools.lru_cache(maxsize=1 << 15)
+def _sentences(text: str) -> tuple[str, ...]:
+    """The whole sentences in the first ``SENTENCE_PREFIX_CHARS`` of ``text`` (one cut there is dropped); kept
+    for the next report that reads the same description (an entity is a member at every level of the
+    community hierarchy: about half the splits of a build are repeats)."""
     from tasks.runtime.text import split_sentences
 
     found = split_sentences(text[:SENTENCE_PREFIX_CHARS])
-    return found[:-1] if len(text) > SENTENCE_PREFIX_CHARS and len(found) > 1 else found
+    return tuple(found[:-1] if len(text) > SENTENCE_PREFIX_CHARS and len(found) > 1 else found)
 
 
 def _key(sentence: str) -> str:
@@ -147,7 +151,7 @@ def central_sentences(texts: list[str], budget: int) -> list[str]:
     while any(q is None or q for q in pending):
         for i, queue in enumerate(pending):
             if queue is None:
-                queue = pending[i] = _sentences(texts[i])
+                queue = pending[i] = list(_sentences(texts[i]))
             while queue and _key(queue[0]) in seen:
                 queue.pop(0)
             if not queue:

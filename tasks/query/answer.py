@@ -128,9 +128,14 @@ def answer_kind(question: str) -> re.Pattern[str]:
     return _DATE if _KIND_DATE.search(q) else _NUMBER if _KIND_NUMBER.search(q) else _CAPITAL
 
 
-def holds_new(sentence: str, kind: re.Pattern[str], known: str) -> bool:
-    """Whether ``sentence`` holds something of ``kind`` that ``known`` (the question, the sentence before) does not."""
-    seen = {w.lower() for w in _TOKEN.findall(known)} | _TITLES | _NOT_NAMES
+def known_words(known: str) -> set[str]:
+    """The words ``holds_new`` does not count as new: those of ``known`` (the question, the sentence before), titles
+    and words that are not names."""
+    return {w.lower() for w in _TOKEN.findall(known)} | _TITLES | _NOT_NAMES
+
+
+def holds_new(sentence: str, kind: re.Pattern[str], seen: set[str]) -> bool:
+    """Whether ``sentence`` holds something of ``kind`` outside ``seen`` (``known_words``)."""
     return any(m.group(0).lower() not in seen for m in kind.finditer(sentence))
 
 
@@ -188,7 +193,8 @@ def best_sentences(
     if similarity.max() < (NO_ANSWER_BELOW if vecs is not None else 1e-9):
         return []
     kind = answer_kind(question)
-    score = similarity + KIND_BONUS * np.asarray([holds_new(t, kind, question) for t in texts])
+    seen = known_words(question)
+    score = similarity + KIND_BONUS * np.asarray([holds_new(t, kind, seen) for t in texts])
     order = np.arange(len(cands))
     first = int(np.lexsort((order, -score))[0])
     words = [len(t.split()) for t in texts]
@@ -198,11 +204,9 @@ def best_sentences(
         hop = _names(texts[first]) - _names(question)
         rest = " ".join([w for w in _TOKEN.findall(question) if w.lower() not in held] + sorted(hop))
         nxt = _scores(rest.strip() or question, texts, vecs, embed)
+        seen = known_words(f"{question} {texts[first]}")
         nxt = nxt + np.asarray(
-            [
-                CHAIN_BONUS * bool(hop & _names(t)) + KIND_BONUS * holds_new(t, kind, f"{question} {texts[first]}")
-                for t in texts
-            ]
+            [CHAIN_BONUS * bool(hop & _names(t)) + KIND_BONUS * holds_new(t, kind, seen) for t in texts]
         )
         nxt[first] = -np.inf
         fits = [int(i) for i in np.lexsort((order, -nxt)) if i != first and words[first] + words[i] <= max_words]
