@@ -3,7 +3,9 @@
 Each request resolves its snapshot once — the latest, or ``as_of`` — and answers from that snapshot's view
 alone, so a publish during a request never mixes versions; the response names the version it used. Views
 are loaded once per version and kept (``tasks.query.view.load_view``), the question embedder once per
-process. At most ``serve.max_concurrency`` queries run at once; one more gets 503 with ``Retry-After``.
+process. At most ``serve.max_concurrency`` queries run at once; the next ``serve.queue_size`` wait for a slot up to
+``serve.request_timeout_s``; only a full queue or a passed deadline gets 503 with ``Retry-After``. ``/metrics``
+(``flows.serve_metrics``) counts all of it for Prometheus.
 
 Closed by default: with ``serve.api_key_env`` set, the variable it names must hold a key (or the service refuses
 to start), and every route but the health checks, the explorer page and the API docs (which hold no data)
@@ -30,10 +32,11 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPBearer
-from pydantic import BaseModel, Field
 
+from flows.serve_api import ERRORS, IndexInfo, QueryRequest, QueryResponse, Snapshot, Status
+from flows.serve_metrics import Metrics
 from schemas.config import StrataConfig
 from tasks.errors import RefusedError
 
@@ -44,47 +47,11 @@ if TYPE_CHECKING:
 PAGE = Path(__file__).resolve().parent / "explorer.html"
 #: routes that hold no data: the health checks, the explorer page (its calls carry the key) and the API docs
 OPEN_ROUTES = {"/healthz", "/readyz", "/", "/docs", "/redoc", "/openapi.json"}
+ROUTES = {"/query", "/snapshots", "/index", "/metrics", *OPEN_ROUTES}  # the paths /metrics labels by name
 STATIC = "/static/"  # Swagger UI and ReDoc from a packaged copy (fastapi-offline), never a CDN
 ECHO_LIMIT = 200  # no error response carries more than this many characters of anything the client sent
 
 access_log = logging.getLogger("strata.access")
-
-
-class QueryRequest(BaseModel):
-    question: str = Field(..., max_length=4000, description="The question (not empty).")
-    mode: str | None = Field(None, max_length=64, description="Retrieval mode; default: the index method's first mode.")
-    token_budget: int | None = Field(
-        None, description="Context tokens (100 .. serve.max_budget); default: retrieval.token_budget."
-    )
-    as_of: int | None = Field(None, description="Answer from this snapshot version instead of the latest.")
-
-
-class ValidationItem(BaseModel):
-    loc: list[str | int] = Field(description="Where in the request (at most 8 parts, each at most 200 characters).")
-    msg: str
-    type: str
-
-
-class Problem(BaseModel):
-    """Every error response: a message, or the list of what failed validation; never what the request sent."""
-
-    detail: str | list[ValidationItem]
-
-
-#: the error responses every route may give, in the OpenAPI document
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": Problem, "description": what}
-    for code, what in (
-        (400, "Malformed request (bad Content-Length, a body that does not parse)"),
-        (401, "Missing or wrong bearer key (with serve.api_key_env)"),
-        (404, "No such snapshot"),
-        (408, "The body did not arrive within serve.body_timeout_s"),
-        (413, "The body is over serve.max_request_bytes"),
-        (422, "The request does not validate"),
-        (500, "Internal error (the service log has the cause)"),
-        (503, "Busy, still loading, or the snapshot removed by gc mid-request; see Retry-After"),
-    )
-}
 
 
 def api_key(cfg: StrataConfig) -> str | None:
@@ -111,15 +78,16 @@ class Service:
     """What the app holds: the index opened for reading (``tasks.query.reader``: catalog, embedder, LLM client),
     loaded once; each request answers from the view of its own snapshot."""
 
-    def __init__(self, index: str, cfg: StrataConfig):
+    def __init__(self, index: str, cfg: StrataConfig, metrics: Metrics):
         from tasks.store.catalog import Catalog
 
-        self.index, self.cfg = index, cfg
+        self.index, self.cfg, self.metrics = index, cfg, metrics
         self.catalog = Catalog(index, create=False, storage=cfg.storage)
         self.reader: Reader | None = None
         self.ready = False
         self._lock = threading.Lock()
         self._latest: tuple[float, IndexView] | None = None  # (when, the latest snapshot's view then)
+        self._loaded: set[int] = set()  # versions whose view load was measured
 
     def load(self) -> None:
         from tasks.query.reader import open_reader
@@ -135,11 +103,19 @@ class Service:
 
         with self._lock:  # one load per new version, however many requests ask for it at once
             if as_of is not None:
-                return load_view(self.catalog, as_of)
+                return self._timed(load_view, as_of)
             now = time.monotonic()
             if self._latest is None or now - self._latest[0] >= self.cfg.serve.snapshot_check_s:
-                self._latest = (now, load_view(self.catalog))
+                self._latest = (now, self._timed(load_view, None))
             return self._latest[1]
+
+    def _timed(self, load, as_of: int | None) -> IndexView:
+        started = time.perf_counter()
+        view = load(self.catalog, as_of)
+        if view.version not in self._loaded:  # a version seen before came from the view cache
+            self._loaded.add(view.version)
+            self.metrics.view_load.observe(time.perf_counter() - started)
+        return view
 
     def answer(self, req: QueryRequest, state: dict[str, Any]) -> dict[str, Any]:
         from tasks.errors import SnapshotGone, UsageError
@@ -149,11 +125,14 @@ class Service:
         try:
             view = self.view(req.as_of)
             state["snapshot"] = view.version
+            if req.as_of is None:
+                self.metrics.snapshot.set(view.version)
             ctx, answer, ms = reader.ask(req.question, req.mode, req.token_budget, view=view)
         except UsageError as exc:  # a mode this index does not offer
             raise HTTPException(422, str(exc)) from exc
         except SnapshotGone as exc:  # gc removed it mid-request: the retry reads the newest (or 404 with as_of)
             self._latest = None
+            self.metrics.rejected.labels("snapshot_gone").inc()
             raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from exc
         state["mode"] = ctx.mode
         return ctx.as_dict() | {"answer": answer, "retrieval_ms": round(ms, 1)}
@@ -177,8 +156,8 @@ class RequestGuard:
     whole body before the app sees it — at most ``max_bytes`` whether it comes with a Content-Length or chunked
     (413), within ``timeout_s`` (408) — so no route, framework or parser ever meets an oversize or endless body."""
 
-    def __init__(self, app: Any, cfg: StrataConfig, key: str | None):
-        self.app, self.cfg, self.key = app, cfg, key
+    def __init__(self, app: Any, cfg: StrataConfig, key: str | None, metrics: Metrics):
+        self.app, self.cfg, self.key, self.metrics = app, cfg, key, metrics
         self.max_bytes, self.timeout_s = cfg.serve.max_request_bytes, cfg.serve.body_timeout_s
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -196,7 +175,9 @@ class RequestGuard:
         try:
             await self._guarded(scope, receive, sending)
         finally:
-            self._log(scope, state, status[0], (time.perf_counter() - started) * 1000)
+            seconds = time.perf_counter() - started
+            self._log(scope, state, status[0], seconds * 1000)
+            self.metrics.observe(scope["path"], scope.get("method", ""), status[0], state.get("mode"), seconds)
 
     async def _guarded(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         path, headers = scope["path"], dict(scope["headers"])
@@ -309,8 +290,10 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
     from fastapi.staticfiles import StaticFiles
 
     key = api_key(cfg)
-    service = Service(index, cfg)
+    metrics = Metrics(ROUTES)
+    service = Service(index, cfg, metrics)
     slots = asyncio.Semaphore(cfg.serve.max_concurrency)
+    waiting = [0]  # queries waiting for a slot (the event loop's thread alone counts them)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -328,7 +311,7 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
         responses=ERRORS,
     )
     app.state.service = service
-    app.add_middleware(RequestGuard, cfg=cfg, key=key)
+    app.add_middleware(RequestGuard, cfg=cfg, key=key, metrics=metrics)
     app.mount(STATIC.rstrip("/"), StaticFiles(directory=_docs_assets()), name="static")
     bearer = (
         [Depends(HTTPBearer(auto_error=False, description="The key in the variable serve.api_key_env names"))]
@@ -351,6 +334,7 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
 
     def ready() -> Service:
         if not service.ready:
+            metrics.rejected.labels("loading").inc()
             raise HTTPException(503, "the snapshot is still loading", headers={"Retry-After": "1"})
         return service
 
@@ -358,6 +342,7 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
         "/query",
         summary="Retrieve a context for a question and answer it (as `strata query --json`)",
         dependencies=bearer,
+        response_model=QueryResponse,
     )
     async def query(req: QueryRequest, request: Request, svc: Service = Depends(ready)) -> dict[str, Any]:
         from tasks.errors import NotFoundError
@@ -367,17 +352,59 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
             raise HTTPException(422, "the question is empty")
         if req.token_budget is not None and not 100 <= req.token_budget <= cfg.serve.max_budget:
             raise HTTPException(422, f"token_budget must be between 100 and {cfg.serve.max_budget}")
-        if slots.locked():
-            raise HTTPException(
-                503, f"{cfg.serve.max_concurrency} queries already running; retry shortly", headers={"Retry-After": "1"}
-            )
-        async with slots:
-            try:
-                return await run_in_threadpool(svc.answer, req, request.scope["state"])
-            except NotFoundError as exc:  # an as_of that was never published
-                raise HTTPException(404, str(exc)) from exc
+        await _take_slot()
+        metrics.in_flight.inc()
+        try:
+            return await run_in_threadpool(svc.answer, req, request.scope["state"])
+        except NotFoundError as exc:  # an as_of that was never published
+            raise HTTPException(404, str(exc)) from exc
+        finally:
+            metrics.in_flight.dec()
+            slots.release()
 
-    @app.get("/snapshots", summary="Every published snapshot, newest first", dependencies=bearer)
+    async def _take_slot() -> None:
+        """A running slot: at once, or after waiting in the queue (``serve.queue_size`` places) for at most
+        ``serve.request_timeout_s``; a full queue or a passed deadline is a 503 with Retry-After."""
+        if not slots.locked():
+            await slots.acquire()
+            return
+        busy = f"{cfg.serve.max_concurrency} queries running and {waiting[0]} waiting"
+        if waiting[0] >= cfg.serve.queue_size:
+            metrics.rejected.labels("queue_full").inc()
+            raise HTTPException(503, f"{busy} (serve.queue_size): retry shortly", headers={"Retry-After": "1"})
+        waiting[0] += 1
+        metrics.queued.inc()
+        try:
+            async with asyncio.timeout(cfg.serve.request_timeout_s):
+                await slots.acquire()
+        except TimeoutError:
+            metrics.rejected.labels("deadline").inc()
+            raise HTTPException(
+                503,
+                f"no free slot within serve.request_timeout_s ({cfg.serve.request_timeout_s:g} s): retry shortly",
+                headers={"Retry-After": "1"},
+            ) from None
+        finally:
+            waiting[0] -= 1
+            metrics.queued.dec()
+
+    @app.get(
+        "/metrics",
+        summary="Prometheus metrics (text format): requests, latency, queue, rejections, snapshot, view loads",
+        dependencies=bearer,
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text exposition format"}},
+    )
+    async def metrics_page() -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    @app.get(
+        "/snapshots",
+        summary="Every published snapshot, newest first",
+        dependencies=bearer,
+        response_model=list[Snapshot],
+    )
     async def snapshots() -> list[dict[str, Any]]:
         return [
             {"version": s["version"], "created_at": s["created_at"].isoformat(), "kind": s["kind"]}
@@ -388,6 +415,7 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
         "/index",
         summary="What `strata inspect --json` prints, and the retrieval modes the index offers",
         dependencies=bearer,
+        response_model=IndexInfo,
     )
     async def index_info() -> dict[str, Any]:
         from tasks.methods.registry import index_modes
@@ -396,11 +424,16 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
         data = await run_in_threadpool(inspect_data, service.catalog, None, 5)
         return data | {"modes": list(index_modes(data["method"]))}
 
-    @app.get("/healthz", summary="The process is up")
+    @app.get("/healthz", summary="The process is up", response_model=Status)
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", summary="A snapshot and the model are loaded")
+    @app.get(
+        "/readyz",
+        summary="A snapshot and the model are loaded",
+        response_model=Status,
+        responses={503: {"model": Status, "description": "Still loading; see Retry-After"}},
+    )
     async def readyz() -> JSONResponse:
         if not service.ready:
             return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "1"})

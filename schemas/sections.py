@@ -355,7 +355,13 @@ class ServeConfig(_Section):
 
     host: str = Field("127.0.0.1", description="Interface to bind (127.0.0.1: this machine only).")
     port: int = Field(8000, ge=1, le=65535)
-    max_concurrency: int = Field(8, gt=0, description="Queries answered at once; more get 503 with Retry-After.")
+    max_concurrency: int = Field(8, gt=0, description="Queries answered at once; more wait in the queue.")
+    queue_size: int = Field(
+        256, ge=0, description="Queries that may wait for a running slot; one more gets 503 with Retry-After."
+    )
+    request_timeout_s: float = Field(
+        30.0, gt=0, description="Seconds a query may wait in the queue for a slot (then 503 with Retry-After)."
+    )
     max_budget: int = Field(16000, ge=100, description="Largest token_budget a request may ask for (larger: 422).")
     max_request_bytes: int = Field(65536, gt=0, description="Largest request body (larger: 413).")
     api_key_env: str = Field(

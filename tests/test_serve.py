@@ -78,28 +78,98 @@ def test_auth_guards_every_route_but_the_health_checks_and_the_docs(served_index
         assert client.get("/snapshots").status_code == 200
 
 
-def test_a_saturated_service_answers_503_with_retry_after(served_index, monkeypatch):
+def _metrics(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """/metrics parsed with prometheus-client's own parser: (sample name, labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    res = client.get("/metrics")
+    assert res.status_code == 200 and res.headers["content-type"].startswith("text/plain")
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(res.text)
+        for s in family.samples
+    }
+
+
+def test_a_busy_service_queues_queries_up_to_a_deadline_and_only_a_full_queue_or_a_passed_deadline_gets_503(
+    served_index, monkeypatch
+):
     from flows import serve
 
     entered, release = threading.Event(), threading.Event()
     real = serve.Service.answer
 
     def slow(self, req, state):
-        entered.set()
-        release.wait(30)
+        if req.question == "Scrooge?":
+            entered.set()
+            release.wait(30)
         return real(self, req, state)
 
-    monkeypatch.setattr(serve.Service, "answer", slow)
-    with _client(served_index, max_concurrency=1) as client:
-        first: dict = {}
-        worker = threading.Thread(target=lambda: first.update(res=client.post("/query", json={"question": "Scrooge?"})))
+    def ask(question: str, into: dict) -> threading.Thread:
+        worker = threading.Thread(target=lambda: into.update(res=client.post("/query", json={"question": question})))
         worker.start()
+        return worker
+
+    monkeypatch.setattr(serve.Service, "answer", slow)
+    with _client(served_index, max_concurrency=1, queue_size=1, request_timeout_s=1.0) as client:
+        first: dict = {}
+        running = ask("Scrooge?", first)
         assert entered.wait(30)
-        busy = client.post("/query", json={"question": "Marley?"})
-        assert busy.status_code == 503 and busy.headers["Retry-After"] == "1" and "already running" in busy.json()["detail"]
+        late: dict = {}
+        ask("Marley?", late).join(30)  # waits in the queue, the one slot stays taken: the deadline passes
+        assert late["res"].status_code == 503 and late["res"].headers["Retry-After"] == "1"
+        assert "serve.request_timeout_s (1 s)" in late["res"].json()["detail"]
+        queued: dict = {}
+        waiting = ask("Who was Marley?", queued)
+        while client.app.state.service.metrics.queued._value.get() < 1:  # noqa: SLF001 - the gauge, read directly
+            threading.Event().wait(0.01)
+        full = client.post("/query", json={"question": "Fezziwig?"})  # the one queue place is taken
+        assert full.status_code == 503 and full.headers["Retry-After"] == "1"
+        assert "1 queries running and 1 waiting (serve.queue_size)" in full.json()["detail"]
         release.set()
-        worker.join(60)
-        assert first["res"].status_code == 200
+        running.join(60)
+        waiting.join(60)
+        assert first["res"].status_code == 200 and queued["res"].status_code == 200  # the queued one got its turn
+        seen = _metrics(client)
+    rejected = {dict(k[1])["reason"]: v for k, v in seen.items() if k[0] == "strata_queries_rejected_total"}
+    assert rejected == {"queue_full": 1, "deadline": 1, "loading": 0, "snapshot_gone": 0}
+    assert seen[("strata_queries_in_flight", ())] == 0 and seen[("strata_queries_queued", ())] == 0
+    answered = {k: v for k, v in seen.items() if k[0] == "strata_requests_total" and ("route", "/query") in k[1]}
+    assert answered[("strata_requests_total", (("method", "POST"), ("mode", "hi"), ("route", "/query"), ("status", "200")))] == 2
+    assert answered[("strata_requests_total", (("method", "POST"), ("mode", ""), ("route", "/query"), ("status", "503")))] == 2
+
+
+def test_metrics_are_prometheus_text_and_move_with_the_requests(served_index, monkeypatch):
+    monkeypatch.setenv("STRATA_TEST_SERVE_KEY", "s3cret-token")
+    right = {"Authorization": "Bearer s3cret-token"}
+    with _client(served_index, api_key_env="STRATA_TEST_SERVE_KEY") as client:
+        assert client.get("/metrics").status_code == 401  # it says how the index is used: the key guards it
+        client.headers.update(right)
+        before = _metrics(client)
+        for _ in range(2):
+            assert client.post("/query", json={"question": "Who was Scrooge's clerk?", "mode": "naive"}).status_code == 200
+        client.get("/no-such-route")
+        after = _metrics(client)
+    names = {name for name, _ in after}
+    for name in (
+        "strata_requests_total",
+        "strata_request_duration_seconds_bucket",
+        "strata_request_duration_seconds_count",
+        "strata_queries_in_flight",
+        "strata_queries_queued",
+        "strata_queries_rejected_total",
+        "strata_snapshot_version",
+        "strata_view_load_seconds_count",
+    ):
+        assert name in names, name
+    ok = ("strata_requests_total", (("method", "POST"), ("mode", "naive"), ("route", "/query"), ("status", "200")))
+    assert after[ok] - before.get(ok, 0) == 2
+    latency = ("strata_request_duration_seconds_count", (("route", "/query"),))
+    assert after[latency] - before.get(latency, 0) == 2
+    assert after[("strata_snapshot_version", ())] == 1
+    assert after[("strata_view_load_seconds_count", ())] >= 1  # the snapshot loaded at start, timed
+    assert ("strata_requests_total", (("method", "GET"), ("mode", ""), ("route", "other"), ("status", "404"))) in after
+    assert not any("no-such-route" in str(labels) for _, labels in after)  # unknown paths do not grow the label set
 
 
 def test_queries_during_a_publish_all_succeed_on_one_version_each_and_the_new_one_is_picked_up(

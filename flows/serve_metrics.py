@@ -1,0 +1,57 @@
+"""``strata serve``'s ``/metrics``: Prometheus text format (prometheus-client), one registry per app.
+
+strata_requests_total{route,method,status,mode}   requests answered (mode: the query's retrieval mode)
+strata_request_duration_seconds{route}             latency, from the first byte read to the response
+strata_queries_in_flight / strata_queries_queued   queries running now / waiting for a slot
+strata_queries_rejected_total{reason}              503s: queue_full, deadline, loading, snapshot_gone
+strata_snapshot_version                            the snapshot the latest requests were answered from
+strata_view_load_seconds                           loading a snapshot's view (once per version)
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0)
+REJECT_REASONS = ("queue_full", "deadline", "loading", "snapshot_gone")
+
+
+class Metrics:
+    """The service's metrics; ``routes``: the paths that get their own label (any other path counts as "other",
+    so a scan of random URLs cannot grow the label set)."""
+
+    def __init__(self, routes: set[str]):
+        self.routes = routes
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "strata_requests",
+            "Requests answered, by route, method, status and mode",
+            ["route", "method", "status", "mode"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "strata_request_duration_seconds", "Request latency", ["route"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.in_flight = Gauge("strata_queries_in_flight", "Queries running now", registry=r)
+        self.queued = Gauge("strata_queries_queued", "Queries waiting for a running slot", registry=r)
+        self.rejected = Counter("strata_queries_rejected", "Queries answered 503, by reason", ["reason"], registry=r)
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason)  # present at 0 before the first one
+        self.snapshot = Gauge("strata_snapshot_version", "Snapshot version of the latest answer", registry=r)
+        self.view_load = Histogram(
+            "strata_view_load_seconds", "Loading a snapshot's view", buckets=LATENCY_BUCKETS, registry=r
+        )
+
+    def route(self, path: str) -> str:
+        if path in self.routes:
+            return path
+        return "/static" if path.startswith("/static/") else "other"
+
+    def observe(self, path: str, method: str, status: int, mode: str | None, seconds: float) -> None:
+        route = self.route(path)
+        self.requests.labels(route, method, str(status), mode or "").inc()
+        self.latency.labels(route).observe(seconds)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
