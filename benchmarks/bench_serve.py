@@ -1,15 +1,16 @@
 """Load test of `strata serve` on 127.0.0.1 (prints figures; not a test).
 
 Starts ``strata serve`` on a free local port over ``--index``, waits for /readyz, then sends ``--requests``
-POST /query requests (the dataset's questions in turn) with at most ``--concurrency`` in flight, once per
-concurrency given. A 503 (the service saturated) is retried after a tenth of its Retry-After and counted; any other
-non-200 is a failure. With ``--publish-during CORPUS`` (the folder the index was built from), two documents
+POST /query requests (the dataset's questions in turn, ``--mode``, ``--budget`` tokens, the offline answer) from
+``--clients`` clients at once, once per number given. Clients do not retry: a 503 is a failure like any other non-200
+(``--retry``: a 503 is retried after a tenth of its Retry-After and counted instead). With ``--publish-during CORPUS`` (the folder the index was built from), two documents
 are added to it one after the other and ``strata update`` publishes each while the last run is under way (it
 goes on past ``--requests`` until both are published): every response must name one of the published
 versions, and the versions must change during the run.
 
     .venv/bin/python benchmarks/bench_serve.py --index ./musique-index --dataset ../shared/datasets/musique \\
-        [--requests 2000] [--concurrency 16 --concurrency 64] [--publish-during CORPUS]
+        [--requests 2000] [--clients 16 --clients 64] [--mode hi] [--budget 4000] [--publish-during CORPUS] \\
+        [--set serve.workers=2]
 
 With ``--hostile`` it sends what a hostile or broken client sends instead — oversize chunked bodies, bodies that
 stop arriving (slow loris, past ``serve.body_timeout_s``), heads that never end, invalid UTF-8, deeply nested
@@ -46,10 +47,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def load(base: str, questions: list[str], n: int, concurrency: int, until=None) -> dict:
-    """``n`` requests by ``concurrency`` workers (and on, while ``until()`` is false)."""
+async def load(base: str, questions: list[str], n: int, concurrency: int, until=None, retry: bool = False,
+               body: dict | None = None) -> dict:
+    """``n`` requests by ``concurrency`` clients (and on, while ``until()`` is false)."""
     latencies, versions, failures = [], Counter(), []
     state = {"sent": 0, "retries": 0}
+    statuses: Counter = Counter()
 
     async def worker(client: httpx.AsyncClient) -> None:
         while state["sent"] < n or (until is not None and not until()):
@@ -57,13 +60,14 @@ async def load(base: str, questions: list[str], n: int, concurrency: int, until=
             state["sent"] += 1
             t0 = time.perf_counter()
             while True:
-                res = await client.post(f"{base}/query", json={"question": questions[i % len(questions)]})
-                if res.status_code != 503:
+                res = await client.post(f"{base}/query", json={"question": questions[i % len(questions)], **(body or {})})
+                if res.status_code != 503 or not retry:
                     break
                 state["retries"] += 1
                 await asyncio.sleep(float(res.headers.get("Retry-After", "1")) / 10)
-            latencies.append(time.perf_counter() - t0)
+            statuses[res.status_code] += 1
             if res.status_code == 200:
+                latencies.append(time.perf_counter() - t0)
                 versions[res.json()["version"]] += 1
             else:
                 failures.append(f"{res.status_code} {res.text[:200]}")
@@ -72,11 +76,12 @@ async def load(base: str, questions: list[str], n: int, concurrency: int, until=
     async with httpx.AsyncClient(timeout=120) as client:
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
     wall = time.perf_counter() - t0
-    ms = np.asarray(latencies) * 1000
-    return {"concurrency": concurrency, "requests": state["sent"], "wall_s": round(wall, 1),
-            "per_s": round(state["sent"] / wall, 1), "p50_ms": round(float(np.percentile(ms, 50)), 1),
+    ms = np.asarray(latencies or [0.0]) * 1000
+    return {"clients": concurrency, "requests": state["sent"], "wall_s": round(wall, 1),
+            "answered_per_s": round(len(latencies) / wall, 1), "p50_ms": round(float(np.percentile(ms, 50)), 1),
             "p99_ms": round(float(np.percentile(ms, 99)), 1), "failures": len(failures),
-            "retried_503": state["retries"], "versions": dict(sorted(versions.items())), "first_failures": failures[:3]}
+            "status": dict(sorted(statuses.items())), "retried_503": state["retries"],
+            "versions": dict(sorted(versions.items())), "first_failures": failures[:3]}
 
 
 def publish_twice(corpus: Path, index: str, env: dict[str, str], published: list[int]) -> None:
@@ -157,7 +162,11 @@ def main() -> None:
     ap.add_argument("--index", required=True)
     ap.add_argument("--dataset", help="a folder with queries.jsonl (default: a few fixed questions)")
     ap.add_argument("--requests", type=int, default=2000)
-    ap.add_argument("--concurrency", type=int, action="append", help="repeatable (default 16 and 64)")
+    ap.add_argument("--clients", "--concurrency", type=int, action="append", help="repeatable (default 16 and 64)")
+    ap.add_argument("--mode", default="hi")
+    ap.add_argument("--budget", type=int, default=4000)
+    ap.add_argument("--retry", action="store_true", help="retry a 503 after a tenth of its Retry-After")
+    ap.add_argument("--set", action="append", default=[], help="a setting for strata serve, e.g. serve.workers=2")
     ap.add_argument("--publish-during", type=Path, help="the index's corpus folder: two updates publish during the last run")
     ap.add_argument("--hostile", action="store_true", help="hostile and broken requests instead of questions")
     ap.add_argument("--log", type=Path, default=Path("bench-serve.log"), help="the service's stderr (access log)")
@@ -169,7 +178,8 @@ def main() -> None:
     body_timeout_s = 2.0
     log = args.log.open("w")
     server = subprocess.Popen([str(STRATA), "serve", "--index", args.index, "--port", str(port),
-                               "--set", f"serve.body_timeout_s={body_timeout_s}"], env=env,
+                               "--set", f"serve.body_timeout_s={body_timeout_s}",
+                               *(x for kv in args.set for x in ("--set", kv))], env=env,
                               stdout=subprocess.DEVNULL, stderr=log, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -186,14 +196,16 @@ def main() -> None:
             print(json.dumps(run_hostile(base, port, server.pid, body_timeout_s), indent=1), flush=True)
             return
         before = httpx.get(f"{base}/snapshots").json()[0]["version"]
-        runs = args.concurrency or [16, 64]
+        runs = args.clients or [16, 64]
         for i, c in enumerate(runs):
             published: list[int] = []
             pub = None
             if args.publish_during and i == len(runs) - 1:
                 pub = threading.Thread(target=publish_twice, args=(args.publish_during, args.index, env, published))
                 pub.start()
-            result = asyncio.run(load(base, questions, args.requests, c, (lambda: not pub.is_alive()) if pub else None))
+            until = (lambda: not pub.is_alive()) if pub else None
+            body = {"mode": args.mode, "token_budget": args.budget}
+            result = asyncio.run(load(base, questions, args.requests, c, until, args.retry, body))
             if pub:
                 pub.join()
                 result["published_during"] = published
