@@ -467,6 +467,20 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
     return app
 
 
+#: where ``strata serve`` puts, for its worker processes (``serve.workers > 1``), the index and settings it resolved
+APP_ENV = "STRATA_SERVE_APP"
+
+
+def app_from_env() -> FastAPI:
+    """The app of one worker process of ``strata serve`` (uvicorn's factory): the index and the settings (file and
+    overrides) the command resolved, from ``APP_ENV``; each process loads the snapshot and the model itself."""
+    from schemas.config import load_config
+
+    spec = json.loads(os.environ[APP_ENV])
+    configure_access_log()
+    return create_app(spec["index"], load_config(spec["config"], spec["overrides"]))
+
+
 def _docs_assets() -> str:
     """The folder of the packaged Swagger UI and ReDoc files (fastapi-offline ships them; no CDN is ever asked)."""
     import fastapi_offline

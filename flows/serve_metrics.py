@@ -1,4 +1,6 @@
-"""``strata serve``'s ``/metrics``: Prometheus text format (prometheus-client), one registry per app.
+"""``strata serve``'s ``/metrics``: Prometheus text format (prometheus-client), one registry per app; with
+``serve.workers > 1`` every worker process writes its values under ``PROMETHEUS_MULTIPROC_DIR`` (set by the CLI) and
+a scrape, whichever worker answers it, sums them (gauges: the live processes' sum; the snapshot: their largest).
 
 strata_requests_total{route,method,status,mode}   requests answered (mode: the query's retrieval mode)
 strata_request_duration_seconds{route}             latency, from the first byte read to the response
@@ -9,6 +11,8 @@ strata_view_load_seconds                           loading a snapshot's view (on
 """
 
 from __future__ import annotations
+
+import os
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -33,12 +37,18 @@ class Metrics:
         self.latency = Histogram(
             "strata_request_duration_seconds", "Request latency", ["route"], buckets=LATENCY_BUCKETS, registry=r
         )
-        self.in_flight = Gauge("strata_queries_in_flight", "Queries running now", registry=r)
-        self.queued = Gauge("strata_queries_queued", "Queries waiting for a running slot", registry=r)
+        self.in_flight = Gauge(
+            "strata_queries_in_flight", "Queries running now", registry=r, multiprocess_mode="livesum"
+        )
+        self.queued = Gauge(
+            "strata_queries_queued", "Queries waiting for a running slot", registry=r, multiprocess_mode="livesum"
+        )
         self.rejected = Counter("strata_queries_rejected", "Queries answered 503, by reason", ["reason"], registry=r)
         for reason in REJECT_REASONS:
             self.rejected.labels(reason)  # present at 0 before the first one
-        self.snapshot = Gauge("strata_snapshot_version", "Snapshot version of the latest answer", registry=r)
+        self.snapshot = Gauge(
+            "strata_snapshot_version", "Snapshot version of the latest answer", registry=r, multiprocess_mode="livemax"
+        )
         self.view_load = Histogram(
             "strata_view_load_seconds", "Loading a snapshot's view", buckets=LATENCY_BUCKETS, registry=r
         )
@@ -54,4 +64,10 @@ class Metrics:
         self.latency.labels(route).observe(seconds)
 
     def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        registry = self.registry
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # several worker processes: what they all wrote
+            from prometheus_client import multiprocess
+
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -355,7 +355,13 @@ class ServeConfig(_Section):
 
     host: str = Field("127.0.0.1", description="Interface to bind (127.0.0.1: this machine only).")
     port: int = Field(8000, ge=1, le=65535)
-    max_concurrency: int = Field(8, gt=0, description="Queries answered at once; more wait in the queue.")
+    workers: int = Field(
+        1,
+        ge=1,
+        description="Worker processes sharing the port (one per core: a query's work holds Python's lock); each "
+        "loads the snapshot and the model, and has its own slots and queue.",
+    )
+    max_concurrency: int = Field(8, gt=0, description="Queries answered at once (per worker); more wait in the queue.")
     queue_size: int = Field(
         256, ge=0, description="Queries that may wait for a running slot; one more gets 503 with Retry-After."
     )

@@ -239,3 +239,60 @@ def test_serve_refuses_an_index_that_is_not_there(tmp_path):
     (tmp_path / "empty" / "lance").mkdir(parents=True)
     res = CliRunner().invoke(app, ["serve", "--index", str(tmp_path / "empty")])
     assert res.exit_code == 3 and "no published index" in res.output
+
+
+def test_serve_workers_share_the_port_and_one_scrape_sums_their_metrics(served_index):
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    import psutil
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    strata = Path(sys.executable).parent / "strata"
+    server = subprocess.Popen(
+        [str(strata), "serve", "--index", str(served_index), "--port", str(port), "--set", "serve.workers=2"],
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # ready when both workers answer (each loads the snapshot itself)
+            try:
+                if all(httpx.get(f"{base}/readyz", timeout=5).status_code == 200 for _ in range(8)):
+                    break
+            except httpx.TransportError:
+                pass
+            assert server.poll() is None, server.stderr.read() if server.stderr else ""
+            time.sleep(0.5)
+        workers = [p for p in psutil.Process(server.pid).children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
+        assert len(workers) == 2, [p.cmdline() for p in workers]
+        with httpx.Client(timeout=60) as client:
+            for _ in range(6):
+                res = client.post(f"{base}/query", json={"question": "Who was Scrooge's clerk?", "mode": "naive"})
+                assert res.status_code == 200 and res.json()["version"] == 1
+            text = client.get(f"{base}/metrics").text
+        from prometheus_client.parser import text_string_to_metric_families
+
+        answered = sum(
+            s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == "strata_requests_total" and s.labels.get("route") == "/query" and s.labels.get("status") == "200"
+        )
+        assert answered == 6  # whichever worker answered each, one scrape counts them all
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()

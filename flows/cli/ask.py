@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 from pathlib import Path
 from typing import Any, Optional
@@ -201,11 +202,13 @@ def serve(
     """An HTTP query service over the published snapshot, safe while updates publish new ones.
 
     POST /query {question, mode?, token_budget?, as_of?} answers as `strata query --json` does; GET /snapshots,
-    /index (inspect --json), /healthz, /readyz; API docs at /docs and /redoc (packaged, no CDN); a query explorer
-    page at /. A newly published snapshot is used from the next request on, without a restart; each response names
-    its version. One access-log line per request on stderr. Settings under \\[serve]: api_key_env (bearer-token auth;
-    the service refuses to start when the variable it names is unset), max_concurrency (then 503 + Retry-After),
-    max_budget, max_request_bytes (413), body_timeout_s (408), log_format (text | json), log_questions."""
+    /index (inspect --json), /metrics (Prometheus), /healthz, /readyz; API docs at /docs and /redoc (packaged, no
+    CDN); a query explorer page at /. A newly published snapshot is used from the next request on, without a
+    restart; each response names its version. One access-log line per request on stderr. Settings under
+    \\[serve]: api_key_env (bearer-token auth; the service refuses to start when the variable it names is unset),
+    workers (processes: one per core), max_concurrency (queries at once per worker), queue_size and
+    request_timeout_s (how many wait for a slot, and how long, before a 503 + Retry-After), max_budget,
+    max_request_bytes (413), body_timeout_s (408), log_format (text | json), log_questions."""
     import uvicorn
 
     from flows.serve import api_key, configure_access_log, create_app
@@ -219,8 +222,36 @@ def serve(
     auth = f"bearer token from ${cfg.serve.api_key_env}" if key else "none"
     configure_access_log()
     console.print(f"serving {index} on http://{host}:{sock.getsockname()[1]}  (docs /docs, explorer /, auth: {auth})")
-    server = uvicorn.Server(uvicorn.Config(create_app(index, cfg), log_level="warning", access_log=False))
-    server.run(sockets=[sock])
+    if cfg.serve.workers == 1:
+        server = uvicorn.Server(uvicorn.Config(create_app(index, cfg), log_level="warning", access_log=False))
+        server.run(sockets=[sock])
+        return
+    serve_workers(index, config_path, overrides(set_), cfg.serve.workers, sock)
+
+
+def serve_workers(index: str, config_path: Path | None, settings: dict, workers: int, sock: socket.socket) -> None:
+    """``workers`` processes of the app on one listening socket (uvicorn's supervisor restarts one that dies),
+    their metrics summed through a folder they share (``flows.serve_metrics``)."""
+    import shutil
+    import tempfile
+
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    from flows.serve import APP_ENV
+
+    metrics_dir = tempfile.mkdtemp(prefix="strata-serve-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    os.environ[APP_ENV] = json.dumps(
+        {"index": index, "config": str(config_path) if config_path else None, "overrides": settings}
+    )
+    ucfg = uvicorn.Config(
+        "flows.serve:app_from_env", factory=True, workers=workers, log_level="warning", access_log=False
+    )
+    try:
+        Multiprocess(ucfg, sockets=[sock]).run()
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def bind(host: str, port: int) -> socket.socket:

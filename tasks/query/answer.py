@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 
@@ -71,17 +72,25 @@ def answer_candidates(ctx: Context, limit: int | None = None) -> list[tuple[str,
     and reasoning paths are left out: they are stitched from many places (a path's "X belongs to Y / Z" answers
     nothing; taking them lowered the hit rate from 0.28 to 0.23 on MuSiQue's subset, docs/benchmarks.md, "The offline answer").
     With ``limit``, the sources are split only until that many are found (segmentation is the costly part)."""
-    from tasks.runtime.text import split_sentences
-
     out: dict[str, str] = {}
     for c in ctx.chunks:
         if limit is not None and len(out) >= limit:
             break
         text, label = c["text"], c.get("title") or c.get("document_id") or ""
-        for s in split_sentences(text.removeprefix(f"[{c.get('title')}] ")):
+        for s in source_sentences(text.removeprefix(f"[{c.get('title')}] ")):
             if len(s) > 20:
                 out.setdefault(s, label)
     return list(out.items())[:limit]
+
+
+@functools.lru_cache(maxsize=2048)
+def source_sentences(text: str) -> tuple[str, ...]:
+    """``split_sentences`` of a source, kept for the next question it answers: pySBD builds a regular expression per
+    abbreviation it meets, past what Python's pattern cache holds, so a warm query spent half its time (~45 ms of
+    ~90 on MuSiQue) splitting the same sources again."""
+    from tasks.runtime.text import split_sentences
+
+    return tuple(split_sentences(text))
 
 
 #: candidates scored, in context order (the sources' ranking first): embedding them is the answer's cost
