@@ -192,3 +192,32 @@ def test_validation_on_workers_keeps_great_expectations_out_of_the_run_process(t
     success, checked, imported = json.loads(out.stdout.strip().splitlines()[-1])
     assert success and not imported
     assert checked == validate_tables(tiny_tables(), DIM).checked
+
+
+def test_an_update_rewrites_only_the_rows_it_changed_and_earlier_snapshots_still_read(tmp_path):
+    from tasks.store.rows import delta_against, to_table
+
+    def chunks(texts: dict[str, str], version: int) -> pa.Table:
+        rows = [{"id": k, "document_id": "d", "chunk_index": i, "text": t, "n_tokens": 1, "start": 0, "end": 1,
+                 "status": "extracted"} for i, (k, t) in enumerate(texts.items())]
+        return to_table("chunks", rows, DIM, version, np.ones((len(rows), DIM), np.float32))
+
+    first = {f"c{i}": f"text {i}" for i in range(10)}
+    cat = Catalog(tmp_path / "index")
+    cat.publish({"chunks": chunks(first, 1)}, "run-1", "full", DIM, 1)
+    second = {k: v for k, v in first.items() if k != "c9"} | {"c8": "text 8, edited", "c10": "text 10"}
+    cat.publish({"chunks": chunks(second, 2)}, "run-2", "incremental", DIM, 2)
+
+    now = {r["id"]: (r["text"], r["version"]) for r in cat.read("chunks").to_pylist()}
+    assert {k: t for k, (t, _) in now.items()} == second
+    assert {k for k, (_, v) in now.items() if v == 2} == {"c8", "c10"}  # the kept rows keep when they were written
+    fragments = cat.db.open_table("chunks").to_lance().get_fragments()
+    assert [f.count_rows() for f in fragments][-1] == 2  # only the edited and the new row were written again
+    assert {r["id"]: r["text"] for r in cat.read("chunks", as_of=1).to_pylist()} == first  # v1 reads as it was
+
+    # a repeated key, or a change of most rows, is written whole
+    doubled = pa.concat_tables([chunks(first, 1), chunks({"c0": "again"}, 1)])
+    assert delta_against(chunks(first, 1), doubled) is None
+    assert delta_against(chunks(first, 1), chunks({k: "all new" for k in first}, 2)) is None
+    delta = delta_against(chunks(first, 1), chunks(second, 2))
+    assert delta is not None and delta.values == ["c8", "c9"] and sorted(delta.add.column("id").to_pylist()) == ["c10", "c8"]

@@ -34,7 +34,14 @@ from tasks.store.remote import (
     is_local,
     storage_options,
 )
-from tasks.store.rows import WRITE_BATCH_ROWS, TableDelta, plain_batches, rows_to_table, snapshot_note
+from tasks.store.rows import (
+    WRITE_BATCH_ROWS,
+    TableDelta,
+    delta_against,
+    plain_batches,
+    rows_to_table,
+    snapshot_note,
+)
 from tasks.store.spill import SpilledTable
 from tasks.store.vectors import build_vector_index
 
@@ -269,6 +276,10 @@ class Catalog:
         return out
 
     # ------------------------------------------------------------------ writes
+    #: tables an update writes as a change of the pinned version (``rows.delta_against``): kept snapshots share the
+    #: rows it did not change, so the index grows with the churn, not with its size per snapshot
+    DELTA_TABLES = ("chunks", "entities", "relations", "communities", "community_reports")
+
     def _write(
         self,
         name: str,
@@ -291,6 +302,11 @@ class Catalog:
             options = None if self.root is not None else storage_options(self.uri, self.storage)
             write_spilled(mapper or LocalMapper(), data, f"{self._db_uri}/{name}.lance", self.uri, options, current)
             return self._vector_index(self.db.open_table(name), ann_min_rows)
+        if isinstance(data, pa.Table) and pinned is not None and name in self.DELTA_TABLES and self.has_table(name):
+            (old := self.db.open_table(name)).checkout(pinned)
+            columns = [c for c in data.column_names if c != "vector"]
+            if (delta := delta_against(old.search().select(columns).limit(None).to_arrow(), data)) is not None:
+                return self._apply_delta(name, delta, pinned)
         data = data.reader(WRITE_BATCH_ROWS) if isinstance(data, SpilledTable) else plain_batches(data)
         if self.has_table(name):
             tbl = self.db.open_table(name)

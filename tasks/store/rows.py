@@ -149,3 +149,35 @@ def plain_batches(data: pa.Table) -> pa.RecordBatchReader:
     return pa.RecordBatchReader.from_batches(
         plain, (b.cast(plain) for b in batches) if plain != data.schema else batches
     )
+
+
+#: a change past this share of a table's rows is written as a whole new version instead (fewer fragments to read)
+DELTA_MAX_SHARE = 0.5
+
+
+def delta_against(old: pa.Table, new: pa.Table, key: str = "id") -> TableDelta | None:
+    """``new`` as a change of ``old`` (both keyed by a unique ``key``): the rows that differ or went, by key, and
+    the rows that differ or came. Rows are compared on every column but ``vector`` (a function of the text the
+    other columns hold) and ``version`` (when the row was written: a row kept keeps it). None when a key repeats
+    or the change is past ``DELTA_MAX_SHARE`` of the table: then ``new`` is written whole."""
+    import polars as pl
+
+    columns = [c for c in new.column_names if c not in ("vector", "version")]
+    if key not in columns or not set(columns) <= set(old.column_names):
+        return None
+    mine = new.select(columns)
+    mine = mine.cast(plain_schema(mine.schema))
+    try:
+        theirs = old.select(columns).cast(mine.schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    new_keys, old_keys = mine.column(key).to_pylist(), theirs.column(key).to_pylist()
+    if len(set(new_keys)) != len(new_keys) or len(set(old_keys)) != len(old_keys):
+        return None
+    was = dict(zip(old_keys, pl.from_arrow(theirs).hash_rows(seed=0).to_list()))  # type: ignore[union-attr]
+    now = pl.from_arrow(mine).hash_rows(seed=0).to_list()  # type: ignore[union-attr]
+    same = {k for k, h in zip(new_keys, now) if was.get(k) == h}
+    if len(new_keys) - len(same) + len(old_keys) - len(same) > DELTA_MAX_SHARE * max(len(old_keys), 1):
+        return None
+    keep_new = pa.array([k not in same for k in new_keys], type=pa.bool_())
+    return TableDelta(key, sorted(k for k in old_keys if k not in same), new.filter(keep_new))
