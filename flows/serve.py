@@ -18,14 +18,11 @@ only with ``serve.log_questions``.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import os
-import sys
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +33,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPBearer
 
 from flows.serve_api import ERRORS, IndexInfo, QueryRequest, QueryResponse, Snapshot, Status
+from flows.serve_browse import PREFIXES, add_browse_routes
+from flows.serve_guard import OPEN_ROUTES, STATIC, VENDOR, RequestGuard, configure_access_log
 from flows.serve_metrics import Metrics
 from schemas.config import StrataConfig
 from tasks.errors import RefusedError
@@ -45,13 +44,19 @@ if TYPE_CHECKING:
     from tasks.query.view import IndexView
 
 PAGE = Path(__file__).resolve().parent / "explorer.html"
-#: routes that hold no data: the health checks, the explorer page (its calls carry the key) and the API docs
-OPEN_ROUTES = {"/healthz", "/readyz", "/", "/docs", "/redoc", "/openapi.json"}
-ROUTES = {"/query", "/snapshots", "/index", "/metrics", *OPEN_ROUTES}  # the paths /metrics labels by name
-STATIC = "/static/"  # Swagger UI and ReDoc from a packaged copy (fastapi-offline), never a CDN
+#: the paths /metrics labels by name (the browsing routes that name an id: by their prefix, ``serve_browse.PREFIXES``)
+ROUTES = {
+    "/query",
+    "/snapshots",
+    "/index",
+    "/metrics",
+    "/graph/context",
+    "/entities",
+    "/communities",
+    "/documents",
+    *OPEN_ROUTES,
+}
 ECHO_LIMIT = 200  # no error response carries more than this many characters of anything the client sent
-
-access_log = logging.getLogger("strata.access")
 
 
 def api_key(cfg: StrataConfig) -> str | None:
@@ -109,6 +114,10 @@ class Service:
                 self._latest = (now, self._timed(load_view, None))
             return self._latest[1]
 
+    def forget_latest(self) -> None:
+        """The latest snapshot is looked up again by the next request (the one found was removed by gc)."""
+        self._latest = None
+
     def _timed(self, load, as_of: int | None) -> IndexView:
         started = time.perf_counter()
         view = load(self.catalog, as_of)
@@ -131,141 +140,11 @@ class Service:
         except UsageError as exc:  # a mode this index does not offer
             raise HTTPException(422, str(exc)) from exc
         except SnapshotGone as exc:  # gc removed it mid-request: the retry reads the newest (or 404 with as_of)
-            self._latest = None
+            self.forget_latest()
             self.metrics.rejected.labels("snapshot_gone").inc()
             raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from exc
         state["mode"] = ctx.mode
         return ctx.as_dict() | {"answer": answer, "retrieval_ms": round(ms, 1)}
-
-
-# ---------------------------------------------------------------------------- the one guard of every request
-async def _send_json(send: Any, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-    data = json.dumps(body).encode()
-    raw = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(data)).encode()),
-        (b"connection", b"close"),
-    ]
-    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": data})
-
-
-class RequestGuard:
-    """ASGI middleware in front of every route: logs one line per request, checks the bearer key, and reads the
-    whole body before the app sees it — at most ``max_bytes`` whether it comes with a Content-Length or chunked
-    (413), within ``timeout_s`` (408) — so no route, framework or parser ever meets an oversize or endless body."""
-
-    def __init__(self, app: Any, cfg: StrataConfig, key: str | None, metrics: Metrics):
-        self.app, self.cfg, self.key, self.metrics = app, cfg, key, metrics
-        self.max_bytes, self.timeout_s = cfg.serve.max_request_bytes, cfg.serve.body_timeout_s
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started, status = time.perf_counter(), [0]
-        state = scope.setdefault("state", {})
-
-        async def sending(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            await self._guarded(scope, receive, sending)
-        finally:
-            seconds = time.perf_counter() - started
-            self._log(scope, state, status[0], seconds * 1000)
-            self.metrics.observe(scope["path"], scope.get("method", ""), status[0], state.get("mode"), seconds)
-
-    async def _guarded(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        path, headers = scope["path"], dict(scope["headers"])
-        if (
-            self.key is not None
-            and path not in OPEN_ROUTES
-            and not path.startswith(STATIC)
-            and not _authorized(headers, self.key)
-        ):
-            await _send_json(send, 401, {"detail": "missing or wrong bearer token"}, {"WWW-Authenticate": "Bearer"})
-            return
-        too_large = {"detail": f"request body over {self.max_bytes} bytes"}
-        declared = headers.get(b"content-length")
-        if declared is not None and not declared.isdigit():
-            await _send_json(send, 400, {"detail": "bad Content-Length"})
-            return
-        if declared is not None and int(declared) > self.max_bytes:
-            await _send_json(send, 413, too_large)
-            return
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        return  # the client went away: nothing to answer
-                    body = message.get("body", b"")
-                    size += len(body)
-                    if size > self.max_bytes:
-                        await _send_json(send, 413, too_large)
-                        return
-                    chunks.append(body)
-                    if not message.get("more_body", False):
-                        break
-        except TimeoutError:
-            await _send_json(send, 408, {"detail": f"request body not received within {self.timeout_s:g} s"})
-            return
-        body, replayed = b"".join(chunks), False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: wait for the disconnect, as the server would say it
-
-        await self.app(scope, replay, send)
-
-    def _log(self, scope: dict[str, Any], state: dict[str, Any], status: int, ms: float) -> None:
-        record: dict[str, Any] = {
-            "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
-            "method": scope.get("method"),
-            "route": scope["path"],
-            "status": status,
-            "latency_ms": round(ms, 1),
-            "snapshot": state.get("snapshot"),
-            "mode": state.get("mode"),
-        }
-        if self.cfg.serve.log_questions and state.get("question") is not None:
-            record["question"] = state["question"]
-        if self.cfg.serve.log_format == "json":
-            access_log.info(json.dumps(record, ensure_ascii=False))
-        else:
-            extra = " ".join(f"{k}={record[k]}" for k in ("snapshot", "mode") if record[k] is not None)
-            question = f" question={json.dumps(record['question'], ensure_ascii=False)}" if "question" in record else ""
-            access_log.info(
-                f"{record['time']} {record['method']} {record['route']} {status} {record['latency_ms']}ms"
-                f"{' ' + extra if extra else ''}{question}"
-            )
-
-
-def _authorized(headers: dict[bytes, bytes], key: str) -> bool:
-    """``Authorization: Bearer <key>``, the scheme in any case, the key compared in constant time."""
-    scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").strip().partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
-
-
-def configure_access_log(stream: Any = None) -> None:
-    """Access-log lines to ``stream`` (stderr), one per request, as written (no prefix: a JSON line stays JSON)."""
-    if any(getattr(h, "_strata", False) for h in access_log.handlers):
-        return
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    handler._strata = True  # type: ignore[attr-defined]
-    access_log.addHandler(handler)
-    access_log.setLevel(logging.INFO)
-    access_log.propagate = False
 
 
 def _validation_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -290,7 +169,7 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
     from fastapi.staticfiles import StaticFiles
 
     key = api_key(cfg)
-    metrics = Metrics(ROUTES)
+    metrics = Metrics(ROUTES, PREFIXES)
     service = Service(index, cfg, metrics)
     slots = asyncio.Semaphore(cfg.serve.max_concurrency)
     waiting = [0]  # queries waiting for a slot (the event loop's thread alone counts them)
@@ -313,6 +192,7 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
     app.state.service = service
     app.add_middleware(RequestGuard, cfg=cfg, key=key, metrics=metrics)
     app.mount(STATIC.rstrip("/"), StaticFiles(directory=_docs_assets()), name="static")
+    app.mount(VENDOR.rstrip("/"), StaticFiles(directory=PAGE.parent / "vendor"), name="vendor")
     bearer = (
         [Depends(HTTPBearer(auto_error=False, description="The key in the variable serve.api_key_env names"))]
         if key
@@ -406,10 +286,19 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
         response_model=list[Snapshot],
     )
     async def snapshots() -> list[dict[str, Any]]:
+        from tasks.store.rows import snapshot_note
+
         return [
-            {"version": s["version"], "created_at": s["created_at"].isoformat(), "kind": s["kind"]}
+            {
+                "version": s["version"],
+                "created_at": s["created_at"].isoformat(),
+                "kind": s["kind"],
+                "changes": snapshot_note(s).get("diff"),
+            }
             for s in reversed(await run_in_threadpool(service.catalog.snapshots))
         ]
+
+    add_browse_routes(app, service, bearer)
 
     @app.get(
         "/index",

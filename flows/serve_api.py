@@ -82,6 +82,90 @@ class Snapshot(BaseModel):
     version: int
     created_at: str = Field(description="ISO 8601, UTC.")
     kind: str = Field(description="full or incremental.")
+    changes: dict[str, int] | None = Field(
+        None, description="What the run that published it changed, in documents (an update: new, changed, deleted…)."
+    )
+
+
+class GraphNode(BaseModel):
+    id: str
+    label: str
+    kind: Literal["entity", "chunk"]
+    type: str | None = Field(None, description="An entity's type.")
+    layer: int | None = Field(None, description="An entity's layer: 0 extracted, 1 and up summaries.")
+    document_id: str | None = Field(None, description="A source chunk's document.")
+
+
+class GraphEdge(BaseModel):
+    source: str
+    target: str
+    kind: str = Field(description="A relation's kind, or `source` from an entity to a chunk that mentions it.")
+    text: str
+
+
+class Graph(BaseModel):
+    nodes: list[GraphNode]
+    edges: list[GraphEdge]
+
+
+class ContextGraphRequest(BaseModel):
+    entity_ids: list[str] = Field(default_factory=list, max_length=500)
+    chunk_ids: list[str] = Field(default_factory=list, max_length=500)
+    as_of: int | None = Field(None, description="The snapshot the query was answered from.")
+
+
+class CommunitySummary(BaseModel):
+    id: str
+    level: int
+    size: int
+    title: str
+    rating: float
+    parent_id: str | None = None
+
+
+class CommunityCard(CommunitySummary):
+    summary: str
+    findings: list[str]
+    members: list[GraphNode]
+    children: list[CommunitySummary]
+
+
+class EntityCard(GraphNode):
+    description: str
+    degree: int
+    n_sources: int
+    sources: list[GraphNode]
+    communities: list[CommunitySummary]
+
+
+class DocumentSummary(BaseModel):
+    id: str
+    source_id: str
+    title: str
+    chunks: int
+
+
+class QuarantineItem(BaseModel):
+    item: str = Field(description="The file, record or chunk that was not indexed.")
+    stage: str
+    error: str = Field(description="Why.")
+
+
+class DocumentList(BaseModel):
+    documents: list[DocumentSummary]
+    quarantine: list[QuarantineItem]
+
+
+class ChunkText(BaseModel):
+    id: str
+    text: str
+
+
+class DocumentCard(BaseModel):
+    id: str
+    source_id: str
+    title: str
+    chunks: list[ChunkText]
 
 
 class IndexInfo(BaseModel):

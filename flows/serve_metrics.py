@@ -21,11 +21,12 @@ REJECT_REASONS = ("queue_full", "deadline", "loading", "snapshot_gone")
 
 
 class Metrics:
-    """The service's metrics; ``routes``: the paths that get their own label (any other path counts as "other",
-    so a scan of random URLs cannot grow the label set)."""
+    """The service's metrics; ``routes``: the paths that get their own label, ``prefixes``: those of routes that
+    name an id (labelled ``<prefix>/{id}``); any other path counts as "other", so a scan of random URLs cannot grow
+    the label set."""
 
-    def __init__(self, routes: set[str]):
-        self.routes = routes
+    def __init__(self, routes: set[str], prefixes: tuple[str, ...] = ()):
+        self.routes, self.prefixes = routes, prefixes
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -56,7 +57,8 @@ class Metrics:
     def route(self, path: str) -> str:
         if path in self.routes:
             return path
-        return "/static" if path.startswith("/static/") else "other"
+        prefix = next((p for p in (*self.prefixes, "/static/", "/vendor/") if path.startswith(p)), None)
+        return prefix.rstrip("/") + ("/{id}" if prefix in self.prefixes else "") if prefix else "other"
 
     def observe(self, path: str, method: str, status: int, mode: str | None, seconds: float) -> None:
         route = self.route(path)

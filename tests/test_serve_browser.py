@@ -1,7 +1,9 @@
 """The query explorer page in a real browser: headless Chromium (Debian's ``chromium`` + ``chromium-driver``,
-driven by Selenium) opens ``strata serve``'s page over HTTP, asks a question and reads the rendered sections.
+driven by Selenium) opens ``strata serve``'s page over HTTP, asks a question and reads the rendered sections, then
+drives the graph view: the context's graph, a node's panel, its expansion, a search, a community and a document.
 
-A screenshot goes to ``test-output/explorer.png`` at the repository root (or ``$STRATA_TEST_OUTPUT``).
+Screenshots go to ``test-output/`` at the repository root (or ``$STRATA_TEST_OUTPUT``): explorer.png, graph.png,
+community.png, document.png.
 ``.ci/run`` installs the browser when it is missing; elsewhere, without it, the test says so and skips
 (under ``CI=true`` it fails instead, so CI never passes without having run it).
 """
@@ -86,21 +88,23 @@ def test_the_explorer_page_asks_a_question_and_renders_each_section_in_chromium(
         modes = [o.get_attribute("value") for o in Select(driver.find_element(By.ID, "mode")).options]
         assert modes[0] == "hi" and {"naive", "ppr"} <= set(modes)
         layers = driver.find_elements(By.CSS_SELECTOR, "#layers div")
-        assert layers and layers[0].text.startswith("layer 1:") and driver.find_elements(By.CSS_SELECTOR, "#layers .bar")
+        assert layers and layers[0].text.startswith("layer 0 → 1:") and driver.find_elements(By.CSS_SELECTOR, "#layers .bar")
 
         driver.find_element(By.ID, "question").send_keys("Who was Scrooge's clerk?")
         Select(driver.find_element(By.ID, "mode")).select_by_value("hi")
         driver.find_element(By.ID, "budget").send_keys("1500")
         driver.find_element(By.CSS_SELECTOR, "#ask button[type=submit]").click()
-        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#result section[data-section=sources]")))
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#result details[data-section=sources]")))
 
-        sections = {s.get_attribute("data-section"): s for s in driver.find_elements(By.CSS_SELECTOR, "#result section")}
+        sections = {s.get_attribute("data-section"): s for s in driver.find_elements(By.CSS_SELECTOR, "#result > details")}
         assert list(sections) == ["answer", "entities", "community reports", "paths", "sources"]
-        heading = sections["answer"].find_element(By.TAG_NAME, "h2").text
+        heading = sections["answer"].find_element(By.TAG_NAME, "summary").text
         assert "extractive" in heading and "mode hi" in heading and "snapshot v1" in heading
         assert sections["answer"].find_element(By.CLASS_NAME, "item").text.strip() not in ("", "(no answer)")
         sources = sections["sources"].find_elements(By.CLASS_NAME, "item")
         assert sources and any("Cratchit" in s.text for s in sources)
+        marks = sections["sources"].find_elements(By.TAG_NAME, "mark")  # the answer's sentences, in their source
+        assert marks and all(m.text in sections["answer"].text for m in marks)
         assert sections["entities"].find_elements(By.CLASS_NAME, "item")
         assert driver.find_element(By.ID, "status").text == ""
 
@@ -108,6 +112,46 @@ def test_the_explorer_page_asks_a_question_and_renders_each_section_in_chromium(
         out.mkdir(parents=True, exist_ok=True)
         assert driver.save_screenshot(str(out / "explorer.png"))
         print(f"\nexplorer screenshot: {out / 'explorer.png'}")
+
+        def text(css: str) -> str:  # read in one step: a panel re-rendered meanwhile leaves no stale element
+            return driver.execute_script("const e = document.querySelector(arguments[0]); return e ? e.textContent : ''", css)
+
+        # the graph of the context: its entities and sources as nodes
+        driver.find_element(By.ID, "show-graph").click()
+        wait.until(lambda d: d.execute_script("return cy.nodes('[kind = \"chunk\"]').length") > 0)
+        assert driver.execute_script("return cy.nodes('[kind = \"entity\"]').length") > 0
+        # a search opens an entity's neighbourhood without a query; clicking a node shows its panel
+        driver.find_element(By.ID, "entity-search").send_keys("Scrooge")
+        driver.find_element(By.CSS_SELECTOR, "#search button").click()
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#search-results a"))
+        driver.find_element(By.CSS_SELECTOR, "#search-results a").click()
+        wait.until(lambda d: "Scrooge" in text("#panel h3"))
+        before = driver.execute_script("return cy.nodes().length")
+        driver.find_element(By.ID, "expand").click()  # up to 60 neighbours, where the neighbourhood showed 25
+        wait.until(lambda d: d.execute_script("return cy.nodes().length") > before)
+        tapped = driver.execute_script(
+            "const n = cy.nodes('[kind = \"entity\"]').filter((x) => x.degree() > 0)[0]; n.emit('tap'); return n.data('label')")
+        wait.until(lambda d: text("#panel h3") == tapped)
+        assert text("#panel p")  # its description
+        assert driver.save_screenshot(str(out / "graph.png"))
+        # its community: the report and its members
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#panel [data-section=communities] a"))
+        driver.find_element(By.CSS_SELECTOR, "#panel [data-section=communities] a").click()
+        wait.until(lambda d: d.find_element(By.ID, "tab-communities").is_displayed()
+                   and d.find_elements(By.CSS_SELECTOR, "#community [data-section=members] a"))
+        assert text("#community h3")
+        assert driver.save_screenshot(str(out / "community.png"))
+        # a member opens in the graph; one of its sources opens its document
+        driver.find_element(By.CSS_SELECTOR, "#community [data-section=members] a").click()
+        wait.until(lambda d: d.find_element(By.ID, "tab-graph").is_displayed())
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#panel div a"))
+        driver.find_element(By.CSS_SELECTOR, "#panel div a").click()
+        wait.until(lambda d: d.find_element(By.ID, "tab-documents").is_displayed() and text("#document h3"))
+        assert driver.find_elements(By.CSS_SELECTOR, "#document .item")
+        listed = text("#document-list summary")
+        assert listed.startswith("documents (") and int(listed.split("(")[1].split(")")[0]) >= 3
+        assert driver.save_screenshot(str(out / "document.png"))
+        driver.find_element(By.CSS_SELECTOR, "#tabs button[data-tab=ask]").click()
 
         # a bad request shows the service's message instead of sections
         driver.find_element(By.ID, "budget").clear()

@@ -1,0 +1,121 @@
+"""``strata serve``'s browsing routes (the explorer's graph, communities and documents), each over one snapshot's
+view (``as_of``, or the latest) through ``tasks.query.browse``; a missing entity, community or document is 404."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, HTTPException, Query
+from fastapi.concurrency import run_in_threadpool
+
+from flows.serve_api import (
+    CommunityCard,
+    CommunitySummary,
+    ContextGraphRequest,
+    DocumentCard,
+    DocumentList,
+    EntityCard,
+    Graph,
+    GraphNode,
+)
+
+if TYPE_CHECKING:
+    from flows.serve import Service
+
+#: the browsing routes' path prefixes: /metrics labels a request by its prefix, never by the id it names
+PREFIXES = ("/graph/entity/", "/entities/", "/communities/", "/documents/")
+AsOf = Query(None, description="This snapshot version instead of the latest.")
+
+
+def add_browse_routes(app: FastAPI, service: Service, bearer: list[Any]) -> None:
+    from tasks.errors import NotFoundError, SnapshotGone
+    from tasks.query import browse
+
+    async def on_view(as_of: int | None, fn, *args: Any) -> Any:
+        def call() -> Any:
+            return fn(service.view(as_of), *args)
+
+        try:
+            return await run_in_threadpool(call)
+        except NotFoundError as exc:
+            raise HTTPException(404, str(exc)) from exc
+        except SnapshotGone as exc:  # gc removed it meanwhile: the next request reads the newest
+            service.forget_latest()
+            raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from exc
+
+    @app.get(
+        "/graph/entity/{entity_id}",
+        summary="An entity and its neighbours, as a graph",
+        dependencies=bearer,
+        response_model=Graph,
+    )
+    async def graph_entity(
+        entity_id: str, limit: int = Query(browse.NEIGHBOURS, ge=1, le=200), as_of: int | None = AsOf
+    ) -> dict[str, Any]:
+        return await on_view(as_of, browse.neighbourhood, entity_id, limit)
+
+    @app.post(
+        "/graph/context",
+        summary="A query's context (its entities and sources) as a graph",
+        dependencies=bearer,
+        response_model=Graph,
+    )
+    async def graph_context(req: ContextGraphRequest) -> dict[str, Any]:
+        return await on_view(req.as_of, browse.context_graph, req.entity_ids, req.chunk_ids)
+
+    @app.get("/entities", summary="Entities whose name holds `q`", dependencies=bearer, response_model=list[GraphNode])
+    async def entities(
+        q: str = Query(..., min_length=1, max_length=200),
+        limit: int = Query(20, ge=1, le=200),
+        as_of: int | None = AsOf,
+    ) -> list[dict[str, Any]]:
+        return await on_view(as_of, browse.search_entities, q, limit)
+
+    @app.get(
+        "/entities/{entity_id}",
+        summary="An entity: description, sources, communities",
+        dependencies=bearer,
+        response_model=EntityCard,
+    )
+    async def entity(entity_id: str, as_of: int | None = AsOf) -> dict[str, Any]:
+        return await on_view(as_of, browse.entity_card, entity_id)
+
+    @app.get(
+        "/communities",
+        summary="Communities of a level (all when none is given), the highest rated first",
+        dependencies=bearer,
+        response_model=list[CommunitySummary],
+    )
+    async def communities(level: int | None = Query(None, ge=0), as_of: int | None = AsOf) -> list[dict[str, Any]]:
+        return await on_view(as_of, browse.communities, level)
+
+    @app.get(
+        "/communities/{community_id}",
+        summary="A community's report and its members",
+        dependencies=bearer,
+        response_model=CommunityCard,
+    )
+    async def community(community_id: str, as_of: int | None = AsOf) -> dict[str, Any]:
+        return await on_view(as_of, browse.community_card, community_id)
+
+    @app.get(
+        "/documents",
+        summary="The indexed documents and the quarantine (what was not indexed, and why)",
+        dependencies=bearer,
+        response_model=DocumentList,
+    )
+    async def documents(as_of: int | None = AsOf) -> dict[str, Any]:
+        def listing(view: Any) -> dict[str, Any]:
+            quarantine = service.catalog.read("quarantine", snap=view.snap).to_pylist() if view.snap else []
+            return browse.documents(view, quarantine)
+
+        return await on_view(as_of, listing)
+
+    @app.get(
+        "/documents/{document_id}",
+        summary="A document's chunks, in order",
+        dependencies=bearer,
+        response_model=DocumentCard,
+    )
+    async def document(document_id: str, as_of: int | None = AsOf) -> dict[str, Any]:
+        return await on_view(as_of, browse.document_card, document_id)
