@@ -3,7 +3,7 @@ view (``as_of``, or the latest) through ``tasks.query.browse``; a missing entity
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.concurrency import run_in_threadpool
@@ -19,15 +19,23 @@ from flows.serve_api import (
     GraphNode,
 )
 
-if TYPE_CHECKING:
-    from flows.serve import Service
+
+class Views(Protocol):
+    """What the routes need of ``flows.serve.Service`` (named here without importing it: serve imports this)."""
+
+    catalog: Any
+
+    def view(self, as_of: int | None) -> Any: ...
+
+    def forget_latest(self) -> None: ...
+
 
 #: the browsing routes' path prefixes: /metrics labels a request by its prefix, never by the id it names
 PREFIXES = ("/graph/entity/", "/entities/", "/communities/", "/documents/")
 AsOf = Query(None, description="This snapshot version instead of the latest.")
 
 
-def add_browse_routes(app: FastAPI, service: Service, bearer: list[Any]) -> None:
+def add_browse_routes(app: FastAPI, service: Views, bearer: list[Any]) -> None:
     from tasks.errors import NotFoundError, SnapshotGone
     from tasks.query import browse
 
