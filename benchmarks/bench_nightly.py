@@ -25,7 +25,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,15 +34,10 @@ from pathlib import Path
 
 import httpx
 import psutil
+from bench_serve import free_port  # this script's folder is on the path when it runs
 
 STRATA = Path(sys.executable).parent / "strata"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_measured(cmd: list[str]) -> dict:
