@@ -31,6 +31,7 @@ from tasks.store.rows import (
     stamped,
     to_table,
     vector_matrix,
+    with_vectors,
 )
 from tasks.store.spill import SpilledTable
 
@@ -219,15 +220,16 @@ def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: SpilledTa
             chunk_order(run, delta, chunks),
             run.spill_dir / "merge",
             run.version,
+            chunk_part_rows(cfg),
         )
         run.mapper.release()  # idle workers would slow the CPU-bound stages that follow
         for name in ("entities", "relations"):  # layer 0's rows replace them; embed and the attachment read
             run.forget_previous(name)  # the parts they need (kept vectors, summaries, summary_of links) themselves
         st.done(
-            f"{len(layer0.entities)} entities, {layer0.relations.num_rows} relations",
-            entities=len(layer0.entities),
+            f"{layer0.count()} entities, {layer0.relations.num_rows} relations",
+            entities=layer0.count(),
             relations=layer0.relations.num_rows,
-            added=len(layer0.added),
+            added=layer0.count() if layer0.entity_parts is not None else len(layer0.added),
             removed=len(layer0.removed),
             changed=len(layer0.changed),
         )
@@ -264,25 +266,27 @@ def _layer0(
     order: ChunkOrder,
     workdir: Path,
     version: int = 0,
+    part_rows: int = 20_000,
 ) -> tuple[Layer0, pa.Table | TableDelta]:
     """Layer 0 merged whole (a build: ``stored`` is None; a task per spilled part on the run's Dask cluster, or in
     this process — in a child process when the mentions are many, see ``MERGE_IN_CHILD_ROWS``) or recomputed for
     the keys the delta touched (an update: ``stored(columns)`` scans the previous snapshot's mentions batch by
-    batch). A build's relations stay spilled, in parts stamped ``version``."""
+    batch). A build's entities (parts of about ``part_rows`` rows) and relations (stamped ``version``) stay
+    spilled: ``Layer0.entity_parts``, ``Layer0.relations``."""
     from tasks.index.delta import recompute_layer0, stored_mention_select
     from tasks.index.merge import MENTION_COLUMNS, MERGE_IN_CHILD_ROWS
     from tasks.index.merge_parts import merge_spilled
     from tasks.runtime.parallel import DaskPool, LocalMapper, in_child_process
 
     if stored is None:
-        args = (new_mentions, max_tokens, order, workdir, version)
+        args = (new_mentions, max_tokens, order, workdir, version, part_rows)
         if isinstance(mapper, DaskPool):
-            entities, relations = merge_spilled(mapper, *args)
+            parts, relations = merge_spilled(mapper, *args)
         elif new_mentions.num_rows >= MERGE_IN_CHILD_ROWS:
-            entities, relations = in_child_process(merge_spilled, LocalMapper(), *args, workdir=workdir / "child")
+            parts, relations = in_child_process(merge_spilled, LocalMapper(), *args, workdir=workdir / "child")
         else:
-            entities, relations = merge_spilled(LocalMapper(), *args)
-        return Layer0(entities, np.zeros((0, 0)), relations, added={e["id"] for e in entities}), new_mentions
+            parts, relations = merge_spilled(LocalMapper(), *args)
+        return Layer0([], np.zeros((0, 0)), relations, entity_parts=parts), new_mentions
     new_mentions = new_mentions.read_all()  # an update's new mentions: its delta's, held in memory
     leaving = pa.array(sorted(gone), pa.string())
     touched = set(new_mentions.column("key").to_pylist())
@@ -303,8 +307,12 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: list[ChunkRow]) -> Layer0:
     with their vectors a part at a time (``Layer0.chunks``): from here on the run holds none of their texts."""
     from tasks.index.embed import entity_text
 
+    entity_parts = layer0.entity_parts  # a build's: every entity is new
     fresh = [e for e in layer0.entities if e["id"] in layer0.added | layer0.changed]
-    with run.stage("embed", len(fresh) + len(chunks)) as st:
+    n = (entity_parts.num_rows if entity_parts else len(fresh)) + len(chunks)
+    with run.stage("embed", n) as st:
+        if entity_parts is not None:
+            entity_parts = st.run(_embed_entity_parts, run, entity_parts, st.advance)
         vectors = st.run(
             _embed_entities,
             run,
@@ -319,16 +327,32 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: list[ChunkRow]) -> Layer0:
         new_chunks = st.run(spilled_rows, "chunks", pieces, run.embedder.dim, run.version, folder, size)
         st.done(
             f"{run.embedder.misses} embedded, {run.embedder.hits} from cache",
-            vectors=len(fresh) + len(chunks),
+            vectors=n,
             cache_hits=run.embedder.hits,
         )
-    return replace(layer0, vectors=vectors, chunks=new_chunks)
+    return replace(layer0, vectors=vectors, chunks=new_chunks, entity_parts=entity_parts)
 
 
 def chunk_part_rows(cfg: StrataConfig) -> int:
     """Rows in a part of chunks or entities: a chunk or entity row (text, sources, vector) weighs about as much as
     ten mention rows, whose parts hold ``dask.part_rows``."""
     return max(1, cfg.dask.part_rows // 10)
+
+
+def _embed_entity_parts(run: PipelineRun, parts: SpilledTable, progress) -> SpilledTable:
+    """A build's layer-0 entity parts with their vectors, a part at a time, as the ``entities`` table's rows."""
+    from tasks.index.embed import entity_text
+    from tasks.store.spill import write_whole
+
+    folder = run.spill_dir / "tables" / "entities"
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for i, part in enumerate(parts.parts()):
+        columns = (part.column(c).to_pylist() for c in ("name", "type", "description"))
+        vectors = run.embed([entity_text(*e) for e in zip(*columns)], progress)
+        files.append(folder / f"layer0-{i:05d}.parquet")
+        write_whole(with_vectors("entities", part, vectors, run.version), files[-1])
+    return SpilledTable(files, schema_for("entities", run.embedder.dim), parts.num_rows)
 
 
 def _embed_entities(run: PipelineRun, layer0: Layer0, entity_texts: list[str], progress) -> np.ndarray:
@@ -362,10 +386,12 @@ def assemble(
     quarantine += run.quarantine + hierarchy.quarantine
     entities = [(layer0.entities, layer0.vectors.reshape(-1, dim)), (hierarchy.entities, hierarchy.vectors)]
     chunks: Any = layer0.chunks if layer0.chunks is not None else SpilledTable([], schema_for("chunks", dim), 0)
-    if run.snap is None:  # a build's chunks and entities as parts: validated and published a part per task
-        all_entities: Any = spilled_rows(
-            "entities", entities, dim, version, run.spill_dir / "tables" / "entities", chunk_part_rows(run.cfg)
+    if layer0.entity_parts is not None:  # a build's chunks and entities as parts: validated and published a
+        above = spilled_rows(  # part per task
+            "entities", entities[1:], dim, version, run.spill_dir / "tables" / "entities", chunk_part_rows(run.cfg)
         )
+        parts = layer0.entity_parts
+        all_entities: Any = SpilledTable([*parts.files, *above.files], above.schema, parts.num_rows + above.num_rows)
     else:
         chunks = stamped(
             pa.concat_tables(

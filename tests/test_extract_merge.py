@@ -124,8 +124,11 @@ def test_merge_in_parts_equals_merge_whole(tmp_path):
 
     from tasks.index.merge_parts import merge_spilled, range_bounds
 
-    task_entities, task_relations = merge_spilled(LocalMapper(), spilled, 12, order, tmp_path / "work")
+    task_entities, task_relations = merge_spilled(LocalMapper(), spilled, 12, order, tmp_path / "work", 0, 4)
     assert len(task_relations.files) == len(spilled.files) and task_relations.num_rows == whole_relations.num_rows
-    assert task_entities == whole_entities and task_relations.read_all().equals(whole_relations)
+    assert task_relations.read_all().equals(whole_relations)
+    # the entities too stay in parts (ranges of keys, about 4 rows each): in order they are the whole table's rows
+    assert len(task_entities.files) == -(-len(whole_entities) // 4) > 1 and task_entities.num_rows == len(whole_entities)
+    assert task_entities.read_all().to_pylist() == [dict(e, staleness=0.0) for e in whole_entities]
     assert range_bounds(pl.Series(list("jihgfedcba")), 3) == ["d", "g"]
     assert range_bounds(pl.Series(["x", "x", "x"]), 3) == ["x"] and range_bounds(pl.Series([], dtype=pl.Utf8), 4) == []

@@ -33,35 +33,51 @@ from tasks.index.merge import (
     ChunkOrder,
     corpus_places,
     entity_part,
-    entity_rows,
     graph_from_mentions,
     mention_frame,
     relation_frame,
     relation_part,
 )
+from tasks.store.rows import stamped
 from tasks.store.spill import SpilledTable, read_part, write_whole
 
 
 def merge_spilled(
-    mapper: Any, mentions: SpilledTable, max_tokens: int, order: ChunkOrder, workdir: Path, version: int = 0
-):
+    mapper: Any,
+    mentions: SpilledTable,
+    max_tokens: int,
+    order: ChunkOrder,
+    workdir: Path,
+    version: int = 0,
+    entity_rows_per_part: int = 20_000,
+) -> tuple[SpilledTable, SpilledTable]:
     """Layer 0 of a build's spilled mentions, merged part by part on ``mapper`` (the run's Dask cluster, or in
-    this process): the entity rows, and the relations as a ``SpilledTable`` of parts in endpoint order (stamped
-    ``version``), which this process never reads. ``workdir`` must be reachable by every worker."""
+    this process), as two ``SpilledTable``s this process never reads whole: the entity rows (``LAYER0_SCHEMA``:
+    the ``entities`` columns but vector and version) in key order, parts of about ``entity_rows_per_part`` rows;
+    the relations in endpoint order, stamped ``version``. ``workdir`` must be reachable by every worker."""
     import polars as pl
 
-    if not mentions.files:
-        return graph_from_mentions(mentions, max_tokens, order)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    if not mentions.files:
+        rows, relations = graph_from_mentions(mentions, max_tokens, order)
+        one = workdir / "layer0-entities-00000.parquet"
+        write_whole(pa.Table.from_pylist([dict(r, staleness=0.0) for r in rows], schema=LAYER0_SCHEMA), one)
+        whole = workdir / "layer0-relations-00000.parquet"
+        write_whole(stamped(relations, version), whole)
+        return SpilledTable([one], LAYER0_SCHEMA, len(rows)), SpilledTable(
+            [whole], schema_for("relations", 0), relations.num_rows
+        )
     places = str(workdir / "places.parquet")
     corpus_places(order).write_parquet(places)
     parts = [str(f) for f in mentions.files]
     entity_files = [str(workdir / f"entities-{i:05d}.parquet") for i in range(len(parts))]
     relation_files = [str(workdir / f"relations-{i:05d}.parquet") for i in range(len(parts))]
     mapper(merge_entities, list(zip(parts, entity_files)), places=places, max_tokens=max_tokens)
-    entity = pl.concat([pl.read_parquet(f) for f in entity_files])
-    bounds = range_bounds(entity.get_column("id"), len(parts))
+    keys = pl.concat([pl.read_parquet(f, columns=["key", "id"]) for f in entity_files])
+    bounds = range_bounds(keys.get_column("id"), len(parts))
+    key_bounds = range_bounds(keys.get_column("key"), max(1, -(-keys.height // entity_rows_per_part)))
+    del keys
     mapper(
         merge_relations,
         list(zip(parts, relation_files)),
@@ -75,10 +91,51 @@ def merge_spilled(
         for b in range(len(bounds) + 1)
     ]
     counts = mapper(sort_relations, ranges, files=relation_files, version=version)
-    degrees = pl.concat([pl.read_parquet(d) for _, _, d in ranges]).group_by("id").agg(pl.col("n").sum())
     files = [Path(f) for (_, f, _), n in zip(ranges, counts) if n]  # a range may hold no relation
     relations = SpilledTable(files, schema_for("relations", 0), sum(counts))
-    return entity_rows(entity, dict(degrees.iter_rows())), relations
+    key_ranges = [
+        (lo, hi, str(workdir / f"layer0-entities-{i:05d}.parquet"))
+        for i, (lo, hi) in enumerate(zip([None, *key_bounds], [*key_bounds, None]))
+    ]
+    sizes = mapper(sort_entities, key_ranges, files=entity_files, degrees=[d for _, _, d in ranges])
+    entities = [Path(f) for (_, _, f), n in zip(key_ranges, sizes) if n]
+    return SpilledTable(entities, LAYER0_SCHEMA, sum(sizes)), relations
+
+
+#: layer 0's entity rows as merge writes them: the ``entities`` columns but ``vector`` and ``version``, which
+#: embed adds (``tasks.store.rows.with_vectors``)
+LAYER0_SCHEMA = pa.schema([f for f in schema_for("entities", 0) if f.name not in ("vector", "version")])
+
+
+def sort_entities(job: tuple[str | None, str | None, str], files: list[str], degrees: list[str]) -> int:
+    """One range of entity keys, ``job`` = (lowest key or None, key bound or None, output file) (a task): its
+    entities from every part's file in key order, with their degree (relations they are an end of, summed
+    over ``degrees`` files), as layer 0's rows (``LAYER0_SCHEMA``). Returns their number."""
+    import polars as pl
+
+    lo, hi, out = job
+    where = [("key", ">=", lo)] * (lo is not None) + [("key", "<", hi)] * (hi is not None)
+    frame = cast(
+        pl.DataFrame, pl.from_arrow(pa.concat_tables([pq.read_table(f, filters=where or None) for f in files]))
+    ).sort("key")
+    ids = frame.get_column("id")
+    degree = (
+        pl.concat([pl.read_parquet(d).filter(pl.col("id").is_in(ids)) for d in degrees])
+        .group_by("id")
+        .agg(pl.col("n").sum().alias("degree"))
+    )
+    rows = frame.join(degree, on="id", how="left", maintain_order="left").select(
+        "id",
+        "name",
+        "type",
+        "description",
+        layer=pl.lit(0, pl.Int64),
+        source_chunk_ids="source_chunk_ids",
+        degree=pl.col("degree").fill_null(0).cast(pl.Int64),
+        staleness=pl.lit(0.0, pl.Float64),
+    )
+    write_whole(rows.to_arrow().cast(LAYER0_SCHEMA), out)
+    return rows.height
 
 
 def range_bounds(ids: Any, n: int) -> list[str]:

@@ -43,6 +43,27 @@ class Layer0:
     gone_chunks: set[str] = field(default_factory=set)  # update: chunk ids deleted or replaced
     # this run's new chunks (a build: all of them) with their vectors, in the parts embed wrote (``chunk_rows``)
     chunks: SpilledTable | None = None
+    # a build's entities stay in parts, key order (merge writes them, embed adds their vectors): ``entities``
+    # and ``vectors`` are then empty, and a method that needs them all in this process reads them (``whole``)
+    entity_parts: SpilledTable | None = None
+
+    def count(self) -> int:
+        return self.entity_parts.num_rows if self.entity_parts is not None else len(self.entities)
+
+    def whole(self) -> Layer0:
+        """This layer 0 with its entity rows and vectors in memory (``entities``, ``vectors``, every id
+        ``added``): for a method that reads them all in this process rather than as tasks over the parts."""
+        from dataclasses import replace
+
+        from tasks.store.rows import plain_rows, vector_matrix
+
+        if self.entity_parts is None:
+            return self
+        table = self.entity_parts.read_all()
+        rows = cast("list[EntityRow]", plain_rows(table))
+        return replace(
+            self, entities=rows, vectors=vector_matrix(table), entity_parts=None, added={e["id"] for e in rows}
+        )
 
     def chunk_rows(self) -> tuple[list[ChunkRow], np.ndarray]:
         """This run's new chunks as rows and their vector matrix, read whole (for a method that needs them all)."""
@@ -98,7 +119,9 @@ class IndexMethod(Protocol):
     #: inspect`` counts them per layer)
     relation_kinds: tuple[str, ...]
 
-    def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy: ...
+    def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
+        """Everything above a build's layer 0, whose entities are in parts (``Layer0.whole`` reads them)."""
+
     def update(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy: ...
     def levels(
         self, view: IndexView, ctx: Context, scores: np.ndarray, budgets: dict[str, int], cfg: RetrievalConfig

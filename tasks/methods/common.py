@@ -51,17 +51,20 @@ def report_vectors(ctx: MethodContext, st, reports: list[dict[str, Any]]) -> np.
     return st.run(ctx.embed, [report_text(r["title"], r["summary"]) for r in reports])
 
 
-def write_reports(ctx: MethodContext, communities: list[dict[str, Any]], entities: list[dict[str, Any]], relations):
+def write_reports(
+    ctx: MethodContext, communities: list[dict[str, Any]], entities: list[dict[str, Any]], relations, layer0=None
+):
     """Stage ``reports`` of a build: a report per community, and its vector. Returns (reports, their vectors,
     LLM failures). Spilled ``relations`` (a build's, ``tasks.methods.graph_parts``) are read by one task on the
-    run's cluster, never by this process."""
+    run's cluster, never by this process, and so are ``layer0``'s entity parts (a ``SpilledTable``), when given:
+    the entities are then those parts' and ``entities``."""
     from tasks.methods.graph_parts import reports_on_cluster
     from tasks.methods.reports import build_reports
     from tasks.store.spill import SpilledTable
 
     with ctx.stage("reports", len(communities)) as st:
         if isinstance(relations, SpilledTable):
-            reports, failures = st.run(reports_on_cluster, ctx, communities, entities, relations)
+            reports, failures = st.run(reports_on_cluster, ctx, communities, entities, relations, layer0)
         else:
             reports, failures = st.run(
                 build_reports, communities, entities, relations, ctx.cfg.communities.report_max_tokens, ctx.llm

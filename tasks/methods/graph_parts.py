@@ -24,6 +24,7 @@ from tasks.store.spill import SpilledTable, write_whole
 REPORT_COLUMNS = ["id", "source_id", "target_id", "kind", "description", "weight"]
 #: what a report reads of an entity
 ENTITY_COLUMNS = ("id", "name", "type", "description", "layer")
+ENTITY_SCHEMA = pa.schema([(c, pa.int64() if c == "layer" else pa.string()) for c in ENTITY_COLUMNS])
 
 
 def with_above(base: pa.Table | SpilledTable, above: pa.Table, path: Path, version: int) -> pa.Table | SpilledTable:
@@ -90,26 +91,114 @@ COMMUNITY_SCHEMA = pa.schema(
 )
 
 
+def hierarchy_on_cluster(
+    ctx: Any, layer0: SpilledTable, summarizer: Any, per_cluster: int, on_layer: Any = None
+) -> tuple[list[dict[str, Any]], Any, pa.Table, list[dict[str, Any]]]:
+    """``hierarchy.build_hierarchy`` over layer 0's parts (a build's entities with their vectors): layer 1, the
+    GMMs over every layer-0 entity and the summaries of their clusters, as one task on the run's mapper that
+    reads the parts (``layer_one_task``); the layers above it, over the summary entities, in this process.
+    The result is ``build_hierarchy``'s over the same rows, but the ``summary_of`` links as one Arrow table."""
+    import numpy as np
+
+    from tasks.index.embed import entity_text
+    from tasks.methods.hirag.hierarchy import build_hierarchy
+    from tasks.runtime.llm_client import Usage
+    from tasks.store.rows import relation_table
+
+    cfg, dim = ctx.cfg, layer0.schema.field("vector").type.list_size
+    if not cfg.hierarchy.enabled:
+        return [], np.zeros((0, dim), np.float32), relation_table([]), []
+    links = _work(ctx) / "layer1-links.parquet"
+    [(ents, stats, failures, usage)] = ctx.mapper(
+        layer_one_task,
+        [str(links)],
+        files=[str(f) for f in layer0.files],
+        cfg=cfg.hierarchy,
+        seed=cfg.seed,
+        llm=cfg.llm if ctx.llm is not None else None,
+        cache_dir=str(ctx.catalog.cache_dir),
+        per_cluster=per_cluster,
+        max_tokens=cfg.extract.max_description_tokens,
+    )
+    ctx.usage.add(Usage(**usage))
+    summarizer.failures.extend(failures)
+    rels = pq.read_table(links)
+    for row in stats:
+        if on_layer and not row["stopped"]:
+            on_layer(row)
+    if not ents or stats[-1]["stopped"]:
+        vecs = ctx.embed([entity_text(e["name"], e["type"], e["description"]) for e in ents]).reshape(-1, dim)
+        return ents, vecs, rels, stats
+    vecs = ctx.embed([entity_text(e["name"], e["type"], e["description"]) for e in ents])
+    above, above_vecs, above_rels, above_stats = build_hierarchy(
+        ents,
+        vecs,
+        cfg.hierarchy,
+        cfg.seed,
+        summarizer,
+        ctx.embed,
+        on_layer,
+        first=2,
+        previous_cs=stats[-1]["cluster_sparsity"],
+    )
+    return (
+        ents + above,
+        np.concatenate([vecs, above_vecs.reshape(-1, dim)]),
+        pa.concat_tables([rels, relation_table(above_rels)]),
+        stats + above_stats,
+    )
+
+
+def layer_one_task(
+    out: str, files: list[str], cfg: Any, seed: int, llm: Any, cache_dir: str, per_cluster: int, max_tokens: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, str]], dict[str, Any]]:
+    """Layer 1 of the hierarchy over layer 0's parts ``files`` (a task): its summary entities (returned: a few
+    hundred at 100k chunks), their ``summary_of`` links (written to ``out``: one per member), the statistic of
+    every clustering tried, the LLM summaries that fell back to offline ones and the LLM usage."""
+    from tasks.index.extract_llm import _client
+    from tasks.methods.hirag.hierarchy import build_hierarchy
+    from tasks.methods.summarize import LLMSummarizer, OfflineSummarizer
+    from tasks.runtime.llm_client import usage_scope
+    from tasks.store.rows import relation_table, vector_matrix
+
+    columns = ["id", "name", "type", "description", "vector"]
+    table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
+    vectors, entities = vector_matrix(table), table.drop(["vector"]).to_pylist()
+    del table
+    summarizer: Any = (
+        LLMSummarizer(_client(llm, cache_dir, 1), cfg.meta_entities, per_cluster, max_tokens)
+        if llm is not None
+        else OfflineSummarizer(cfg.meta_entities, max_tokens)
+    )
+    with usage_scope() as usage:
+        ents, _, rels, stats = build_hierarchy(entities, vectors, cfg, seed, summarizer, None, until=1)
+    del entities, vectors
+    write_whole(relation_table(rels), out)
+    return ents, [dict(r) for r in stats], list(summarizer.failures), asdict(usage)
+
+
 def reports_on_cluster(
-    ctx: Any, communities: list[dict[str, Any]], entities: list[dict[str, Any]], relations: SpilledTable
+    ctx: Any,
+    communities: list[dict[str, Any]],
+    entities: list[dict[str, Any]],
+    relations: SpilledTable,
+    layer0: SpilledTable | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """``reports.build_reports`` over spilled ``relations``, as one task on the run's mapper (with an LLM, the
-    task's own client: same settings and response cache; its usage added to the run's)."""
+    task's own client: same settings and response cache; its usage added to the run's). The entities are
+    ``layer0``'s parts (read by the task), then ``entities``."""
     from tasks.runtime.llm_client import Usage
 
     work = _work(ctx)
     comms, ents, out = work / "report-communities.parquet", work / "report-entities.parquet", work / "reports.parquet"
     pq.write_table(pa.Table.from_pylist(communities, schema=COMMUNITY_SCHEMA), comms)
-    pq.write_table(
-        pa.table({c: [e[c] for e in entities] for c in ENTITY_COLUMNS}),
-        ents,
-    )
+    pq.write_table(pa.table({c: [e[c] for e in entities] for c in ENTITY_COLUMNS}, schema=ENTITY_SCHEMA), ents)
     [(failures, usage)] = ctx.mapper(
         reports_task,
         [str(out)],
         files=[str(f) for f in relations.files],
         communities=str(comms),
-        entities=str(ents),
+        entities=[*(str(f) for f in (layer0.files if layer0 is not None else [])), str(ents)],
         budget=ctx.cfg.communities.report_max_tokens,
         llm=ctx.cfg.llm if ctx.llm is not None else None,
         cache_dir=str(ctx.catalog.cache_dir),
@@ -119,7 +208,7 @@ def reports_on_cluster(
 
 
 def reports_task(
-    out: str, files: list[str], communities: str, entities: str, budget: int, llm: Any, cache_dir: str
+    out: str, files: list[str], communities: str, entities: list[str], budget: int, llm: Any, cache_dir: str
 ) -> tuple[list[dict[str, str]], dict[str, Any]]:
     """A report per community of ``communities`` (a task), from the relations in ``files``; written to ``out``.
     Returns the LLM failures (offline reports kept) and the LLM usage."""
@@ -131,7 +220,13 @@ def reports_task(
     client = _client(llm, cache_dir, 1) if llm is not None else None
     with usage_scope() as usage:
         reports, failures = build_reports(
-            pq.read_table(communities).to_pylist(), pq.read_table(entities).to_pylist(), relations, budget, client
+            pq.read_table(communities).to_pylist(),
+            pa.concat_tables(
+                [pq.read_table(f, columns=list(ENTITY_COLUMNS)).cast(ENTITY_SCHEMA) for f in entities]
+            ).to_pylist(),
+            relations,
+            budget,
+            client,
         )
     del relations
     write_whole(pa.Table.from_pylist(reports, schema=REPORT_SCHEMA), out)

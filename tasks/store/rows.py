@@ -56,6 +56,18 @@ def to_table(name: str, rows: Sequence[Mapping[str, Any]], dim: int, version: in
     return table.append_column(schema.field("vector"), column).select(schema.names)
 
 
+def with_vectors(name: str, table: pa.Table, vectors: Any, version: int) -> pa.Table:
+    """``table`` (table ``name``'s columns but ``vector`` and ``version``) with its ``vectors`` (a matrix aligned
+    with its rows) and stamped ``version``: as ``to_table`` makes it from the same rows."""
+    import numpy as np
+
+    vectors = np.asarray(vectors, dtype=np.float32)
+    schema = schema_for(name, vectors.shape[1])
+    column = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), type=pa.float32()), vectors.shape[1])
+    stamp = pa.array(np.full(table.num_rows, version, dtype=np.int64))
+    return table.append_column("vector", column).append_column("version", stamp).select(schema.names).cast(schema)
+
+
 def spilled_rows(
     name: str,
     pieces: Iterable[tuple[Sequence[Mapping[str, Any]], Any]],

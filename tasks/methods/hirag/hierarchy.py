@@ -252,18 +252,21 @@ def build_layers(
     stop: StopFn | None = None,
     features: Callable[[np.ndarray], np.ndarray] | None = None,
     on_layer: Callable[[LayerRow], None] | None = None,
+    first: int = 1,
+    previous_cs: float | None = None,
+    until: int | None = None,
 ) -> tuple[list[Layer], list[LayerRow]]:
     """The layer loop of every method (Algorithm 1's frame): layer i-1 is clustered (``cluster(its features,
     seed + i)``), ``stop`` may end the loop there (that layer is not built), else ``build_layer`` makes layer i,
     whose ``features(vectors)`` the next clustering sees. Also stops past ``max_layers``, under ``min_entities``
-    and after a layer of one cluster.
+    and after a layer of one cluster. ``first``: the layer the loop starts at (the base is the one below it, whose
+    clustering had ``previous_cs``); ``until``: the last layer this call builds (a later call goes on from it).
 
-    Returns the layers built above layer 0 and one statistic per clustering tried."""
+    Returns the layers built above the base and one statistic per clustering tried."""
     layers: list[Layer] = []
     stats: list[LayerRow] = []
-    current = Layer(0, base_entities, base_features, base_features)
-    previous_cs: float | None = None
-    i = 1
+    current = Layer(first - 1, base_entities, base_features, base_features)
+    i = first
     while True:
         n = len(current.entities)
         t0 = time.perf_counter()
@@ -291,6 +294,8 @@ def build_layers(
         if len(clusters) == 1:  # everything merged into one cluster: nothing above it to build
             stats.append(layer_row(i + 1, len(entities), 0, None, None, True, STOP_ONE_CLUSTER, 0.0))
             break
+        if until is not None and i >= until:
+            break
         i += 1
     return layers, stats
 
@@ -303,14 +308,16 @@ def summary_layers(
     seed: int,
     cluster: ClusterFn,
     summarizer: Any,
-    embed: Callable[[list[str]], np.ndarray],
+    embed: Callable[[list[str]], np.ndarray] | None,
     stop: StopFn | None = None,
     next_features: Callable[[np.ndarray], np.ndarray] | None = None,
     on_layer: Callable[[LayerRow], None] | None = None,
+    **loop: Any,
 ) -> tuple[list[dict[str, Any]], np.ndarray, list[dict[str, Any]], list[LayerRow], list[Layer]]:
     """``build_layers`` where each cluster becomes summary entities of the next layer (``summarizer``), embedded
-    by their text: the summary entities, their vectors (one matrix aligned with them), their ``summary_of``
-    relations, one statistic per clustering tried, and the layers built."""
+    by their text (no ``embed``: not embedded, a layer no later clustering reads): the summary entities, their
+    vectors (one matrix aligned with them), their ``summary_of`` relations, one statistic per clustering tried,
+    and the layers built. ``loop``: ``build_layers``' ``first``, ``previous_cs`` and ``until``."""
     from tasks.index.embed import entity_text
     from tasks.methods.summarize import Cluster, summary_rows
 
@@ -320,10 +327,12 @@ def summary_layers(
         groups = [Cluster([below[j] for j in c], x, c) for c in clusters]
         ents, rels = summary_rows(i, groups, summarizer.summarize_layer(i, groups))
         relations.extend(rels)
+        if embed is None:
+            return ents, np.zeros((len(ents), 0), np.float32)
         return ents, embed([entity_text(e["name"], e["type"], e["description"]) for e in ents])
 
     layers, stats = build_layers(
-        entities, features, max_layers, min_entities, seed, build_layer, cluster, stop, next_features, on_layer
+        entities, features, max_layers, min_entities, seed, build_layer, cluster, stop, next_features, on_layer, **loop
     )
     dim = features.shape[1] if features.ndim == 2 else 0
     matrix = np.concatenate([layer.vectors for layer in layers]) if layers else np.zeros((0, dim), np.float32)
@@ -337,12 +346,14 @@ def build_hierarchy(
     cfg: HierarchyConfig,
     seed: int,
     summarizer: Any,
-    embed: Callable[[list[str]], np.ndarray],
+    embed: Callable[[list[str]], np.ndarray] | None,
     on_layer: Callable[[LayerRow], None] | None = None,
+    **loop: Any,
 ) -> tuple[list[dict[str, Any]], np.ndarray, list[dict[str, Any]], list[LayerRow]]:
     """HiIndex: GMM layers >= 1 over the layer-0 ``entities`` (``vectors`` aligned with them) until the
     cluster-sparsity rule stops them: summary entities, their vectors (a matrix aligned with them), the
-    summary_of relations and one statistic per clustering tried."""
+    summary_of relations and one statistic per clustering tried. ``loop``: where the layer loop starts and
+    ends (``build_layers``; a build over parts runs layer 1 as a task, ``tasks.methods.graph_parts``)."""
     if not cfg.enabled:
         return [], np.zeros((0, vectors.shape[1]), np.float32), [], []
     ents, matrix, rels, stats, _ = summary_layers(
@@ -356,5 +367,6 @@ def build_hierarchy(
         embed,
         stop=converged(cfg.epsilon),
         on_layer=on_layer,
+        **loop,
     )
     return ents, matrix, rels, stats

@@ -31,21 +31,17 @@ class HiRAG:
         fill_levels(view, ctx, scores, budgets, cfg)
 
     def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
-        from tasks.methods.graph_parts import find_communities, with_above
-        from tasks.methods.hirag.hierarchy import build_hierarchy
+        """A build over layer 0's parts: layer 1 (every layer-0 entity clustered and summarised), Leiden and the
+        reports are tasks on the run's cluster that read the parts; this process holds the summary entities."""
+        from tasks.methods.graph_parts import find_communities, hierarchy_on_cluster, with_above
 
-        cfg = ctx.cfg
+        cfg, parts = ctx.cfg, layer0.entity_parts
+        assert parts is not None, "a build's layer 0 is in parts (flows.steps.merge)"
         with ctx.stage("hierarchy") as st:
-            summarizer = summarizer_for(ctx, cfg.hierarchy.summaries_per_cluster)
+            per_cluster = cfg.hierarchy.summaries_per_cluster
+            summarizer = summarizer_for(ctx, per_cluster)
             ents, vecs, rels, layers = st.run(
-                build_hierarchy,
-                layer0.entities,
-                layer0.vectors,
-                cfg.hierarchy,
-                cfg.seed,
-                summarizer,
-                ctx.embed,
-                on_layer=lambda _s: st.advance(1),
+                hierarchy_on_cluster, ctx, parts, summarizer, per_cluster, lambda _s: st.advance(1)
             )
             built = [r for r in layers if not r["stopped"]]
             st.done(
@@ -55,17 +51,18 @@ class HiRAG:
                 summary_entities=len(ents),
             )
         rels = relation_table(rels)  # 120k summary_of links at 100k chunks: 180 MB as dicts, 30 MB as Arrow
-        entities = layer0.entities + ents
         # a build's relations stay spilled: Leiden and the reports are then tasks on the cluster that read them
         relations = with_above(layer0.relations, rels, ctx.spill_dir / "relations-above.parquet", ctx.version)
         with ctx.stage("communities") as st:
-            communities = st.run(find_communities, ctx, [e["id"] for e in entities], relations)
+            ids = parts.column("id").to_pylist() + [e["id"] for e in ents]
+            communities = st.run(find_communities, ctx, ids, relations)
             st.done(
                 f"{len(communities)} communities",
                 communities=len(communities),
                 levels=len({c["level"] for c in communities}),
             )
-        reports, report_vecs, failures = write_reports(ctx, communities, entities, relations)
+            del ids
+        reports, report_vecs, failures = write_reports(ctx, communities, ents, relations, parts)
         return Hierarchy(
             ents, vecs, rels, communities, reports, report_vecs, layers, fallbacks(summarizer, failures), relations
         )
