@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from flows.lineage import BuildResult
+from flows.publish_steps import assemble, publish, validate
 from flows.run import PipelineRun, recorded_run
 from flows.steps import (
-    assemble,
     chunk,
     document_place,
     embed,
@@ -30,8 +30,6 @@ from flows.steps import (
     extraction_method,
     ingest,
     merge,
-    publish,
-    validate,
 )
 from schemas.config import StrataConfig
 from tasks.methods.base import Hierarchy, Layer0

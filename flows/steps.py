@@ -4,7 +4,6 @@ composes them).
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -14,22 +13,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flows.lineage import BuildResult, digest_of
+from flows.lineage import digest_of
 from flows.run import Delta, DocumentPlace, PipelineRun
 from schemas.config import StrataConfig
-from schemas.tables import ChunkRow, DocumentRow, QuarantineRow, schema_for
+from schemas.tables import ChunkRow, DocumentRow, schema_for
 from tasks.errors import NotFoundError
 from tasks.index.merge import ChunkOrder
-from tasks.methods.base import Hierarchy, Layer0
+from tasks.methods.base import Layer0
 from tasks.runtime.llm_client import Usage
 from tasks.runtime.parallel import Mapper
 from tasks.store.rows import (
     TableDelta,
     plain_rows,
-    relation_table,
     spilled_rows,
-    stamped,
-    to_table,
     vector_matrix,
     with_vectors,
 )
@@ -365,160 +361,3 @@ def _embed_entities(run: PipelineRun, layer0: Layer0, entity_texts: list[str], p
     redo, new = layer0.added | layer0.changed, iter(fresh)
     rows = [next(new) if e["id"] in redo else kept[e["id"]] for e in layer0.entities]
     return np.stack(rows) if rows else np.zeros((0, dim), np.float32)
-
-
-def assemble(
-    run: PipelineRun, delta: Delta, documents, layer0: Layer0, hierarchy: Hierarchy, mentions
-) -> dict[str, pa.Table]:
-    """Every table of the new snapshot (kept rows of the previous one first, then what this run made); a build's
-    relations stay spilled."""
-    from tasks.methods.graph_parts import with_above
-
-    dim, version = (run.snap or {}).get("dim") or run.embedder.dim, run.version
-    old_chunks = run.previous("chunks")
-    keep = [c not in delta.gone_chunks for c in old_chunks.column("id").to_pylist()]
-    kept_chunks = old_chunks.filter(pa.array(keep, type=pa.bool_())) if old_chunks.num_rows else old_chunks
-    quarantine = [
-        q
-        for q in cast("list[QuarantineRow]", run.previous_rows("quarantine"))
-        if not q["item"].startswith((delta.root, run.location)) and q["item"] not in delta.gone_chunks
-    ]
-    quarantine += run.quarantine + hierarchy.quarantine
-    entities = [(layer0.entities, layer0.vectors.reshape(-1, dim)), (hierarchy.entities, hierarchy.vectors)]
-    chunks: Any = layer0.chunks if layer0.chunks is not None else SpilledTable([], schema_for("chunks", dim), 0)
-    if layer0.entity_parts is not None:  # a build's chunks and entities as parts: validated and published a
-        above = spilled_rows(  # part per task
-            "entities", entities[1:], dim, version, run.spill_dir / "tables" / "entities", chunk_part_rows(run.cfg)
-        )
-        parts = layer0.entity_parts
-        all_entities: Any = SpilledTable([*parts.files, *above.files], above.schema, parts.num_rows + above.num_rows)
-    else:
-        chunks = stamped(
-            pa.concat_tables(
-                [kept_chunks.cast(schema_for("chunks", dim))] * bool(kept_chunks.num_rows) + [chunks.read_all()]
-            ),
-            version,
-        )
-        vectors = np.concatenate([v.reshape(-1, dim) for _, v in entities])
-        all_entities = to_table("entities", layer0.entities + hierarchy.entities, dim, version, vectors)
-    relations = hierarchy.graph_relations  # the method's own graph table, when it made one
-    if relations is None:
-        above = relation_table(hierarchy.relations)
-        relations = with_above(layer0.relations, above, run.spill_dir / "relations-above.parquet", version)
-    tables = {
-        "documents": documents,
-        "chunks": chunks,
-        "entities": all_entities,
-        "relations": relations,
-        "layers": to_table("layers", hierarchy.layers or [], dim, version),
-        "communities": to_table("communities", hierarchy.communities, dim, version),
-        "community_reports": to_table(
-            "community_reports", hierarchy.reports, dim, version, hierarchy.report_vectors.reshape(-1, dim)
-        ),
-        # a build's mentions stay spilled on disk, stamped with this version when extracted
-        "mentions": (
-            TableDelta(mentions.column, mentions.values, stamped(mentions.add, version))
-            if isinstance(mentions, TableDelta)
-            else mentions
-        ),
-        "quarantine": to_table("quarantine", _dedupe(quarantine), dim, version),
-    }
-    if hierarchy.layers is None:  # the previous snapshot's layer statistics still hold
-        del tables["layers"]
-    return tables
-
-
-def _dedupe(rows: list[QuarantineRow]) -> list[QuarantineRow]:
-    seen, out = set(), []
-    for r in rows:
-        if r["id"] not in seen:
-            seen.add(r["id"])
-            out.append(r)
-    return out
-
-
-def parts_mapper(run: PipelineRun, tables: dict[str, Any]) -> Mapper:
-    """Where validation and publish work on a spilled table (a build's mentions) a part per task: on the run's
-    Dask workers when it has several parts, else in this process (the cluster is not brought up for one task)."""
-    from tasks.runtime.parallel import LocalMapper
-
-    spilled = [t for t in tables.values() if isinstance(t, SpilledTable)]
-    return run.mapper if any(len(t.files) > 1 for t in spilled) else LocalMapper()
-
-
-def validate(run: PipelineRun, tables: dict[str, pa.Table]) -> None:
-    from tasks.index.validate import ValidationFailed, validate_tables
-
-    dim = (run.snap or {}).get("dim") or run.embedder.dim
-    with run.stage("validate") as st:
-        written = {k: t.add if isinstance(t, TableDelta) else t for k, t in tables.items()}  # kept rows passed before
-        report = st.run(
-            validate_tables,
-            {"layers": run.previous("layers"), **written},
-            dim,
-            mapper=parts_mapper(run, tables),
-            workdir=run.spill_dir / "validate",
-        )
-        st.done(
-            f"{sum(report.checked.values())} expectations passed" if report.success else "FAILED",
-            expectations=sum(report.checked.values()),
-            failures=len(report.failures),
-        )
-    if not report.success:
-        raise ValidationFailed(report.failures)
-
-
-def publish(
-    run: PipelineRun, delta: Delta, tables: dict[str, Any], layer0: Layer0, hierarchy: Hierarchy
-) -> BuildResult:
-    from tasks.index.plots import plot_layers
-
-    cfg, dim = run.cfg, (run.snap or {}).get("dim") or run.embedder.dim
-    note: dict[str, Any] = {"method": run.method.name}
-    roots = dict(run.note.get("roots", {}), **({run.location: run.root} if run.location != run.root else {}))
-    if roots:
-        note["roots"] = roots  # locations that are the new place of an indexed root
-    if run.snap:
-        previous = run.note
-        added = previous.get("added_since_full", 0) + len(layer0.added)
-        note |= {
-            "added_since_full": added,
-            "drift": round(added / max(1, tables["entities"].num_rows), 4),
-            "diff": delta.counts,
-        }
-    mapper = parts_mapper(run, tables)
-    with run.stage("publish") as st:
-        try:
-            version = st.run(
-                run.catalog.publish,
-                tables,
-                run.run_id,
-                "incremental" if run.snap else "full",
-                dim,
-                run.version,
-                json.dumps(note),
-                cfg.retrieval.ann_min_vectors,
-                mapper,
-            )
-        finally:
-            run.mapper.release()
-        drift = note.get("drift", 0.0)
-        hint = (
-            f"; drift {drift:.0%} > {cfg.incremental.max_drift:.0%}: consider `strata update --full`"
-            if drift > cfg.incremental.max_drift
-            else ""
-        )
-        st.done(f"snapshot v{version}{hint}", tables=len(tables), drift=drift)
-    plot = None
-    if hierarchy.layers and run.catalog.root is not None:
-        plot = str(
-            plot_layers(
-                hierarchy.layers, run.catalog.root / "reports" / f"layers-v{version}.png", cfg.hierarchy.epsilon
-            )
-        )
-    snap = run.catalog.snapshot(version)
-    counts = {
-        k: run.catalog.open_table(k, snap=snap).count_rows() if isinstance(t, TableDelta) else t.num_rows
-        for k, t in tables.items()
-    }
-    return run.result("published", delta, version, counts, hierarchy.layers, plot)
