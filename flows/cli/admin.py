@@ -14,6 +14,7 @@ from rich.table import Table
 from flows.cli.common import AsOfOpt, ConfigOpt, LockOpt, ReadIndexOpt, SetOpt, command, open_catalog, out
 from schemas.tables import ALL_TABLES, SNAPSHOT_TABLES
 from tasks.errors import EXIT_CODES, UsageError
+from tasks.store.gc import COMPACT_SHARE
 
 
 def _table(title: str, columns: tuple[str, ...], rows: list[list[str]], justify: str = "left") -> Table:
@@ -166,17 +167,28 @@ def rollback(
 def gc(
     index: str = ReadIndexOpt,
     keep: int = typer.Option(..., "--keep", min=1, help="How many of the newest snapshots to keep (at least 1)."),
+    compact_share: float = typer.Option(
+        COMPACT_SHARE,
+        "--compact-share",
+        min=0.0,
+        max=1.0,
+        help="Compact a table of the latest snapshot once a fragment of it has more than this share of its rows "
+        "deleted by updates (1: never). Its deleted rows leave the disk when the snapshots before it are dropped.",
+    ),
     lock_timeout: float = LockOpt,
     config_path: Optional[Path] = ConfigOpt,
     set_: Optional[list[str]] = SetOpt,
 ) -> None:
-    """Drop old snapshots and the table versions no kept snapshot needs (never a version a kept snapshot pins)."""
+    """Drop old snapshots and the table versions no kept snapshot needs (never a version a kept snapshot pins),
+    and compact the tables whose rows updates have largely deleted."""
     cat = open_catalog(index, config_path, set_)
     with cat.writer_lock(lock_timeout):
-        done = cat.gc(keep)
+        done = cat.gc(keep, compact_share=compact_share if compact_share < 1 else None)
+    compacted = ", ".join(f"{t} ({n} fragments rewritten)" for t, n in done["compacted"].items())
     out.print(
         f"kept snapshots {done['kept']}, dropped {done['dropped'] or 'none'}; table versions removed: "
         f"{sum(done['versions_removed'].values())} ({done['bytes_removed'] / 1e6:.1f} MB freed)"
+        + (f"; compacted: {compacted}" if compacted else "")
     )
 
 

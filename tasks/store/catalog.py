@@ -454,11 +454,12 @@ class Catalog:
             json.dumps({**snapshot_note(target), "rollback_to": to_version}),
         )
 
-    def gc(self, keep: int) -> dict[str, Any]:
-        """Keep the newest ``keep`` snapshots, drop the table versions no kept one pins (``tasks.store.gc``)."""
+    def gc(self, keep: int, **compaction: Any) -> dict[str, Any]:
+        """Keep the newest ``keep`` snapshots, drop the table versions no kept one pins, compact what updates
+        deleted (``tasks.store.gc``)."""
         from tasks.store.gc import collect_garbage
 
-        return collect_garbage(self, keep)
+        return collect_garbage(self, keep, **compaction)
 
     # ------------------------------------------------------------------ run log
     def log_run(self, row: dict[str, Any]) -> None:
