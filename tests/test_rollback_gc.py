@@ -117,7 +117,9 @@ def test_gc_compacts_what_updates_deleted_and_the_latest_snapshot_reads_the_same
     cat.publish({"entities": TableDelta("id", [f"ent-{i:02d}" for i in range(4)], new)}, "run-2", "incremental", 8)
     before = sorted(cat.read("entities").to_pylist(), key=lambda r: r["id"])
     pinned = cat.snapshot()["tables"]["entities"]
-    res = CliRunner().invoke(app, ["gc", "--index", str(tmp_path / "idx"), "--keep", "2"])
+    # 4 of the 14 stored rows deleted: past a share of 0.25 (the default, 0.5, leaves it)
+    assert "compacted" not in CliRunner().invoke(app, ["gc", "--index", str(tmp_path / "idx"), "--keep", "2"]).output
+    res = CliRunner().invoke(app, ["gc", "--index", str(tmp_path / "idx"), "--keep", "2", "--compact-share", "0.25"])
     assert res.exit_code == 0 and "compacted: entities" in res.output, res.output
     cat = Catalog(tmp_path / "idx")
     latest = cat.snapshot()
@@ -132,5 +134,6 @@ def test_gc_compacts_what_updates_deleted_and_the_latest_snapshot_reads_the_same
     names = dict(zip(*(cat.read("entities").column(c).to_pylist() for c in ("id", "name"))))
     assert names == {**{f"ent-{i:02d}": "b" for i in range(4)}, **{f"ent-{i:02d}": "a" for i in range(4, 9)},
                      "ent-09": "c"}  # fmt: skip
-    # below the share nothing is rewritten
-    assert CliRunner().invoke(app, ["gc", "--index", str(tmp_path / "idx"), "--keep", "3"]).output.count("compacted") == 0
+    # 1 of 11 stored rows deleted: below the share nothing is rewritten
+    res = CliRunner().invoke(app, ["gc", "--index", str(tmp_path / "idx"), "--keep", "3", "--compact-share", "0.25"])
+    assert res.exit_code == 0 and "compacted" not in res.output, res.output

@@ -172,8 +172,8 @@ def gc(
         "--compact-share",
         min=0.0,
         max=1.0,
-        help="Compact a table of the latest snapshot once a fragment of it has more than this share of its rows "
-        "deleted by updates (1: never). Its deleted rows leave the disk when the snapshots before it are dropped.",
+        help="Compact a table of the latest snapshot once more than this share of its stored rows are deleted by "
+        "updates (1: never). Its deleted rows leave the disk when the snapshots before it are dropped.",
     ),
     lock_timeout: float = LockOpt,
     config_path: Optional[Path] = ConfigOpt,
