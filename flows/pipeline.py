@@ -80,15 +80,16 @@ def run_stages(run: PipelineRun) -> BuildResult:
         return run.result("nothing-to-do", delta)
     run.open_embedder()  # an update with an embedding model of another dimension stops here, before extraction
     run.mapper.start()  # the Dask cluster comes up while the run chunks
-    documents, chunks = chunk(run, delta)
-    # the documents' texts are in their table now: what later stages read of them is where they come from
+    documents, chunks, places = chunk(run, delta)
+    # the documents' and chunks' texts are in parts now: what later stages read of a document is where it comes from
     delta = replace(
         delta, incoming=[document_place(d) for d in delta.incoming], kept=[document_place(d) for d in delta.kept]
     )
-    chunks, new_mentions = extract(run, delta, chunks)
-    layer0, mentions = merge(run, delta, chunks, new_mentions)
-    layer0 = embed(run, layer0, chunks)
-    del chunks  # in parts with their vectors from here on (``Layer0.chunks``)
+    extracted, new_mentions = extract(run, chunks)
+    layer0, mentions = merge(run, delta, places, new_mentions)
+    del places
+    layer0 = embed(run, layer0, chunks, extracted)  # the chunks with their vectors: ``Layer0.chunks``
+    del extracted
     hierarchy = run.method.update(run, layer0) if run.snap else run.method.build(run, layer0)
     tables = assemble(run, delta, documents, layer0, hierarchy, mentions)
     # from here on the tables hold every row: the Python rows and vector matrices they were made from go

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from flows.lineage import digest_of
 from flows.run import Delta, DocumentPlace, PipelineRun
 from schemas.config import StrataConfig
-from schemas.tables import ChunkRow, DocumentRow, schema_for
+from schemas.tables import DocumentRow, schema_for
 from tasks.errors import NotFoundError
 from tasks.index.merge import ChunkOrder
 from tasks.methods.base import Layer0
@@ -82,10 +82,13 @@ def ingest(run: PipelineRun) -> Delta:
     )
 
 
-def chunk(run: PipelineRun, delta: Delta) -> tuple[SpilledTable, list[ChunkRow]]:
-    """Chunks of the incoming documents; the documents table after the run (kept + incoming with token counts),
-    in parts: the run holds none of their texts from here on."""
-    from tasks.index.chunk import chunk_documents
+def chunk(run: PipelineRun, delta: Delta) -> tuple[SpilledTable, SpilledTable, pa.Table]:
+    """The documents table after the run (kept + incoming with token counts) and the chunks of the incoming
+    documents, both in parts (the run holds none of their texts from here on), and where each chunk is in its
+    document (``CHUNK_PLACE``)."""
+    from tasks.index.chunk import CHUNK_PART_SCHEMA, chunk_documents, spill_chunks
+    from tasks.index.extract import task_rows
+    from tasks.index.merge import explicit_title
 
     with run.stage("chunk", len(delta.incoming)) as st:
         chunks, tokens, cut = st.run(
@@ -99,9 +102,16 @@ def chunk(run: PipelineRun, delta: Delta) -> tuple[SpilledTable, list[ChunkRow]]
             tokens=sum(tokens.values()),
             cut=len(cut),
         )
+    size = chunk_part_rows(run.cfg)
+    titles = {d["id"]: explicit_title(d) for d in delta.incoming}
+    group = task_rows(len(chunks), run.cfg.extract.batch_size)
+    parts = spill_chunks(chunks, titles, run.spill_dir / "chunks", size, group)
+    place_schema = pa.schema([CHUNK_PART_SCHEMA.field(k) for k in CHUNK_PLACE])
+    places = pa.table({k: [c[k] for c in chunks] for k in CHUNK_PLACE}, schema=place_schema)
+    del chunks
     documents = delta.kept + [dict(d, n_tokens=tokens[d["id"]]) for d in delta.incoming]
     folder = run.spill_dir / "tables" / "documents"
-    return spilled_rows("documents", [(documents, None)], 0, run.version, folder, chunk_part_rows(run.cfg)), chunks
+    return spilled_rows("documents", [(documents, None)], 0, run.version, folder, size), parts, places
 
 
 def document_place(doc: DocumentRow | DocumentPlace) -> DocumentPlace:
@@ -118,12 +128,12 @@ def extraction_method(cfg: StrataConfig) -> str:
     return method
 
 
-def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
-    """Entities and relations of the new chunks, on the mapper (Dask), as ``mentions`` rows (document titles
-    included); each chunk marked extracted or quarantined."""
+def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTable]:
+    """Entities and relations of the new chunks (their parts), on the mapper (Dask), as ``mentions`` rows
+    (document titles included); and the ids of the chunks extracted (the others are quarantined)."""
     from tasks.index.extract import extract_mentions
     from tasks.index.extract_llm import extract_batch_llm
-    from tasks.index.merge import CHUNK_ORDER, MENTIONS_PER_CHUNK, explicit_title, in_chunk_order
+    from tasks.index.merge import CHUNK_ORDER, MENTIONS_PER_CHUNK, in_chunk_order
     from tasks.store.spill import gather
 
     cfg = run.cfg
@@ -135,19 +145,17 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
         if extraction_method(cfg) == "llm"
         else {}
     )
-    titles = {d["id"]: explicit_title(d) for d in delta.incoming}
     if client is not None:
         _check_reach(client, run.spill_dir)
     # each task writes its mentions to the work folder split by key hash; a task per part then gathers them for
     # merge, read back in canonical (chunk id, seq) order, so the table does not depend on the order tasks end in
-    parts = -(-len(chunks) * MENTIONS_PER_CHUNK // cfg.dask.part_rows)
+    parts = -(-chunks.num_rows * MENTIONS_PER_CHUNK // cfg.dask.part_rows)
     written = run.spill_dir / "extracted"
     written.mkdir(parents=True, exist_ok=True)
-    with run.stage("extract", len(chunks)) as st:
+    with run.stage("extract", chunks.num_rows) as st:
         result = st.run(
             extract_mentions,
             chunks,
-            titles,
             cfg.extract,
             run.mapper,
             run.version,
@@ -177,8 +185,7 @@ def extract(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]):
             llm_calls=result.usage.get("calls", 0),
             llm_tokens=result.llm_tokens,
         )
-    ok = set(result.ok)
-    return [dict(c, status="extracted" if c["id"] in ok else "quarantined") for c in chunks], mentions
+    return set(result.ok), mentions
 
 
 def _check_reach(client: Any, folder: Path) -> None:
@@ -195,7 +202,7 @@ def _check_reach(client: Any, folder: Path) -> None:
         )
 
 
-def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: SpilledTable) -> tuple[Layer0, Any]:
+def merge(run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable) -> tuple[Layer0, Any]:
     """Layer 0 from the mentions: merged whole for a build, recomputed for the keys the delta touched for an
     update. Returns it with the new snapshot's ``mentions``: the whole table for a build, the change (rows of
     the chunks that went, rows of the new ones) for an update."""
@@ -213,7 +220,7 @@ def merge(run: PipelineRun, delta: Delta, chunks: list[ChunkRow], new: SpilledTa
             delta.gone_chunks,
             new,
             cfg.extract.max_description_tokens,
-            chunk_order(run, delta, chunks),
+            chunk_order(run, delta, places),
             run.spill_dir / "merge",
             run.version,
             chunk_part_rows(cfg),
@@ -238,17 +245,15 @@ ENTITY_FIELDS = tuple(n for n in schema_for("entities", 0).names if n not in ("v
 CHUNK_PLACE = ("id", "document_id", "chunk_index")  # what an update reads of the previous chunks before assemble
 
 
-def chunk_order(run: PipelineRun, delta: Delta, chunks: list[ChunkRow]) -> ChunkOrder:
-    """Every live chunk's place in the corpus: (its document's source id, its position in the document)."""
+def chunk_order(run: PipelineRun, delta: Delta, places: pa.Table) -> ChunkOrder:
+    """Every live chunk's place in the corpus: (its document's source id, its position in the document);
+    ``places``: the new chunks' (``CHUNK_PLACE``)."""
     source = {d["id"]: d["source_id"] for d in delta.kept + delta.incoming}
-    old = run.previous("chunks", CHUNK_PLACE)
-    pairs = zip(
-        old.column("id").to_pylist(), old.column("document_id").to_pylist(), old.column("chunk_index").to_pylist()
-    )
-    return {
-        cid: (source.get(doc, ""), pos)
-        for cid, doc, pos in [*pairs, *((c["id"], c["document_id"], c["chunk_index"]) for c in chunks)]
-    }
+    order: ChunkOrder = {}
+    for table in (run.previous("chunks", CHUNK_PLACE), places):
+        ids, docs, pos = (table.column(c).to_pylist() for c in CHUNK_PLACE)
+        order.update((cid, (source.get(doc, ""), p)) for cid, doc, p in zip(ids, docs, pos))
+    return order
 
 
 def _layer0(
@@ -298,17 +303,18 @@ def _layer0(
     )
 
 
-def embed(run: PipelineRun, layer0: Layer0, chunks: list[ChunkRow]) -> Layer0:
+def embed(run: PipelineRun, layer0: Layer0, chunks: SpilledTable, extracted: set[str]) -> Layer0:
     """Vectors of new and changed entities (unchanged ones keep theirs) and of the new chunks, which go to parts
     with their vectors a part at a time (``Layer0.chunks``): from here on the run holds none of their texts."""
     from tasks.index.embed import entity_text
 
     entity_parts = layer0.entity_parts  # a build's: every entity is new
     fresh = [e for e in layer0.entities if e["id"] in layer0.added | layer0.changed]
-    n = (entity_parts.num_rows if entity_parts else len(fresh)) + len(chunks)
+    n = (entity_parts.num_rows if entity_parts else len(fresh)) + chunks.num_rows
     with run.stage("embed", n) as st:
         if entity_parts is not None:
-            entity_parts = st.run(_embed_entity_parts, run, entity_parts, st.advance)
+            texts = lambda t: [entity_text(*e) for e in zip(*(t.column(c).to_pylist() for c in ENTITY_TEXT))]  # noqa: E731
+            entity_parts = st.run(_embed_parts, run, "entities", entity_parts.parts(), texts, st.advance)
         vectors = st.run(
             _embed_entities,
             run,
@@ -316,11 +322,9 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: list[ChunkRow]) -> Layer0:
             [entity_text(e["name"], e["type"], e["description"]) for e in fresh],
             st.advance,
         )
-        size = chunk_part_rows(run.cfg)
-        parts = (chunks[s : s + size] for s in range(0, len(chunks), size))
-        pieces = ((part, run.embed([c["text"] for c in part], st.advance)) for part in parts)
-        folder = run.spill_dir / "tables" / "chunks"
-        new_chunks = st.run(spilled_rows, "chunks", pieces, run.embedder.dim, run.version, folder, size)
+        parts = (with_status(part, extracted) for part in chunks.parts())
+        text = lambda t: t.column("text").to_pylist()  # noqa: E731
+        new_chunks = st.run(_embed_parts, run, "chunks", parts, text, st.advance)
         st.done(
             f"{run.embedder.misses} embedded, {run.embedder.hits} from cache",
             vectors=n,
@@ -335,20 +339,30 @@ def chunk_part_rows(cfg: StrataConfig) -> int:
     return max(1, cfg.dask.part_rows // 10)
 
 
-def _embed_entity_parts(run: PipelineRun, parts: SpilledTable, progress) -> SpilledTable:
-    """A build's layer-0 entity parts with their vectors, a part at a time, as the ``entities`` table's rows."""
-    from tasks.index.embed import entity_text
+ENTITY_TEXT = ("name", "type", "description")  # what an entity's vector embeds (``embed.entity_text``)
+
+
+def _embed_parts(run: PipelineRun, name: str, parts, text, progress) -> SpilledTable:
+    """Table ``name``'s rows, a part of ``parts`` at a time, with the vectors of their ``text(part)`` and the run's
+    version, written as that table's parts."""
     from tasks.store.spill import write_whole
 
-    folder = run.spill_dir / "tables" / "entities"
+    folder = run.spill_dir / "tables" / name
     folder.mkdir(parents=True, exist_ok=True)
-    files = []
-    for i, part in enumerate(parts.parts()):
-        columns = (part.column(c).to_pylist() for c in ("name", "type", "description"))
-        vectors = run.embed([entity_text(*e) for e in zip(*columns)], progress)
-        files.append(folder / f"layer0-{i:05d}.parquet")
-        write_whole(with_vectors("entities", part, vectors, run.version), files[-1])
-    return SpilledTable(files, schema_for("entities", run.embedder.dim), parts.num_rows)
+    files: list[Path] = []
+    n = 0
+    for part in parts:
+        files.append(folder / f"embedded-{len(files):05d}.parquet")
+        write_whole(with_vectors(name, part, run.embed(text(part), progress), run.version), files[-1])
+        n += part.num_rows
+    return SpilledTable(files, schema_for(name, run.embedder.dim), n)
+
+
+def with_status(chunks: pa.Table, extracted: set[str]) -> pa.Table:
+    """Chunk parts' rows (``chunk.CHUNK_PART_SCHEMA``) as the ``chunks`` table's: each marked extracted or
+    quarantined, without the title extraction read."""
+    status = ["extracted" if c in extracted else "quarantined" for c in chunks.column("id").to_pylist()]
+    return chunks.drop(["title"]).append_column("status", pa.array(status, pa.string()))
 
 
 def _embed_entities(run: PipelineRun, layer0: Layer0, entity_texts: list[str], progress) -> np.ndarray:

@@ -6,12 +6,16 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 import tiktoken
 
 from schemas.config import ChunkingConfig
 from tasks.store.ids import make_id
+from tasks.store.spill import SpilledTable
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from schemas.tables import QuarantineRow
 
 ENCODING = "cl100k_base"
@@ -118,3 +122,35 @@ def chunk_documents(
                 )
             )
     return out, tokens, cut
+
+
+#: a chunk as the chunk stage writes it: the ``chunks`` columns but status, vector and version, which embed adds
+#: (``tasks.store.rows.with_vectors``), and its document's own title, which extraction mentions
+CHUNK_PART_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("document_id", pa.string()),
+        ("chunk_index", pa.int64()),
+        ("text", pa.string()),
+        ("n_tokens", pa.int64()),
+        ("start", pa.int64()),
+        ("end", pa.int64()),
+        ("title", pa.string()),
+    ]
+)
+
+
+def spill_chunks(
+    chunks: list[dict[str, Any]], titles: dict[str, str | None], folder: Path, part_rows: int, group_rows: int
+) -> SpilledTable:
+    """``chunks`` as Parquet parts of ``part_rows`` rows under ``folder`` (``CHUNK_PART_SCHEMA``, each chunk with
+    its document's title from ``titles``), row groups of ``group_rows`` rows: an extraction task reads one."""
+    from tasks.store.spill import write_whole
+
+    folder.mkdir(parents=True, exist_ok=True)
+    files: list[Path] = []
+    for s in range(0, len(chunks), part_rows):
+        rows = [dict(c, title=titles.get(c["document_id"])) for c in chunks[s : s + part_rows]]
+        files.append(folder / f"part-{len(files):05d}.parquet")
+        write_whole(pa.Table.from_pylist(rows, schema=CHUNK_PART_SCHEMA), files[-1], row_group_rows=group_rows)
+    return SpilledTable(files, CHUNK_PART_SCHEMA, len(chunks))

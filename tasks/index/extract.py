@@ -218,8 +218,7 @@ def extract_batch(chunks: list[dict[str, Any]], cfg: ExtractConfig) -> Extractio
 
 
 def extract_mentions(
-    chunks: list[dict[str, Any]],
-    titles: dict[str, str | None],
+    chunks: Any,
     cfg: ExtractConfig,
     mapper: Mapper,
     version: int,
@@ -230,9 +229,13 @@ def extract_mentions(
 ) -> ExtractionResult:
     """What the pipeline runs: a task per ``CHUNKS_PER_TASK`` chunks, each extracting them ``cfg.batch_size`` at a
     time and writing their ``mentions`` rows itself (``batch_mentions``), so no mention comes back to this
-    process. ``titles``: document id -> its own title (``merge.explicit_title``), mentioned in each of its
-    chunks; ``spill`` = (the folder the tasks write to, the parts of the key hash)."""
-    tasks = _tasks(chunks, titles, cfg.batch_size)
+    process. ``chunks``: the chunk parts (``chunk.spill_chunks``: a task per row group, which holds each
+    chunk's text and its document's own title); ``spill`` = (the folder the tasks write to, the parts of the
+    key hash)."""
+    import pyarrow.parquet as pq
+
+    groups = [(str(f), g) for f in chunks.files for g in range(pq.ParquetFile(f).num_row_groups)]
+    tasks = list(enumerate(groups))
     return ExtractionResult.combine(
         mapper(
             batch_mentions,
@@ -253,8 +256,13 @@ def extract_mentions(
 CHUNKS_PER_TASK, MIN_TASKS = 512, 16
 
 
+def task_rows(n: int, batch_size: int) -> int:
+    """Chunks per extraction task (a row group of the chunk parts) for ``n`` chunks."""
+    return min(CHUNKS_PER_TASK, max(batch_size, -(-n // MIN_TASKS)))
+
+
 def batch_mentions(
-    task: tuple[int, list[dict[str, Any]]],
+    task: tuple[int, tuple[str, int]],
     cfg: ExtractConfig,
     version: int,
     spill: tuple[str, int],
@@ -266,11 +274,14 @@ def batch_mentions(
     (``spill.write_split``). Returns all but the rows (their count in ``mention_rows``, ``entity_mentions``)."""
     from pathlib import Path
 
+    import pyarrow.parquet as pq
+
     from tasks.index.merge import mention_rows, title_mentions
     from tasks.store.rows import to_table
     from tasks.store.spill import write_split
 
-    index, chunks = task
+    index, (path, group) = task
+    chunks = pq.ParquetFile(path).read_row_group(group, columns=["id", "text", "title"]).to_pylist()
     res = ExtractionResult.combine(
         [batch_fn(chunks[s : s + cfg.batch_size], cfg=cfg, **fn_kwargs) for s in range(0, len(chunks), cfg.batch_size)]
     )
@@ -289,11 +300,3 @@ def batch_mentions(
         entity_mentions=len(entities),
         files=[str(out)],
     )
-
-
-def _tasks(
-    chunks: list[dict[str, Any]], titles: dict[str, str | None], batch_size: int
-) -> list[tuple[int, list[dict[str, Any]]]]:
-    payload = [{"id": c["id"], "text": c["text"], "title": titles.get(c["document_id"])} for c in chunks]
-    size = min(CHUNKS_PER_TASK, max(batch_size, -(-len(payload) // MIN_TASKS)))
-    return [(i // size, payload[i : i + size]) for i in range(0, len(payload), size)]

@@ -38,15 +38,18 @@ def plain_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in schema])
 
 
-def write_whole(table: pa.Table, out: str | Path, group_by: str | None = None) -> None:
+def write_whole(
+    table: pa.Table, out: str | Path, group_by: str | None = None, row_group_rows: int | None = None
+) -> None:
     """``table`` as the Parquet file ``out``, whole or not at all (written under a temporary name, then renamed):
     a task retried after its worker died writes the same file again. ``group_by``: an integer column the rows are
-    sorted by, each of whose values gets a row group of its own (a task that reads one value skips the others)."""
+    sorted by, each of whose values gets a row group of its own (a task that reads one value skips the others);
+    ``row_group_rows``: row groups of that many rows."""
     import os
 
     tmp = f"{out}.{os.getpid()}.tmp"
     if group_by is None:
-        pq.write_table(table, tmp)
+        pq.write_table(table, tmp, row_group_size=row_group_rows)
     else:
         at = table.column(group_by).to_numpy()
         with pq.ParquetWriter(tmp, table.schema) as writer:
