@@ -172,15 +172,15 @@ def gc(
         "--compact-share",
         min=0.0,
         max=1.0,
-        help="Compact a table of the latest snapshot once more than this share of its stored rows are deleted by "
-        "updates (1: never). Its deleted rows leave the disk when the snapshots before it are dropped.",
+        help="Write again each fragment of the latest snapshot's tables with more than this share of its rows "
+        "deleted by updates (1: never). The deleted rows leave the disk when the snapshots before it are dropped.",
     ),
     lock_timeout: float = LockOpt,
     config_path: Optional[Path] = ConfigOpt,
     set_: Optional[list[str]] = SetOpt,
 ) -> None:
     """Drop old snapshots and the table versions no kept snapshot needs (never a version a kept snapshot pins),
-    and compact the tables whose rows updates have largely deleted."""
+    and compact the fragments whose rows updates have largely deleted."""
     cat = open_catalog(index, config_path, set_)
     with cat.writer_lock(lock_timeout):
         done = cat.gc(keep, compact_share=compact_share if compact_share < 1 else None)

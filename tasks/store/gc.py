@@ -16,13 +16,12 @@ def lock_held(cat: Any) -> bool:
     return cat.root is not None or cat.storage.writer_lock != "off"
 
 
-#: the share of a table's stored rows deleted past which ``strata gc`` compacts it. An update deletes the rows it
-#: replaces (``Catalog._apply_delta``), which stay in their files for as long as a snapshot pins them; a compaction
-#: writes the live rows again (every fragment: they are all below Lance's target size), and the old files go once
-#: the snapshots before it are dropped. Low, and the table is copied often, each copy held by the ``--keep``
-#: snapshots after it; high, and the deleted rows stay on disk longer. With d of a table's rows replaced a night
-#: and K snapshots kept, compacting every sqrt(2K/d) nights costs least: about half its rows deleted for d
-#: between 3 % and 10 % and K = 7
+#: the share of a fragment's rows deleted past which ``strata gc`` writes it again. An update deletes the rows it
+#: replaces (``Catalog._apply_delta``), which stay in their fragment for as long as a snapshot pins them; a
+#: compaction writes a fragment's live rows again, and the old file goes once the snapshots before it are dropped.
+#: Each fragment is judged alone: a night's appended fragment (the hub entities, the communities it touched) is
+#: mostly replaced within a few nights and costs little to rewrite, the build's large fragment loses rows slowly
+#: and is copied only once half of it is gone (each copy is held by the ``--keep`` snapshots after it)
 COMPACT_SHARE = 0.5
 
 
@@ -30,8 +29,8 @@ def collect_garbage(cat: Any, keep: int, compact_share: float | None = COMPACT_S
     """Keep the newest ``keep`` snapshots; drop the older ones and every table version older than the oldest
     version a kept snapshot pins (a pinned version is never removed; Lance keeps each table's latest). The log
     tables (``_snapshots``, ``runs``) lose their versions older than the oldest kept snapshot. Then the latest
-    snapshot's tables more than ``compact_share`` deleted are compacted (``compact``; None: none is): what an
-    update deleted leaves their files once the snapshots before the compaction are dropped."""
+    snapshot's fragments more than ``compact_share`` deleted are written again (``compact``; None: none is): what
+    an update deleted leaves their files once the snapshots before the compaction are dropped."""
     snaps = cat.snapshots()
     if keep < 1:
         raise UsageError("gc --keep must be at least 1: the latest snapshot is always kept")
@@ -76,10 +75,11 @@ def collect_garbage(cat: Any, keep: int, compact_share: float | None = COMPACT_S
 
 
 def compact(cat: Any, share: float) -> dict[str, int]:
-    """Compact each table of the latest snapshot whose stored rows are more than ``share`` deleted (Lance's
-    ``compact_files``, materialising the deletions), and pin the compacted versions in the latest snapshot: the
-    same rows, so its readers see nothing change (one reading the version before keeps it until a later gc drops
-    it). The caller holds the writer lock. Returns the fragments each compacted table had removed."""
+    """Write again the fragments of the latest snapshot's tables that are more than ``share`` deleted (Lance's
+    ``compact_files`` over those fragments only, their live rows merged into new ones), and pin the compacted
+    versions in the latest snapshot: the same rows, so its readers see nothing change (one reading the version
+    before keeps it until a later gc drops it). The caller holds the writer lock. Returns the fragments each
+    compacted table had removed."""
     import json
 
     latest = cat.snapshot()
@@ -94,9 +94,14 @@ def compact(cat: Any, share: float) -> dict[str, int]:
             continue
         dataset = tbl.to_lance()
         fragments = dataset.get_fragments()
-        if sum(f.num_deletions for f in fragments) <= share * sum(f.physical_rows for f in fragments):
+        keep = [f.fragment_id for f in fragments if f.num_deletions <= share * f.physical_rows]
+        if len(keep) == len(fragments):
             continue
-        metrics = dataset.optimize.compact_files(materialize_deletions=True, materialize_deletions_threshold=0.0)
+        metrics = dataset.optimize.compact_files(
+            materialize_deletions=True, materialize_deletions_threshold=share, excluded_fragment_ids=keep
+        )
+        if not metrics.fragments_removed:
+            continue
         tbl = cat.db.open_table(name)
         if tbl.count_rows() != dataset.checkout_version(pins[name]).count_rows():
             raise RuntimeError(f"compacting {name} changed its row count: snapshot v{latest['version']} kept as it was")
