@@ -342,19 +342,46 @@ def chunk_part_rows(cfg: StrataConfig) -> int:
 ENTITY_TEXT = ("name", "type", "description")  # what an entity's vector embeds (``embed.entity_text``)
 
 
+#: texts embedded at a time across a table's parts: a multiple of the embedder's batch (256), so a text's batch,
+#: and its vector to the last bit, does not depend on where the table was cut into parts
+EMBED_STEP = 256 * 32
+
+
 def _embed_parts(run: PipelineRun, name: str, parts, text, progress) -> SpilledTable:
     """Table ``name``'s rows, a part of ``parts`` at a time, with the vectors of their ``text(part)`` and the run's
-    version, written as that table's parts."""
+    version, written as that table's parts. The texts are embedded ``EMBED_STEP`` at a time across the parts."""
     from tasks.store.spill import write_whole
 
     folder = run.spill_dir / "tables" / name
     folder.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
+    waiting: list[pa.Table] = []  # parts read whose vectors are not all there yet
+    texts: list[str] = []
+    vectors = np.zeros((0, run.embedder.dim), np.float32)
     n = 0
+
+    def embed(count: int) -> None:
+        nonlocal vectors
+        vectors = np.concatenate([vectors, run.embed(texts[:count], progress)])
+        del texts[:count]
+
+    def write() -> None:
+        nonlocal vectors
+        while waiting and len(vectors) >= waiting[0].num_rows:
+            part = waiting.pop(0)
+            files.append(folder / f"embedded-{len(files):05d}.parquet")
+            write_whole(with_vectors(name, part, vectors[: part.num_rows], run.version), files[-1])
+            vectors = vectors[part.num_rows :]
+
     for part in parts:
-        files.append(folder / f"embedded-{len(files):05d}.parquet")
-        write_whole(with_vectors(name, part, run.embed(text(part), progress), run.version), files[-1])
+        waiting.append(part)
+        texts += text(part)
         n += part.num_rows
+        while len(texts) >= EMBED_STEP:
+            embed(EMBED_STEP)
+        write()
+    embed(len(texts))
+    write()
     return SpilledTable(files, schema_for(name, run.embedder.dim), n)
 
 
