@@ -90,7 +90,10 @@ def run_stages(run: PipelineRun) -> BuildResult:
     del places
     layer0 = embed(run, layer0, chunks, extracted)  # the chunks with their vectors: ``Layer0.chunks``
     del extracted
-    hierarchy = run.method.update(run, layer0) if run.snap else run.method.build(run, layer0)
+    if run.snap:
+        hierarchy = run.method.update(run, layer0)
+    else:  # layer 0 in parts, read whole for a method that clusters it in this process
+        hierarchy = run.method.build(run, layer0 if getattr(run.method, "reads_parts", False) else layer0.whole())
     tables = assemble(run, delta, documents, layer0, hierarchy, mentions)
     # from here on the tables hold every row: the Python rows and vector matrices they were made from go
     del documents, mentions

@@ -220,7 +220,6 @@ class ArchRAG:
         from tasks.methods.base import Hierarchy
         from tasks.store.rows import relation_table
 
-        layer0 = layer0.whole()  # this method clusters over every entity at once, in this process
         cfg = ctx.cfg
         base = relation_table(layer0.relations)  # read whole: this method clusters over the whole graph at once
         with ctx.stage("hierarchy") as st:

@@ -120,7 +120,8 @@ class IndexMethod(Protocol):
     relation_kinds: tuple[str, ...]
 
     def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
-        """Everything above a build's layer 0, whose entities are in parts (``Layer0.whole`` reads them)."""
+        """Everything above a build's layer 0: its rows and vectors in ``entities`` and ``vectors``, or, for a
+        method with ``reads_parts = True`` (HiRAG), only in ``entity_parts``, which tasks read."""
 
     def update(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy: ...
     def levels(

@@ -235,7 +235,6 @@ class HyGRAG:
         return ctx
 
     def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
-        layer0 = layer0.whole()  # this method clusters over every entity at once, in this process
         cfg = ctx.cfg
         base = relation_table(layer0.relations)  # read whole: this method clusters over the whole graph at once
         with ctx.stage("hierarchy") as st:

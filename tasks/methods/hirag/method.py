@@ -20,6 +20,7 @@ class HiRAG:
         "flat": ("entities", "communities", "bridge"),
     }
     relation_kinds: tuple[str, ...] = ()
+    reads_parts = True  # a build's layer 0 stays in parts (``graph_parts``): the pipeline does not read it whole
 
     def refine(self, ctx, client):
         return ctx
