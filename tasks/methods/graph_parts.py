@@ -126,10 +126,9 @@ def hierarchy_on_cluster(
     for row in stats:
         if on_layer and not row["stopped"]:
             on_layer(row)
+    vecs = ctx.embed([entity_text(e["name"], e["type"], e["description"]) for e in ents]).reshape(-1, dim)
     if not ents or stats[-1]["stopped"]:
-        vecs = ctx.embed([entity_text(e["name"], e["type"], e["description"]) for e in ents]).reshape(-1, dim)
         return ents, vecs, rels, stats
-    vecs = ctx.embed([entity_text(e["name"], e["type"], e["description"]) for e in ents])
     above, above_vecs, above_rels, above_stats = build_hierarchy(
         ents,
         vecs,
