@@ -26,8 +26,9 @@ class BuildResult:
     n_inputs: int = 0
 
 
-def digest_of(documents: list[dict[str, Any]]) -> str:
-    return hashlib.sha256("\n".join(sorted(d["content_hash"] for d in documents)).encode()).hexdigest()
+def digest_of(content_hashes: list[str]) -> str:
+    """The corpus's digest: of its documents' content hashes, in any order."""
+    return hashlib.sha256("\n".join(sorted(content_hashes)).encode()).hexdigest()
 
 
 def deployment_name() -> str | None:

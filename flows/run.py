@@ -24,6 +24,7 @@ from tasks.runtime.progress import reporter
 from tasks.runtime.stages import Stages, TaskRunner, direct_task
 from tasks.store.catalog import Catalog
 from tasks.store.rows import plain_rows, snapshot_note
+from tasks.store.spill import SpilledTable
 
 
 # ---------------------------------------------------------------------------- the run
@@ -47,6 +48,7 @@ class Delta:
     counts: dict[str, int] = field(default_factory=dict)
     digest: str = ""
     n_inputs: int = 0
+    ingested: SpilledTable | None = None  # the corpus's documents as ingest wrote them (``flows.steps.ingest``)
 
     @property
     def empty(self) -> bool:

@@ -34,29 +34,39 @@ from tasks.store.spill import SpilledTable
 
 # ---------------------------------------------------------------------------- shared stages
 def ingest(run: PipelineRun) -> Delta:
+    """The corpus read into parts of the ``documents`` table (``Delta.ingested``, a part in memory at a time) and
+    what the run applies: for a build every document, for an update the diff against the snapshot."""
     from tasks.index.delta import diff_documents
-    from tasks.index.ingest import ingest_corpus
+    from tasks.index.ingest import IngestResult, iter_documents, spill_documents
 
     with run.stage("ingest") as st:
-        ingested = st.run(ingest_corpus, run.corpus, run.cfg.corpus, None, run.root)
+        ingested = IngestResult()
+        documents = iter_documents(run.corpus, run.cfg.corpus, ingested, None, run.root)
+        folder, size = run.spill_dir / "ingested", chunk_part_rows(run.cfg)
+        parts = st.run(spill_documents, documents, run.version, folder, size)
         run.quarantine += ingested.quarantine
         st.done(
-            f"{len(ingested.documents)} documents, {len(ingested.quarantine)} quarantined"
+            f"{parts.num_rows} documents, {len(ingested.quarantine)} quarantined"
             + (f", {ingested.ignored} files left out by .strataignore" if ingested.ignored else ""),
             files=ingested.files_seen,
-            documents=len(ingested.documents),
+            documents=parts.num_rows,
             quarantined=len(ingested.quarantine),
             ignored=ingested.ignored,
         )
-    root, digest = run.root, digest_of(ingested.documents)
+    root, digest = run.root, digest_of(parts.column("content_hash").to_pylist())
     if run.snap is None:
-        if not ingested.documents:
+        if not parts.num_rows:
             raise NotFoundError(
                 f"no readable documents under {run.corpus} ({len(ingested.quarantine)} quarantined): nothing to index"
             )
-        return Delta(root, ingested.documents, digest=digest, n_inputs=len(ingested.documents))
+        places = [
+            cast("DocumentPlace", r) for t in parts.parts(list(DocumentPlace.__annotations__)) for r in t.to_pylist()
+        ]
+        return Delta(root, places, digest=digest, n_inputs=parts.num_rows, ingested=parts)
+    columns = [c for c in parts.schema.names if c != "text"]  # the diff reads no text
     with run.stage("diff") as st:
-        diff = st.run(diff_documents, run.previous_rows("documents"), ingested.documents, root)
+        incoming = [r for t in parts.parts(columns) for r in t.to_pylist()]
+        diff = st.run(diff_documents, run.previous_rows("documents"), incoming, root)
         indexed = set(run.previous("documents").column("root").to_pylist())
         summary = ", ".join(f"{k} {v}" for k, v in diff.counts().items())
         if root not in indexed:
@@ -72,46 +82,52 @@ def ingest(run: PipelineRun) -> Delta:
     }
     return Delta(
         root,
-        diff.new + diff.changed,
+        [document_place(cast("DocumentRow", d)) for d in diff.new + diff.changed],
         [d for d in cast("list[DocumentRow]", run.previous_rows("documents")) if d["id"] not in gone],
         gone,
         gone_chunks,
         diff.counts(),
         digest,
-        len(ingested.documents),
+        parts.num_rows,
+        parts,
     )
 
 
 def chunk(run: PipelineRun, delta: Delta) -> tuple[SpilledTable, SpilledTable, pa.Table]:
     """The documents table after the run (kept + incoming with token counts) and the chunks of the incoming
-    documents, both in parts (the run holds none of their texts from here on), and where each chunk is in its
-    document (``CHUNK_PLACE``)."""
-    from tasks.index.chunk import CHUNK_PART_SCHEMA, chunk_documents, spill_chunks
+    documents, both in parts (read from the ingested parts one at a time: the run never holds every text), and
+    where each chunk is in its document (``CHUNK_PLACE``)."""
+    from tasks.index.chunk import chunk_parts
     from tasks.index.extract import task_rows
-    from tasks.index.merge import explicit_title
 
+    assert delta.ingested is not None, "ingest wrote the documents to parts"
+    size = chunk_part_rows(run.cfg)
     with run.stage("chunk", len(delta.incoming)) as st:
-        chunks, tokens, cut = st.run(
-            chunk_documents, delta.incoming, run.cfg.chunking, run.cfg.corpus.max_document_tokens
+        incoming = None if run.snap is None else {d["id"] for d in delta.incoming}
+        documents, chunks, places, cut = st.run(
+            chunk_parts,
+            delta.ingested,
+            incoming,
+            run.cfg.chunking,
+            run.cfg.corpus.max_document_tokens,
+            run.spill_dir / "chunks",
+            size,
+            lambda n: task_rows(n, run.cfg.extract.batch_size),
+            st.advance,
         )
         run.quarantine += cut
-        st.advance(len(delta.incoming))
         st.done(
-            f"{len(chunks)} chunks" + (f", {len(cut)} documents cut at corpus.max_document_tokens" if cut else ""),
-            chunks=len(chunks),
-            tokens=sum(tokens.values()),
+            f"{chunks.num_rows} chunks" + (f", {len(cut)} documents cut at corpus.max_document_tokens" if cut else ""),
+            chunks=chunks.num_rows,
+            tokens=int(pc.sum(documents.column("n_tokens")).as_py() or 0),
             cut=len(cut),
         )
-    size = chunk_part_rows(run.cfg)
-    titles = {d["id"]: explicit_title(d) for d in delta.incoming}
-    group = task_rows(len(chunks), run.cfg.extract.batch_size)
-    parts = spill_chunks(chunks, titles, run.spill_dir / "chunks", size, group)
-    place_schema = pa.schema([CHUNK_PART_SCHEMA.field(k) for k in CHUNK_PLACE])
-    places = pa.table({k: [c[k] for c in chunks] for k in CHUNK_PLACE}, schema=place_schema)
-    del chunks
-    documents = delta.kept + [dict(d, n_tokens=tokens[d["id"]]) for d in delta.incoming]
-    folder = run.spill_dir / "tables" / "documents"
-    return spilled_rows("documents", [(documents, None)], 0, run.version, folder, size), parts, places
+    kept = spilled_rows("documents", [(delta.kept, None)], 0, run.version, run.spill_dir / "tables" / "documents", size)
+    return (
+        SpilledTable([*kept.files, *documents.files], kept.schema, kept.num_rows + documents.num_rows),
+        chunks,
+        places,
+    )
 
 
 def document_place(doc: DocumentRow | DocumentPlace) -> DocumentPlace:
@@ -311,6 +327,8 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: SpilledTable, extracted: set
     entity_parts = layer0.entity_parts  # a build's: every entity is new
     fresh = [e for e in layer0.entities if e["id"] in layer0.added | layer0.changed]
     n = (entity_parts.num_rows if entity_parts else len(fresh)) + chunks.num_rows
+    if hasattr(run.embedder.inner, "expect"):  # the texts come a step at a time: as large as all of them at once
+        run.embedder.inner.expect(n)
     with run.stage("embed", n) as st:
         if entity_parts is not None:
             texts = lambda t: [entity_text(*e) for e in zip(*(t.column(c).to_pylist() for c in ENTITY_TEXT))]  # noqa: E731

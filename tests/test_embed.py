@@ -4,8 +4,14 @@ import numpy as np
 
 from tasks.index.embed import LocalEmbedder
 
-TEXTS = ["Ebenezer Scrooge (person): a miser of London.", "Jacob Marley", "The Journal of Mathematical Physics is "
-         "a peer-reviewed journal published monthly by the American Institute of Physics.", "", "Fezziwig " * 300]
+TEXTS = [
+    "Ebenezer Scrooge (person): a miser of London.",
+    "Jacob Marley",
+    "The Journal of Mathematical Physics is "
+    "a peer-reviewed journal published monthly by the American Institute of Physics.",
+    "",
+    "Fezziwig " * 300,
+]
 
 
 def test_onnx_runtime_matches_torch(tmp_path, monkeypatch):
@@ -45,3 +51,8 @@ def test_a_large_call_moves_the_model_to_a_child_process_for_the_rest_of_the_run
     processes = list(pool._processes.values())
     child.release()
     assert not child.mapper.started and all(not p.is_alive() for p in processes)
+    # a stage that says it will embed 3 texts a step at a time sends even its 1-text steps to the child
+    fresh = embed.ChildEmbedder(local, cfg)
+    fresh.expect(3)
+    assert np.array_equal(fresh.embed(TEXTS[:1]), local.embed(TEXTS[:1])) and fresh.mapper.started
+    fresh.release()

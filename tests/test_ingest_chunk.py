@@ -35,7 +35,9 @@ def test_hostile_files_are_quarantined_with_reasons(tmp_path):
     (tmp_path / "huge.txt").write_text("x" * 2000)
     (tmp_path / "image.png").write_bytes(b"\x89PNG")
     (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
-    (tmp_path / "bad.jsonl").write_text('{"id": "1", "text": "good"}\n{not json}\n["list"]\n{"id": "2"}\n{"id": "1", "text": "dup"}\n')
+    (tmp_path / "bad.jsonl").write_text(
+        '{"id": "1", "text": "good"}\n{not json}\n["list"]\n{"id": "2"}\n{"id": "1", "text": "dup"}\n'
+    )
     res = ingest_corpus(tmp_path, CorpusConfig(max_file_bytes=1000))
     reasons = {q["item"].rsplit("/", 1)[-1]: q["error"] for q in res.quarantine}
     assert reasons["empty.txt"] == "empty file"
@@ -88,9 +90,12 @@ def test_non_prose_documents_are_quarantined_with_the_measured_values(tmp_path):
 
     rng = random.Random(0)
     (tmp_path / "blob.txt").write_text(base64.b64encode(bytes(rng.getrandbits(8) for _ in range(300_000))).decode())
-    (tmp_path / "app.log").write_text("\n".join(
-        f"2026-01-0{i % 9} 12:00:{i % 60:02d} INFO worker-{i % 7} processed batch {i} in {i * 3 % 97} ms status=ok"
-        for i in range(3000)))
+    (tmp_path / "app.log").write_text(
+        "\n".join(
+            f"2026-01-0{i % 9} 12:00:{i % 60:02d} INFO worker-{i % 7} processed batch {i} in {i * 3 % 97} ms status=ok"
+            for i in range(3000)
+        )
+    )
     (tmp_path / "table.txt").write_text("\n".join(",".join(str(i * j % 1000) for j in range(12)) for i in range(2000)))
     (tmp_path / "story.txt").write_text(CAROL.read_text(encoding="utf-8")[5000:40000])
     cfg = CorpusConfig(extensions=[".txt", ".log"])
@@ -111,7 +116,9 @@ def test_a_document_past_max_tokens_is_cut_and_the_rest_quarantined():
     chunks, tokens, cut = chunk_documents([doc], ChunkingConfig(size=100, overlap=10), max_tokens=500)
     assert tokens["doc-1"] > 500 and chunks[-1]["end"] < len(doc["text"])
     assert sum(c["n_tokens"] for c in chunks) - 10 * (len(chunks) - 1) == 500  # exactly the first 500 tokens
-    assert [q["item"] for q in cut] == ["/c/long.txt"] and "are not indexed (corpus.max_document_tokens 500)" in cut[0]["error"]
+    assert [q["item"] for q in cut] == ["/c/long.txt"] and "are not indexed (corpus.max_document_tokens 500)" in cut[0][
+        "error"
+    ]
     assert chunk_documents([doc], ChunkingConfig(size=100, overlap=10))[2] == []
 
 
@@ -131,3 +138,34 @@ def test_the_demo_corpus_is_the_book_only():
 
     res = ingest_corpus(REPO / "data", CorpusConfig())
     assert [d["source_id"] for d in res.documents] == ["a_christmas_carol.txt"] and res.ignored == 1
+
+
+def test_a_jsonl_corpus_is_read_a_line_at_a_time_and_screened_as_a_whole_file_would_be(tmp_path):
+    """JSONL is read a line at a time (a corpus can be one file); the file is still quarantined whole for bad
+    UTF-8 (at the same byte), NUL bytes or control characters, and a bad line's row comes before the records'."""
+    from tasks.index.ingest import _decode, _screen
+
+    cases = {
+        "ok.jsonl": "\ufeff"
+        + json.dumps({"id": "a", "text": "Alpha text."})
+        + "\r\n"
+        + json.dumps({"id": "b", "text": "Beta text."})
+        + "\n",
+        "nul.jsonl": '{"id": "a", "text": "x\x00y"}\n',
+        "ctl.jsonl": '{"id": "a", "text": "' + "\x01" * 40 + '"}\n',
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    (tmp_path / "bad.jsonl").write_bytes(b'{"id": "a", "text": "ok"}\n' + b"x" * 70_000 + b"\xe2\x82\n")
+    for f in sorted(tmp_path.iterdir()):
+        assert _screen(f, block=1000) == _decode(f.read_bytes())[1], f.name
+    assert _screen(tmp_path / "bad.jsonl", block=1000) == "invalid UTF-8 at byte 70026"
+    (tmp_path / "lines.jsonl").write_text('{"id": "c", "text": "Gamma text."}\nnot json\n[1]\n')
+    res = ingest_corpus(tmp_path, CorpusConfig(min_chars=1, screen_prose=False))
+    assert sorted(d["source_id"] for d in res.documents) == ["a", "b", "c"]
+    reasons = [q["error"] for q in res.quarantine]
+    assert any("invalid UTF-8 at byte 70026" in r for r in reasons)
+    assert [r for r in reasons if r.startswith("line")] == [
+        "line 2: invalid JSON (Expecting value)",
+        "line 3: not a JSON object",
+    ]

@@ -14,10 +14,26 @@ from tests.helpers import DIM, tiny_tables
 def _mentions(n_chunks: int) -> pa.Table:
     from tasks.store.rows import to_table
 
-    ents = [{"name": f"Name {(c * 7 + i) % 11}", "type": "person", "description": f"Sentence {c}.{i}.", "chunk_id": f"c{c:03d}"}
-            for c in range(n_chunks) for i in range(3)]
-    rels = [{"source": f"Name {c % 11}", "target": f"Name {(c + 1) % 11}", "description": f"Sentence {c}.0.",
-             "weight": 1.0, "chunk_id": f"c{c:03d}"} for c in range(n_chunks)]
+    ents = [
+        {
+            "name": f"Name {(c * 7 + i) % 11}",
+            "type": "person",
+            "description": f"Sentence {c}.{i}.",
+            "chunk_id": f"c{c:03d}",
+        }
+        for c in range(n_chunks)
+        for i in range(3)
+    ]
+    rels = [
+        {
+            "source": f"Name {c % 11}",
+            "target": f"Name {(c + 1) % 11}",
+            "description": f"Sentence {c}.0.",
+            "weight": 1.0,
+            "chunk_id": f"c{c:03d}",
+        }
+        for c in range(n_chunks)
+    ]
     return to_table("mentions", mention_rows(ents, rels), 0, 1)
 
 
@@ -149,8 +165,10 @@ def test_in_child_process_returns_the_result_and_reports_a_failure(tmp_path):
     from tasks.runtime.parallel import in_child_process
 
     assert in_child_process(os.getpid, workdir=tmp_path) != os.getpid()
-    raw_e = [{"name": "Scrooge", "type": "person", "description": "Scrooge counts.", "chunk_id": "c1"},
-             {"name": "Marley", "type": "person", "description": "Marley is dead.", "chunk_id": "c2"}]
+    raw_e = [
+        {"name": "Scrooge", "type": "person", "description": "Scrooge counts.", "chunk_id": "c1"},
+        {"name": "Marley", "type": "person", "description": "Marley is dead.", "chunk_id": "c2"},
+    ]
     raw_r = [{"source": "Scrooge", "target": "Marley", "description": "Partners.", "chunk_id": "c2"}]
 
     rows = mention_rows(raw_e, raw_r)
@@ -175,3 +193,27 @@ def test_a_mapper_told_not_to_keep_results_hands_each_to_on_done_only():
             mapper.release()
         assert out == [None, None, None] and seen == {0: 1, 1: 2, 2: 3}
         assert mapper(abs, [-4]) == [4]
+
+
+def test_a_part_writer_writes_the_parts_and_row_groups_of_a_whole_table_written_at_once(tmp_path):
+    """Rows written a few at a time (``PartWriter``) give the parts and row groups that cutting the whole table
+    into parts and writing each with ``write_whole(row_group_rows=...)`` gives: extraction's tasks are those."""
+    import pyarrow.parquet as pq
+
+    from tasks.store.spill import PartWriter
+
+    schema = pa.schema([("id", pa.string()), ("n", pa.int64())])
+    table = pa.table({"id": [f"r{i}" for i in range(23)], "n": list(range(23))}, schema=schema)
+    writer = PartWriter(tmp_path / "parts", schema, part_rows=10, row_group_rows=4)
+    for s, k in ((0, 3), (3, 1), (4, 9), (13, 10)):  # batches that cross row groups and parts
+        writer.write(table.slice(s, k))
+    out = writer.close()
+    assert out.num_rows == 23 and len(out.files) == 3 and out.read_all().equals(table)
+    groups = [
+        [pq.ParquetFile(f).metadata.row_group(g).num_rows for g in range(pq.ParquetFile(f).num_row_groups)]
+        for f in out.files
+    ]
+    assert groups == [[4, 4, 2], [4, 4, 2], [3]]
+    assert not list((tmp_path / "parts").glob("*.tmp"))
+    empty = PartWriter(tmp_path / "none", schema, 10).close()
+    assert empty.num_rows == 0 and empty.files == [] and empty.read_all().num_rows == 0

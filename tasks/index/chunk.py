@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import functools
+import re
+from collections.abc import Callable
+from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import tiktoken
 
 from schemas.config import ChunkingConfig
@@ -19,6 +23,18 @@ if TYPE_CHECKING:
     from schemas.tables import QuarantineRow
 
 ENCODING = "cl100k_base"
+
+_DISAMBIGUATION = re.compile(r"\s*\([^()]*\)\s*$")
+
+
+def explicit_title(doc: dict[str, Any]) -> str | None:
+    """A document's own title (JSONL/Parquet ``title``, Markdown heading), without a trailing
+    disambiguation such as "(band)"; None when the title is only the file or record name."""
+    title = (doc.get("title") or "").strip()
+    source = doc.get("source_id") or ""
+    if not title or title in (source, PurePath(source).stem):
+        return None
+    return _DISAMBIGUATION.sub("", title).strip() or title
 
 
 @functools.lru_cache(maxsize=1)
@@ -140,17 +156,62 @@ CHUNK_PART_SCHEMA = pa.schema(
 )
 
 
-def spill_chunks(
-    chunks: list[dict[str, Any]], titles: dict[str, str | None], folder: Path, part_rows: int, group_rows: int
-) -> SpilledTable:
-    """``chunks`` as Parquet parts of ``part_rows`` rows under ``folder`` (``CHUNK_PART_SCHEMA``, each chunk with
-    its document's title from ``titles``), row groups of ``group_rows`` rows: an extraction task reads one."""
-    from tasks.store.spill import write_whole
+def chunk_parts(
+    documents: SpilledTable,
+    incoming: set[str] | None,
+    cfg: ChunkingConfig,
+    max_tokens: int | None,
+    folder: Path,
+    part_rows: int,
+    group_rows: Callable[[int], int],
+    progress: Callable[[int], None] = lambda _n: None,
+) -> tuple[SpilledTable, SpilledTable, pa.Table, list[QuarantineRow]]:
+    """The chunk stage over the ingested documents' parts (``incoming``: the ids to chunk; None: all), a few
+    thousand documents in memory at a time: (those documents with their token counts, as parts of the
+    ``documents`` table; their chunks, as parts of ``part_rows`` rows with their document's own title
+    (``CHUNK_PART_SCHEMA``) and row groups of ``group_rows(number of chunks)`` rows, one extraction task each;
+    the chunks' ``PLACE`` columns; the documents cut at ``max_tokens``)."""
+    from tasks.store.spill import PartWriter
 
-    folder.mkdir(parents=True, exist_ok=True)
-    files: list[Path] = []
-    for s in range(0, len(chunks), part_rows):
-        rows = [dict(c, title=titles.get(c["document_id"])) for c in chunks[s : s + part_rows]]
-        files.append(folder / f"part-{len(files):05d}.parquet")
-        write_whole(pa.Table.from_pylist(rows, schema=CHUNK_PART_SCHEMA), files[-1], row_group_rows=group_rows)
-    return SpilledTable(files, CHUNK_PART_SCHEMA, len(chunks))
+    docs = PartWriter(folder / "documents", documents.schema, part_rows)
+    raw = PartWriter(folder / "raw", CHUNK_PART_SCHEMA, part_rows)
+    places: list[pa.Table] = []
+    cut: list[QuarantineRow] = []
+    for part in documents.parts():
+        if incoming is not None:
+            part = part.filter(pa.array([d in incoming for d in part.column("id").to_pylist()], pa.bool_()))
+        for batch in part.to_batches(max_chunksize=STEP):
+            rows = batch.to_pylist()
+            chunks, tokens, batch_cut = chunk_documents(rows, cfg, max_tokens)
+            cut += batch_cut
+            titles = {d["id"]: explicit_title(d) for d in rows}
+            table = pa.Table.from_pylist([dict(c, title=titles[c["document_id"]]) for c in chunks], CHUNK_PART_SCHEMA)
+            raw.write(table)
+            places.append(table.select(list(PLACE)))
+            n_tokens = pa.array([tokens[d["id"]] for d in rows], pa.int64())
+            batch = batch.set_column(batch.schema.get_field_index("n_tokens"), "n_tokens", n_tokens)
+            docs.write(pa.Table.from_batches([batch]))
+            progress(len(rows))
+            del rows, chunks, table
+    place = pa.concat_tables([pa.schema([CHUNK_PART_SCHEMA.field(k) for k in PLACE]).empty_table(), *places])
+    return docs.close(), regroup(raw.close(), folder / "parts", part_rows, group_rows), place, cut
+
+
+#: documents chunked at a time (their rows, texts and chunks as Python objects)
+STEP = 2048
+
+#: what later stages read of where a chunk is (``flows.steps.CHUNK_PLACE``)
+PLACE = ("id", "document_id", "chunk_index")
+
+
+def regroup(raw: SpilledTable, folder: Path, part_rows: int, group_rows: Callable[[int], int]) -> SpilledTable:
+    """The chunk parts ``raw`` written again (and removed) with row groups of ``group_rows(all their rows)``
+    rows: one extraction task each."""
+    from tasks.store.spill import PartWriter
+
+    out = PartWriter(folder, CHUNK_PART_SCHEMA, part_rows, group_rows(raw.num_rows))
+    for f in raw.files:
+        for batch in pq.ParquetFile(f).iter_batches(batch_size=STEP):
+            out.write(pa.Table.from_batches([batch]))
+        f.unlink()
+    return out.close()

@@ -415,8 +415,13 @@ class ChildEmbedder(MappedEmbedder):
         self.local = local
         self.large = False  # a call has been large: every later one goes to a child (started again if released)
 
+    def expect(self, texts: int) -> None:
+        """A stage is about to embed ``texts`` texts over several calls (a table a step at a time): as large as
+        one call with all of them."""
+        self.large = self.large or texts >= EMBED_IN_CHILD_TEXTS
+
     def embed_parts(self, parts: list[list[str]], on_done: Callable[[int, np.ndarray], None]) -> None:
-        self.large = self.large or sum(len(p) for p in parts) >= EMBED_IN_CHILD_TEXTS
+        self.expect(sum(len(p) for p in parts))
         if not self.large:
             from tasks.runtime.parallel import LocalMapper
 

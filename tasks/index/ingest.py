@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schemas.config import CorpusConfig
+from schemas.tables import schema_for
 from tasks.store.ids import content_hash, make_id, quarantine_row
 
 if TYPE_CHECKING:
@@ -56,11 +57,39 @@ def _decode(raw: bytes) -> tuple[str | None, str | None]:
     except UnicodeDecodeError as exc:
         return None, f"invalid UTF-8 at byte {exc.start}"
     text = text.lstrip("\ufeff")
-    sample = text[:65536]
+    return (None, reason) if (reason := _control(text[:65536])) else (text, None)
+
+
+def _control(sample: str) -> str | None:
     control = sum(1 for ch in sample if ord(ch) < 32 and ch not in "\n\r\t\f")
     if sample and control / len(sample) > 0.05:
-        return None, f"binary content ({control} control characters in the first {len(sample)})"
-    return text, None
+        return f"binary content ({control} control characters in the first {len(sample)})"
+    return None
+
+
+def _screen(path: Path, block: int = 1 << 20) -> str | None:
+    """What ``_decode`` would say of the file at ``path`` (None: readable text), read a block at a time."""
+    import codecs
+
+    decoder, pos = codecs.getincrementaldecoder("utf-8")(), 0
+    with path.open("rb") as f:
+        head = f.read(65536)
+        if b"\x00" in head:
+            return "binary content (NUL bytes)"
+        f.seek(0)
+        sample = ""
+        while True:
+            raw = f.read(block)
+            start = pos - len(decoder.getstate()[0])  # where the bytes the decoder holds begin
+            try:
+                text = decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as exc:
+                return f"invalid UTF-8 at byte {start + exc.start}"
+            if len(sample) < 65536 + 1:
+                sample = (sample + text).lstrip("\ufeff")[: 65536 + 1]
+            if not raw:
+                return _control(sample[:65536])
+            pos += len(raw)
 
 
 def _check_text(text: Any, cfg: CorpusConfig) -> str | None:
@@ -134,38 +163,41 @@ def _document(uri: str, root: str, source_id: str, title: str, text: str, now: d
     }
 
 
-def _records_from_jsonl(path: Path, text: str) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
-    records, errors = [], []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            errors.append((f"{path}#L{lineno}", f"line {lineno}: invalid JSON ({exc.msg})"))
-            continue
-        if not isinstance(rec, dict):
-            errors.append((f"{path}#L{lineno}", f"line {lineno}: not a JSON object"))
-            continue
-        rec.setdefault("_line", lineno)
-        records.append(rec)
-    return records, errors
+def _records_from_jsonl(path: Path, errors: list[tuple[str, str]]) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a JSONL file (screened by ``_screen``), a line at a time (a line's error to ``errors``)."""
+    with path.open(encoding="utf-8-sig") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                errors.append((f"{path}#L{lineno}", f"line {lineno}: invalid JSON ({exc.msg})"))
+                continue
+            if not isinstance(rec, dict):
+                errors.append((f"{path}#L{lineno}", f"line {lineno}: not a JSON object"))
+                continue
+            rec.setdefault("_line", lineno)
+            yield rec
 
 
-def _records_from_parquet(path: Path) -> list[dict[str, Any]]:
+def _records_from_parquet(path: Path) -> Iterator[dict[str, Any]]:
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path)
-    if "text" not in table.column_names:
-        raise ValueError(f"Parquet file has no 'text' column (columns: {', '.join(table.column_names)})")
-    keep = [c for c in ("id", "title", "text") if c in table.column_names]
-    rows = table.select(keep).to_pylist()
-    for i, row in enumerate(rows, start=1):
-        row["_line"] = i
-    return rows
+    file = pq.ParquetFile(path)
+    names = file.schema_arrow.names
+    if "text" not in names:
+        raise ValueError(f"Parquet file has no 'text' column (columns: {', '.join(names)})")
+    line = 0
+    for batch in file.iter_batches(batch_size=1024, columns=[c for c in ("id", "title", "text") if c in names]):
+        for row in batch.to_pylist():
+            line += 1
+            row["_line"] = line
+            yield row
 
 
-def _ingest_records(path: Path, root: str, records, cfg: CorpusConfig, out: IngestResult, now: datetime) -> None:
+def _ingest_records(path: Path, root: str, records, cfg: CorpusConfig, out: IngestResult, now: datetime):
+    """The documents of a file's records, one at a time; a bad record's quarantine row to ``out``."""
     seen: set[str] = set()
     for rec in records:
         line = rec.get("_line")
@@ -181,7 +213,7 @@ def _ingest_records(path: Path, root: str, records, cfg: CorpusConfig, out: Inge
         seen.add(source_id)
         title = rec.get("title")
         title = str(title) if title not in (None, "") else source_id
-        out.documents.append(_document(item, root, source_id, title, rec["text"], now))
+        yield _document(item, root, source_id, title, rec["text"], now)
 
 
 def corpus_files(folder: Path) -> Iterator[Path]:
@@ -191,10 +223,36 @@ def corpus_files(folder: Path) -> Iterator[Path]:
     )
 
 
+def spill_documents(documents: Iterator[dict[str, Any]], version: int, folder: Path, part_rows: int):
+    """``documents`` (``iter_documents``) written as parts of the ``documents`` table while they are read, a few
+    thousand at a time: a ``SpilledTable``."""
+    import itertools
+
+    from tasks.index.chunk import STEP
+    from tasks.store.rows import to_table
+    from tasks.store.spill import PartWriter
+
+    out = PartWriter(folder, schema_for("documents", 0), part_rows)
+    while batch := list(itertools.islice(documents, STEP)):
+        out.write(to_table("documents", batch, 0, version))
+    return out.close()
+
+
 def ingest_corpus(
     corpus: str | Path, cfg: CorpusConfig, now: datetime | None = None, root: str | None = None
 ) -> IngestResult:
-    """Read every document under ``corpus`` (a folder or one file). Never raises for bad content. Hidden files
+    """Every document under ``corpus`` in a list (``iter_documents``), with the quarantine rows."""
+    out = IngestResult()
+    out.documents = list(iter_documents(corpus, cfg, out, now, root))
+    return out
+
+
+def iter_documents(
+    corpus: str | Path, cfg: CorpusConfig, out: IngestResult, now: datetime | None = None, root: str | None = None
+) -> Iterator[dict[str, Any]]:
+    """Read every document under ``corpus`` (a folder or one file), one at a time, so that a run can write them
+    to parts as they come (``out`` gets the quarantine rows and the file counts; its ``documents`` stay empty).
+    Never raises for bad content. Hidden files
     and, in a folder, what its ``.strataignore`` names (gitignore syntax) are not read.
 
     ``root`` is the corpus root the documents belong to (default: the folder's absolute path); a document's
@@ -213,7 +271,7 @@ def ingest_corpus(
         base = root_path
     ignore = ignored_by(base) if root_path.is_dir() else (lambda rel: False)
     kept = [p for p in files if not ignore(p.relative_to(base).as_posix())]
-    out = IngestResult(files_seen=len(kept), ignored=len(files) - len(kept))
+    out.files_seen, out.ignored = len(kept), len(files) - len(kept)
     files = kept
     allowed = {e.lower() for e in cfg.extensions}
     for path in files:
@@ -239,23 +297,26 @@ def ingest_corpus(
                 out.quarantine.append(quarantine_row(str(path), "ingest", "empty file"))
                 continue
             if suffix == ".parquet":
-                _ingest_records(path, root, _records_from_parquet(path), cfg, out, now)
+                yield from _ingest_records(path, root, _records_from_parquet(path), cfg, out, now)
+                continue
+            if suffix == ".jsonl":  # read a line at a time: a JSONL file may hold a whole corpus
+                if reason := _screen(path):
+                    out.quarantine.append(quarantine_row(str(path), "ingest", reason))
+                    continue
+                errors: list[tuple[str, str]] = []
+                bad = len(out.quarantine)  # a line's error before the file's record rows, as when read whole
+                yield from _ingest_records(path, root, _records_from_jsonl(path, errors), cfg, out, now)
+                out.quarantine[bad:bad] = [quarantine_row(item, "ingest", err) for item, err in errors]
                 continue
             text, reason = _decode(path.read_bytes())
             if reason:
                 out.quarantine.append(quarantine_row(str(path), "ingest", reason))
                 continue
             assert text is not None
-            if suffix == ".jsonl":
-                records, errors = _records_from_jsonl(path, text)
-                out.quarantine.extend(quarantine_row(item, "ingest", err) for item, err in errors)
-                _ingest_records(path, root, records, cfg, out, now)
-                continue
             reason = _check_text(text, cfg)
             if reason:
                 out.quarantine.append(quarantine_row(str(path), "ingest", reason))
                 continue
-            out.documents.append(_document(str(path), root, rel, _title_of(text, path.stem), text, now))
+            yield _document(str(path), root, rel, _title_of(text, path.stem), text, now)
         except Exception as exc:  # unreadable file, broken parquet, ...: quarantine, never crash
             out.quarantine.append(quarantine_row(str(path), "ingest", f"{type(exc).__name__}: {exc}"))
-    return out

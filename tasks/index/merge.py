@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from pathlib import PurePath
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 from tasks.index.chunk import count_tokens
@@ -44,18 +43,7 @@ def relation_id(source_id: str, target_id: str, kind: str) -> str:
     return make_id("rel", source_id, target_id, kind)
 
 
-_DISAMBIGUATION = re.compile(r"\s*\([^()]*\)\s*$")
 _FIRST_SENTENCE = re.compile(r"^(.{20,}?[.!?])(?:\s|$)", re.DOTALL)
-
-
-def explicit_title(doc: Mapping[str, Any]) -> str | None:
-    """A document's own title (JSONL/Parquet ``title``, Markdown heading), without a trailing
-    disambiguation such as "(band)"; None when the title is only the file or record name."""
-    title = (doc.get("title") or "").strip()
-    source = doc.get("source_id") or ""
-    if not title or title in (source, PurePath(source).stem):
-        return None
-    return _DISAMBIGUATION.sub("", title).strip() or title
 
 
 def title_mentions(chunks: list[dict[str, Any]], max_chars: int) -> list[dict[str, Any]]:

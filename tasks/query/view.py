@@ -21,8 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from schemas.tables import SNAPSHOT_TABLES, schema_for
-from tasks.index.chunk import count_tokens
-from tasks.index.merge import explicit_title
+from tasks.index.chunk import count_tokens, explicit_title
 from tasks.query.graph_rank import PassageGraph, RankParams, build_passage_graph
 from tasks.query.lexical import BM25Index, bm25s
 from tasks.store.catalog import Catalog

@@ -59,6 +59,56 @@ def write_whole(
     os.replace(tmp, out)
 
 
+class PartWriter:
+    """A table written as Parquet parts of ``part_rows`` rows under ``folder`` while its rows come, a few thousand
+    at a time (``write``), so that neither the rows nor the table are ever whole in memory; each part's row groups
+    hold ``row_group_rows`` rows (the last one of a part fewer), as ``write_whole(part, row_group_rows=...)``
+    would write them. A part is written under a temporary name and renamed when it is complete."""
+
+    def __init__(self, folder: Path, schema: pa.Schema, part_rows: int, row_group_rows: int | None = None):
+        self.folder, self.schema, self.part_rows = Path(folder), schema, part_rows
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.group = min(row_group_rows or 8192, part_rows)
+        self.files: list[Path] = []
+        self.num_rows = 0
+        self._pending: list[pa.Table] = []  # rows not written yet
+        self._held = self._in_part = 0
+        self._writer: pq.ParquetWriter | None = None
+
+    def write(self, table: pa.Table) -> None:
+        self._pending.append(table.select(self.schema.names).cast(self.schema))
+        self._held += table.num_rows
+        while self._held and self._held >= min(self.group, self.part_rows - self._in_part):
+            self._flush(min(self.group, self.part_rows - self._in_part))
+
+    def _flush(self, n: int) -> None:
+        table = pa.concat_tables(self._pending)
+        self._pending, self._held = [table.slice(n)], table.num_rows - n
+        if self._writer is None:
+            self.files.append(self.folder / f"part-{len(self.files):05d}.parquet")
+            self._writer = pq.ParquetWriter(f"{self.files[-1]}.tmp", self.schema)
+        self._writer.write_table(table.slice(0, n))  # one row group
+        self._in_part += n
+        self.num_rows += n
+        if self._in_part == self.part_rows:
+            self._end_part()
+
+    def _end_part(self) -> None:
+        import os
+
+        assert self._writer is not None
+        self._writer.close()
+        os.replace(f"{self.files[-1]}.tmp", self.files[-1])
+        self._writer, self._in_part = None, 0
+
+    def close(self) -> SpilledTable:
+        if self._held:
+            self._flush(self._held)
+        if self._writer is not None:
+            self._end_part()
+        return SpilledTable(self.files, self.schema, self.num_rows)
+
+
 def read_part(
     path: str | Path,
     order: Callable[[pa.Table], pa.Table] | None = None,
