@@ -63,8 +63,9 @@ def assemble(
         "entities": all_entities,
         "relations": relations,
         "layers": to_table("layers", hierarchy.layers or [], dim, version),
-        "communities": to_table("communities", hierarchy.communities, dim, version),
-        "community_reports": to_table(
+        # a build's communities and reports are spilled already (made and embedded a part at a time)
+        "communities": _table("communities", hierarchy.communities, dim, version),
+        "community_reports": _table(
             "community_reports", hierarchy.reports, dim, version, hierarchy.report_vectors.reshape(-1, dim)
         ),
         # a build's mentions stay spilled on disk, stamped with this version when extracted
@@ -78,6 +79,10 @@ def assemble(
     if hierarchy.layers is None:  # the previous snapshot's layer statistics still hold
         del tables["layers"]
     return tables
+
+
+def _table(name: str, rows, dim: int, version: int, vectors=None):
+    return rows if isinstance(rows, SpilledTable) else to_table(name, rows, dim, version, vectors)
 
 
 def _dedupe(rows: list[QuarantineRow]) -> list[QuarantineRow]:

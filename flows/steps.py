@@ -27,7 +27,6 @@ from tasks.store.rows import (
     plain_rows,
     spilled_rows,
     vector_matrix,
-    with_vectors,
 )
 from tasks.store.spill import SpilledTable
 
@@ -323,6 +322,7 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: SpilledTable, extracted: set
     """Vectors of new and changed entities (unchanged ones keep theirs) and of the new chunks, which go to parts
     with their vectors a part at a time (``Layer0.chunks``): from here on the run holds none of their texts."""
     from tasks.index.embed import entity_text
+    from tasks.index.embed_table import embed_table
 
     entity_parts = layer0.entity_parts  # a build's: every entity is new
     fresh = [e for e in layer0.entities if e["id"] in layer0.added | layer0.changed]
@@ -332,7 +332,7 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: SpilledTable, extracted: set
     with run.stage("embed", n) as st:
         if entity_parts is not None:
             texts = lambda t: [entity_text(*e) for e in zip(*(t.column(c).to_pylist() for c in ENTITY_TEXT))]  # noqa: E731
-            entity_parts = st.run(_embed_parts, run, "entities", entity_parts.parts(), texts, st.advance)
+            entity_parts = st.run(embed_table, run, "entities", entity_parts.parts(), texts, st.advance)
         vectors = st.run(
             _embed_entities,
             run,
@@ -342,7 +342,7 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: SpilledTable, extracted: set
         )
         parts = (with_status(part, extracted) for part in chunks.parts())
         text = lambda t: t.column("text").to_pylist()  # noqa: E731
-        new_chunks = st.run(_embed_parts, run, "chunks", parts, text, st.advance)
+        new_chunks = st.run(embed_table, run, "chunks", parts, text, st.advance)
         st.done(
             f"{run.embedder.misses} embedded, {run.embedder.hits} from cache",
             vectors=n,
@@ -358,49 +358,6 @@ def chunk_part_rows(cfg: StrataConfig) -> int:
 
 
 ENTITY_TEXT = ("name", "type", "description")  # what an entity's vector embeds (``embed.entity_text``)
-
-
-#: texts embedded at a time across a table's parts: a multiple of the embedder's batch (256), so a text's batch,
-#: and its vector to the last bit, does not depend on where the table was cut into parts
-EMBED_STEP = 256 * 32
-
-
-def _embed_parts(run: PipelineRun, name: str, parts, text, progress) -> SpilledTable:
-    """Table ``name``'s rows, a part of ``parts`` at a time, with the vectors of their ``text(part)`` and the run's
-    version, written as that table's parts. The texts are embedded ``EMBED_STEP`` at a time across the parts."""
-    from tasks.store.spill import write_whole
-
-    folder = run.spill_dir / "tables" / name
-    folder.mkdir(parents=True, exist_ok=True)
-    files: list[Path] = []
-    waiting: list[pa.Table] = []  # parts read whose vectors are not all there yet
-    texts: list[str] = []
-    vectors = np.zeros((0, run.embedder.dim), np.float32)
-    n = 0
-
-    def embed(count: int) -> None:
-        nonlocal vectors
-        vectors = np.concatenate([vectors, run.embed(texts[:count], progress)])
-        del texts[:count]
-
-    def write() -> None:
-        nonlocal vectors
-        while waiting and len(vectors) >= waiting[0].num_rows:
-            part = waiting.pop(0)
-            files.append(folder / f"embedded-{len(files):05d}.parquet")
-            write_whole(with_vectors(name, part, vectors[: part.num_rows], run.version), files[-1])
-            vectors = vectors[part.num_rows :]
-
-    for part in parts:
-        waiting.append(part)
-        texts += text(part)
-        n += part.num_rows
-        while len(texts) >= EMBED_STEP:
-            embed(EMBED_STEP)
-        write()
-    embed(len(texts))
-    write()
-    return SpilledTable(files, schema_for(name, run.embedder.dim), n)
 
 
 def with_status(chunks: pa.Table, extracted: set[str]) -> pa.Table:

@@ -82,9 +82,9 @@ class Hierarchy:
     entities: list[EntityRow]  # summary nodes (layer >= 1)
     vectors: np.ndarray  # aligned with ``entities``
     relations: pa.Table | list[RelationRow]  # summary_of links and any other method edges (``relation_table``)
-    communities: list[CommunityRow]
-    reports: list[ReportRow]
-    report_vectors: np.ndarray  # aligned with ``reports``
+    communities: list[CommunityRow] | SpilledTable  # spilled: a build's, made on the cluster (``graph_parts``)
+    reports: list[ReportRow] | SpilledTable  # spilled: the ``community_reports`` rows with their vectors
+    report_vectors: np.ndarray  # aligned with ``reports`` (none when they are spilled)
     layers: list[LayerRow] | None  # None: the previous snapshot's layer statistics still hold
     quarantine: list[QuarantineRow] = field(default_factory=list)  # LLM output that fell back to offline
     #: layer 0's relations and ``relations`` as the one table the method already built them into (``with_above``)

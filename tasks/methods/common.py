@@ -51,27 +51,30 @@ def report_vectors(ctx: MethodContext, st, reports: list[dict[str, Any]]) -> np.
     return st.run(ctx.embed, [report_text(r["title"], r["summary"]) for r in reports])
 
 
-def write_reports(
-    ctx: MethodContext, communities: list[dict[str, Any]], entities: list[dict[str, Any]], relations, layer0=None
-):
+def write_reports(ctx: MethodContext, communities, entities: list[dict[str, Any]], relations, layer0=None):
     """Stage ``reports`` of a build: a report per community, and its vector. Returns (reports, their vectors,
-    LLM failures). Spilled ``relations`` (a build's, ``tasks.methods.graph_parts``) are read by one task on the
-    run's cluster, never by this process, and so are ``layer0``'s entity parts (a ``SpilledTable``), when given:
-    the entities are then those parts' and ``entities``."""
+    LLM failures). Over spilled ``relations`` (a build's, ``tasks.methods.graph_parts``) and spilled
+    ``communities`` the reports are made by one task on the run's cluster, which also reads ``layer0``'s entity
+    parts (a ``SpilledTable``), when given: the entities are then those parts' and ``entities``; the reports then
+    come back as the ``community_reports`` table's parts with their vectors (and no separate vectors)."""
     from tasks.methods.graph_parts import reports_on_cluster
     from tasks.methods.reports import build_reports
     from tasks.store.spill import SpilledTable
 
-    with ctx.stage("reports", len(communities)) as st:
+    with ctx.stage(
+        "reports", communities.num_rows if isinstance(communities, SpilledTable) else len(communities)
+    ) as st:
         if isinstance(relations, SpilledTable):
-            reports, failures = st.run(reports_on_cluster, ctx, communities, entities, relations, layer0)
+            reports, failures = st.run(reports_on_cluster, ctx, communities, entities, relations, layer0, st.advance)
+            vectors = np.zeros((0, 0), np.float32)
         else:
             reports, failures = st.run(
                 build_reports, communities, entities, relations, ctx.cfg.communities.report_max_tokens, ctx.llm
             )
-        vectors = report_vectors(ctx, st, reports)
-        st.advance(len(reports))
-        st.done(f"{len(reports)} reports", reports=len(reports))
+            vectors = report_vectors(ctx, st, reports)
+            st.advance(len(reports))
+        n = reports.num_rows if isinstance(reports, SpilledTable) else len(reports)
+        st.done(f"{n} reports", reports=n)
     return reports, vectors, failures
 
 

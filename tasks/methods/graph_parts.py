@@ -39,9 +39,9 @@ def with_above(base: pa.Table | SpilledTable, above: pa.Table, path: Path, versi
     return SpilledTable([*base.files, path], base.schema, base.num_rows + above.num_rows)
 
 
-def find_communities(ctx: Any, entity_ids: list[str], relations: pa.Table | SpilledTable) -> list[dict[str, Any]]:
-    """``communities.detect_communities`` with the run's settings: in this process over a table, as one task on
-    the run's cluster over spilled relations."""
+def find_communities(ctx: Any, entity_ids: list[str], relations: pa.Table | SpilledTable):
+    """``communities.detect_communities`` with the run's settings: in this process over a table (a list of
+    rows), as one task on the run's cluster over spilled relations (the ``communities`` table's rows, spilled)."""
     from tasks.methods.hirag.communities import detect_communities
 
     if isinstance(relations, SpilledTable):
@@ -50,13 +50,16 @@ def find_communities(ctx: Any, entity_ids: list[str], relations: pa.Table | Spil
     return detect_communities(entity_ids, relations, cfg.max_cluster_size, ctx.cfg.seed, cfg.resolution)
 
 
-def communities_on_cluster(ctx: Any, entity_ids: list[str], relations: SpilledTable) -> list[dict[str, Any]]:
+def communities_on_cluster(ctx: Any, entity_ids: list[str], relations: SpilledTable) -> SpilledTable:
     """``communities.detect_communities`` over spilled ``relations``, as one task on the run's mapper (the
-    community settings of ``ctx.cfg``)."""
+    community settings of ``ctx.cfg``): the ``communities`` table (stamped with the run's version) in a file
+    the run never reads."""
+    from schemas.tables import schema_for
+
     cfg, work = ctx.cfg.communities, _work(ctx)
     ids, out = work / "entity-ids.parquet", work / "communities.parquet"
     pq.write_table(pa.table({"id": pa.array(entity_ids, pa.string())}), ids)
-    ctx.mapper(
+    [n] = ctx.mapper(
         communities_task,
         [str(out)],
         files=[str(f) for f in relations.files],
@@ -64,19 +67,23 @@ def communities_on_cluster(ctx: Any, entity_ids: list[str], relations: SpilledTa
         max_cluster_size=cfg.max_cluster_size,
         seed=ctx.cfg.seed,
         resolution=cfg.resolution,
+        version=ctx.version,
     )
-    return pq.read_table(out).to_pylist()
+    return SpilledTable([out], schema_for("communities", 0), n)
 
 
-def communities_task(out: str, files: list[str], ids: str, max_cluster_size: int, seed: int, resolution: float) -> int:
-    """The communities of the graph whose relations are ``files`` (a task); written to ``out``, their number
-    returned."""
+def communities_task(
+    out: str, files: list[str], ids: str, max_cluster_size: int, seed: int, resolution: float, version: int = 0
+) -> int:
+    """The communities of the graph whose relations are ``files`` (a task); written to ``out`` as the
+    ``communities`` table's rows (stamped ``version``), their number returned."""
     from tasks.methods.hirag.communities import detect_communities
+    from tasks.store.rows import to_table
 
     edges = _read(files, ["source_id", "target_id", "weight"])
     rows = detect_communities(pq.read_table(ids).column("id").to_pylist(), edges, max_cluster_size, seed, resolution)
     del edges
-    write_whole(pa.Table.from_pylist(rows, schema=COMMUNITY_SCHEMA), out)
+    write_whole(to_table("communities", rows, 0, version), out)
     return len(rows)
 
 
@@ -178,36 +185,49 @@ def layer_one_task(
 
 def reports_on_cluster(
     ctx: Any,
-    communities: list[dict[str, Any]],
+    communities: SpilledTable,
     entities: list[dict[str, Any]],
     relations: SpilledTable,
     layer0: SpilledTable | None = None,
-) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """``reports.build_reports`` over spilled ``relations``, as one task on the run's mapper (with an LLM, the
-    task's own client: same settings and response cache; its usage added to the run's). The entities are
-    ``layer0``'s parts (read by the task), then ``entities``."""
+    progress: Any = None,
+) -> tuple[SpilledTable, list[dict[str, str]]]:
+    """``reports.build_reports`` over spilled ``communities`` and ``relations``, as one task on the run's mapper
+    (with an LLM, the task's own client: same settings and response cache; its usage added to the run's); the
+    entities are ``layer0``'s parts (read by the task), then ``entities``. The reports are then embedded a part
+    at a time into the ``community_reports`` table's parts: the run never holds them whole."""
+    from tasks.index.chunk import STEP
+    from tasks.index.embed import report_text
+    from tasks.index.embed_table import embed_table
     from tasks.runtime.llm_client import Usage
 
     work = _work(ctx)
-    comms, ents, out = work / "report-communities.parquet", work / "report-entities.parquet", work / "reports.parquet"
-    pq.write_table(pa.Table.from_pylist(communities, schema=COMMUNITY_SCHEMA), comms)
+    ents, out = work / "report-entities.parquet", work / "reports.parquet"
     pq.write_table(pa.table({c: [e[c] for e in entities] for c in ENTITY_COLUMNS}, schema=ENTITY_SCHEMA), ents)
     [(failures, usage)] = ctx.mapper(
         reports_task,
         [str(out)],
         files=[str(f) for f in relations.files],
-        communities=str(comms),
+        communities=[str(f) for f in communities.files],
         entities=[*(str(f) for f in (layer0.files if layer0 is not None else [])), str(ents)],
         budget=ctx.cfg.communities.report_max_tokens,
         llm=ctx.cfg.llm if ctx.llm is not None else None,
         cache_dir=str(ctx.catalog.cache_dir),
     )
     ctx.usage.add(Usage(**usage))
-    return pq.read_table(out).to_pylist(), failures
+    staleness = pa.field("staleness", pa.float64())
+    parts = (
+        pa.Table.from_batches([b]).append_column(staleness, pa.array([0.0] * b.num_rows, pa.float64()))
+        for b in pq.ParquetFile(out).iter_batches(batch_size=STEP * 4)
+    )
+
+    def texts(t: pa.Table) -> list[str]:
+        return [report_text(a, b) for a, b in zip(t.column("title").to_pylist(), t.column("summary").to_pylist())]
+
+    return embed_table(ctx, "community_reports", parts, texts, progress), failures
 
 
 def reports_task(
-    out: str, files: list[str], communities: str, entities: list[str], budget: int, llm: Any, cache_dir: str
+    out: str, files: list[str], communities: list[str], entities: list[str], budget: int, llm: Any, cache_dir: str
 ) -> tuple[list[dict[str, str]], dict[str, Any]]:
     """A report per community of ``communities`` (a task), from the relations in ``files``; written to ``out``.
     Returns the LLM failures (offline reports kept) and the LLM usage."""
@@ -219,7 +239,7 @@ def reports_task(
     client = _client(llm, cache_dir, 1) if llm is not None else None
     with usage_scope() as usage:
         reports, failures = build_reports(
-            pq.read_table(communities).to_pylist(),
+            pa.concat_tables([pq.read_table(f, columns=list(COMMUNITY_SCHEMA.names)) for f in communities]).to_pylist(),
             pa.concat_tables(
                 [pq.read_table(f, columns=list(ENTITY_COLUMNS)).cast(ENTITY_SCHEMA) for f in entities]
             ).to_pylist(),

@@ -56,12 +56,9 @@ class HiRAG:
         relations = with_above(layer0.relations, rels, ctx.spill_dir / "relations-above.parquet", ctx.version)
         with ctx.stage("communities") as st:
             ids = parts.column("id").to_pylist() + [e["id"] for e in ents]
-            communities = st.run(find_communities, ctx, ids, relations)
-            st.done(
-                f"{len(communities)} communities",
-                communities=len(communities),
-                levels=len({c["level"] for c in communities}),
-            )
+            communities = st.run(find_communities, ctx, ids, relations)  # spilled, as the relations are
+            levels = len(set(communities.column("level").to_pylist()))
+            st.done(f"{communities.num_rows} communities", communities=communities.num_rows, levels=levels)
             del ids
         reports, report_vecs, failures = write_reports(ctx, communities, ents, relations, parts)
         return Hierarchy(
