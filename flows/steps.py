@@ -25,7 +25,7 @@ from tasks.runtime.parallel import Mapper
 from tasks.store.rows import (
     TableDelta,
     plain_rows,
-    spilled_rows,
+    stamped,
     vector_matrix,
 )
 from tasks.store.spill import SpilledTable
@@ -62,11 +62,11 @@ def ingest(run: PipelineRun) -> Delta:
             cast("DocumentPlace", r) for t in parts.parts(list(DocumentPlace.__annotations__)) for r in t.to_pylist()
         ]
         return Delta(root, places, digest=digest, n_inputs=parts.num_rows, ingested=parts)
-    columns = [c for c in parts.schema.names if c != "text"]  # the diff reads no text
-    with run.stage("diff") as st:
-        incoming = [r for t in parts.parts(columns) for r in t.to_pylist()]
-        diff = st.run(diff_documents, run.previous_rows("documents"), incoming, root)
-        indexed = set(run.previous("documents").column("root").to_pylist())
+    with run.stage("diff") as st:  # on what the documents are, not their texts
+        incoming = [r for t in parts.parts(list(DOCUMENT_META)) for r in t.to_pylist()]
+        previous = plain_rows(run.previous("documents", DOCUMENT_META))
+        diff = st.run(diff_documents, previous, incoming, root)
+        indexed = {d["root"] for d in previous}
         summary = ", ".join(f"{k} {v}" for k, v in diff.counts().items())
         if root not in indexed:
             summary = (
@@ -82,7 +82,7 @@ def ingest(run: PipelineRun) -> Delta:
     return Delta(
         root,
         [document_place(cast("DocumentRow", d)) for d in diff.new + diff.changed],
-        [d for d in cast("list[DocumentRow]", run.previous_rows("documents")) if d["id"] not in gone],
+        [document_place(cast("DocumentRow", d)) for d in previous if d["id"] not in gone],
         gone,
         gone_chunks,
         diff.counts(),
@@ -96,8 +96,9 @@ def chunk(run: PipelineRun, delta: Delta) -> tuple[SpilledTable, SpilledTable, p
     """The documents table after the run (kept + incoming with token counts) and the chunks of the incoming
     documents, both in parts (read from the ingested parts one at a time: the run never holds every text), and
     where each chunk is in its document (``CHUNK_PLACE``)."""
-    from tasks.index.chunk import chunk_parts
+    from tasks.index.chunk import STEP, chunk_parts
     from tasks.index.extract import task_rows
+    from tasks.store.spill import PartWriter
 
     assert delta.ingested is not None, "ingest wrote the documents to parts"
     size = chunk_part_rows(run.cfg)
@@ -121,12 +122,17 @@ def chunk(run: PipelineRun, delta: Delta) -> tuple[SpilledTable, SpilledTable, p
             tokens=int(pc.sum(documents.column("n_tokens")).as_py() or 0),
             cut=len(cut),
         )
-    kept = spilled_rows("documents", [(delta.kept, None)], 0, run.version, run.spill_dir / "tables" / "documents", size)
-    return (
-        SpilledTable([*kept.files, *documents.files], kept.schema, kept.num_rows + documents.num_rows),
-        chunks,
-        places,
-    )
+    kept = PartWriter(run.spill_dir / "tables" / "documents", documents.schema, size)
+    if run.snap:  # the previous snapshot's documents that stay, read a batch at a time
+        for batch in run.catalog.batches("documents", run.snap, documents.schema.names, STEP):
+            stay = pc.invert(pc.is_in(batch.column("id"), pa.array(sorted(delta.gone), pa.string())))
+            kept.write(stamped(pa.Table.from_batches([batch]).filter(stay), run.version))
+    old = kept.close()
+    return SpilledTable([*old.files, *documents.files], old.schema, old.num_rows + documents.num_rows), chunks, places
+
+
+#: what the diff of an update reads of a document (all but its text)
+DOCUMENT_META = tuple(n for n in schema_for("documents", 0).names if n not in ("text", "version"))
 
 
 def document_place(doc: DocumentRow | DocumentPlace) -> DocumentPlace:
