@@ -10,7 +10,7 @@ must be one that was published; layer 0 (entities and relations) is compared wit
 and ``strata eval`` runs on both.
 
     .venv/bin/python benchmarks/bench_nightly.py --corpus ../shared/datasets/musique --nights 30 --churn 0.01 \\
-        --keep 7 --clients 4 --json nightly.json [--work ./nightly-work] [--budgets 1000 4000]
+        --keep 7 --clients 4 --json nightly.json [--work ./nightly-work] [--budgets 1000 4000] [--compact-share S]
 
 ``--corpus``: a folder with ``corpus.jsonl`` (id, title, text) and, for the questions and the evaluation,
 ``queries.jsonl``. The documents are shuffled (``--seed``) before anything is held back: file order means nothing.
@@ -183,6 +183,9 @@ def main() -> None:
         "--churn", type=float, default=0.01, help="share of the documents added, edited and deleted a night"
     )
     ap.add_argument("--keep", type=int, default=7, help="strata gc --keep")
+    ap.add_argument(
+        "--compact-share", type=float, default=None, help="strata gc --compact-share (default: gc's own; 1 = never)"
+    )
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--hold-back", type=float, help="share held back for the nights' additions (default: enough)")
     ap.add_argument("--budgets", type=int, nargs="+", default=[1000, 4000])
@@ -263,7 +266,8 @@ def main() -> None:
                 ).stdout
             )
             published.add(versions["version"])
-            gc = run_measured([str(STRATA), "gc", "--keep", str(args.keep), "--index", str(index)])
+            share = [] if args.compact_share is None else ["--compact-share", str(args.compact_share)]
+            gc = run_measured([str(STRATA), "gc", "--keep", str(args.keep), *share, "--index", str(index)])
             after = clients.counts()
             row = {
                 "night": night,
