@@ -215,3 +215,24 @@ def test_build_and_update_show_every_stage_as_a_prefect_task(tmp_path, small_cor
     # the run record lists the same stages
     stages = json.loads(Catalog(index).runs()[-1]["stage_counts"])
     assert set(stages) - {"dask-start"} == update_tasks
+
+
+def test_sigterm_ends_a_command_through_its_exit_handlers(tmp_path):
+    """A SIGTERM'd command exits as Ctrl-C would, through the exit handlers: the one Prefect registers to stop
+    the local server a run started runs too (Python's default handler would leave that server running)."""
+    import signal
+    import subprocess
+    import sys
+
+    mark = tmp_path / "stopped"
+    code = (
+        "import atexit, time; from flows.cli.common import exit_on_sigterm; exit_on_sigterm(); "
+        f"atexit.register(lambda: open({str(mark)!r}, 'w').write('ok')); print('ready', flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "terminated; the previous snapshot is still the published one" in out + err
+    assert mark.read_text() == "ok"

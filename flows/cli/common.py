@@ -199,10 +199,24 @@ def spread_multi_values(argv: list[str]) -> list[str]:
     return spread
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM (a scheduler cancelling the job, ``kill``) ends the command as Ctrl-C does: the run's cleanup runs
+    (the writer lock is released, the run is marked failed) and so do the exit handlers, which stop the local
+    Prefect server the run started; Python's default would end the process at once and leave that server behind."""
+    import signal
+
+    def terminated(signum: int, _frame: Any) -> None:
+        console.print("terminated; the previous snapshot is still the published one")
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminated)
+
+
 def main() -> None:  # console-script entry point
     from flows.env import apply_offline_defaults
 
     apply_offline_defaults()
+    exit_on_sigterm()
     try:
         app(args=spread_multi_values(sys.argv[1:]))
     except KeyboardInterrupt:
