@@ -42,15 +42,18 @@ def ingest(run: PipelineRun) -> Delta:
         ingested = IngestResult()
         documents = iter_documents(run.corpus, run.cfg.corpus, ingested, None, run.root)
         folder, size = run.spill_dir / "ingested", chunk_part_rows(run.cfg)
-        parts = st.run(spill_documents, documents, run.version, folder, size)
-        run.quarantine += ingested.quarantine
+        least = run.cfg.corpus.boilerplate_min_documents
+        parts, boilerplate = st.run(spill_documents, documents, run.version, folder, size, least)
+        run.quarantine += ingested.quarantine + boilerplate
         st.done(
             f"{parts.num_rows} documents, {len(ingested.quarantine)} quarantined"
+            + (f", {len(boilerplate)} boilerplate paragraphs left out" if boilerplate else "")
             + (f", {ingested.ignored} files left out by .strataignore" if ingested.ignored else ""),
             files=ingested.files_seen,
             documents=parts.num_rows,
             quarantined=len(ingested.quarantine),
             ignored=ingested.ignored,
+            boilerplate=len(boilerplate),
         )
     root, digest = run.root, digest_of(parts.column("content_hash").to_pylist())
     if run.snap is None:

@@ -55,6 +55,13 @@ class CorpusConfig(_Section):
         gt=0,
         description="Tokens indexed per document; the rest is quarantined with the count, never dropped silently.",
     )
+    boilerplate_min_documents: int = Field(
+        5,
+        ge=0,
+        description="A paragraph found (case, digits and punctuation aside) in at least this many documents of the "
+        "corpus is boilerplate (licences, headers, footers, navigation): left out of the chunks, so it never becomes "
+        "an entity, an answer or a source, with one quarantine row per such paragraph; 0 = keep every paragraph.",
+    )
 
 
 class ChunkingConfig(_Section):

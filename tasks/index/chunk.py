@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import tiktoken
 
 from schemas.config import ChunkingConfig
+from schemas.tables import schema_for
 from tasks.store.ids import make_id
 from tasks.store.spill import SpilledTable
 
@@ -84,35 +85,57 @@ def chunk_document(
     doc: dict[str, Any], cfg: ChunkingConfig, max_tokens: int | None = None
 ) -> tuple[list[dict[str, Any]], int]:
     """Chunks of one document (of its first ``max_tokens`` tokens) and its token count. ``text[start:end]`` of
-    the document is the chunk text."""
-    enc = get_encoding()
+    the document is the chunk text. The spans of ``doc["boilerplate"]`` (``tasks.index.boilerplate``) are left
+    out: what lies between them is chunked a range at a time, and only it is counted."""
+    from tasks.index.boilerplate import segments
+
     text = doc["text"]
-    tokens = enc.encode_ordinary(text)
-    if not tokens:
-        return [], 0
+    chunks: list[dict[str, Any]] = []
+    n_tokens = 0
+    for a, b in segments(len(text), doc.get("boilerplate") or []):
+        if not text[a:b].strip():
+            continue
+        left = None if max_tokens is None else max(0, max_tokens - n_tokens)
+        windows, n = _windows(text, a, b, cfg, left)
+        n_tokens += n
+        for start, end, size in windows:
+            chunks.append(
+                {
+                    "id": make_id("chunk", doc["id"], start, end),
+                    "document_id": doc["id"],
+                    "chunk_index": len(chunks),
+                    "text": text[start:end],
+                    "n_tokens": size,
+                    "start": start,
+                    "end": end,
+                }
+            )
+    return chunks, n_tokens
+
+
+def _windows(
+    text: str, a: int, b: int, cfg: ChunkingConfig, max_tokens: int | None
+) -> tuple[list[tuple[int, int, int]], int]:
+    """The token windows of ``text[a:b]`` (of its first ``max_tokens`` tokens) as (start, end, tokens), offsets
+    into ``text``, and its token count."""
+    enc = get_encoding()
+    part = text[a:b]
+    tokens = enc.encode_ordinary(part)
     n_tokens = len(tokens)
     if max_tokens is not None and n_tokens > max_tokens:
         tokens = tokens[:max_tokens]
+    if not tokens:
+        return [], n_tokens
     # byte offset where each token starts; map to character offsets
     tok_bytes = enc.decode_tokens_bytes(tokens)
-    byte_starts = np.concatenate([[0], np.cumsum([len(b) for b in tok_bytes])])
-    b2c = _byte_to_char(text)
-    chunks = []
-    for index, (t0, t1) in enumerate(token_windows(len(tokens), cfg.size, cfg.overlap)):
+    byte_starts = np.concatenate([[0], np.cumsum([len(t) for t in tok_bytes])])
+    b2c = _byte_to_char(part)
+    out = []
+    for t0, t1 in token_windows(len(tokens), cfg.size, cfg.overlap):
         start = int(b2c[byte_starts[t0]])
-        end = int(b2c[byte_starts[t1]]) if t1 < len(tokens) or n_tokens > len(tokens) else len(text)
-        chunks.append(
-            {
-                "id": make_id("chunk", doc["id"], start, end),
-                "document_id": doc["id"],
-                "chunk_index": index,
-                "text": text[start:end],
-                "n_tokens": t1 - t0,
-                "start": start,
-                "end": end,
-            }
-        )
-    return chunks, n_tokens
+        end = int(b2c[byte_starts[t1]]) if t1 < len(tokens) or n_tokens > len(tokens) else len(part)
+        out.append((a + start, a + end, t1 - t0))
+    return out, n_tokens
 
 
 def chunk_documents(
@@ -173,7 +196,7 @@ def chunk_parts(
     the chunks' ``PLACE`` columns; the documents cut at ``max_tokens``)."""
     from tasks.store.spill import PartWriter
 
-    docs = PartWriter(folder / "documents", documents.schema, part_rows)
+    docs = PartWriter(folder / "documents", schema_for("documents", 0), part_rows)
     raw = PartWriter(folder / "raw", CHUNK_PART_SCHEMA, part_rows)
     places: list[pa.Table] = []
     cut: list[QuarantineRow] = []

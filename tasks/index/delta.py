@@ -46,7 +46,8 @@ class DocDiff:
 
 
 def diff_documents(existing: list[dict[str, Any]], incoming: list[dict[str, Any]], root: str) -> DocDiff:
-    """Compare by (root, source_id) and content hash. Documents of other roots are never touched."""
+    """Compare by (root, source_id) and id (the content hash and the boilerplate left out: a document whose
+    paragraph became boilerplate, or stopped being one, is changed). Documents of other roots are never touched."""
     old = {d["source_id"]: d for d in existing if d["root"] == root}
     out = DocDiff()
     seen = set()
@@ -55,7 +56,7 @@ def diff_documents(existing: list[dict[str, Any]], incoming: list[dict[str, Any]
         prev = old.get(doc["source_id"])
         if prev is None:
             out.new.append(doc)
-        elif prev["content_hash"] != doc["content_hash"]:
+        elif prev["id"] != doc["id"]:
             out.changed.append(doc)
             out.deleted.append(prev)
         else:

@@ -15,6 +15,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pyarrow as pa
+
 from schemas.config import CorpusConfig
 from schemas.tables import schema_for
 from tasks.store.ids import content_hash, make_id, quarantine_row
@@ -151,7 +154,7 @@ def _title_of(text: str, fallback: str) -> str:
 def _document(uri: str, root: str, source_id: str, title: str, text: str, now: datetime) -> dict[str, Any]:
     digest = content_hash(text)
     return {
-        "id": make_id("doc", root, source_id, digest),
+        "id": document_id(root, source_id, digest),
         "uri": uri,
         "root": root,
         "source_id": source_id,
@@ -223,19 +226,65 @@ def corpus_files(folder: Path) -> Iterator[Path]:
     )
 
 
-def spill_documents(documents: Iterator[dict[str, Any]], version: int, folder: Path, part_rows: int):
-    """``documents`` (``iter_documents``) written as parts of the ``documents`` table while they are read, a few
-    thousand at a time: a ``SpilledTable``."""
+#: the parts ingest writes: the ``documents`` columns and each document's boilerplate spans (``boilerplate``)
+INGESTED_SCHEMA = schema_for("documents", 0).append(pa.field("boilerplate", pa.list_(pa.int64())))
+
+
+def spill_documents(
+    documents: Iterator[dict[str, Any]], version: int, folder: Path, part_rows: int, boilerplate_min_documents: int = 0
+):
+    """``documents`` (``iter_documents``) written as parts (``INGESTED_SCHEMA``) while they are read, a few
+    thousand at a time, then, if some paragraphs are boilerplate (found in ``boilerplate_min_documents``
+    documents or more), written again with the spans left out and the ids they give (``boilerplate``).
+    Returns (the parts, a quarantine row per boilerplate paragraph)."""
     import itertools
 
+    from tasks.index import boilerplate
     from tasks.index.chunk import STEP
     from tasks.store.rows import to_table
     from tasks.store.spill import PartWriter
 
-    out = PartWriter(folder, schema_for("documents", 0), part_rows)
+    out = PartWriter(folder / "read", INGESTED_SCHEMA, part_rows)
+    keys = []
     while batch := list(itertools.islice(documents, STEP)):
-        out.write(to_table("documents", batch, 0, version))
-    return out.close()
+        if boilerplate_min_documents:
+            keys += [np.unique([k for *_, k in boilerplate.paragraphs(d["text"])]).astype(np.int64) for d in batch]
+        none = pa.array([[]] * len(batch), pa.list_(pa.int64()))
+        out.write(to_table("documents", batch, 0, version).append_column("boilerplate", none))
+    read = out.close()
+    found = boilerplate.repeated(keys, boilerplate_min_documents)
+    if not found:
+        return read, []
+    marked = PartWriter(folder / "marked", INGESTED_SCHEMA, part_rows)
+    first: dict[int, tuple[str, str]] = {}  # a boilerplate paragraph's first document left without it, its text
+    for f, part in zip(read.files, read.parts()):
+        for batch in part.to_batches(max_chunksize=STEP):
+            rows = batch.to_pylist()
+            for d in rows:
+                d["boilerplate"] = boilerplate.spans(d["text"], found)
+                if d["boilerplate"]:
+                    d["id"] = document_id(d["root"], d["source_id"], d["content_hash"], d["boilerplate"])
+                    for s, e, k in boilerplate.paragraphs(d["text"]):
+                        first.setdefault(k, (d["uri"], d["text"][s:e]))
+            marked.write(pa.Table.from_pylist(rows, INGESTED_SCHEMA))
+        f.unlink()
+    quarantine = [
+        quarantine_row(
+            f"{uri}#boilerplate",
+            "ingest",
+            f"boilerplate: a paragraph found in {found[k]} documents (corpus.boilerplate_min_documents "
+            f"{boilerplate_min_documents}), left out of the index: {text[:80]!r}",
+        )
+        for k, (uri, text) in sorted(first.items(), key=lambda kv: kv[1][0])
+        if k in found
+    ]
+    return marked.close(), quarantine
+
+
+def document_id(root: str, source_id: str, digest: str, left_out: list[int] | None = None) -> str:
+    """A document's id: its root, its path in the root (or record id), its content hash and the spans of it that
+    are boilerplate (none: the id of before boilerplate was detected)."""
+    return make_id("doc", root, source_id, digest, *(left_out or []))
 
 
 def ingest_corpus(
