@@ -18,6 +18,7 @@ from flows.run import Delta, DocumentPlace, PipelineRun
 from schemas.config import StrataConfig
 from schemas.tables import DocumentRow, schema_for
 from tasks.errors import NotFoundError
+from tasks.index.chunk import PLACE
 from tasks.index.merge import ChunkOrder
 from tasks.methods.base import Layer0
 from tasks.runtime.llm_client import Usage
@@ -266,7 +267,7 @@ def merge(run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable) -
 ENTITY_FIELDS = tuple(n for n in schema_for("entities", 0).names if n not in ("vector", "version"))
 
 
-CHUNK_PLACE = ("id", "document_id", "chunk_index")  # what an update reads of the previous chunks before assemble
+CHUNK_PLACE = PLACE  # what an update reads of the previous chunks before assemble
 
 
 def chunk_order(run: PipelineRun, delta: Delta, places: pa.Table) -> ChunkOrder:

@@ -223,7 +223,7 @@ def chunk_parts(
 #: documents chunked at a time (their rows, texts and chunks as Python objects)
 STEP = 2048
 
-#: what later stages read of where a chunk is (``flows.steps.CHUNK_PLACE``)
+#: what later stages read of where a chunk is in its document (the run keeps these columns of every new chunk)
 PLACE = ("id", "document_id", "chunk_index")
 
 
