@@ -56,3 +56,47 @@ def test_a_large_call_moves_the_model_to_a_child_process_for_the_rest_of_the_run
     fresh.expect(3)
     assert np.array_equal(fresh.embed(TEXTS[:1]), local.embed(TEXTS[:1])) and fresh.mapper.started
     fresh.release()
+
+
+def test_a_table_is_embedded_a_step_at_a_time_one_file_a_part(tmp_path):
+    """``embed_table``: every embed call but the last gets exactly ``EMBED_STEP`` texts, whatever the parts'
+    sizes (a text's batch does not depend on where the table was cut); each part comes back as one file, its
+    rows in order with their own vectors and the run's version; an empty part is an empty file."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from schemas.tables import schema_for
+    from tasks.index.embed_table import EMBED_STEP, embed_table
+
+    calls: list[int] = []
+
+    def embed(texts, progress=None):
+        calls.append(len(texts))
+        return np.array([[float(t.split()[1]), 1.0, 0.0] for t in texts], np.float32)
+
+    ctx = SimpleNamespace(spill_dir=tmp_path, embedder=SimpleNamespace(dim=3), embed=embed, version=7)
+    columns = [c for c in schema_for("chunks", 3).names if c not in ("vector", "version")]
+    schema = pa.schema([schema_for("chunks", 3).field(c) for c in columns])
+    ints = ("chunk_index", "n_tokens", "start", "end")
+    sizes, at, parts = [EMBED_STEP + 5, 0, 3, 2 * EMBED_STEP + 1], 0, []
+    for size in sizes:
+        span = range(at, at + size)
+        value = {c: (lambda i: i) if c in ints else (lambda i: f"chunk {i}") for c in columns}
+        parts.append(pa.table({c: [value[c](i) for i in span] for c in columns}, schema=schema))
+        at += size
+    out = embed_table(ctx, "chunks", iter(parts), lambda t: t.column("text").to_pylist())
+    total = sum(sizes)
+    assert out.num_rows == total and len(out.files) == len(sizes)
+    assert calls[:-1] == [EMBED_STEP] * (len(calls) - 1) and sum(calls) == total
+    seen = 0
+    for f, size in zip(out.files, sizes):
+        t = pq.read_table(f)
+        assert t.num_rows == size
+        ids = [int(i) for i in t.column("chunk_index").to_pylist()]
+        assert ids == list(range(seen, seen + size))
+        assert [v[0] for v in t.column("vector").to_pylist()] == [float(i) for i in ids]
+        assert set(t.column("version").to_pylist()) <= {7}
+        seen += size
+    assert not list(tmp_path.rglob("*.tmp"))

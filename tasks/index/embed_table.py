@@ -1,56 +1,71 @@
-"""A table's rows embedded a part at a time into that table's parts (embed, and a build's reports): the run holds
-one part and one step of texts, never the table."""
+"""A table's rows embedded a slice at a time into that table's parts (embed, and a build's reports): the run
+holds a step of rows, their texts and their vectors, never a whole part and never the table."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections import deque
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 #: texts embedded at a time across a table's parts: a multiple of the embedder's batch (256), so a text's batch,
-#: and its vector to the last bit, does not depend on where the table was cut into parts
-EMBED_STEP = 256 * 32
+#: and its vector to the last bit, does not depend on where the table was cut into parts or slices
+EMBED_STEP = 256 * 8
 
 
-def embed_table(ctx: Any, name: str, parts, text: Callable[[Any], list[str]], progress=None):
+def embed_table(ctx: Any, name: str, parts: Iterable[pa.Table], text: Callable[[Any], list[str]], progress=None) -> Any:
     """Table ``name``'s rows, a part of ``parts`` (Arrow tables of its columns but vector and version) at a time,
-    with the vectors of their ``text(part)`` (``ctx.embed``) and the run's version, written as that table's parts
-    under the run's work folder: a ``SpilledTable``. The texts are embedded ``EMBED_STEP`` at a time across the
-    parts, so no more than a part and a step are in memory."""
+    with the vectors of their ``text(rows)`` (``ctx.embed``) and the run's version, written as that table's parts
+    (one file a part, a row group a slice) under the run's work folder: a ``SpilledTable``. The rows go
+    ``EMBED_STEP`` at a time, so the run holds at most two steps of rows and one of vectors."""
     from schemas.tables import schema_for
     from tasks.store.rows import with_vectors
-    from tasks.store.spill import SpilledTable, write_whole
+    from tasks.store.spill import SpilledTable
 
+    schema = schema_for(name, ctx.embedder.dim)
     folder = Path(ctx.spill_dir) / "tables" / name
     folder.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
-    waiting: list[Any] = []  # parts read whose vectors are not all there yet
+    writer: pq.ParquetWriter | None = None  # the part being written: slices are written in order
+    waiting: deque[tuple[pa.Table, bool]] = deque()  # slices read whose vectors are not all in: (rows, last of part)
     texts: list[str] = []
     vectors = np.zeros((0, ctx.embedder.dim), np.float32)
     n = 0
+
+    def write() -> None:
+        nonlocal vectors, writer
+        while waiting and len(vectors) >= waiting[0][0].num_rows:
+            rows, last = waiting.popleft()
+            if writer is None:
+                files.append(folder / f"embedded-{len(files):05d}.parquet")
+                writer = pq.ParquetWriter(f"{files[-1]}.{os.getpid()}.tmp", schema)
+            writer.write_table(with_vectors(name, rows, vectors[: rows.num_rows], ctx.version))
+            vectors = vectors[rows.num_rows :]
+            if last:  # a part whole or not at all, as ``spill.write_whole``
+                writer.close()
+                os.replace(f"{files[-1]}.{os.getpid()}.tmp", files[-1])
+                writer = None
 
     def embed(count: int) -> None:
         nonlocal vectors
         vectors = np.concatenate([vectors, ctx.embed(texts[:count], progress)])
         del texts[:count]
 
-    def write() -> None:
-        nonlocal vectors
-        while waiting and len(vectors) >= waiting[0].num_rows:
-            part = waiting.pop(0)
-            files.append(folder / f"embedded-{len(files):05d}.parquet")
-            write_whole(with_vectors(name, part, vectors[: part.num_rows], ctx.version), files[-1])
-            vectors = vectors[part.num_rows :]
-
     for part in parts:
-        waiting.append(part)
-        texts += text(part)
-        n += part.num_rows
-        while len(texts) >= EMBED_STEP:
-            embed(EMBED_STEP)
-        write()
+        slices = [part.slice(at, EMBED_STEP) for at in range(0, part.num_rows, EMBED_STEP)] or [part]
+        for i, rows in enumerate(slices):
+            waiting.append((rows, i == len(slices) - 1))
+            texts += text(rows)
+            n += rows.num_rows
+            while len(texts) >= EMBED_STEP:
+                embed(EMBED_STEP)
+            write()
+        del part, slices, rows  # before the next part is read: the slices still waiting keep what they need
     embed(len(texts))
     write()
-    return SpilledTable(files, schema_for(name, ctx.embedder.dim), n)
+    return SpilledTable(files, schema, n)

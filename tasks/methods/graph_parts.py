@@ -217,7 +217,7 @@ def reports_on_cluster(
     staleness = pa.field("staleness", pa.float64())
     parts = (
         pa.Table.from_batches([b]).append_column(staleness, pa.array([0.0] * b.num_rows, pa.float64()))
-        for b in pq.ParquetFile(out).iter_batches(batch_size=STEP * 4)
+        for b in pq.ParquetFile(out).iter_batches(batch_size=STEP)
     )
 
     def texts(t: pa.Table) -> list[str]:
@@ -231,6 +231,7 @@ def reports_task(
 ) -> tuple[list[dict[str, str]], dict[str, Any]]:
     """A report per community of ``communities`` (a task), from the relations in ``files``; written to ``out``.
     Returns the LLM failures (offline reports kept) and the LLM usage."""
+    from tasks.index.chunk import STEP
     from tasks.index.extract_llm import _client
     from tasks.methods.reports import build_reports
     from tasks.runtime.llm_client import usage_scope
@@ -248,7 +249,7 @@ def reports_task(
             client,
         )
     del relations
-    write_whole(pa.Table.from_pylist(reports, schema=REPORT_SCHEMA), out)
+    write_whole(pa.Table.from_pylist(reports, schema=REPORT_SCHEMA), out, row_group_rows=STEP)  # read a group at a time
     return failures, asdict(usage)
 
 
