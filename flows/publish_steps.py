@@ -76,6 +76,12 @@ def assemble(
         ),
         "quarantine": to_table("quarantine", _dedupe(quarantine), dim, version),
     }
+    if layer0.state is not None:  # an update of a snapshot without one keeps computing from the mentions
+        tables["merge_state"] = (
+            TableDelta("id", layer0.state.values, stamped(layer0.state.add, version))
+            if isinstance(layer0.state, TableDelta)
+            else layer0.state
+        )
     if hierarchy.layers is None:  # the previous snapshot's layer statistics still hold
         del tables["layers"]
     return tables

@@ -249,6 +249,9 @@ def merge(run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable) -
             run.spill_dir / "merge",
             run.version,
             chunk_part_rows(cfg),
+            state=(lambda columns: run.catalog.batches("merge_state", snap, columns))
+            if snap and "merge_state" in snap["tables"]
+            else None,
         )
         run.mapper.release()  # idle workers would slow the CPU-bound stages that follow
         for name in ("entities", "relations"):  # layer 0's rows replace them; embed and the attachment read
@@ -293,37 +296,48 @@ def _layer0(
     workdir: Path,
     version: int = 0,
     part_rows: int = 20_000,
+    state: Any = None,
 ) -> tuple[Layer0, pa.Table | TableDelta]:
     """Layer 0 merged whole (a build: ``stored`` is None; a task per spilled part on the run's Dask cluster, or in
     this process — in a child process when the mentions are many, see ``MERGE_IN_CHILD_ROWS``) or recomputed for
     the keys the delta touched (an update: ``stored(columns)`` scans the previous snapshot's mentions batch by
-    batch). A build's entities (parts of about ``part_rows`` rows) and relations (stamped ``version``) stay
-    spilled: ``Layer0.entity_parts``, ``Layer0.relations``."""
-    from tasks.index.delta import recompute_layer0, stored_mention_select
-    from tasks.index.merge import MENTION_COLUMNS, MERGE_IN_CHILD_ROWS
+    batch; ``state(columns)`` its ``merge_state``, None where it has none). A build's entities (parts of about
+    ``part_rows`` rows), relations (stamped ``version``) and ``merge_state`` stay spilled: ``Layer0.entity_parts``,
+    ``Layer0.relations``, ``Layer0.state``."""
+    from tasks.index.delta import Grown, recompute_layer0, stored_mention_select
+    from tasks.index.merge import MENTION_COLUMNS, MERGE_IN_CHILD_ROWS, mention_frame
     from tasks.index.merge_parts import merge_spilled
+    from tasks.index.merge_state import read_state
     from tasks.runtime.parallel import DaskPool, LocalMapper, in_child_process
 
     if stored is None:
         args = (new_mentions, max_tokens, order, workdir, version, part_rows)
         if isinstance(mapper, DaskPool):
-            parts, relations = merge_spilled(mapper, *args)
+            parts, relations, states = merge_spilled(mapper, *args)
         elif new_mentions.num_rows >= MERGE_IN_CHILD_ROWS:
-            parts, relations = in_child_process(merge_spilled, LocalMapper(), *args, workdir=workdir / "child")
+            parts, relations, states = in_child_process(merge_spilled, LocalMapper(), *args, workdir=workdir / "child")
         else:
-            parts, relations = merge_spilled(LocalMapper(), *args)
-        return Layer0([], np.zeros((0, 0)), relations, entity_parts=parts), new_mentions
+            parts, relations, states = merge_spilled(LocalMapper(), *args)
+        return Layer0([], np.zeros((0, 0)), relations, entity_parts=parts, state=states), new_mentions
     new_mentions = new_mentions.read_all()  # an update's new mentions: its delta's, held in memory
     leaving = pa.array(sorted(gone), pa.string())
-    touched = set(new_mentions.column("key").to_pylist())
+    fresh, went = set(new_mentions.column("key").to_pylist()), set()
     for batch in stored(["chunk_id", "key"]) if gone else ():  # the keys of the chunks that go
-        touched |= set(batch.filter(pc.is_in(batch.column("chunk_id"), value_set=leaving)).column("key").to_pylist())
+        went |= set(batch.filter(pc.is_in(batch.column("chunk_id"), value_set=leaving)).column("key").to_pylist())
     select = stored_mention_select(lambda: stored(list(MENTION_COLUMNS)), gone, new_mentions)
-    entities, relations, added, removed, changed = recompute_layer0(
-        [e for e in old_entities if e["layer"] == 0], old_relations, select, touched, max_tokens, order
+    # keys whose mentions only grow are computed from their description state, when the snapshot has one
+    grown = (
+        Grown(fresh - went - {""}, mention_frame(new_mentions), lambda ids: read_state(state, ids))
+        if state is not None
+        else None
+    )
+    entities, relations, added, removed, changed, state_delta = recompute_layer0(
+        [e for e in old_entities if e["layer"] == 0], old_relations, select, fresh | went, max_tokens, order, grown
     )
     return (
-        Layer0(entities, np.zeros((0, 0)), relations, added, removed, changed, gone),
+        Layer0(
+            entities, np.zeros((0, 0)), relations, added, removed, changed, gone, state=state_delta if grown else None
+        ),
         TableDelta("chunk_id", sorted(gone), new_mentions),
     )
 

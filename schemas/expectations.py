@@ -73,6 +73,10 @@ def suites(dim: int, relation_kinds: tuple[str, ...]) -> dict[str, list[Any]]:
             E.ExpectColumnValuesToBeInSet(column="kind", value_set=["entity", "relation"]),
             E.ExpectColumnValuesToNotBeNull(column="key"),
         ],
+        "merge_state": [
+            *_ids(),
+            E.ExpectColumnValuesToBeInSet(column="kind", value_set=["entity", "relation"]),
+        ],
         "quarantine": [
             *_ids(),
             E.ExpectColumnValuesToNotBeNull(column="item"),

@@ -23,6 +23,8 @@ Bool = Annotated[bool, pa.bool_()]
 Time = Annotated[datetime, pa.timestamp("us", tz="UTC")]
 OptTime = Annotated["datetime | None", pa.timestamp("us", tz="UTC")]
 StrList = Annotated[list[str], pa.list_(pa.string())]
+IntList = Annotated[list[int], pa.list_(pa.int64())]
+OptInt = Annotated["int | None", pa.int64()]
 Vector = Annotated[list[float], "vector"]  # float32 x the embedding model's dimension (vectors travel as matrices)
 
 
@@ -157,6 +159,31 @@ class MentionRow(TypedDict):
     version: NotRequired[Int]
 
 
+class MergeStateRow(TypedDict):
+    """What a layer-0 entity's or relation's row is computed from, besides its chunks: an update that only adds
+    mentions of it computes the row from this and the new mentions, without its old ones
+    (``tasks.index.merge_state``)."""
+
+    id: Str  # the entity's or the relation's id
+    kind: Str  # entity | relation
+    names: StrList  # an entity's surface forms, and how many of its mentions use each
+    name_counts: IntList
+    types: StrList  # its types, and how many mentions give each
+    type_counts: IntList
+    kept: StrList  # the distinct descriptions its description joins, in corpus order, with their places
+    kept_sources: StrList
+    kept_positions: IntList
+    kept_chunks: StrList
+    kept_seqs: IntList
+    cut: OptStr  # the first distinct description the budget left out (null: none), and its place
+    cut_source: OptStr
+    cut_position: OptInt
+    cut_chunk: OptStr
+    cut_seq: OptInt
+    hashes: IntList  # a relation's distinct descriptions, hashed and sorted: its weight is their number
+    version: NotRequired[Int]
+
+
 class QuarantineRow(TypedDict):
     id: Str
     item: Str  # uri or chunk id
@@ -175,6 +202,7 @@ SNAPSHOT_TABLES = (
     "communities",
     "community_reports",
     "mentions",
+    "merge_state",
     "quarantine",
 )
 #: Append-only log, not pinned: every run is recorded whether or not it published.
@@ -202,6 +230,7 @@ ROWS: dict[str, type] = {
     "community_reports": ReportRow,
     "runs": RunRow,
     "mentions": MentionRow,
+    "merge_state": MergeStateRow,
     "quarantine": QuarantineRow,
 }
 

@@ -124,7 +124,7 @@ def test_merge_in_parts_equals_merge_whole(tmp_path):
 
     from tasks.index.merge_parts import merge_spilled, range_bounds
 
-    task_entities, task_relations = merge_spilled(LocalMapper(), spilled, 12, order, tmp_path / "work", 0, 4)
+    task_entities, task_relations, _ = merge_spilled(LocalMapper(), spilled, 12, order, tmp_path / "work", 0, 4)
     assert len(task_relations.files) == len(spilled.files) and task_relations.num_rows == whole_relations.num_rows
     assert task_relations.read_all().equals(whole_relations)
     # the entities too stay in parts (ranges of keys, about 4 rows each): in order they are the whole table's rows

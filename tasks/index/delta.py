@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from schemas.tables import EntityRow
 from tasks.index.merge import ChunkOrder, graph_from_mentions
-from tasks.store.rows import relation_table
+from tasks.store.rows import TableDelta, relation_table
 
 
 @dataclass
@@ -111,6 +111,17 @@ def stored_mention_select(
     return select
 
 
+@dataclass
+class Grown:
+    """What an update knows of the keys whose mentions only grew (``merge_state``): ``keys``, the entity keys and
+    relation keys of its new mentions that no chunk leaving names; ``new``, its new mentions (a polars frame of
+    ``merge.MENTION_COLUMNS``); ``state(ids)``, the previous snapshot's ``merge_state`` rows of ``ids``."""
+
+    keys: set[str]
+    new: Any
+    state: Callable[[Iterable[str]], pa.Table]
+
+
 def recompute_layer0(
     old_entities: list[dict[str, Any]],
     old_relations: pa.Table | list[dict[str, Any]],
@@ -118,28 +129,43 @@ def recompute_layer0(
     touched_keys: set[str],
     max_description_tokens: int,
     order: ChunkOrder | None = None,
-) -> tuple[list[EntityRow], pa.Table, set[str], set[str], set[str]]:
+    grown: Grown | None = None,
+) -> tuple[list[EntityRow], pa.Table, set[str], set[str], set[str], TableDelta]:
     """Layer-0 entities/extracted relations after the delta. Returns (entities, relations (a table), added,
-    removed, changed ids).
+    removed, changed ids, the change of ``merge_state``).
 
     ``mentions`` are all surviving + new mentions (rows, an Arrow table, a polars frame or a ``MentionSelect``
     over them); ``touched_keys`` the entity keys and relation pair keys that appear in removed or new chunks;
-    ``order`` places chunks in corpus order (``graph_from_mentions``)."""
+    ``order`` places chunks in corpus order (``graph_from_mentions``). The keys of ``grown`` (when the previous
+    snapshot has a ``merge_state``) are computed from their state and their new mentions, the others from all
+    their mentions."""
     import polars as pl
 
-    from tasks.index.merge import entity_id, relation_degrees
+    from tasks.index.merge import corpus_places, entity_id, mention_frame, relation_degrees
 
     ent_keys = {k for k in touched_keys if "|" not in k}
     pair_keys = {k for k in touched_keys if "|" in k}
     select = mentions if callable(mentions) else mention_select(mentions)
     is_entity, is_relation = pl.col("kind") == "entity", pl.col("kind") == "relation"
     old_by_id = {e["id"]: e for e in old_entities if e["layer"] == 0}
-    # the touched entities, recomputed from all their mentions
-    new_ents, _ = graph_from_mentions(
-        select(is_entity & pl.col("key").is_in(sorted(ent_keys))).drop("a", "b"), max_description_tokens, order=order
+    places = corpus_places(order or {})
+    grew, states = (grown.keys if grown else set()) & ent_keys - {""}, []
+    moved: set[str] = set()
+    if grew:  # the entities whose mentions only grew, from their state; those it cannot give, from their mentions
+        grew_rows, moved, grew_state = _grown_entities(
+            cast(Grown, grown), grew, old_by_id, max_description_tokens, places
+        )
+        states.append(grew_state)
+    recompute = sorted(ent_keys - grew - {""} | moved)  # none: the stored mentions are not scanned at all
+    new_ents, _, state = graph_from_mentions(
+        select(is_entity & pl.col("key").is_in(recompute)).drop("a", "b") if recompute else mention_frame([]),
+        max_description_tokens,
+        order=order,
+        state=True,
     )
     touched_ids = {entity_id(0, k) for k in ent_keys}
-    new_by_id = {e["id"]: e for e in new_ents if e["id"] in touched_ids}
+    new_by_id = {e["id"]: e for e in [*new_ents, *(grew_rows if grew else [])] if e["id"] in touched_ids}
+    states.append(state)
     entities = [e for e in old_entities if e["layer"] == 0 and e["id"] not in touched_ids] + list(new_by_id.values())
     added = set(new_by_id) - set(old_by_id)
     removed = (touched_ids & set(old_by_id)) - set(new_by_id)
@@ -152,22 +178,36 @@ def recompute_layer0(
     # relations recomputed: the touched pairs, and every pair of an entity that came or went (a relation
     # exists only between two entities); those of a touched entity that stays, on untouched pairs, stand
     flipped = sorted(k for k in ent_keys if entity_id(0, k) in added | removed)
-    rel = select(
-        is_relation & (pl.col("key").is_in(sorted(pair_keys)) | pl.col("a").is_in(flipped) | pl.col("b").is_in(flipped))
+    live_ids = set(old_by_id) - removed | added
+    old = relation_table(old_relations)
+    grew_pairs = {k for k in (grown.keys if grown else set()) & pair_keys if not set(k.split("|")) & set(flipped)}
+    grew_rels, moved = None, set()
+    if grew_pairs:
+        grew_rels, moved, grew_state = _grown_relations(
+            cast(Grown, grown), grew_pairs, live_ids, old, max_description_tokens, places
+        )
+        states.append(grew_state)
+    pairs = sorted(pair_keys - grew_pairs | moved)
+    rel = (
+        select(is_relation & (pl.col("key").is_in(pairs) | pl.col("a").is_in(flipped) | pl.col("b").is_in(flipped)))
+        if pairs or flipped
+        else _with_ends(mention_frame([]))
     )
     named = set(rel.get_column("a").to_list()) | set(rel.get_column("b").to_list())
-    live_ids = set(old_by_id) - removed | added
-    _, new_rels = graph_from_mentions(
+    _, new_rels, state = graph_from_mentions(
         rel.drop("a", "b"),
         max_description_tokens,
         order=order,
         endpoints=[k for k in named if entity_id(0, k) in live_ids],
+        state=True,
     )
+    states.append(state)
+    if grew_rels is not None:
+        new_rels = pa.concat_tables([new_rels, grew_rels])
     redone = {
         "|".join(sorted(entity_id(0, p) for p in k.split("|")))
         for k in set(rel.get_column("key").unique().to_list()) | pair_keys
     }
-    old = relation_table(old_relations)
     ends = pa.array(sorted(removed), pa.string())
     gone = pc.or_(
         pc.or_(pc.is_in(old.column("source_id"), value_set=ends), pc.is_in(old.column("target_id"), value_set=ends)),
@@ -176,6 +216,7 @@ def recompute_layer0(
             value_set=pa.array(sorted(redone), pa.string()),
         ),
     )
+    dropped = set(old.column("id").filter(gone).to_pylist())
     kept = np.flatnonzero(
         pc.and_(pc.equal(old.column("kind"), "extracted"), pc.invert(gone)).to_numpy(zero_copy_only=False)
     )
@@ -186,4 +227,100 @@ def recompute_layer0(
     relations = pa.concat_tables([old, new_rels]).take(pa.array(rows[pc.sort_indices(ids).to_numpy()]))
     degree = relation_degrees(relations)
     entities = [dict(e, degree=degree.get(e["id"], 0)) for e in entities]
-    return cast("list[EntityRow]", sorted(entities, key=lambda e: e["id"])), relations, added, removed, changed
+    live = set(new_by_id) | set(relations.column("id").to_pylist())
+    added_state = pa.concat_tables(states)
+    added_state = added_state.filter(pc.is_in(added_state.column("id"), value_set=pa.array(sorted(live), pa.string())))
+    state_delta = TableDelta("id", sorted(touched_ids | dropped), added_state.sort_by("id"))
+    return (
+        cast("list[EntityRow]", sorted(entities, key=lambda e: e["id"])),
+        relations,
+        added,
+        removed,
+        changed,
+        state_delta,
+    )
+
+
+def _grown_entities(
+    grown: Grown, keys: set[str], old_by_id: dict[str, dict[str, Any]], max_tokens: int, places: Any
+) -> tuple[list[dict[str, Any]], set[str], pa.Table]:
+    """Entity rows of ``keys`` from their state and new mentions (``merge_state.grow``): (rows, the keys to
+    recompute from their mentions instead, their ``merge_state`` rows)."""
+    import polars as pl
+
+    from tasks.index.merge import _in_corpus_order, entity_id
+    from tasks.index.merge_state import grow, state_table
+
+    ids = {entity_id(0, k): k for k in keys}
+    state = grown.state(ids)
+    state = state.set_column(0, "id", pa.array([ids[i] for i in state.column("id").to_pylist()], pa.string()))
+    new = grown.new.filter((pl.col("kind") == "entity") & pl.col("key").is_in(sorted(keys)))
+    placed = _in_corpus_order(new, places, "key", "name", "type", "description")
+    frame, moved = grow(state, placed, "key", max_tokens)
+    chunks = placed.group_by("key").agg(pl.col("chunk_id").cast(pl.Utf8).unique().alias("new_chunks"))
+    frame = frame.join(chunks, on="key")
+    frame = frame.with_columns(
+        id=pl.Series([entity_id(0, k) for k in frame.get_column("key").to_list()], dtype=pl.Utf8)
+    )
+    rows = [
+        {
+            "id": r["id"],
+            "name": r["name"],
+            "type": r["type"],
+            "description": r["description"],
+            "layer": 0,
+            "source_chunk_ids": sorted(
+                set(old_by_id.get(r["id"], {}).get("source_chunk_ids") or []) | set(r["new_chunks"])
+            ),
+            "degree": 0,
+        }
+        for r in frame.select("id", "name", "type", "description", "new_chunks").iter_rows(named=True)
+    ]
+    return rows, moved, state_table(frame, "entity")
+
+
+def _grown_relations(
+    grown: Grown, keys: set[str], live_ids: set[str], old: pa.Table, max_tokens: int, places: Any
+) -> tuple[pa.Table, set[str], pa.Table]:
+    """Relation rows of the relation ``keys`` whose two ends live, from their state and new mentions: (the rows,
+    the keys to recompute from their mentions instead, their ``merge_state`` rows)."""
+    import polars as pl
+
+    from tasks.index.merge import _in_corpus_order, entity_id, relation_frame, relation_id
+    from tasks.index.merge_state import grow, state_table
+
+    pairs = {}
+    for k in keys:
+        a, b = k.split("|", 1)
+        ends = sorted((entity_id(0, a), entity_id(0, b)))
+        if a != b and set(ends) <= live_ids:
+            pairs[k] = "|".join(ends)
+    rel_ids = {relation_id(*_ends(p), "extracted"): p for p in set(pairs.values())}
+    state = grown.state(rel_ids)
+    state = state.set_column(0, "id", pa.array([rel_ids[i] for i in state.column("id").to_pylist()], pa.string()))
+    new = grown.new.filter((pl.col("kind") == "relation") & pl.col("key").is_in(sorted(pairs)))
+    new = new.with_columns(pair=pl.col("key").cast(pl.Utf8).replace_strict(pairs, return_dtype=pl.Utf8))
+    placed = _in_corpus_order(new, places, "pair", "description")
+    frame, moved_pairs = grow(state, placed, "pair", max_tokens)
+    held = old.filter(pc.is_in(old.column("id"), value_set=pa.array(sorted(rel_ids), pa.string())))
+    before = dict(zip(held.column("id").to_pylist(), held.column("source_chunk_ids").to_pylist()))
+    chunks = dict(placed.group_by("pair").agg(pl.col("chunk_id").cast(pl.Utf8).unique()).iter_rows())
+    pair = frame.get_column("pair").to_list()
+    ids = [relation_id(*_ends(p), "extracted") for p in pair]
+    frame = frame.with_columns(
+        id=pl.Series(ids, dtype=pl.Utf8),
+        source_id=pl.Series([p.split("|")[0] for p in pair], dtype=pl.Utf8),
+        target_id=pl.Series([p.split("|")[1] for p in pair], dtype=pl.Utf8),
+        kind=pl.lit("extracted"),
+        weight=pl.col("hashes").list.len().cast(pl.Float64),
+        source_chunk_ids=pl.Series(
+            [sorted(set(before.get(i) or []) | set(chunks[p])) for i, p in zip(ids, pair)], dtype=pl.List(pl.Utf8)
+        ),
+    )
+    moved = {k for k, p in pairs.items() if p in moved_pairs}
+    return relation_frame(frame), moved, state_table(frame, "relation")
+
+
+def _ends(pair: str) -> tuple[str, str]:
+    source, target = pair.split("|", 1)
+    return source, target

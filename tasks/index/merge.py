@@ -13,26 +13,11 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
-from tasks.index.chunk import count_tokens
+from tasks.index.merge_state import ENTITY_STATE, STATE, budgeted, count_lists, pick_name, pick_type, state_table
 from tasks.store.ids import make_id, normalize_name
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-#: named types win over the generic noun-phrase type when counts tie
-TYPE_PRIORITY = [
-    "person",
-    "organization",
-    "location",
-    "event",
-    "work",
-    "technology",
-    "group",
-    "law",
-    "language",
-    "time",
-    "concept",
-]
 
 
 def entity_id(layer: int, key: str) -> str:
@@ -152,30 +137,6 @@ def mention_frame(mentions: Any):
     return pl.from_dicts(mentions, schema=schema) if mentions else pl.DataFrame(schema=schema)
 
 
-def _budgeted(frame, group: str, max_tokens: int):
-    """Per ``group``: its distinct descriptions in first-seen order, joined with spaces up to the first that would
-    pass the token budget (the first is always kept), and how many distinct ones there are. ``frame`` is in
-    corpus order."""
-    import polars as pl
-
-    distinct = (
-        frame.select(group, "description")
-        .with_row_index("at")
-        .unique([group, "description"], keep="first")
-        .with_columns(pl.col("description").cast(pl.Utf8))
-    )
-    tokens = {t: count_tokens(t) for t in distinct.get_column("description").unique().to_list()}
-    distinct = distinct.sort(group, "at").with_columns(
-        n=pl.col("description").replace_strict(tokens, return_dtype=pl.Int64)
-    )
-    distinct = distinct.with_columns(
-        used=pl.col("n").cum_sum().over(group), first=pl.int_range(pl.len()).over(group) == 0
-    )
-    kept = distinct.filter(pl.col("first") | (pl.col("used") <= max_tokens))
-    joined = kept.group_by(group, maintain_order=True).agg(pl.col("description").str.join(" "))
-    return joined.join(distinct.group_by(group).agg(parts=pl.len()), on=group)
-
-
 #: the columns ``in_chunk_order`` reads
 CHUNK_ORDER = ("chunk_id", "seq")
 
@@ -201,7 +162,11 @@ MENTIONS_PER_CHUNK = 100
 
 
 def graph_from_mentions(
-    mentions: Any, max_description_tokens: int, order: ChunkOrder | None = None, endpoints: Iterable[str] = ()
+    mentions: Any,
+    max_description_tokens: int,
+    order: ChunkOrder | None = None,
+    endpoints: Iterable[str] = (),
+    state: bool = False,
 ):
     """Layer-0 entities and relations from mention rows (list, Arrow table or polars frame), columnar.
 
@@ -213,27 +178,44 @@ def graph_from_mentions(
     again. Relations are undirected (canonical endpoint order) and weighted by their distinct sentences.
     A spilled table (``tasks.store.spill``) is merged part by part (same result; ``tasks.index.merge_parts``
     merges its parts as tasks on the cluster). ``endpoints``: keys of entities that exist besides those the
-    mentions name (an update's untouched ones), which relations may join."""
+    mentions name (an update's untouched ones), which relations may join. ``state``: their ``merge_state`` rows
+    (an Arrow table) as a third value."""
     import polars as pl
 
     places = corpus_places(order or {})
-    entity = pl.concat([entity_part(m, places, max_description_tokens) for m in _mention_parts(mentions, "entity")])
+    entity = pl.concat(
+        [entity_part(m, places, max_description_tokens, state) for m in _mention_parts(mentions, "entity")]
+    )
     keys = entity.get_column("key").to_list()
     ends = sorted(set(endpoints) - set(keys))
     ids = pl.concat([entity.select("key", "id"), key_ids(ends)])
     relation = pl.concat(
-        [relation_part(m, places, ids, max_description_tokens) for m in _mention_parts(mentions, "relation")]
+        [relation_part(m, places, ids, max_description_tokens, state) for m in _mention_parts(mentions, "relation")]
     )
-    return layer0_rows(entity, relation)
+    if not state:
+        return layer0_rows(entity, relation)
+    import pyarrow as pa
+
+    return (
+        *layer0_rows(entity, relation),
+        pa.concat_tables([state_table(entity, "entity"), state_table(relation, "relation")]),
+    )
 
 
 def corpus_places(order: ChunkOrder):
-    """Every chunk's rank in the corpus (by document source, then position in it) as a (chunk_id, place) frame."""
+    """Every chunk's rank in the corpus (by document source, then position in it) as a (chunk_id, place, source,
+    pos) frame."""
     import polars as pl
 
     ranked = sorted(order, key=lambda c: (order[c], c))
     return pl.DataFrame(
-        {"chunk_id": ranked, "place": list(range(len(ranked)))}, schema={"chunk_id": pl.Utf8, "place": pl.Int64}
+        {
+            "chunk_id": ranked,
+            "place": list(range(len(ranked))),
+            "source": [order[c][0] for c in ranked],
+            "pos": [order[c][1] for c in ranked],
+        },
+        schema={"chunk_id": pl.Utf8, "place": pl.Int64, "source": pl.Utf8, "pos": pl.Int64},
     )
 
 
@@ -242,8 +224,8 @@ def _in_corpus_order(frame, places, *columns):
 
     return (
         frame.join(places, on="chunk_id", how="left", maintain_order="left")
-        .with_columns(pl.col("place").fill_null(-1))
-        .select("place", "chunk_id", "seq", *columns)
+        .with_columns(pl.col("place").fill_null(-1), pl.col("source").fill_null(""), pl.col("pos").fill_null(-1))
+        .select("place", "chunk_id", "seq", "source", "pos", *columns)
         .sort("place", "chunk_id", "seq")
     )
 
@@ -255,26 +237,27 @@ def key_ids(keys: list[str]):
     return pl.DataFrame({"key": keys, "id": [entity_id(0, k) for k in keys]}, schema={"key": pl.Utf8, "id": pl.Utf8})
 
 
-def entity_part(mentions, places, max_description_tokens: int):
+def entity_part(mentions, places, max_description_tokens: int, state: bool = False):
     """The entities (key, id, name, type, description, source_chunk_ids) of a frame of entity mentions that holds
-    every mention of its keys, sorted by key."""
+    every mention of its keys, sorted by key; with ``state``, their description state's columns too."""
     import polars as pl
 
     ents = _in_corpus_order(mentions.filter(pl.col("key") != ""), places, "key", "name", "type", "description")
-    entity = _entity_part(ents, max_description_tokens).sort("key")
+    entity = _entity_part(ents, max_description_tokens, state).sort("key")
     ids = key_ids(entity.get_column("key").to_list())
     return entity.with_columns(id=ids.get_column("id")).select(
-        "key", "id", "name", "type", "description", "source_chunk_ids"
+        "key", "id", "name", "type", "description", "source_chunk_ids", *(ENTITY_STATE if state else ())
     )
 
 
-def relation_part(mentions, places, ids, max_description_tokens: int):
+def relation_part(mentions, places, ids, max_description_tokens: int, state: bool = False):
     """The relations (``relations`` columns but version) of a frame of relation mentions that holds every mention
-    of its pairs, sorted by endpoints; ``ids`` is the (key, id) frame of every entity (a relation needs both)."""
+    of its pairs, sorted by endpoints; ``ids`` is the (key, id) frame of every entity (a relation needs both);
+    with ``state``, their description state's columns too."""
     import polars as pl
 
     relation = _relation_part(
-        _in_corpus_order(mentions, places, "key", "description"), ids, max_description_tokens
+        _in_corpus_order(mentions, places, "key", "description"), ids, max_description_tokens, state
     ).sort("source_id", "target_id")
     pairs = zip(relation.get_column("source_id").to_list(), relation.get_column("target_id").to_list())
     return relation.with_columns(
@@ -328,52 +311,31 @@ def _mention_parts(mentions: Any, kind: str):
         yield mention_frame([])
 
 
-def _entity_part(ents, max_description_tokens: int):
-    """Entity rows (key, name, type, description, source_chunk_ids) of entity mentions in corpus order."""
+def _entity_part(ents, max_description_tokens: int, state: bool = False):
+    """Entity rows (key, name, type, description, source_chunk_ids) of entity mentions in corpus order; with
+    ``state``, the description state's columns too (``merge_state``)."""
     import polars as pl
 
-    names = (
-        ents.group_by("key", "name")
-        .agg(n=pl.len())
-        .with_columns(pl.col("name").cast(pl.Utf8))
-        .with_columns(
-            upper=(pl.col("name") == pl.col("name").str.to_uppercase())
-            & (pl.col("name") != pl.col("name").str.to_lowercase()),
-            apostrophe=pl.col("name").str.contains("['’]"),
-            chars=pl.col("name").str.len_chars(),
-        )
-        .sort(
-            "key",
-            pl.col("n"),
-            "upper",
-            "apostrophe",
-            "chars",
-            "name",
-            descending=[False, True, False, False, False, False],
-        )
-        .unique("key", keep="first")
-        .select("key", "name")
-    )
-    rank = {t: i for i, t in enumerate(TYPE_PRIORITY)}
-    types = (
-        ents.group_by("key", "type")
-        .agg(n=pl.len())
-        .with_columns(pl.col("type").cast(pl.Utf8))
-        .with_columns(rank=pl.col("type").replace_strict(rank, default=len(rank), return_dtype=pl.Int64))
-        .sort("key", "n", "rank", "type", descending=[False, True, False, False])
-        .unique("key", keep="first")
-        .select("key", "type")
-    )
+    counts = {
+        c: ents.group_by("key", c).agg(n=pl.len()).with_columns(pl.col(c).cast(pl.Utf8)) for c in ("name", "type")
+    }
     chunks = ents.group_by("key").agg(pl.col("chunk_id").unique().sort().alias("source_chunk_ids"))
-    return (
-        names.join(types, on="key")
-        .join(_budgeted(ents, "key", max_description_tokens), on="key")
+    out = (
+        pick_name(counts["name"])
+        .join(pick_type(counts["type"]), on="key")
+        .join(budgeted(ents, "key", max_description_tokens, state), on="key")
         .join(chunks, on="key")
-        .select("key", "name", "type", "description", "source_chunk_ids")
+    )
+    if not state:
+        return out.select("key", "name", "type", "description", "source_chunk_ids")
+    return (
+        out.drop("parts")
+        .join(count_lists(counts["name"], "name"), on="key")
+        .join(count_lists(counts["type"], "type"), on="key")
     )
 
 
-def _relation_part(rels, ids, max_description_tokens: int):
+def _relation_part(rels, ids, max_description_tokens: int, state: bool = False):
     """Relation rows (source_id, target_id, description, parts, source_chunk_ids) of relation mentions in corpus
     order; ``ids`` maps every entity key to its id (a relation needs both endpoints)."""
     import polars as pl
@@ -394,7 +356,7 @@ def _relation_part(rels, ids, max_description_tokens: int):
     )
     rels = rels.join(pair_of, on="key", maintain_order="left").drop("key")
     return (
-        _budgeted(rels, "pair", max_description_tokens)
+        budgeted(rels, "pair", max_description_tokens, state)
         .join(rels.group_by("pair").agg(pl.col("chunk_id").unique().sort().alias("source_chunk_ids")), on="pair")
         .with_columns(
             pl.col("pair")
@@ -404,7 +366,7 @@ def _relation_part(rels, ids, max_description_tokens: int):
             .alias("st")
         )
         .unnest("st")
-        .select("source_id", "target_id", "description", "parts", "source_chunk_ids")
+        .select("source_id", "target_id", "description", "parts", "source_chunk_ids", *(STATE if state else ()))
     )
 
 

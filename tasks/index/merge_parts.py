@@ -38,6 +38,7 @@ from tasks.index.merge import (
     relation_frame,
     relation_part,
 )
+from tasks.index.merge_state import STATE, state_table
 from tasks.store.rows import stamped
 from tasks.store.spill import SpilledTable, read_part, write_whole
 
@@ -50,41 +51,57 @@ def merge_spilled(
     workdir: Path,
     version: int = 0,
     entity_rows_per_part: int = 20_000,
-) -> tuple[SpilledTable, SpilledTable]:
+) -> tuple[SpilledTable, SpilledTable, SpilledTable]:
     """Layer 0 of a build's spilled mentions, merged part by part on ``mapper`` (the run's Dask cluster, or in
     this process), as two ``SpilledTable``s this process never reads whole: the entity rows (``LAYER0_SCHEMA``:
     the ``entities`` columns but vector and version) in key order, parts of about ``entity_rows_per_part`` rows;
-    the relations in endpoint order, stamped ``version``. ``workdir`` must be reachable by every worker."""
+    the relations in endpoint order, stamped ``version``; and their ``merge_state`` rows, a file per task.
+    ``workdir`` must be reachable by every worker."""
     import polars as pl
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     if not mentions.files:
-        rows, relations = graph_from_mentions(mentions, max_tokens, order)
+        rows, relations, state = graph_from_mentions(mentions, max_tokens, order, state=True)
         one = workdir / "layer0-entities-00000.parquet"
         write_whole(pa.Table.from_pylist([dict(r, staleness=0.0) for r in rows], schema=LAYER0_SCHEMA), one)
         whole = workdir / "layer0-relations-00000.parquet"
         write_whole(stamped(relations, version), whole)
-        return SpilledTable([one], LAYER0_SCHEMA, len(rows)), SpilledTable(
-            [whole], schema_for("relations", 0), relations.num_rows
+        states = workdir / "state-00000.parquet"
+        write_whole(stamped(state, version), states)
+        return (
+            SpilledTable([one], LAYER0_SCHEMA, len(rows)),
+            SpilledTable([whole], schema_for("relations", 0), relations.num_rows),
+            SpilledTable([states], schema_for("merge_state", 0), state.num_rows),
         )
     places = str(workdir / "places.parquet")
     corpus_places(order).write_parquet(places)
     parts = [str(f) for f in mentions.files]
     entity_files = [str(workdir / f"entities-{i:05d}.parquet") for i in range(len(parts))]
     relation_files = [str(workdir / f"relations-{i:05d}.parquet") for i in range(len(parts))]
-    mapper(merge_entities, list(zip(parts, entity_files)), places=places, max_tokens=max_tokens)
+    state_files = [str(workdir / f"state-{i:05d}.parquet") for i in range(2 * len(parts))]
+    entity_states = mapper(
+        merge_entities,
+        list(zip(parts, entity_files, state_files)),
+        places=places,
+        max_tokens=max_tokens,
+        version=version,
+    )
     keys = pl.concat([pl.read_parquet(f, columns=["key", "id"]) for f in entity_files])
     bounds = range_bounds(keys.get_column("id"), len(parts))
     key_bounds = range_bounds(keys.get_column("key"), max(1, -(-keys.height // entity_rows_per_part)))
     del keys
-    mapper(
+    relation_states = mapper(
         merge_relations,
-        list(zip(parts, relation_files)),
+        list(zip(parts, relation_files, state_files[len(parts) :])),
         places=places,
         entity_files=entity_files,
         max_tokens=max_tokens,
         bounds=bounds,
+        version=version,
+    )
+    state = SpilledTable(
+        [Path(f) for f in state_files], schema_for("merge_state", 0), sum(entity_states) + sum(relation_states)
     )
     ranges = [
         (b, str(workdir / f"layer0-relations-{b:05d}.parquet"), str(workdir / f"degrees-{b:05d}.parquet"))
@@ -99,7 +116,7 @@ def merge_spilled(
     ]
     sizes = mapper(sort_entities, key_ranges, files=entity_files, degrees=[d for _, _, d in ranges])
     entities = [Path(f) for (_, _, f), n in zip(key_ranges, sizes) if n]
-    return SpilledTable(entities, LAYER0_SCHEMA, sum(sizes)), relations
+    return SpilledTable(entities, LAYER0_SCHEMA, sum(sizes)), relations, state
 
 
 #: layer 0's entity rows as merge writes them: the ``entities`` columns but ``vector`` and ``version``, which
@@ -144,27 +161,31 @@ def range_bounds(ids: Any, n: int) -> list[str]:
     return sorted({ordered[i * len(ordered) // n] for i in range(1, n)} if len(ordered) else set())
 
 
-def merge_entities(job: tuple[str, str], places: str, max_tokens: int) -> int:
-    """One part's entities (a task): ``job`` = (mention part file, output file). Returns their number."""
+def merge_entities(job: tuple[str, str, str], places: str, max_tokens: int, version: int) -> int:
+    """One part's entities (a task): ``job`` = (mention part file, output file, state file: their
+    ``merge_state`` rows, stamped ``version``). Returns their number."""
     import polars as pl
 
-    part, out = job
-    frame = entity_part(_mentions(part, "entity"), pl.read_parquet(places), max_tokens)
-    _write(frame, out)
+    part, out, state = job
+    frame = entity_part(_mentions(part, "entity"), pl.read_parquet(places), max_tokens, state=True)
+    write_whole(stamped(state_table(frame, "entity"), version), state)
+    _write(frame.select("key", "id", "name", "type", "description", "source_chunk_ids"), out)
     return frame.height
 
 
 def merge_relations(
-    job: tuple[str, str], places: str, entity_files: list[str], max_tokens: int, bounds: list[str]
+    job: tuple[str, str, str], places: str, entity_files: list[str], max_tokens: int, bounds: list[str], version: int
 ) -> int:
-    """One part's relations (a task): ``job`` = (mention part file, output file); the (key, id) of every entity
-    come from ``entity_files``. Written with their range of source ids (``bounds``), a row group per range.
-    Returns their number."""
+    """One part's relations (a task): ``job`` = (mention part file, output file, state file: their
+    ``merge_state`` rows, stamped ``version``); the (key, id) of every entity come from ``entity_files``. Written
+    with their range of source ids (``bounds``), a row group per range. Returns their number."""
     import polars as pl
 
-    part, out = job
+    part, out, state = job
     ids = pl.concat([pl.read_parquet(f, columns=["key", "id"]) for f in entity_files])
-    frame = relation_part(_mentions(part, "relation"), pl.read_parquet(places), ids, max_tokens)
+    frame = relation_part(_mentions(part, "relation"), pl.read_parquet(places), ids, max_tokens, state=True)
+    write_whole(stamped(state_table(frame, "relation"), version), state)
+    frame = frame.drop(STATE)
     ranged = frame.with_columns(
         range=pl.Series(bounds, dtype=pl.Utf8).search_sorted(frame.get_column("source_id"), side="right")
     ).sort("range", maintain_order=True)

@@ -46,6 +46,8 @@ class Layer0:
     # a build's entities stay in parts, key order (merge writes them, embed adds their vectors): ``entities``
     # and ``vectors`` are then empty, and a method that needs them all in this process reads them (``whole``)
     entity_parts: SpilledTable | None = None
+    # layer 0's ``merge_state``: a build's parts, an update's change (None: the snapshot it updates has none)
+    state: Any = None
 
     def count(self) -> int:
         return self.entity_parts.num_rows if self.entity_parts is not None else len(self.entities)

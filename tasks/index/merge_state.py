@@ -1,0 +1,246 @@
+"""Layer 0's description state (the ``merge_state`` table), and an update's rows computed from it.
+
+A layer-0 entity's row is a function of its mentions (``merge``): its name and type are the most frequent ones,
+its description the distinct supporting sentences in corpus order up to the token budget, its chunks their union;
+a relation's weight is its number of distinct sentences. The state keeps, per entity and relation, the name and
+type counts, the descriptions kept with their places in the corpus, the first one the budget left out with its
+place (the *cut*), and a relation's distinct sentences hashed. An update that only adds mentions of an entity
+(none of its chunks goes) computes its row from the state and the new mentions, as all its mentions would give it:
+
+* a sentence placed after the cut is never kept: the sentences before it already pass the budget;
+* a new sentence placed before the cut joins the kept ones where its place puts it (a repeat keeps the earlier
+  place), and the budget is applied again; if all of them are kept, the cut stays the first one left out;
+* a new mention that repeats the cut's sentence before the cut's place moves it: what follows it in the corpus
+  is not in the state, so that entity is recomputed from its mentions.
+
+Places are (document source id, chunk position, chunk id, mention seq): the corpus order of ``merge``, which
+does not depend on where the corpus lies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from typing import Any, cast
+
+import pyarrow as pa
+
+from tasks.index.chunk import count_tokens
+
+#: named types win over the generic noun-phrase type when counts tie
+TYPE_PRIORITY = [
+    "person",
+    "organization",
+    "location",
+    "event",
+    "work",
+    "technology",
+    "group",
+    "law",
+    "language",
+    "time",
+    "concept",
+]
+
+#: where a mention is in the corpus: its document's source id, the chunk's position in it, the chunk, the mention's
+#: place in the chunk's extraction output (the order of ``merge``'s place, the chunk's rank, then chunk id and seq)
+MENTION_PLACE = ("source", "pos", "chunk_id", "seq")
+
+#: the state's columns of kept sentences and of the cut, and the ``MENTION_PLACE`` column each comes from
+KEPT = {"kept": "description", "kept_sources": "source", "kept_positions": "pos", "kept_chunks": "chunk_id"}
+KEPT["kept_seqs"] = "seq"
+CUT = {"cut": "description", "cut_source": "source", "cut_position": "pos", "cut_chunk": "chunk_id", "cut_seq": "seq"}
+#: the state columns of an entity's frame, and of a relation's
+ENTITY_STATE = ("names", "name_counts", "types", "type_counts", *KEPT, *CUT)
+STATE = (*KEPT, *CUT, "hashes")
+
+
+def budgeted(frame, group: str, max_tokens: int, state: bool = False):
+    """Per ``group``: its distinct descriptions in first-seen order, joined with spaces up to the first that would
+    pass the token budget (the first is always kept), and how many distinct ones there are. ``frame`` is in
+    corpus order. ``state``: with the description state too (``described``)."""
+    import polars as pl
+
+    distinct = (
+        frame.select(group, "description", *(MENTION_PLACE if state else ()))
+        .with_row_index("at")
+        .unique([group, "description"], keep="first")
+        .with_columns(pl.col("description").cast(pl.Utf8))
+    )
+    tokens = {t: count_tokens(t) for t in distinct.get_column("description").unique().to_list()}
+    distinct = distinct.sort(group, "at").with_columns(
+        n=pl.col("description").replace_strict(tokens, return_dtype=pl.Int64)
+    )
+    distinct = distinct.with_columns(
+        used=pl.col("n").cum_sum().over(group), first=pl.int_range(pl.len()).over(group) == 0
+    )
+    keep = pl.col("first") | (pl.col("used") <= max_tokens)
+    kept = distinct.filter(keep)
+    joined = kept.group_by(group, maintain_order=True).agg(pl.col("description").str.join(" "))
+    out = joined.join(distinct.group_by(group).agg(parts=pl.len()), on=group)
+    return described(out, kept, distinct.filter(~keep), group) if state else out
+
+
+def pick_name(counts):
+    """Each key's name, of its (key, name, n) counts: the most frequent; then not all capitals, no apostrophe,
+    the shortest, the first in code point order."""
+    import polars as pl
+
+    return (
+        counts.with_columns(
+            upper=(pl.col("name") == pl.col("name").str.to_uppercase())
+            & (pl.col("name") != pl.col("name").str.to_lowercase()),
+            apostrophe=pl.col("name").str.contains("['’]"),
+            chars=pl.col("name").str.len_chars(),
+        )
+        .sort("key", "n", "upper", "apostrophe", "chars", "name", descending=[False, True, False, False, False, False])
+        .unique("key", keep="first")
+        .select("key", "name")
+    )
+
+
+def pick_type(counts):
+    """Each key's type, of its (key, type, n) counts: the most frequent; then the first in ``TYPE_PRIORITY``."""
+    import polars as pl
+
+    rank = {t: i for i, t in enumerate(TYPE_PRIORITY)}
+    return (
+        counts.with_columns(rank=pl.col("type").replace_strict(rank, default=len(rank), return_dtype=pl.Int64))
+        .sort("key", "n", "rank", "type", descending=[False, True, False, False])
+        .unique("key", keep="first")
+        .select("key", "type")
+    )
+
+
+def count_lists(counts, column: str):
+    """(key, ``column``s, ``column``_counts) lists of (key, ``column``, n) counts, values in order."""
+    return (
+        counts.sort("key", column)
+        .group_by("key", maintain_order=True)
+        .agg(**{f"{column}s": column, f"{column}_counts": "n"})
+    )
+
+
+def text_hash(text: str) -> int:
+    """A sentence's 64-bit hash, the same in every process and version (a relation's weight counts them)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def described(out, kept, left, group: str):
+    """``out`` (``merge._budgeted``'s rows) with the state of each ``group``: ``kept``, its kept sentences, and
+    ``left``, those the budget left out (both in corpus order, with their places); a relation's (``group`` is
+    "pair") hashes of all its distinct sentences."""
+    import polars as pl
+
+    def strings(c: str):
+        return pl.col(c).cast(pl.Utf8)
+
+    lists = kept.group_by(group, maintain_order=True).agg(**{k: strings(c) for k, c in KEPT.items()})
+    cut = left.group_by(group, maintain_order=True).first().select(group, **{k: strings(c) for k, c in CUT.items()})
+    out = out.join(lists, on=group, how="left").join(cut, on=group, how="left")
+    if group != "pair":
+        return out
+    texts = pl.concat([kept.select(group, "description"), left.select(group, "description")])
+    hashes = {t: text_hash(t) for t in texts.get_column("description").unique().to_list()}
+    hashed = texts.with_columns(h=pl.col("description").replace_strict(hashes, return_dtype=pl.Int64))
+    return out.join(hashed.group_by(group).agg(hashes=pl.col("h").unique().sort()), on=group, how="left")
+
+
+def state_table(frame, kind: str) -> pa.Table:
+    """``merge_state`` rows (version 0) of ``merge.entity_part`` / ``relation_part`` frames with state."""
+    import polars as pl
+
+    from schemas.tables import schema_for
+
+    schema = schema_for("merge_state", 0)
+    columns = []
+    for f in schema:
+        if f.name == "version":
+            columns.append(pl.lit(0, pl.Int64).alias("version"))
+        elif f.name == "kind":
+            columns.append(pl.lit(kind, pl.Utf8).alias("kind"))
+        elif f.name in frame.columns:
+            columns.append(pl.col(f.name))
+        else:  # an entity's hashes, a relation's names and types: not kept
+            columns.append(pl.lit([], pl.List(pl.Utf8 if f.type == pa.list_(pa.string()) else pl.Int64)).alias(f.name))
+    return frame.select(columns).to_arrow().cast(schema)
+
+
+def _before():
+    """Whether a mention's place comes before its key's cut (no cut: it does)."""
+    import polars as pl
+
+    out = None
+    for c in reversed(MENTION_PLACE):  # lexicographic: a0 < b0, or a0 == b0 and the rest
+        a, b = pl.col(c), pl.col(CUT_PLACE[c])
+        out = (a < b) if out is None else (a < b) | ((a == b) & out)
+    return pl.col("cut").is_null() | out
+
+
+#: the cut's column of each ``MENTION_PLACE`` column
+CUT_PLACE = {v: k for k, v in CUT.items() if k != "cut"}
+
+
+def grow(state: pa.Table, new, group: str, max_tokens: int) -> tuple[Any, set[str]]:
+    """Rows of the ``group`` values (entity keys, or relation pairs) whose ``new`` mentions (a polars frame:
+    ``group``, description, name and type for entities, and the ``MENTION_PLACE`` columns) only add to their ``state``
+    (``merge_state`` rows, their ``id`` renamed to ``group``; a value without one is new): a frame of ``group``,
+    description, and the new state; with names and types (entities), or hashes (relations). Returns it and the
+    values it could not compute (a new mention repeats the cut's sentence before it: recompute those)."""
+    import polars as pl
+
+    old = cast(pl.DataFrame, pl.from_arrow(state)).rename({"id": group})  # a table gives a frame
+    new = new.with_columns(pl.col(c).cast(pl.Utf8) for c in ("description", "source", "chunk_id"))
+    cuts = old.select(group, *CUT)
+    placed = new.join(cuts, on=group, how="left").with_columns(before=_before())
+    moved = set(placed.filter(pl.col("before") & (pl.col("description") == pl.col("cut"))).get_column(group).to_list())
+    new, old = new.filter(~pl.col(group).is_in(sorted(moved))), old.filter(~pl.col(group).is_in(sorted(moved)))
+    kept = old.select(group, *KEPT).explode(list(KEPT)).rename(KEPT).drop_nulls("description")
+    candidates = pl.concat(
+        [kept, placed.filter(pl.col("before") & ~pl.col(group).is_in(sorted(moved))).select(kept.columns)]
+    ).sort(group, *MENTION_PLACE)
+    rows = budgeted(candidates, group, max_tokens, state=True).drop("parts", "hashes", strict=False)
+    # no candidate left out: the old cut is still the first sentence left out
+    rows = rows.join(cuts.rename({c: f"old_{c}" for c in CUT}), on=group, how="left").with_columns(
+        **{c: pl.when(pl.col("cut").is_null()).then(pl.col(f"old_{c}")).otherwise(pl.col(c)) for c in CUT}
+    )
+    rows = rows.drop([f"old_{c}" for c in CUT])
+    if group == "pair":
+        texts = new.get_column("description").unique().to_list()
+        hashes = pl.concat(
+            [
+                old.select(group, "hashes").explode("hashes").rename({"hashes": "h"}),
+                new.select(group, h=pl.col("description").replace_strict({t: text_hash(t) for t in texts})),
+            ]
+        ).drop_nulls()
+        return rows.join(hashes.group_by(group).agg(hashes=pl.col("h").unique().sort()), on=group), moved
+    counts = {}
+    for c in ("name", "type"):
+        held = old.select(group, f"{c}s", f"{c}_counts").explode([f"{c}s", f"{c}_counts"])
+        held = held.rename({group: "key", f"{c}s": c, f"{c}_counts": "n"}).drop_nulls()
+        fresh = new.group_by(group, c).agg(n=pl.len()).rename({group: "key"})
+        fresh = fresh.with_columns(pl.col(c).cast(pl.Utf8), pl.col("n").cast(pl.Int64)).select(held.columns)
+        counts[c] = pl.concat([held, fresh]).group_by("key", c).agg(pl.col("n").sum())
+    entity = (
+        pick_name(counts["name"])
+        .join(pick_type(counts["type"]), on="key")
+        .join(count_lists(counts["name"], "name"), on="key")
+        .join(count_lists(counts["type"], "type"), on="key")
+    )
+    return rows.join(entity.rename({"key": group}), on=group), moved
+
+
+def read_state(batches: Callable[[list[str]], Iterable[pa.RecordBatch]], ids: Iterable[str]) -> pa.Table:
+    """The ``merge_state`` rows of ``ids``, from a scan of the previous snapshot's table (``batches(columns)``),
+    holding only the rows kept."""
+    import pyarrow.compute as pc
+
+    from schemas.tables import schema_for
+
+    wanted = pa.array(sorted(set(ids)), pa.string())
+    schema = pa.schema([f for f in schema_for("merge_state", 0) if f.name != "version"])
+    parts = [schema.empty_table()]
+    for b in batches(schema.names):
+        t = pa.Table.from_batches([b]).select(schema.names)
+        parts.append(t.filter(pc.is_in(t.column("id"), value_set=wanted)))
+    return pa.concat_tables(parts).cast(schema)

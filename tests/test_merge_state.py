@@ -1,0 +1,137 @@
+"""Layer 0 from its description state (``merge_state``) and the new mentions equals layer 0 from all the mentions:
+hand cases for the cut, then a property test over random corpora, random mention orders and random updates."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from tasks.index.delta import Grown, mention_select, recompute_layer0
+from tasks.index.merge import graph_from_mentions, mention_frame, mention_rows
+
+
+def _ent(name, chunk, description, type_="person"):
+    return {"name": name, "type": type_, "description": description, "chunk_id": chunk}
+
+
+def _state_of(table: pa.Table):
+    def state(ids):
+        return table.filter(pc.is_in(table.column("id"), value_set=pa.array(sorted(ids), pa.string()))).drop(
+            ["version"]
+        )
+
+    return state
+
+
+def _update(old_rows, new_rows, order, budget):
+    """Layer 0 of ``old_rows`` then updated with ``new_rows`` through the state, and the keys whose old mentions
+    the update read."""
+    import polars as pl
+
+    entities, relations, state = graph_from_mentions(old_rows, budget, order=order, state=True)
+    read: list[str] = []
+
+    old_chunks = sorted({r["chunk_id"] for r in old_rows})
+
+    def select(expr):
+        out = mention_select(old_rows + new_rows)(expr)
+        read.extend(out.filter(pl.col("chunk_id").is_in(old_chunks)).get_column("key").to_list())
+        return out
+
+    keys = {r["key"] for r in new_rows}
+    grown = Grown(keys - {""}, mention_frame(new_rows), _state_of(state))
+    got = recompute_layer0(entities, relations, select, keys, budget, order, grown)
+    return got, state, read
+
+
+def test_a_sentence_before_the_cut_is_kept_one_after_it_never_is():
+    """Budget 8 tokens. Old: "Ann sang." (3) at a0, "Ann danced all night long." (6) at a2: the second passes the
+    budget, it is the cut. New "Ann ran." (3) at a1 is kept (3 + 3 <= 8, before the cut); the cut stays. New
+    "Ann slept." at a3, after the cut, is never kept."""
+    order = {"c0": ("a", 0), "c1": ("a", 1), "c2": ("a", 2), "c3": ("a", 3)}
+    old = mention_rows([_ent("Ann", "c0", "Ann sang."), _ent("Ann", "c2", "Ann danced all night long.")], [])
+    new = [
+        dict(r, id=r["id"] + "n")
+        for r in mention_rows([_ent("Ann", "c1", "Ann ran."), _ent("Ann", "c3", "Ann slept.")], [])
+    ]
+    (entities, _, _, _, _, delta), state, read = _update(old, new, order, 8)
+    assert [e["description"] for e in entities] == ["Ann sang. Ann ran."]
+    assert state.column("cut").to_pylist() == ["Ann danced all night long."]
+    [row] = delta.add.to_pylist()
+    assert row["kept"] == ["Ann sang.", "Ann ran."] and row["kept_chunks"] == ["c0", "c1"]
+    assert row["cut"] == "Ann danced all night long." and row["cut_chunk"] == "c2"
+    assert row["names"] == ["Ann"] and row["name_counts"] == [4]
+    assert not read  # the old mentions were never read
+    full, _, full_state = graph_from_mentions(old + new, 8, order=order, state=True)
+    assert entities == [dict(e, degree=0) for e in full] and delta.add.drop(["version"]).equals(
+        full_state.drop(["version"])
+    )
+
+
+def test_a_new_mention_of_the_cut_sentence_before_it_is_recomputed_from_the_mentions():
+    order = {"c0": ("a", 0), "c1": ("a", 1), "c2": ("a", 2), "c3": ("a", 3)}
+    old = mention_rows(
+        [
+            _ent("Ann", "c0", "Ann sang."),
+            _ent("Ann", "c2", "Ann danced all night long."),
+            _ent("Ann", "c3", "Ann ate."),
+        ],
+        [],
+    )
+    new = [dict(r, id=r["id"] + "n") for r in mention_rows([_ent("Ann", "c1", "Ann danced all night long.")], [])]
+    (entities, *_), _, read = _update(old, new, order, 8)
+    assert read  # the cut moved: what follows it is not in the state, so Ann was recomputed from her mentions
+    full, _ = graph_from_mentions(old + new, 8, order=order)
+    assert [e["description"] for e in entities] == [e["description"] for e in full]
+
+
+SENTENCES = [
+    "{a} met {b}.",
+    "{a} wrote a long letter to {b} about the harvest and the weather in the north.",
+    "{a} is here.",
+    "{a} and {b} argued for years over the river, the mill and the old stone bridge.",
+    "{a} left.",
+    "{a} sold {b} a horse.",
+]
+NAMES = ["Ann", "ANN", "Bob", "Bob's", "Cal", "Dora", "dora", "Eve"]
+TYPES = ["person", "concept", "location"]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_state_and_new_mentions_give_what_all_mentions_give(seed):
+    """Random corpora: mentions with repeated sentences, names and types that compete, chunks whose places
+    interleave old and new documents; the new chunks only add mentions. Entities, relations and the new state
+    equal a full merge of all the mentions, and the update read the old mentions only of keys whose cut moved."""
+    rnd = random.Random(seed)
+    chunks = [f"c{i:02d}" for i in range(14)]
+    order = {c: (rnd.choice("abcd"), rnd.randrange(6)) for c in chunks}
+    new_chunks = set(rnd.sample(chunks, 5))
+    ents, rels = [], []
+    for c in chunks:
+        for _ in range(rnd.randrange(1, 6)):
+            a, b = rnd.sample(NAMES, 2)
+            text = rnd.choice(SENTENCES).format(a=a, b=b)
+            ents.append(_ent(a, c, text, rnd.choice(TYPES)))
+            if rnd.random() < 0.6:
+                rels.append({"source": a, "target": b, "description": text, "weight": 1.0, "chunk_id": c})
+    rnd.shuffle(ents)
+    rnd.shuffle(rels)
+    rows = mention_rows(ents, rels)
+    old = [r for r in rows if r["chunk_id"] not in new_chunks]
+    new = [r for r in rows if r["chunk_id"] in new_chunks]
+    budget = rnd.choice([6, 15, 30, 200])
+    (entities, relations, added, removed, _, delta), state, read = _update(old, new, order, budget)
+    want_e, want_r, want_state = graph_from_mentions(rows, budget, order=order, state=True)
+    assert entities == sorted(want_e, key=lambda e: e["id"])
+    assert relations.equals(want_r.sort_by("id"))
+    assert not removed and added == {e["id"] for e in want_e} - {
+        e["id"] for e in graph_from_mentions(old, budget, order)[0]
+    }
+    kept = state.filter(pc.invert(pc.is_in(state.column("id"), value_set=pa.array(delta.values, pa.string()))))
+    after = pa.concat_tables([kept, delta.add]).drop(["version"]).sort_by("id")
+    assert after.equals(want_state.drop(["version"]).sort_by("id"))
+    grown = {r["key"] for r in new if "|" not in r["key"]}
+    assert len(set(read) & grown) < len(grown)  # most grown keys never had their old mentions read
