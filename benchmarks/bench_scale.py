@@ -17,7 +17,7 @@ Prefect flow against it (``dask.address``) and prints the run process's peak RSS
 restarts (a worker process the nanny started again); the direct in-process build runs at the first size only, as
 the baseline of the flow/direct wall ratio. No update runs in this mode.
 
-    .venv/bin/python benchmarks/bench_scale.py --sizes 5000 20000 [--work DIR] [--flow] [--json OUT]
+    .venv/bin/python benchmarks/bench_scale.py --sizes 5000 20000 [--work DIR] [--flow] [--update-without-state] [--json OUT]
     .venv/bin/python benchmarks/bench_scale.py --sizes 20000 100000 --cluster external --workers 2 \
         --worker-memory 3GiB --json OUT
 """
@@ -62,6 +62,11 @@ def child(mode: str, corpus: str, index: str) -> None:
         out = index_flow(corpus, index)
         result = {"stages": out["stages"], "counts": out["counts"]}
     else:
+        if mode == "update-mentions":  # the baseline of ``--update-without-state``: every touched key from its mentions
+            from tasks.index import delta
+
+            recompute = delta.recompute_layer0
+            delta.recompute_layer0 = lambda *a, grown=None: recompute(*a[:6])  # type: ignore[assignment]
         run = build_index if mode == "direct" else update_index
         res = run(corpus, Catalog(index), load_config())
         result = {"stages": res.stages, "counts": res.counts}
@@ -267,7 +272,9 @@ def disk_mb(path: Path) -> dict[str, float]:
     return sizes
 
 
-def one_size(n: int, work: Path, seed: int, flow: bool, external: dict | None = None) -> dict:
+def one_size(
+    n: int, work: Path, seed: int, flow: bool, external: dict | None = None, without_state: bool = False
+) -> dict:
     base = work / str(n)
     corpus_dir = base / "corpus"
     corpus = corpus_dir / "corpus.jsonl"
@@ -307,10 +314,16 @@ def one_size(n: int, work: Path, seed: int, flow: bool, external: dict | None = 
     full["disk_mb"] = disk_mb(index)
     with corpus.open("a", encoding="utf-8") as fh:
         fh.write((base / "delta.jsonl").read_text(encoding="utf-8"))
+    if without_state:
+        shutil.copytree(index, base / "index-mentions", dirs_exist_ok=True)
     print(f"[{n}] updating with {extra} documents ...", flush=True)
     upd = timed("update", corpus_dir, index)
-    corpus.write_text(base_text, encoding="utf-8")
     out = {"docs": n, "build": full, "update": upd}
+    if without_state:
+        print(f"[{n}] the same update on a copy, every touched key from its mentions ...", flush=True)
+        out["update_mentions"] = timed("update-mentions", corpus_dir, base / "index-mentions")
+        shutil.rmtree(base / "index-mentions", ignore_errors=True)
+    corpus.write_text(base_text, encoding="utf-8")
     if flow:
         print(f"[{n}] building through the Prefect flow on a local Dask cluster ...", flush=True)
         flow_index = base / "index-flow"
@@ -395,6 +408,14 @@ def report(results: list[dict]) -> None:
             f"peak RSS {u['peak_rss_mb']:.0f} MB; stages "
             + ", ".join(f"{k} {v['seconds']:.1f}" for k, v in u["stages"].items())
         )
+        if "update_mentions" in r:
+            m = r["update_mentions"]
+            print(
+                f"the same update from the mentions: {m['wall_s']:.1f} s, peak RSS {m['peak_rss_mb']:.0f} MB; merge "
+                f"{u['stages']['merge']['seconds']:.1f} s from the state, {m['stages']['merge']['seconds']:.1f} s from the "
+                f"mentions ({m['stages']['merge']['seconds'] / max(u['stages']['merge']['seconds'], 1e-9):.1f}x); stages "
+                + ", ".join(f"{k} {v['seconds']:.1f}" for k, v in m["stages"].items())
+            )
         if "flow" in r:
             f = r["flow"]
             print(
@@ -423,7 +444,15 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="workers of the external cluster")
     ap.add_argument("--worker-memory", default="3GiB", help="each external worker's --memory-limit")
     ap.add_argument(
-        "--no-baseline", action="store_true", help="external cluster: skip the direct in-process build at the first size"
+        "--no-baseline",
+        action="store_true",
+        help="external cluster: skip the direct in-process build at the first size",
+    )
+    ap.add_argument(
+        "--update-without-state",
+        action="store_true",
+        help="also run the same update on a copy with every touched key recomputed from its mentions (the baseline "
+        "of the description state, merge_state)",
     )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -434,7 +463,7 @@ def main() -> None:
         else None
     )
     for n in args.sizes:
-        results.append(one_size(n, args.work, args.seed, args.flow, external))
+        results.append(one_size(n, args.work, args.seed, args.flow, external, args.update_without_state))
         report(results[-1:])
         if args.json:
             args.json.write_text(json.dumps(results, indent=2, default=str))
