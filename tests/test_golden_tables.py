@@ -56,7 +56,9 @@ def _corpus(root: Path, step: int) -> Path:
         with (root / "carol_1.txt").open("a", encoding="utf-8") as fh:
             fh.write("\nScrooge kept a counting-house in the City of London, near Cornhill.\n")
         (root / "notes" / "fezziwig.md").write_text(
-            "# Fezziwig\n\nOld Fezziwig was the merchant to whom young Ebenezer Scrooge was apprenticed.\n", encoding="utf-8")
+            "# Fezziwig\n\nOld Fezziwig was the merchant to whom young Ebenezer Scrooge was apprenticed.\n",
+            encoding="utf-8",
+        )
     return root
 
 
@@ -129,9 +131,11 @@ def test_a_merge_in_its_child_process_publishes_the_same_build(tmp_path):
     shutil.rmtree(CORPUS, ignore_errors=True)
     from tasks.runtime import parallel
 
-    with mock.patch("tasks.index.embed.get_embedder", lambda *_a, **_k: HashingEmbedder()), \
-            mock.patch("tasks.index.merge.MERGE_IN_CHILD_ROWS", 0), \
-            mock.patch("tasks.runtime.parallel.in_child_process", wraps=parallel.in_child_process) as in_child:
+    with (
+        mock.patch("tasks.index.embed.get_embedder", lambda *_a, **_k: HashingEmbedder()),
+        mock.patch("tasks.index.merge.MERGE_IN_CHILD_ROWS", 0),
+        mock.patch("tasks.runtime.parallel.in_child_process", wraps=parallel.in_child_process) as in_child,
+    ):
         build_index(str(_corpus(CORPUS, 1)), Catalog(tmp_path / "built"), load_config(overrides=CONFIG))
     assert [c.args[0].__name__ for c in in_child.call_args_list] == ["merge_spilled"]
     assert table_digests(tmp_path / "built") == golden["build"]
@@ -147,3 +151,41 @@ if __name__ == "__main__":
     if "--write" in sys.argv:
         GOLDEN.write_text(json.dumps(cases, indent=2) + "\n")
         print(f"wrote {GOLDEN}")
+
+
+def test_the_same_corpus_at_two_places_gives_the_same_layer_zero_and_the_same_contexts(tmp_path):
+    """Ids hash the corpus root, but nothing else depends on where the corpus lies: every description (ordered
+    by document source and position, not by root-hashed ids), relation weight and retrieved context is the same
+    for the same corpus at two paths."""
+    from unittest import mock
+
+    import numpy as np
+
+    from flows.pipeline import build_index
+    from schemas.config import load_config
+    from tasks.query.retrieve import retrieve
+    from tasks.query.view import load_view
+    from tasks.store.catalog import Catalog
+    from tests.conftest import write_small_corpus
+
+    cfg = load_config(overrides=CONFIG)
+    questions = ["Who was Scrooge's clerk?", "Where was the counting-house?", "Who wrote the journal?"]
+    seen = []
+    for place in ("a/corpus", "somewhere/else/entirely"):
+        corpus = write_small_corpus(tmp_path / place)
+        with mock.patch("tasks.index.embed.get_embedder", lambda *_a, **_k: HashingEmbedder()):
+            build_index(str(corpus), Catalog(tmp_path / place / "index"), cfg)
+        cat = Catalog(tmp_path / place / "index")
+        entities = sorted(
+            (e["layer"], e["name"], e["type"], e["description"]) for e in cat.read("entities").to_pylist()
+        )
+        relations = sorted((r["kind"], r["description"], r["weight"]) for r in cat.read("relations").to_pylist())
+        view = load_view(cat)
+        contexts = [
+            retrieve(view, q, HashingEmbedder().embed([q])[0].astype(np.float32), mode, cfg.retrieval).text()
+            for q in questions
+            for mode in ("hi", "naive")
+        ]
+        seen.append((entities, relations, contexts))
+    assert seen[0][0] == seen[1][0] and seen[0][1] == seen[1][1]
+    assert seen[0][2] == seen[1][2] and all(seen[0][2])
