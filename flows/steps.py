@@ -235,12 +235,13 @@ def merge(run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable) -
     with run.stage("merge") as st:
         snap = run.snap
         stored = (lambda columns: run.catalog.batches("mentions", snap, columns)) if snap else None
-        old_entities = run.previous("entities", ENTITY_FIELDS, "layer = 0")
+        old_entities = plain_rows(run.previous("entities", ENTITY_FIELDS, "layer = 0"))
+        run.forget_previous("entities")  # held as rows now, not twice
         layer0, mentions = st.run(
             _layer0,
             run.mapper,
             stored,
-            plain_rows(old_entities),
+            old_entities,
             run.previous("relations"),
             delta.gone_chunks,
             new,

@@ -226,7 +226,8 @@ def recompute_layer0(
     ids = pa.chunked_array([*old.column("id").take(pa.array(kept)).chunks, *new_rels.column("id").chunks], pa.string())
     relations = pa.concat_tables([old, new_rels]).take(pa.array(rows[pc.sort_indices(ids).to_numpy()]))
     degree = relation_degrees(relations)
-    entities = [dict(e, degree=degree.get(e["id"], 0)) for e in entities]
+    for e in entities:  # rows of this update's own (the caller's rows, read for it): set in place, not copied
+        e["degree"] = degree.get(e["id"], 0)
     live = set(new_by_id) | set(relations.column("id").to_pylist())
     added_state = pa.concat_tables(states)
     added_state = added_state.filter(pc.is_in(added_state.column("id"), value_set=pa.array(sorted(live), pa.string())))
