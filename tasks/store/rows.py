@@ -167,29 +167,42 @@ def plain_batches(data: pa.Table) -> pa.RecordBatchReader:
 DELTA_MAX_SHARE = 0.5
 
 
-def delta_against(old: pa.Table, new: pa.Table, key: str = "id") -> TableDelta | None:
-    """``new`` as a change of ``old`` (both keyed by a unique ``key``): the rows that differ or went, by key, and
-    the rows that differ or came. Rows are compared on every column but ``vector`` (a function of the text the
-    other columns hold) and ``version`` (when the row was written: a row kept keeps it). None when a key repeats
-    or the change is past ``DELTA_MAX_SHARE`` of the table: then ``new`` is written whole."""
+def delta_against(old: pa.Table | Iterable[pa.RecordBatch], new: pa.Table, key: str = "id") -> TableDelta | None:
+    """``new`` as a change of ``old`` (both keyed by a unique ``key``; ``old`` a table or its batches, read one at
+    a time: only a hash per key is kept): the rows that differ or went, by key, and the rows that differ or came.
+    Rows are compared on every column but ``vector`` (a function of the text the other columns hold) and
+    ``version`` (when the row was written: a row kept keeps it). None when a key repeats or the change is past
+    ``DELTA_MAX_SHARE`` of the table: then ``new`` is written whole."""
     import polars as pl
 
     columns = [c for c in new.column_names if c not in ("vector", "version")]
-    if key not in columns or not set(columns) <= set(old.column_names):
+    if key not in columns:
         return None
-    mine = new.select(columns)
-    mine = mine.cast(plain_schema(mine.schema))
-    try:
-        theirs = old.select(columns).cast(mine.schema)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+    schema = plain_schema(new.select(columns).schema)
+
+    def hashes(batches: Iterable[pa.RecordBatch | pa.Table]) -> tuple[dict[Any, int], int] | None:
+        out: dict[Any, int] = {}
+        rows = 0
+        for b in batches:
+            if not set(columns) <= set(b.schema.names):
+                return None
+            try:
+                t = pa.Table.from_batches([b]) if isinstance(b, pa.RecordBatch) else b
+                t = t.select(columns).cast(schema)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                return None
+            out.update(zip(t.column(key).to_pylist(), pl.from_arrow(t).hash_rows(seed=0).to_list()))  # type: ignore[union-attr]
+            rows += t.num_rows
+        return out, rows
+
+    theirs = hashes([old] if isinstance(old, pa.Table) else old)
+    mine = hashes(new.to_batches(max_chunksize=WRITE_BATCH_ROWS))
+    if theirs is None or mine is None or len(theirs[0]) != theirs[1] or len(mine[0]) != mine[1]:
         return None
-    new_keys, old_keys = mine.column(key).to_pylist(), theirs.column(key).to_pylist()
-    if len(set(new_keys)) != len(new_keys) or len(set(old_keys)) != len(old_keys):
+    was, now = theirs[0], mine[0]
+    same = {k for k, h in now.items() if was.get(k) == h}
+    if len(now) - len(same) + len(was) - len(same) > DELTA_MAX_SHARE * max(len(was), 1):
         return None
-    was = dict(zip(old_keys, pl.from_arrow(theirs).hash_rows(seed=0).to_list()))  # type: ignore[union-attr]
-    now = pl.from_arrow(mine).hash_rows(seed=0).to_list()  # type: ignore[union-attr]
-    same = {k for k, h in zip(new_keys, now) if was.get(k) == h}
-    if len(new_keys) - len(same) + len(old_keys) - len(same) > DELTA_MAX_SHARE * max(len(old_keys), 1):
-        return None
-    keep_new = pa.array([k not in same for k in new_keys], type=pa.bool_())
+    keep_new = pa.array([k not in same for k in new.column(key).to_pylist()], type=pa.bool_())
+    old_keys = list(was)
     return TableDelta(key, sorted(k for k in old_keys if k not in same), new.filter(keep_new))
