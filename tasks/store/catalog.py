@@ -305,8 +305,7 @@ class Catalog:
         if isinstance(data, pa.Table) and pinned is not None and name in self.DELTA_TABLES and self.has_table(name):
             (old := self.db.open_table(name)).checkout(pinned)
             columns = [c for c in data.column_names if c != "vector"]
-            scan = old.search().select(columns).limit(None).to_batches(65_536)  # a hash per row kept, not the rows
-            if (delta := delta_against(scan, data)) is not None:
+            if (delta := delta_against(old.search().select(columns).limit(None).to_batches(65_536), data)) is not None:
                 return self._apply_delta(name, delta, pinned)
         data = data.reader(WRITE_BATCH_ROWS) if isinstance(data, SpilledTable) else plain_batches(data)
         if self.has_table(name):
