@@ -127,7 +127,7 @@ def text_hash(text: str) -> int:
 
 
 def described(out, kept, left, group: str):
-    """``out`` (``merge._budgeted``'s rows) with the state of each ``group``: ``kept``, its kept sentences, and
+    """``out`` (``budgeted``'s rows) with the state of each ``group``: ``kept``, its kept sentences, and
     ``left``, those the budget left out (both in corpus order, with their places); a relation's (``group`` is
     "pair") hashes of all its distinct sentences."""
     import polars as pl
