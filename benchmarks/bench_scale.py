@@ -405,8 +405,7 @@ def report(results: list[dict]) -> None:
         print("tables on disk (MB): " + ", ".join(f"{k} {v:.1f}" for k, v in b["disk_mb"].items()))
         print(
             f"update +1 %: {u['wall_s']:.1f} s = {u['wall_s'] / b['wall_s']:.1%} of the build; "
-            f"peak RSS {u['peak_rss_mb']:.0f} MB; stages "
-            + ", ".join(f"{k} {v['seconds']:.1f}" for k, v in u["stages"].items())
+            f"peak RSS {u['peak_rss_mb']:.0f} MB; stages " + _stage_seconds(u)
         )
         if "update_mentions" in r:
             m = r["update_mentions"]
@@ -414,16 +413,20 @@ def report(results: list[dict]) -> None:
                 f"the same update from the mentions: {m['wall_s']:.1f} s, peak RSS {m['peak_rss_mb']:.0f} MB; merge "
                 f"{u['stages']['merge']['seconds']:.1f} s from the state, {m['stages']['merge']['seconds']:.1f} s from the "
                 f"mentions ({m['stages']['merge']['seconds'] / max(u['stages']['merge']['seconds'], 1e-9):.1f}x); stages "
-                + ", ".join(f"{k} {v['seconds']:.1f}" for k, v in m["stages"].items())
+                + _stage_seconds(m)
             )
         if "flow" in r:
             f = r["flow"]
             print(
                 f"flow on local Dask: {f['wall_s']:.1f} s, ratio flow/direct {f['wall_s'] / b['wall_s']:.2f}; "
                 f"peak RSS {f['peak_rss_mb']:.0f} MB (largest process), {f.get('tree_peak_rss_mb', 0):.0f} MB "
-                f"(all processes together: the run, its Dask workers, the Prefect server); stages "
-                + ", ".join(f"{k} {v['seconds']:.1f}" for k, v in f["stages"].items())
+                f"(all processes together: the run, its Dask workers, the Prefect server); stages " + _stage_seconds(f)
             )
+
+
+def _stage_seconds(run: dict) -> str:
+    """A run's stages and their seconds, on one line."""
+    return ", ".join(f"{k} {v['seconds']:.1f}" for k, v in run["stages"].items())
 
 
 def main() -> None:
