@@ -253,8 +253,7 @@ def _grown_entities(
     from tasks.index.merge_state import grow, state_table
 
     ids = {entity_id(0, k): k for k in keys}
-    state = grown.state(ids)
-    state = state.set_column(0, "id", pa.array([ids[i] for i in state.column("id").to_pylist()], pa.string()))
+    state = _state_by(grown, ids)
     new = grown.new.filter((pl.col("kind") == "entity") & pl.col("key").is_in(sorted(keys)))
     placed = _in_corpus_order(new, places, "key", "name", "type", "description")
     frame, moved = grow(state, placed, "key", max_tokens)
@@ -297,8 +296,7 @@ def _grown_relations(
         if a != b and set(ends) <= live_ids:
             pairs[k] = "|".join(ends)
     rel_ids = {relation_id(*_ends(p), "extracted"): p for p in set(pairs.values())}
-    state = grown.state(rel_ids)
-    state = state.set_column(0, "id", pa.array([rel_ids[i] for i in state.column("id").to_pylist()], pa.string()))
+    state = _state_by(grown, rel_ids)
     new = grown.new.filter((pl.col("kind") == "relation") & pl.col("key").is_in(sorted(pairs)))
     new = new.with_columns(pair=pl.col("key").cast(pl.Utf8).replace_strict(pairs, return_dtype=pl.Utf8))
     placed = _in_corpus_order(new, places, "pair", "description")
@@ -320,6 +318,12 @@ def _grown_relations(
     )
     moved = {k for k, p in pairs.items() if p in moved_pairs}
     return relation_frame(frame), moved, state_table(frame, "relation")
+
+
+def _state_by(grown: Grown, keys: dict[str, str]) -> pa.Table:
+    """The ``merge_state`` rows of the ids of ``keys`` (id -> key), each ``id`` replaced by its key."""
+    state = grown.state(keys)
+    return state.set_column(0, "id", pa.array([keys[i] for i in state.column("id").to_pylist()], pa.string()))
 
 
 def _ends(pair: str) -> tuple[str, str]:
