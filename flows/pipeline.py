@@ -87,6 +87,8 @@ def run_stages(run: PipelineRun) -> BuildResult:
     )
     extracted, new_mentions = extract(run, chunks)
     layer0, mentions = merge(run, delta, places, new_mentions)
+    # merge placed the chunks in the corpus: nothing later reads a document's place (100k documents: ~45 MB of them)
+    delta = replace(delta, incoming=[], kept=[])
     del places
     layer0 = embed(run, layer0, chunks, extracted)  # the chunks with their vectors: ``Layer0.chunks``
     del extracted
@@ -97,7 +99,6 @@ def run_stages(run: PipelineRun) -> BuildResult:
     tables = assemble(run, delta, documents, layer0, hierarchy, mentions)
     # from here on the tables hold every row: the Python rows and vector matrices they were made from go
     del documents, mentions
-    delta = replace(delta, incoming=[], kept=[])
     layer0, hierarchy = what_publish_reads(layer0, hierarchy)
     run.forget_previous()
     release_memory()  # before validation reads the spilled mentions part by part

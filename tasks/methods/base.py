@@ -83,7 +83,8 @@ class Hierarchy:
 
     entities: list[EntityRow]  # summary nodes (layer >= 1)
     vectors: np.ndarray  # aligned with ``entities``
-    relations: pa.Table | list[RelationRow]  # summary_of links and any other method edges (``relation_table``)
+    # summary_of links and any other method edges (``relation_table``; spilled: a build's, ``graph_parts``)
+    relations: pa.Table | list[RelationRow] | SpilledTable
     communities: list[CommunityRow] | SpilledTable  # spilled: a build's, made on the cluster (``graph_parts``)
     reports: list[ReportRow] | SpilledTable  # spilled: the ``community_reports`` rows with their vectors
     report_vectors: np.ndarray  # aligned with ``reports`` (none when they are spilled)

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.store.rows import stamped
+from tasks.store.rows import relation_table, stamped
 from tasks.store.spill import SpilledTable, write_whole
 
 #: what the reports read of a relation (``reports.RelationIndex``)
@@ -27,30 +27,36 @@ ENTITY_COLUMNS = ("id", "name", "type", "description", "layer")
 ENTITY_SCHEMA = pa.schema([(c, pa.int64() if c == "layer" else pa.string()) for c in ENTITY_COLUMNS])
 
 
-def with_above(base: pa.Table | SpilledTable, above: pa.Table, path: Path, version: int) -> pa.Table | SpilledTable:
+def with_above(
+    base: pa.Table | SpilledTable, above: pa.Table | SpilledTable, path: Path, version: int
+) -> pa.Table | SpilledTable:
     """Layer 0's relations, then those a method added above it, stamped ``version``: a table as one table; a
-    build's spilled relations with the method's as a last part (written to ``path``)."""
+    build's spilled relations with the method's as its last parts (a table written to ``path``; spilled ones, which
+    their task stamped, as they are: ``hierarchy_on_cluster``)."""
     if not isinstance(base, SpilledTable):
-        return stamped(pa.concat_tables([base, above]), version)
+        return stamped(pa.concat_tables([base, relation_table(above)]), version)
     if not above.num_rows:
         return base
+    if isinstance(above, SpilledTable):
+        return SpilledTable([*base.files, *above.files], base.schema, base.num_rows + above.num_rows)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(stamped(above.cast(base.schema), version), path)
     return SpilledTable([*base.files, path], base.schema, base.num_rows + above.num_rows)
 
 
-def find_communities(ctx: Any, entity_ids: list[str], relations: pa.Table | SpilledTable):
+def find_communities(ctx: Any, entity_ids: list[str] | pa.ChunkedArray, relations: pa.Table | SpilledTable):
     """``communities.detect_communities`` with the run's settings: in this process over a table (a list of
-    rows), as one task on the run's cluster over spilled relations (the ``communities`` table's rows, spilled)."""
+    rows), as one task on the run's cluster over spilled relations (the ``communities`` table's rows, spilled).
+    ``entity_ids``: a list, or an Arrow column (a build's: its ids never become Python strings in the run)."""
     from tasks.methods.hirag.communities import detect_communities
 
     if isinstance(relations, SpilledTable):
         return communities_on_cluster(ctx, entity_ids, relations)
-    cfg = ctx.cfg.communities
-    return detect_communities(entity_ids, relations, cfg.max_cluster_size, ctx.cfg.seed, cfg.resolution)
+    cfg, ids = ctx.cfg.communities, entity_ids if isinstance(entity_ids, list) else entity_ids.to_pylist()
+    return detect_communities(ids, relations, cfg.max_cluster_size, ctx.cfg.seed, cfg.resolution)
 
 
-def communities_on_cluster(ctx: Any, entity_ids: list[str], relations: SpilledTable) -> SpilledTable:
+def communities_on_cluster(ctx: Any, entity_ids: list[str] | pa.ChunkedArray, relations: SpilledTable) -> SpilledTable:
     """``communities.detect_communities`` over spilled ``relations``, as one task on the run's mapper (the
     community settings of ``ctx.cfg``): the ``communities`` table (stamped with the run's version) in a file
     the run never reads."""
@@ -58,7 +64,8 @@ def communities_on_cluster(ctx: Any, entity_ids: list[str], relations: SpilledTa
 
     cfg, work = ctx.cfg.communities, _work(ctx)
     ids, out = work / "entity-ids.parquet", work / "communities.parquet"
-    pq.write_table(pa.table({"id": pa.array(entity_ids, pa.string())}), ids)
+    column = entity_ids if isinstance(entity_ids, pa.ChunkedArray) else pa.chunked_array([entity_ids], pa.string())
+    pq.write_table(pa.table({"id": column}), ids)
     [n] = ctx.mapper(
         communities_task,
         [str(out)],
@@ -100,13 +107,15 @@ COMMUNITY_SCHEMA = pa.schema(
 
 def hierarchy_on_cluster(
     ctx: Any, layer0: SpilledTable, summarizer: Any, per_cluster: int, on_layer: Any = None
-) -> tuple[list[dict[str, Any]], Any, pa.Table, list[dict[str, Any]]]:
+) -> tuple[list[dict[str, Any]], Any, pa.Table | SpilledTable, list[dict[str, Any]]]:
     """``hierarchy.build_hierarchy`` over layer 0's parts (a build's entities with their vectors): layer 1, the
     GMMs over every layer-0 entity and the summaries of their clusters, as one task on the run's mapper that
     reads the parts (``layer_one_task``); the layers above it, over the summary entities, in this process.
-    The result is ``build_hierarchy``'s over the same rows, but the ``summary_of`` links as one Arrow table."""
+    The result is ``build_hierarchy``'s over the same rows, but the ``summary_of`` links spilled, stamped with the
+    run's version: layer 1's (one per layer-0 entity and cluster it joins) are never read by the run."""
     import numpy as np
 
+    from schemas.tables import schema_for
     from tasks.index.embed import entity_text
     from tasks.methods.hirag.hierarchy import build_hierarchy
     from tasks.runtime.llm_client import Usage
@@ -115,10 +124,10 @@ def hierarchy_on_cluster(
     cfg, dim = ctx.cfg, layer0.schema.field("vector").type.list_size
     if not cfg.hierarchy.enabled:
         return [], np.zeros((0, dim), np.float32), relation_table([]), []
-    links = _work(ctx) / "layer1-links.parquet"
-    [(ents, stats, failures, usage)] = ctx.mapper(
+    work = _work(ctx)
+    [(ents, stats, failures, usage, n_links)] = ctx.mapper(
         layer_one_task,
-        [str(links)],
+        [str(work / "layer1-links.parquet")],
         files=[str(f) for f in layer0.files],
         cfg=cfg.hierarchy,
         seed=cfg.seed,
@@ -126,10 +135,11 @@ def hierarchy_on_cluster(
         cache_dir=str(ctx.catalog.cache_dir),
         per_cluster=per_cluster,
         max_tokens=cfg.extract.max_description_tokens,
+        version=ctx.version,
     )
     ctx.usage.add(Usage(**usage))
     summarizer.failures.extend(failures)
-    rels = pq.read_table(links)
+    rels = SpilledTable([work / "layer1-links.parquet"], schema_for("relations", 0), n_links)
     for row in stats:
         if on_layer and not row["stopped"]:
             on_layer(row)
@@ -150,22 +160,31 @@ def hierarchy_on_cluster(
     return (
         ents + above,
         np.concatenate([vecs, above_vecs.reshape(-1, dim)]),
-        pa.concat_tables([rels, relation_table(above_rels)]),
+        with_above(rels, relation_table(above_rels), work / "layers-above-links.parquet", ctx.version),
         stats + above_stats,
     )
 
 
 def layer_one_task(
-    out: str, files: list[str], cfg: Any, seed: int, llm: Any, cache_dir: str, per_cluster: int, max_tokens: int
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, str]], dict[str, Any]]:
+    out: str,
+    files: list[str],
+    cfg: Any,
+    seed: int,
+    llm: Any,
+    cache_dir: str,
+    per_cluster: int,
+    max_tokens: int,
+    version: int = 0,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, str]], dict[str, Any], int]:
     """Layer 1 of the hierarchy over layer 0's parts ``files`` (a task): its summary entities (returned: a few
-    hundred at 100k chunks), their ``summary_of`` links (written to ``out``: one per member), the statistic of
-    every clustering tried, the LLM summaries that fell back to offline ones and the LLM usage."""
+    hundred at 100k chunks), their ``summary_of`` links (written to ``out`` stamped ``version``, their number
+    returned: one per member), the statistic of every clustering tried, the LLM summaries that fell back to
+    offline ones and the LLM usage."""
     from tasks.index.extract_llm import _client
     from tasks.methods.hirag.hierarchy import build_hierarchy
     from tasks.methods.summarize import LLMSummarizer, OfflineSummarizer
     from tasks.runtime.llm_client import usage_scope
-    from tasks.store.rows import relation_table, vector_matrix
+    from tasks.store.rows import vector_matrix
 
     columns = ["id", "name", "type", "description", "vector"]
     table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
@@ -179,8 +198,8 @@ def layer_one_task(
     with usage_scope() as usage:
         ents, _, rels, stats = build_hierarchy(entities, vectors, cfg, seed, summarizer, None, until=1)
     del entities, vectors
-    write_whole(relation_table(rels), out)
-    return ents, [dict(r) for r in stats], list(summarizer.failures), asdict(usage)
+    write_whole(stamped(relation_table(rels), version), out)
+    return ents, [dict(r) for r in stats], list(summarizer.failures), asdict(usage), len(rels)
 
 
 def reports_on_cluster(

@@ -51,11 +51,11 @@ class HiRAG:
                 layers=len(built),
                 summary_entities=len(ents),
             )
-        rels = relation_table(rels)  # 120k summary_of links at 100k chunks: 180 MB as dicts, 30 MB as Arrow
-        # a build's relations stay spilled: Leiden and the reports are then tasks on the cluster that read them
+        # a build's relations stay spilled, the summary_of links too (360k at 100k chunks: ~80 MB as Arrow): Leiden
+        # and the reports are tasks on the cluster that read them
         relations = with_above(layer0.relations, rels, ctx.spill_dir / "relations-above.parquet", ctx.version)
         with ctx.stage("communities") as st:
-            ids = parts.column("id").to_pylist() + [e["id"] for e in ents]
+            ids = pa.chunked_array([*parts.column("id").chunks, pa.array([e["id"] for e in ents], pa.string())])
             communities = st.run(find_communities, ctx, ids, relations)  # spilled, as the relations are
             levels = len(set(communities.column("level").to_pylist()))
             st.done(f"{communities.num_rows} communities", communities=communities.num_rows, levels=levels)
