@@ -85,13 +85,13 @@ def run_stages(run: PipelineRun) -> BuildResult:
     delta = replace(
         delta, incoming=[document_place(d) for d in delta.incoming], kept=[document_place(d) for d in delta.kept]
     )
-    extracted, new_mentions = extract(run, chunks)
+    quarantined, new_mentions = extract(run, chunks)
     layer0, mentions = merge(run, delta, places, new_mentions)
     # merge placed the chunks in the corpus: nothing later reads a document's place (100k documents: ~45 MB of them)
     delta = replace(delta, incoming=[], kept=[])
     del places
-    layer0 = embed(run, layer0, chunks, extracted)  # the chunks with their vectors: ``Layer0.chunks``
-    del extracted
+    layer0 = embed(run, layer0, chunks, quarantined)  # the chunks with their vectors: ``Layer0.chunks``
+    del quarantined
     if run.snap:
         hierarchy = run.method.update(run, layer0)
     else:  # layer 0 in parts, read whole for a method that clusters it in this process

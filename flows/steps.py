@@ -155,7 +155,7 @@ def extraction_method(cfg: StrataConfig) -> str:
 
 def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTable]:
     """Entities and relations of the new chunks (their parts), on the mapper (Dask), as ``mentions`` rows
-    (document titles included); and the ids of the chunks extracted (the others are quarantined)."""
+    (document titles included); and the ids of the chunks quarantined (the others are extracted)."""
     from tasks.index.extract import extract_mentions
     from tasks.index.extract_llm import extract_batch_llm
     from tasks.index.merge import CHUNK_ORDER, MENTIONS_PER_CHUNK, in_chunk_order
@@ -185,7 +185,7 @@ def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTa
             run.mapper,
             run.version,
             (str(written), parts),
-            on_done=lambda _i, r: st.advance(len(r.ok) + len(r.quarantine)),
+            on_done=lambda _i, r: st.advance(r.extracted + len(r.quarantine)),
             **llm,
         )
         mentions = gather(
@@ -202,15 +202,15 @@ def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTa
         run.usage.add(Usage(**result.usage))
         run.quarantine += result.quarantine
         st.done(
-            f"{result.entity_mentions} mentions from {len(result.ok)} chunks",
-            chunks=len(result.ok),
+            f"{result.entity_mentions} mentions from {result.extracted} chunks",
+            chunks=result.extracted,
             mentions=result.entity_mentions,
             raw_relations=result.mention_rows - result.entity_mentions,
             quarantined=len(result.quarantine),
             llm_calls=result.usage.get("calls", 0),
             llm_tokens=result.llm_tokens,
         )
-    return set(result.ok), mentions
+    return {q["item"] for q in result.quarantine if q["stage"] == "extract"}, mentions
 
 
 def _check_reach(client: Any, folder: Path) -> None:
@@ -343,7 +343,7 @@ def _layer0(
     )
 
 
-def embed(run: PipelineRun, layer0: Layer0, chunks: SpilledTable, extracted: set[str]) -> Layer0:
+def embed(run: PipelineRun, layer0: Layer0, chunks: SpilledTable, quarantined: set[str]) -> Layer0:
     """Vectors of new and changed entities (unchanged ones keep theirs) and of the new chunks, which go to parts
     with their vectors a part at a time (``Layer0.chunks``): from here on the run holds none of their texts."""
     from tasks.index.embed import entity_text
@@ -365,7 +365,7 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: SpilledTable, extracted: set
             [entity_text(e["name"], e["type"], e["description"]) for e in fresh],
             st.advance,
         )
-        parts = (with_status(part, extracted) for part in chunks.parts())
+        parts = (with_status(part, quarantined) for part in chunks.parts())
         text = lambda t: t.column("text").to_pylist()  # noqa: E731
         new_chunks = st.run(embed_table, run, "chunks", parts, text, st.advance)
         st.done(
@@ -385,10 +385,10 @@ def chunk_part_rows(cfg: StrataConfig) -> int:
 ENTITY_TEXT = ("name", "type", "description")  # what an entity's vector embeds (``embed.entity_text``)
 
 
-def with_status(chunks: pa.Table, extracted: set[str]) -> pa.Table:
+def with_status(chunks: pa.Table, quarantined: set[str]) -> pa.Table:
     """Chunk parts' rows (``chunk.CHUNK_PART_SCHEMA``) as the ``chunks`` table's: each marked extracted or
     quarantined, without the title extraction read."""
-    status = ["extracted" if c in extracted else "quarantined" for c in chunks.column("id").to_pylist()]
+    status = ["quarantined" if c in quarantined else "extracted" for c in chunks.column("id").to_pylist()]
     return chunks.drop(["title"]).append_column("status", pa.array(status, pa.string()))
 
 

@@ -44,7 +44,8 @@ class ExtractionResult:
     entities: list[RawEntity] = field(default_factory=list)
     relations: list[RawRelation] = field(default_factory=list)
     quarantine: list[QuarantineRow] = field(default_factory=list)
-    ok: list[str] = field(default_factory=list)  # chunk ids extracted
+    ok: list[str] = field(default_factory=list)  # chunk ids extracted (a batch's; a task returns ``extracted``)
+    extracted: int = 0  # chunks a task extracted (``batch_mentions``: their ids stay on the worker)
     usage: dict[str, int] = field(default_factory=dict)  # LLM calls and tokens (empty offline)
     mention_rows: int = 0  # ``mentions`` rows a task wrote (``batch_mentions``)
     entity_mentions: int = 0  # of which entity mentions
@@ -59,6 +60,7 @@ class ExtractionResult:
             out.relations += r.relations
             out.quarantine += r.quarantine
             out.ok += r.ok
+            out.extracted += r.extracted
             for k, v in r.usage.items():
                 out.usage[k] = out.usage.get(k, 0) + v
             out.mention_rows += r.mention_rows
@@ -294,7 +296,7 @@ def batch_mentions(
     write_split(table, "key", parts, out)
     return ExtractionResult(
         quarantine=res.quarantine,
-        ok=res.ok,
+        extracted=len(res.ok),
         usage=res.usage,
         mention_rows=table.num_rows,
         entity_mentions=len(entities),
