@@ -27,9 +27,6 @@ def assemble(
     from tasks.methods.graph_parts import with_above
 
     dim, version = (run.snap or {}).get("dim") or run.embedder.dim, run.version
-    old_chunks = run.previous("chunks")
-    keep = [c not in delta.gone_chunks for c in old_chunks.column("id").to_pylist()]
-    kept_chunks = old_chunks.filter(pa.array(keep, type=pa.bool_())) if old_chunks.num_rows else old_chunks
     quarantine = [
         q
         for q in cast("list[QuarantineRow]", run.previous_rows("quarantine"))
@@ -44,13 +41,8 @@ def assemble(
         )
         parts = layer0.entity_parts
         all_entities: Any = SpilledTable([*parts.files, *above.files], above.schema, parts.num_rows + above.num_rows)
-    else:
-        chunks = stamped(
-            pa.concat_tables(
-                [kept_chunks.cast(schema_for("chunks", dim))] * bool(kept_chunks.num_rows) + [chunks.read_all()]
-            ),
-            version,
-        )
+    else:  # an update's chunks as a change: the kept ones are neither read nor written again
+        chunks = TableDelta("id", sorted(delta.gone_chunks), chunks.read_all())
         vectors = np.concatenate([v.reshape(-1, dim) for _, v in entities])
         all_entities = to_table("entities", layer0.entities + hierarchy.entities, dim, version, vectors)
     relations = hierarchy.graph_relations  # the method's own graph table, when it made one
@@ -110,17 +102,23 @@ def parts_mapper(run: PipelineRun, tables: dict[str, Any]) -> Mapper:
 
 
 def validate(run: PipelineRun, tables: dict[str, pa.Table]) -> None:
-    from tasks.index.validate import ValidationFailed, validate_tables
+    from tasks.index.validate import REFERENCED, ValidationFailed, validate_tables
 
     dim = (run.snap or {}).get("dim") or run.embedder.dim
     with run.stage("validate") as st:
         written = {k: t.add if isinstance(t, TableDelta) else t for k, t in tables.items()}  # kept rows passed before
+        kept = {  # the ids of a change's kept rows, which other tables' rows may name
+            k: set(run.previous(k, ("id",)).column("id").to_pylist()) - set(t.values)
+            for k, t in tables.items()
+            if isinstance(t, TableDelta) and k in REFERENCED
+        }
         report = st.run(
             validate_tables,
             {"layers": run.previous("layers"), **written},
             dim,
             mapper=parts_mapper(run, tables),
             workdir=run.spill_dir / "validate",
+            kept_ids=kept,
         )
         st.done(
             f"{sum(report.checked.values())} expectations passed" if report.success else "FAILED",

@@ -73,6 +73,10 @@ def _vector_columns(table: pa.Table) -> dict[str, np.ndarray]:
     return {"vector_dim": np.nan_to_num(dims.astype(float), nan=-1).astype(int), "vector_finite": finite}
 
 
+#: the tables whose ids other tables' rows name (``refs``)
+REFERENCED = ("documents", "chunks", "entities", "communities")
+
+
 #: what ``_frame`` reads for a table's derived columns besides its suite's columns: (columns, reference sets)
 _DERIVED_INPUTS: dict[str, tuple[set[str], set[str]]] = {
     "entities": ({"layer", "source_chunk_ids", "vector"}, {"chunks"}),
@@ -213,8 +217,10 @@ def validate_tables(
     relation_kinds: tuple[str, ...] | None = None,
     mapper: Any = None,
     workdir: Any = None,
+    kept_ids: dict[str, set[str]] | None = None,
 ) -> ValidationReport:
-    """Run each table's suite; cross-table references are resolved within ``tables``.
+    """Run each table's suite; cross-table references are resolved within ``tables`` and ``kept_ids`` (the ids of
+    the rows a table given as a change keeps, ``REFERENCED`` tables only).
 
     Tables are validated in slices of ``batch_rows`` rows, each read into pandas with only the columns its
     suite names, so memory stays bounded however large a table grows (failure counts add up over slices).
@@ -228,7 +234,7 @@ def validate_tables(
     def ids(name: str) -> list[str]:
         return tables[name].column("id").to_pylist() if name in tables else []
 
-    refs = {n: set(ids(n)) - {None} for n in ("documents", "chunks", "entities", "communities")}
+    refs = {n: set(ids(n)) - {None} | (kept_ids or {}).get(n, set()) for n in REFERENCED}
     refs["quarantine_items"] = set(tables["quarantine"].column("item").to_pylist()) if "quarantine" in tables else set()
     kinds = relation_kinds or registered_kinds()
     report = ValidationReport(success=True)
