@@ -99,7 +99,28 @@ class Service:
 
         reader = open_reader(self.index, self.cfg)
         reader.embedder.embed(["warm up"])
+        if reader.client is None and self.cfg.serve.warm_sentences:
+            self.warm_sentences(reader)
         self.reader, self.ready = reader, True
+
+    def warm_sentences(self, reader: Reader) -> None:
+        """The offline answer's sentence vectors, before the service reports ready: those the last process left
+        (``views/sentences.pkl``), then the snapshot's sources' up to ``serve.warm_sentences``; saved again."""
+        from tasks.query.answer import warm_sentences
+
+        path = self.catalog.cache_dir / "views" / "sentences.pkl"
+        model = getattr(reader.embedder, "cache_name", reader.embedder.name)
+        started, had = time.perf_counter(), reader.sentences.load(path, model)
+        held = warm_sentences(reader.view, reader.sentences, self.cfg.serve.warm_sentences)
+        if len(reader.sentences.seen) != had:
+            reader.sentences.save(path, model)
+        logging.getLogger("strata.serve").warning(  # one line at start-up, before the service reports ready
+            "offline answers: %d source sentences ready in %.1f s (%d vectors read from %s)",
+            held,
+            time.perf_counter() - started,
+            had,
+            path,
+        )
 
     def view(self, as_of: int | None) -> IndexView:
         """The view of ``as_of``, or of the latest snapshot: the one found less than ``serve.snapshot_check_s`` ago,

@@ -331,3 +331,26 @@ def test_sentence_vectors_embed_each_text_once_and_keep_the_most_recent():
     assert list(vectors.seen) == ["abc", "abcd"]
     vectors(["ab"])
     assert calls[-1] == ["ab"] and vectors([]).shape == (0, 0)
+
+
+def test_the_sources_sentences_are_embedded_before_a_question_and_kept_for_the_next_process(tmp_path):
+    from tasks.query.answer import SentenceVectors, warm_sentences
+
+    view = build(tmp_path)
+    calls = []
+
+    def embed(texts):
+        calls.append(list(texts))
+        return np.asarray([[float(len(t)), 1.0] for t in texts])
+
+    vectors = SentenceVectors(embed)
+    assert warm_sentences(view, vectors, limit=1) == 1 and calls == [["Alpha met Beta in Paris."]]
+    assert warm_sentences(view, vectors, limit=10) == 2 and calls[-1] == ["Delta married Epsilon."]  # not again
+    vectors.save(tmp_path / "views" / "sentences.pkl", "model-a")
+    again = SentenceVectors(embed)
+    assert again.load(tmp_path / "views" / "sentences.pkl", "model-b") == 0 and not again.seen  # another model's
+    assert again.load(tmp_path / "views" / "sentences.pkl", "model-a") == 2
+    assert warm_sentences(view, again, limit=10) == 2 and len(calls) == 2  # nothing embedded again
+    assert again(["Delta married Epsilon."]).tolist() == [[22.0, 1.0]]
+    (tmp_path / "views" / "sentences.pkl").write_bytes(b"damaged")
+    assert SentenceVectors(embed).load(tmp_path / "views" / "sentences.pkl", "model-a") == 0

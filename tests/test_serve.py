@@ -33,8 +33,13 @@ def test_routes_answer_as_the_cli_does_and_bad_requests_get_a_4xx_with_a_message
     with _client(served_index, max_budget=8000, max_request_bytes=2000) as client:
         assert client.get("/healthz").json() == {"status": "ok"}
         assert client.get("/readyz").json() == {"status": "ready"}
+        # ready once the sources' sentences are embedded (the offline answer's), and saved for the next start
+        sentences = client.app.state.service.reader.sentences
+        assert len(sentences.seen) > 100 and (served_index / "_cache" / "views" / "sentences.pkl").exists()
+        held = dict(sentences.seen)
         res = client.post("/query", json={"question": "Who was Scrooge's clerk?"})
         assert res.status_code == 200, res.text
+        assert len(set(sentences.seen) - set(held)) <= 1  # the second sentence's own query, no source sentence
         body = res.json()
         assert body["version"] == 1 and body["mode"] == "hi" and body["answer"]["kind"] == "extractive"
         assert body["chunks"] and all(c["source_id"] for c in body["chunks"]) and "retrieval_ms" in body

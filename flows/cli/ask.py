@@ -208,7 +208,8 @@ def serve(
     \\[serve]: api_key_env (bearer-token auth; the service refuses to start when the variable it names is unset),
     workers (processes: one per core), max_concurrency (queries at once per worker), queue_size and
     request_timeout_s (how many wait for a slot, and how long, before a 503 + Retry-After), max_budget,
-    max_request_bytes (413), body_timeout_s (408), log_format (text | json), log_questions."""
+    max_request_bytes (413), body_timeout_s (408), log_format (text | json), log_questions, warm_sentences (the
+    offline answer's source sentences embedded before /readyz says ready)."""
     import uvicorn
 
     from flows.serve import api_key, configure_access_log, create_app

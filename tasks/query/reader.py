@@ -103,9 +103,10 @@ def open_reader(
     check_mode(view.method, mode)
     check_dimension(embedder, view.dim)
     client = LiteLLMClient(cfg.llm, catalog.cache_dir) if cfg.llm.model else None
-    from tasks.query.answer import SentenceVectors
+    from tasks.query.answer import SENTENCE_CACHE, SentenceVectors
 
-    return Reader(cfg, catalog, view, embedder, client, SentenceVectors(embedder.embed))
+    sentences = SentenceVectors(embedder.embed, max(SENTENCE_CACHE, cfg.serve.warm_sentences))
+    return Reader(cfg, catalog, view, embedder, client, sentences)
 
 
 def _warm_up(embedder: Any) -> threading.Thread:
