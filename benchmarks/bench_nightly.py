@@ -222,6 +222,7 @@ def main() -> None:
     print(f"build: {json.dumps(build)}", flush=True)
 
     port = free_port()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped benchmark stops its service (finally below)
     log = (args.work / "serve.log").open("w")
     server = subprocess.Popen(
         [str(STRATA), "serve", "--index", str(index), "--port", str(port)],
@@ -286,7 +287,10 @@ def main() -> None:
         for t in clients.threads:
             t.join(180)
         server.send_signal(signal.SIGINT)
-        server.wait(60)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
         log.close()
 
     full_dir = args.work / "final"  # the final corpus and the questions, for `strata eval`
