@@ -90,7 +90,9 @@ class PipelineRun:
         return self.catalog.cache_dir / "spill" / self.run_id
 
     def stage(self, name: str, total: int | None = None):
-        if name not in EMBEDDING_STAGES:  # Leiden, validation, publish: not beside the embedding model's process
+        # Leiden, validation, publish: not beside the embedding model's process (an update's communities stage only
+        # places its new entities, and its reports embed again right after: the child stays)
+        if name not in EMBEDDING_STAGES and not (self.snap and name == "communities"):
             self.release_embedder()
         return self.stages(name, total)
 
