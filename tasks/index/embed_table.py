@@ -18,11 +18,18 @@ import pyarrow.parquet as pq
 EMBED_STEP = 256 * 8
 
 
-def embed_table(ctx: Any, name: str, parts: Iterable[pa.Table], text: Callable[[Any], list[str]], progress=None) -> Any:
+def embed_table(
+    ctx: Any,
+    name: str,
+    parts: Iterable[pa.Table],
+    text: Callable[[Any], list[str]],
+    progress=None,
+    step: int = EMBED_STEP,
+) -> Any:
     """Table ``name``'s rows, a part of ``parts`` (Arrow tables of its columns but vector and version) at a time,
     with the vectors of their ``text(rows)`` (``ctx.embed``) and the run's version, written as that table's parts
-    (one file a part, a row group a slice) under the run's work folder: a ``SpilledTable``. The rows go
-    ``EMBED_STEP`` at a time, so the run holds at most two steps of rows and one of vectors."""
+    (one file a part, a row group a slice) under the run's work folder: a ``SpilledTable``. The rows go ``step``
+    (a multiple of the embedder's batch) at a time, so the run holds at most two steps of rows and one of vectors."""
     from schemas.tables import schema_for
     from tasks.store.rows import with_vectors
     from tasks.store.spill import SpilledTable
@@ -57,13 +64,13 @@ def embed_table(ctx: Any, name: str, parts: Iterable[pa.Table], text: Callable[[
         del texts[:count]
 
     for part in parts:
-        slices = [part.slice(at, EMBED_STEP) for at in range(0, part.num_rows, EMBED_STEP)] or [part]
+        slices = [part.slice(at, step) for at in range(0, part.num_rows, step)] or [part]
         for i, rows in enumerate(slices):
             waiting.append((rows, i == len(slices) - 1))
             texts += text(rows)
             n += rows.num_rows
-            while len(texts) >= EMBED_STEP:
-                embed(EMBED_STEP)
+            while len(texts) >= step:
+                embed(step)
             write()
         del part, slices, rows  # before the next part is read: the slices still waiting keep what they need
     embed(len(texts))

@@ -214,7 +214,6 @@ def reports_on_cluster(
     (with an LLM, the task's own client: same settings and response cache; its usage added to the run's); the
     entities are ``layer0``'s parts (read by the task), then ``entities``. The reports are then embedded a part
     at a time into the ``community_reports`` table's parts: the run never holds them whole."""
-    from tasks.index.chunk import STEP
     from tasks.index.embed import report_text
     from tasks.index.embed_table import embed_table
     from tasks.runtime.llm_client import Usage
@@ -236,13 +235,13 @@ def reports_on_cluster(
     staleness = pa.field("staleness", pa.float64())
     parts = (
         pa.Table.from_batches([b]).append_column(staleness, pa.array([0.0] * b.num_rows, pa.float64()))
-        for b in pq.ParquetFile(out).iter_batches(batch_size=STEP)
+        for b in pq.ParquetFile(out).iter_batches(batch_size=REPORT_STEP)
     )
 
     def texts(t: pa.Table) -> list[str]:
         return [report_text(a, b) for a, b in zip(t.column("title").to_pylist(), t.column("summary").to_pylist())]
 
-    return embed_table(ctx, "community_reports", parts, texts, progress), failures
+    return embed_table(ctx, "community_reports", parts, texts, progress, REPORT_STEP), failures
 
 
 def reports_task(
@@ -250,7 +249,6 @@ def reports_task(
 ) -> tuple[list[dict[str, str]], dict[str, Any]]:
     """A report per community of ``communities`` (a task), from the relations in ``files``; written to ``out``.
     Returns the LLM failures (offline reports kept) and the LLM usage."""
-    from tasks.index.chunk import STEP
     from tasks.index.extract_llm import _client
     from tasks.methods.reports import build_reports
     from tasks.runtime.llm_client import usage_scope
@@ -268,8 +266,14 @@ def reports_task(
             client,
         )
     del relations
-    write_whole(pa.Table.from_pylist(reports, schema=REPORT_SCHEMA), out, row_group_rows=STEP)  # read a group at a time
+    # in row groups of what the run reads at a time
+    write_whole(pa.Table.from_pylist(reports, schema=REPORT_SCHEMA), out, row_group_rows=REPORT_STEP)
     return failures, asdict(usage)
+
+
+#: reports read, embedded and written at a time by the run (a report is ~20 times a chunk's text: 2,048 of them
+#: were the run's largest transient at 100k chunks); a multiple of the embedder's batch, as ``EMBED_STEP``
+REPORT_STEP = 256 * 2
 
 
 REPORT_SCHEMA = pa.schema(
