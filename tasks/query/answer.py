@@ -263,23 +263,21 @@ class SentenceVectors:
         return np.stack([found[t] for t in texts]) if texts else np.zeros((0, 0), np.float32)
 
     def save(self, path: Path, model: str) -> None:
-        """Write the vectors held (for ``load`` by the next process), aside and moved into place; a read-only or
-        full disk leaves the previous file."""
-        import os
+        """Write the vectors held (for ``load`` by the next process), aside and moved into place (``write_aside``); a
+        read-only or full disk leaves the previous file."""
         import pickle
-        import tempfile
+
+        from tasks.query.view import write_aside
 
         with self.lock:
             texts = list(self.seen)
             matrix = np.stack([self.seen[t] for t in texts]) if texts else np.zeros((0, 0), np.float32)
+        saved = {"model": model, "texts": texts, "vectors": matrix}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("wb", dir=path.parent, delete=False, suffix=".tmp") as fh:
-                pickle.dump({"model": model, "texts": texts, "vectors": matrix}, fh, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(fh.name, path)
+            write_aside(path, lambda fh: pickle.dump(saved, fh, protocol=pickle.HIGHEST_PROTOCOL))
         except OSError:
-            for tmp in path.parent.glob("*.tmp"):
-                tmp.unlink(missing_ok=True)
+            pass
 
     def load(self, path: Path, model: str) -> int:
         """Take the vectors a previous process saved with the same ``model`` (none from a missing, damaged or other
@@ -300,7 +298,7 @@ class SentenceVectors:
         return len(texts)
 
 
-def warm_sentences(view, vectors: SentenceVectors, limit: int, batch: int = 256, progress=None) -> int:
+def warm_sentences(view, vectors: SentenceVectors, limit: int, batch: int = 256) -> int:
     """The candidate sentences of the snapshot's sources (``chunk_sentences``, the chunks in the view's order) into
     ``vectors``, up to ``limit`` sentences, ``batch`` at a time: a question's first sight of a source then costs no
     embedding (~0.2 s of CPU on two cores for a cold query's 32 candidates). Returns the sentences held."""
@@ -319,8 +317,6 @@ def warm_sentences(view, vectors: SentenceVectors, limit: int, batch: int = 256,
         todo = [t for t in todo if t not in vectors.seen]
     for at in range(0, len(todo), batch):
         vectors(todo[at : at + batch])
-        if progress:
-            progress(min(at + batch, len(todo)), len(todo))
     return len(seen)
 
 

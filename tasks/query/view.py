@@ -389,9 +389,7 @@ def remember_view(view: IndexView) -> None:
         process asking a question skips loading the tables and importing LanceDB (``strata query``: 3.4 s -> 1.6 s on
         the demo index). Written aside and moved into place: under a local index, or in the local cache folder for one on
     object storage (``storage.cache_dir``); only for a view whose vectors it holds (not past ``ann_min_vectors``)."""
-    import os
     import pickle
-    import tempfile
 
     catalog = view.catalog
     folder = _views_dir(catalog) if catalog is not None else None
@@ -407,15 +405,25 @@ def remember_view(view: IndexView) -> None:
         "files": _data_files(catalog),
     }
     try:
-        with tempfile.NamedTemporaryFile("wb", dir=folder, delete=False, suffix=".tmp") as fh:
-            pickle.dump(view, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(fh.name, folder / name)
-        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp", encoding="utf-8") as text:
-            json.dump(head, text)
-        os.replace(text.name, folder / "head.json")
+        write_aside(folder / name, lambda fh: pickle.dump(view, fh, protocol=pickle.HIGHEST_PROTOCOL))
+        write_aside(folder / "head.json", lambda fh: fh.write(json.dumps(head).encode("utf-8")))
         for old in folder.glob("view-v*.pkl"):
             if old.name != name:
                 old.unlink(missing_ok=True)
     except OSError:  # a read-only or full disk: the next query loads from the tables, as this one did
-        for tmp in folder.glob("*.tmp"):
-            tmp.unlink(missing_ok=True)
+        pass
+
+
+def write_aside(path: Path, write: Callable[[Any], None]) -> None:
+    """``write(binary file)`` to a file beside ``path``, then moved into place, so a reader never sees half of it; on
+    a failure (a read-only or full disk: ``OSError``) that file is removed and the error raised."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
