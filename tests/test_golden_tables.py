@@ -37,13 +37,18 @@ def table_digests(index: Path, also_drop: tuple[str, ...] = ()) -> dict[str, str
     out = {}
     for name in SNAPSHOT_TABLES:
         table = cat.read(name, snap=snap)
-        table = table.drop([c for c in {*VOLATILE.get(name, ()), *also_drop} if c in table.column_names])
-        table = table.combine_chunks()  # the rows, not how they lie in fragments (a spilled table writes several)
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        out[name] = f"{table.num_rows}:{hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()[:16]}"
+        out[name] = digest(table.drop([c for c in {*VOLATILE.get(name, ()), *also_drop} if c in table.column_names]))
     return out
+
+
+def digest(table: pa.Table) -> str:
+    """Rows and digest of ``table``'s rows in their order (not how they lie in fragments: a spilled table writes
+    several)."""
+    table = table.combine_chunks()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return f"{table.num_rows}:{hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()[:16]}"
 
 
 def _corpus(root: Path, step: int) -> Path:
@@ -139,6 +144,30 @@ def test_a_merge_in_its_child_process_publishes_the_same_build(tmp_path):
         build_index(str(_corpus(CORPUS, 1)), Catalog(tmp_path / "built"), load_config(overrides=CONFIG))
     assert [c.args[0].__name__ for c in in_child.call_args_list] == ["merge_spilled"]
     assert table_digests(tmp_path / "built") == golden["build"]
+
+
+def test_reports_made_a_part_at_a_time_are_the_pinned_reports(tmp_path):
+    """With parts of 40 member entities (about ten tasks, ``report_parts``) a build's reports are those of one
+    task, row for row, in the order of their parts: ratings relative to the strongest of every part."""
+    from unittest import mock
+
+    from flows.pipeline import build_index
+    from schemas.config import load_config
+    from tasks.store.catalog import Catalog
+
+    golden = json.loads(GOLDEN.read_text())["build"]
+    shutil.rmtree(CORPUS, ignore_errors=True)
+    cfg = load_config(overrides={**CONFIG, "dask": {**CONFIG["dask"], "report_part_entities": 40}})
+    with mock.patch("tasks.index.embed.get_embedder", lambda *_a, **_k: HashingEmbedder()):
+        build_index(str(_corpus(CORPUS, 1)), Catalog(tmp_path / "built"), cfg)
+    cat = Catalog(tmp_path / "built")
+    snap = cat.require_snapshot()
+    reports, communities = cat.read("community_reports", snap=snap), cat.read("communities", snap=snap)
+    at = {c: i for i, c in enumerate(reports.column("community_id").to_pylist())}
+    order = [at[c] for c in communities.column("id").to_pylist()]
+    assert order != sorted(order), "the reports came in the communities' order: one part?"
+    assert digest(reports.take(order)) == golden["community_reports"]
+    assert table_digests(tmp_path / "built", also_drop=()) | {"community_reports": golden["community_reports"]} == golden
 
 
 if __name__ == "__main__":

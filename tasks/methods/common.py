@@ -54,10 +54,10 @@ def report_vectors(ctx: MethodContext, st, reports: list[dict[str, Any]]) -> np.
 def write_reports(ctx: MethodContext, communities, entities: list[dict[str, Any]], relations, layer0=None):
     """Stage ``reports`` of a build: a report per community, and its vector. Returns (reports, their vectors,
     LLM failures). Over spilled ``relations`` (a build's, ``tasks.methods.graph_parts``) and spilled
-    ``communities`` the reports are made by one task on the run's cluster, which also reads ``layer0``'s entity
-    parts (a ``SpilledTable``), when given: the entities are then those parts' and ``entities``; the reports then
+    ``communities`` the reports are made by tasks over parts on the run's cluster (``report_parts``), which
+    read ``layer0``'s entity parts (a ``SpilledTable``), when given: the entities are then those parts' and ``entities``; the reports then
     come back as the ``community_reports`` table's parts with their vectors (and no separate vectors)."""
-    from tasks.methods.graph_parts import reports_on_cluster
+    from tasks.methods.report_parts import reports_on_cluster
     from tasks.methods.reports import build_reports
     from tasks.store.spill import SpilledTable
 

@@ -1,11 +1,10 @@
-"""The communities and reports of a build whose relations stay spilled (``tasks.index.merge_parts``): each one task
+"""Layer 1 and the communities of a build whose relations stay spilled (``tasks.index.merge_parts``): each one task
 on the run's cluster (a Dask worker, or this process without one) that reads the relation parts from the run's
 work folder and writes its rows there, so the run process never holds the relations.
 
 Leiden needs the whole graph at once, so communities are one task over an edge list of (source, target, weight)
 read from the parts (``communities.graph_edges``: ~300 bytes an edge with Leiden's own; docs/benchmarks.md, "Past
-one machine"). Reports are one task too: a report reads the relations between its community's members, across
-every level (bottom-up: a parent's report rolls up its children's).
+one machine"). The reports are tasks over parts of the community trees (``report_parts``).
 """
 
 from __future__ import annotations
@@ -19,12 +18,6 @@ import pyarrow.parquet as pq
 
 from tasks.store.rows import relation_table, stamped
 from tasks.store.spill import SpilledTable, write_whole
-
-#: what the reports read of a relation (``reports.RelationIndex``)
-REPORT_COLUMNS = ["id", "source_id", "target_id", "kind", "description", "weight"]
-#: what a report reads of an entity
-ENTITY_COLUMNS = ("id", "name", "type", "description", "layer")
-ENTITY_SCHEMA = pa.schema([(c, pa.int64() if c == "layer" else pa.string()) for c in ENTITY_COLUMNS])
 
 
 def with_above(
@@ -92,17 +85,6 @@ def communities_task(
     del edges
     write_whole(to_table("communities", rows, 0, version), out)
     return len(rows)
-
-
-COMMUNITY_SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("level", pa.int64()),
-        ("parent_id", pa.string()),
-        ("entity_ids", pa.list_(pa.string())),
-        ("size", pa.int64()),
-    ]
-)
 
 
 def hierarchy_on_cluster(
@@ -200,94 +182,6 @@ def layer_one_task(
     del entities, vectors
     write_whole(stamped(relation_table(rels), version), out)
     return ents, [dict(r) for r in stats], list(summarizer.failures), asdict(usage), len(rels)
-
-
-def reports_on_cluster(
-    ctx: Any,
-    communities: SpilledTable,
-    entities: list[dict[str, Any]],
-    relations: SpilledTable,
-    layer0: SpilledTable | None = None,
-    progress: Any = None,
-) -> tuple[SpilledTable, list[dict[str, str]]]:
-    """``reports.build_reports`` over spilled ``communities`` and ``relations``, as one task on the run's mapper
-    (with an LLM, the task's own client: same settings and response cache; its usage added to the run's); the
-    entities are ``layer0``'s parts (read by the task), then ``entities``. The reports are then embedded a part
-    at a time into the ``community_reports`` table's parts: the run never holds them whole."""
-    from tasks.index.embed import report_text
-    from tasks.index.embed_table import embed_table
-    from tasks.runtime.llm_client import Usage
-
-    work = _work(ctx)
-    ents, out = work / "report-entities.parquet", work / "reports.parquet"
-    pq.write_table(pa.table({c: [e[c] for e in entities] for c in ENTITY_COLUMNS}, schema=ENTITY_SCHEMA), ents)
-    [(failures, usage)] = ctx.mapper(
-        reports_task,
-        [str(out)],
-        files=[str(f) for f in relations.files],
-        communities=[str(f) for f in communities.files],
-        entities=[*(str(f) for f in (layer0.files if layer0 is not None else [])), str(ents)],
-        budget=ctx.cfg.communities.report_max_tokens,
-        llm=ctx.cfg.llm if ctx.llm is not None else None,
-        cache_dir=str(ctx.catalog.cache_dir),
-    )
-    ctx.usage.add(Usage(**usage))
-    staleness = pa.field("staleness", pa.float64())
-    parts = (
-        pa.Table.from_batches([b]).append_column(staleness, pa.array([0.0] * b.num_rows, pa.float64()))
-        for b in pq.ParquetFile(out).iter_batches(batch_size=REPORT_STEP)
-    )
-
-    def texts(t: pa.Table) -> list[str]:
-        return [report_text(a, b) for a, b in zip(t.column("title").to_pylist(), t.column("summary").to_pylist())]
-
-    return embed_table(ctx, "community_reports", parts, texts, progress, REPORT_STEP), failures
-
-
-def reports_task(
-    out: str, files: list[str], communities: list[str], entities: list[str], budget: int, llm: Any, cache_dir: str
-) -> tuple[list[dict[str, str]], dict[str, Any]]:
-    """A report per community of ``communities`` (a task), from the relations in ``files``; written to ``out``.
-    Returns the LLM failures (offline reports kept) and the LLM usage."""
-    from tasks.index.extract_llm import _client
-    from tasks.methods.reports import build_reports
-    from tasks.runtime.llm_client import usage_scope
-
-    relations = _read(files, REPORT_COLUMNS)
-    client = _client(llm, cache_dir, 1) if llm is not None else None
-    with usage_scope() as usage:
-        reports, failures = build_reports(
-            pa.concat_tables([pq.read_table(f, columns=list(COMMUNITY_SCHEMA.names)) for f in communities]).to_pylist(),
-            pa.concat_tables(
-                [pq.read_table(f, columns=list(ENTITY_COLUMNS)).cast(ENTITY_SCHEMA) for f in entities]
-            ).to_pylist(),
-            relations,
-            budget,
-            client,
-        )
-    del relations
-    # in row groups of what the run reads at a time
-    write_whole(pa.Table.from_pylist(reports, schema=REPORT_SCHEMA), out, row_group_rows=REPORT_STEP)
-    return failures, asdict(usage)
-
-
-#: reports read, embedded and written at a time by the run (a report is ~20 times a chunk's text: 2,048 of them
-#: were the run's largest transient at 100k chunks); a multiple of the embedder's batch, as ``EMBED_STEP``
-REPORT_STEP = 256 * 2
-
-
-REPORT_SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("community_id", pa.string()),
-        ("level", pa.int64()),
-        ("title", pa.string()),
-        ("summary", pa.string()),
-        ("rating", pa.float64()),
-        ("findings", pa.list_(pa.string())),
-        ("full_text", pa.string()),
-    ]
-)
 
 
 def _work(ctx: Any) -> Path:

@@ -224,10 +224,13 @@ def build_reports(
     client: LLMClient | None = None,
     only: set[str] | None = None,
     existing: dict[str, dict[str, Any]] | None = None,
+    level_max: dict[int, float] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """One report per community, deepest level first. Returns (reports, failures that fell back to offline).
 
-    With ``only``, just those communities are (re)written; the others keep their ``existing`` report."""
+    With ``only``, just those communities are (re)written; the others keep their ``existing`` report. An offline
+    rating is relative to the strongest community of its level written here, or to ``level_max`` (a level's
+    strongest of every community, ``level_weights``: the reports of a build are written a part at a time)."""
     ents = {e["id"]: e for e in entities}
     index = RelationIndex(relations, list(ents))
     children: dict[str, list[str]] = defaultdict(list)
@@ -243,7 +246,7 @@ def build_reports(
         if not batch:
             continue
         drafts = [offline_report(c, ents, index, [done[k] for k in children[c["id"]]], budget) for c in batch]
-        max_w = max((d["weight"] for d in drafts), default=0.0)
+        max_w = max((d["weight"] for d in drafts), default=0.0) if level_max is None else level_max.get(level, 0.0)
         for d in drafts:
             d["rating"] = round(10 * math.log1p(d["weight"]) / math.log1p(max_w), 2) if max_w > 0 else 0.0
         if client is not None:
@@ -265,6 +268,15 @@ def build_reports(
                 "full_text": f"# {d['title']}\n\n{d['summary']}\n\n" + "\n".join(f"- {f}" for f in d["findings"]),
             }
     return [done[c["id"]] for c in communities], failures
+
+
+def level_weights(communities: list[dict[str, Any]], entity_ids: list[str], relations: pa.Table) -> dict[int, float]:
+    """The strongest community of each level: the total weight of its inner relations (what a report's rating is
+    relative to)."""
+    index, out = RelationIndex(relations, entity_ids), dict[int, float]()
+    for c in communities:
+        out[c["level"]] = max(out.get(c["level"], 0.0), sum(index.weight[index.inner(c["entity_ids"])].tolist()))
+    return out
 
 
 def parse_report(text: str) -> dict[str, Any]:

@@ -139,17 +139,28 @@ def write_split(table: pa.Table, by: str, n_parts: int, out: str | Path) -> int:
     """One unit of work's rows as the Parquet file ``out``, each row tagged with its part, ``hash(row[by]) %
     n_parts``, a row group per part (what ``gather_part`` reads of it), whole or not at all. Returns the rows."""
     table = table.cast(plain_schema(table.schema))
-    part = (key_hash(table.column(by)) % np.uint64(max(1, n_parts))).astype(np.int32)
+    return write_parts(table, (key_hash(table.column(by)) % np.uint64(max(1, n_parts))).astype(np.int32), out)
+
+
+def write_parts(table: pa.Table, part: np.ndarray, out: str | Path) -> int:
+    """``table`` as the Parquet file ``out``, row ``i`` tagged with its part ``part[i]``, a row group per part
+    (what ``read_split`` reads of it), whole or not at all. Returns the rows."""
     rank = np.argsort(part, kind="stable")
-    write_whole(table.take(pa.array(rank)).append_column(PART, pa.array(part[rank])), out, group_by=PART)
+    write_whole(table.take(pa.array(rank)).append_column(PART, pa.array(part[rank], pa.int32())), out, group_by=PART)
     return table.num_rows
+
+
+def read_split(files: list[str], p: int, columns: list[str] | None = None) -> pa.Table:
+    """Part ``p``'s rows of the units' files (``write_parts``), in unit order: ``columns`` only (None: all)."""
+    read = None if columns is None else [*columns, PART]
+    return pa.concat_tables([pq.read_table(f, columns=read, filters=[(PART, "=", p)]).drop([PART]) for f in files])
 
 
 def gather_part(job: tuple[int, str], files: list[str]) -> int:
     """One part (a task): its row group from every unit's file, in unit order, as the part file ``job[1]``.
     Returns its rows (no file for none)."""
     p, out = job
-    table = pa.concat_tables([pq.read_table(f, filters=[(PART, "=", p)]).drop([PART]) for f in files])
+    table = read_split(files, p)
     if table.num_rows:
         write_whole(table, out)
     return table.num_rows
