@@ -134,11 +134,11 @@ class DaskConfig(_Section):
         "(at 100k chunks, 400k-row parts cost publish +700 MB, 200k-row parts +510 MB).",
     )
     report_part_entities: int = Field(
-        50_000,
+        20_000,
         gt=0,
         description="Reports: the top-level communities are grouped into tasks of about this many member entities "
         "(the largest top-level community makes a task of its own); a task holds its members and the relations "
-        "between them.",
+        "between them (at 100k chunks: 121k entities, 7 parts).",
     )
     llm_batches_per_worker: int = Field(
         2,
