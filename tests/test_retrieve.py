@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -354,3 +355,30 @@ def test_the_sources_sentences_are_embedded_before_a_question_and_kept_for_the_n
     assert again(["Delta married Epsilon."]).tolist() == [[22.0, 1.0]]
     (tmp_path / "views" / "sentences.pkl").write_bytes(b"damaged")
     assert SentenceVectors(embed).load(tmp_path / "views" / "sentences.pkl", "model-a") == 0
+
+
+def test_workers_starting_together_embed_the_sources_sentences_once(tmp_path):
+    """A service's workers warm up at once: the first embeds and saves, the others wait and read its vectors."""
+    import threading
+
+    from tasks.query.answer import SentenceVectors, warm_saved
+
+    view = build(tmp_path)
+    calls: list[list[str]] = []
+
+    def embed(texts):
+        calls.append(list(texts))
+        time.sleep(0.2)  # the others reach the lock while the first embeds
+        return np.asarray([[float(len(t)), 1.0] for t in texts])
+
+    path, got = tmp_path / "views" / "sentences.pkl", []
+    workers = [
+        threading.Thread(target=lambda: got.append(warm_saved(view, SentenceVectors(embed), 10, path, "m")))
+        for _ in range(3)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert calls == [["Alpha met Beta in Paris.", "Delta married Epsilon."]]
+    assert sorted(got) == [(2, 0), (2, 2), (2, 2)]  # one embedded both sentences, two read them

@@ -320,6 +320,20 @@ def warm_sentences(view, vectors: SentenceVectors, limit: int, batch: int = 256)
     return len(seen)
 
 
+def warm_saved(view, vectors: SentenceVectors, limit: int, path: Path, model: str) -> tuple[int, int]:
+    """``warm_sentences`` starting from the vectors saved at ``path`` (for ``model``), saved again when it added
+    any; one process at a time (a service's workers start together: the first embeds, the others read what it
+    saved). Returns (the sentences held, the vectors read)."""
+    from tasks.store.locks import file_lock
+
+    with file_lock(path.with_suffix(".lock")):
+        had = vectors.load(path, model)
+        held = warm_sentences(view, vectors, limit)
+        if len(vectors.seen) != had:
+            vectors.save(path, model)
+    return held, had
+
+
 def extractive_answer(ctx: Context, embed: Callable[[list[str]], np.ndarray] | None = None, k: int = 2) -> str:
     """Without an LLM: the sentences of the sources that answer the question (``best_sentences``), each with its
     source; ``NOT_FOUND`` when the context holds something but no sentence close to the question, and nothing for

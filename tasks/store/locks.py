@@ -65,6 +65,19 @@ def writer_lock(catalog: Catalog, timeout_s: float = 0.0) -> Iterator[S3Lease | 
         fh.close()
 
 
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An fcntl lock on the file ``path`` (made when missing), waited for: one process of several (a service's
+    workers) does what the others then read."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def _remote_lock(catalog: Catalog, timeout_s: float) -> Iterator[S3Lease | None]:
     if catalog.storage.writer_lock == "off":
         yield None
