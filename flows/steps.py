@@ -242,7 +242,7 @@ def merge(run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable) -
             run.mapper,
             stored,
             old_entities,
-            run.previous("relations"),
+            run.previous("relations", where="kind = 'extracted'"),  # layer 0's (the methods read their links)
             delta.gone_chunks,
             new,
             cfg.extract.max_description_tokens,

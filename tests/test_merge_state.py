@@ -126,7 +126,7 @@ def test_state_and_new_mentions_give_what_all_mentions_give(seed):
     (entities, relations, added, removed, _, delta), state, read = _update(old, new, order, budget)
     want_e, want_r, want_state = graph_from_mentions(rows, budget, order=order, state=True)
     assert entities == sorted(want_e, key=lambda e: e["id"])
-    assert relations.equals(want_r.sort_by("id"))
+    assert relations.sort_by("id").equals(want_r.sort_by("id"))
     assert not removed and added == {e["id"] for e in want_e} - {
         e["id"] for e in graph_from_mentions(old, budget, order)[0]
     }

@@ -217,14 +217,14 @@ def recompute_layer0(
         ),
     )
     dropped = set(old.column("id").filter(gone).to_pylist())
-    kept = np.flatnonzero(
-        pc.and_(pc.equal(old.column("kind"), "extracted"), pc.invert(gone)).to_numpy(zero_copy_only=False)
+    kept = pc.and_(pc.equal(old.column("kind"), "extracted"), pc.invert(gone)).to_numpy(zero_copy_only=False)
+    # the kept rows as slices of the previous ones (no copy: they are the largest table an update holds), then
+    # the new ones in id order
+    ends = np.flatnonzero(np.diff(np.r_[0, kept.astype(np.int8), 0])).reshape(-1, 2)
+    new_rels = new_rels.select(old.column_names).cast(old.schema)
+    relations = pa.concat_tables(
+        [*(old.slice(a, b - a) for a, b in ends.tolist()), new_rels.take(pc.sort_indices(new_rels.column("id")))]
     )
-    # the kept rows and the new ones in id order, taken in one copy (the previous relations are the largest
-    # table an update holds: a filtered copy and a sorted copy beside them would triple it)
-    rows = np.concatenate([kept, np.arange(new_rels.num_rows) + old.num_rows])
-    ids = pa.chunked_array([*old.column("id").take(pa.array(kept)).chunks, *new_rels.column("id").chunks], pa.string())
-    relations = pa.concat_tables([old, new_rels]).take(pa.array(rows[pc.sort_indices(ids).to_numpy()]))
     degree = relation_degrees(relations)
     for e in entities:  # rows of this update's own (the caller's rows, read for it): set in place, not copied
         e["degree"] = degree.get(e["id"], 0)
