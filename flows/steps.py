@@ -69,7 +69,7 @@ def ingest(run: PipelineRun) -> Delta:
     with run.stage("diff") as st:  # on what the documents are, not their texts
         incoming = [r for t in parts.parts(list(DOCUMENT_META)) for r in t.to_pylist()]
         previous = plain_rows(run.previous("documents", DOCUMENT_META))
-        diff = st.run(diff_documents, previous, incoming, root)
+        diff = st.run(diff_documents, previous, incoming, root, {q["item"] for q in ingested.quarantine})
         indexed = {d["root"] for d in previous}
         summary = ", ".join(f"{k} {v}" for k, v in diff.counts().items())
         if root not in indexed:

@@ -36,6 +36,21 @@ def test_diff_by_content_hash_scoped_to_root():
     assert diff_documents(existing, [_doc("a", "1"), _doc("b", "1"), _doc("c", "1")], "/r").empty
 
 
+def test_a_quarantined_file_or_record_keeps_what_the_index_held_of_it():
+    """A file that grew past the size limit (or turned unreadable), or a record now invalid, is quarantined: its
+    documents stay as indexed; a file that is gone deletes its documents."""
+    existing = [
+        dict(_doc("big.txt", "1"), uri="/r/big.txt"),
+        dict(_doc("a", "1"), uri="/r/c.jsonl#a"),
+        dict(_doc("b", "1"), uri="/r/c.jsonl#b"),
+        dict(_doc("x", "1"), uri="/r/d.jsonl#x"),
+        dict(_doc("gone.txt", "1"), uri="/r/gone.txt"),
+    ]
+    d = diff_documents(existing, [], "/r", held={"/r/big.txt", "/r/c.jsonl", "/r/d.jsonl#x"})
+    assert sorted(x["source_id"] for x in d.unchanged) == ["a", "b", "big.txt", "x"]
+    assert [x["source_id"] for x in d.deleted] == ["gone.txt"]
+
+
 def _e(i, layer, v):
     v = np.asarray(v, dtype=np.float32)
     return {"id": i, "name": i, "type": "concept", "description": f"{i}.", "layer": layer, "degree": 0,
@@ -228,6 +243,29 @@ def test_update_of_another_root_deletes_nothing_here(corpus_copy, tmp_path):
     res = CliRunner().invoke(app, ["update", str(other), "--index", str(index), "--set", "dask.processes=false",
                                    "--set", "chunking.size=200", "--set", "chunking.overlap=20"])
     assert res.exit_code == 0 and "nothing changed" in res.output
+
+
+def test_a_corpus_file_grown_past_the_size_limit_is_quarantined_not_deleted(tmp_path):
+    folder = _folder(tmp_path / "c", [{"id": f"d{i}", "title": f"Doc {i}", "text": TEXTS[i]} for i in range(2)])
+    index, sets = tmp_path / "index", ["--set", "dask.processes=false", "--set", "chunking.size=200"]
+    res = CliRunner().invoke(app, ["index", str(folder), "--index", str(index), "--quiet", *sets])
+    assert res.exit_code == 0, res.output
+    before = Catalog(index).read("documents").num_rows
+    with (folder / "d1.txt").open("a") as fh:
+        fh.write("Ada Lovelace wrote the first program for the Analytical Engine.\n" * 20)
+    limit = (folder / "d1.txt").stat().st_size - 1
+    res = CliRunner().invoke(
+        app, ["update", str(folder), "--index", str(index), *sets, "--set", f"corpus.max_file_bytes={limit}"]
+    )
+    assert res.exit_code == 0, res.output
+    assert Catalog(index).read("documents").num_rows == before  # d1's indexed version stays
+    assert "1 quarantined" in res.output and "deleted 0" in res.output
+
+
+TEXTS = [
+    "Charles Babbage designed the Analytical Engine in London. Ada Lovelace described its programs.",
+    "Alan Turing worked at Bletchley Park. He wrote about computable numbers in Cambridge.",
+]
 
 
 # ------------------------------------------------------------------------------------------ document identity

@@ -45,9 +45,13 @@ class DocDiff:
         }
 
 
-def diff_documents(existing: list[dict[str, Any]], incoming: list[dict[str, Any]], root: str) -> DocDiff:
+def diff_documents(
+    existing: list[dict[str, Any]], incoming: list[dict[str, Any]], root: str, held: set[str] | None = None
+) -> DocDiff:
     """Compare by (root, source_id) and id (the content hash and the boilerplate left out: a document whose
-    paragraph became boilerplate, or stopped being one, is changed). Documents of other roots are never touched."""
+    paragraph became boilerplate, or stopped being one, is changed). Documents of other roots are never touched,
+    nor those this run's ingest quarantined (``held``: the files and records it could not read — grown past the
+    size limit, unreadable, a record now invalid): they stay as indexed, not deleted."""
     old = {d["source_id"]: d for d in existing if d["root"] == root}
     out = DocDiff()
     seen = set()
@@ -61,7 +65,11 @@ def diff_documents(existing: list[dict[str, Any]], incoming: list[dict[str, Any]
             out.deleted.append(prev)
         else:
             out.unchanged.append(prev)
-    out.deleted += [d for sid, d in sorted(old.items()) if sid not in seen]
+    for _sid, d in sorted(old.items()):
+        if _sid in seen:
+            continue
+        kept = held and (d["uri"] in held or d["uri"].split("#", 1)[0] in held)
+        (out.unchanged if kept else out.deleted).append(d)
     return out
 
 
