@@ -65,8 +65,8 @@ def diff_documents(
             out.deleted.append(prev)
         else:
             out.unchanged.append(prev)
-    for _sid, d in sorted(old.items()):
-        if _sid in seen:
+    for sid, d in sorted(old.items()):
+        if sid in seen:
             continue
         kept = held and (d["uri"] in held or d["uri"].split("#", 1)[0] in held)
         (out.unchanged if kept else out.deleted).append(d)

@@ -24,31 +24,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from schemas.tables import schema_for
 from tasks.methods.graph_parts import _work
-from tasks.store.spill import SpilledTable, read_split, write_parts, write_whole
+from tasks.store.spill import SpilledTable, plain_schema, read_split, write_parts, write_whole
 
 #: what the reports read of a relation (``reports.RelationIndex``)
 REPORT_COLUMNS = ["id", "source_id", "target_id", "kind", "description", "weight"]
 #: what a report reads of an entity
 ENTITY_COLUMNS = ["id", "name", "type", "description", "layer"]
-ENTITY_SCHEMA = pa.schema([(c, pa.int64() if c == "layer" else pa.string()) for c in ENTITY_COLUMNS])
+ENTITY_SCHEMA = pa.schema([schema_for("entities", 0).field(c) for c in ENTITY_COLUMNS])
 COMMUNITY_COLUMNS = ["id", "level", "parent_id", "entity_ids", "size"]
 
 #: reports read, embedded and written at a time by the run (a report is ~20 times a chunk's text: 2,048 of them
 #: were the run's largest transient at 100k chunks); a multiple of the embedder's batch, as ``EMBED_STEP``
 REPORT_STEP = 256 * 2
 
+#: a report as its task writes it: the ``community_reports`` columns but those the run adds as it embeds them
 REPORT_SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("community_id", pa.string()),
-        ("level", pa.int64()),
-        ("title", pa.string()),
-        ("summary", pa.string()),
-        ("rating", pa.float64()),
-        ("findings", pa.list_(pa.string())),
-        ("full_text", pa.string()),
-    ]
+    [f for f in schema_for("community_reports", 0) if f.name not in ("staleness", "vector", "version")]
 )
 
 
@@ -161,8 +154,6 @@ def plan_task(folder: str, communities: list[str], part_entities: int) -> int:
 def split_task(job: tuple[str, str], columns: list[str], keys: list[str], members: str) -> int:
     """The rows of the file ``job[0]`` (a task) whose ``keys`` are all members of one part, as the file
     ``job[1]``, a row group per part (``spill.write_parts``). Returns the rows kept."""
-    from tasks.store.spill import plain_schema
-
     src, out = job
     table = pq.read_table(src, columns=columns)
     table = table.cast(plain_schema(table.schema))
