@@ -167,8 +167,8 @@ class KillOnce(WorkerPlugin):
 @pytest.mark.parametrize(
     "tasks",
     [  # every stage that runs on the workers, a kill each, in two builds (each kill costs a worker restart)
-        ["batch_mentions", "gather_part", "merge_relations", "sort_entities", "communities_task", "check_part"],
-        ["merge_entities", "sort_relations", "layer_one_task", "reports_task", "write_part"],
+        ["batch_mentions", "gather_part", "merge_relations", "sort_entities", "communities_task", "summary_task", "check_part"],
+        ["merge_entities", "sort_relations", "local_task", "reports_task", "write_part"],
     ],
 )
 def test_a_worker_killed_mid_stage_costs_a_retry_not_the_run(tmp_path, small_corpus, in_process, cluster, tasks):

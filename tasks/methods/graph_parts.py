@@ -1,6 +1,7 @@
-"""Layer 1 and the communities of a build whose relations stay spilled (``tasks.index.merge_parts``): each one task
-on the run's cluster (a Dask worker, or this process without one) that reads the relation parts from the run's
-work folder and writes its rows there, so the run process never holds the relations.
+"""The hierarchy and the communities of a build whose relations stay spilled (``tasks.index.merge_parts``): tasks
+on the run's cluster (Dask workers, or this process without one) that read the parts from the run's work folder
+and write their rows there, so the run process never holds the relations. Layer 1 is tasks over layer 0's parts
+(``layer_parts``).
 
 Leiden needs the whole graph at once, so communities are one task over an edge list of (source, target, weight)
 read from the parts (``communities.graph_edges``: ~300 bytes an edge with Leiden's own; docs/benchmarks.md, "Past
@@ -9,9 +10,8 @@ one machine"). The reports are tasks over parts of the community trees (``report
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -91,40 +91,31 @@ def hierarchy_on_cluster(
     ctx: Any, layer0: SpilledTable, summarizer: Any, per_cluster: int, on_layer: Any = None
 ) -> tuple[list[dict[str, Any]], Any, pa.Table | SpilledTable, list[dict[str, Any]]]:
     """``hierarchy.build_hierarchy`` over layer 0's parts (a build's entities with their vectors): layer 1, the
-    GMMs over every layer-0 entity and the summaries of their clusters, as one task on the run's mapper that
-    reads the parts (``layer_one_task``); the layers above it, over the summary entities, in this process.
-    The result is ``build_hierarchy``'s over the same rows, but the ``summary_of`` links spilled, stamped with the
-    run's version: layer 1's (one per layer-0 entity and cluster it joins) are never read by the run."""
+    GMMs over every layer-0 entity and the summaries of their clusters, as tasks on the run's mapper over the
+    parts (``layer_parts``); the layers above it, over the summary entities, in this process. The result is
+    ``build_hierarchy``'s over the same rows (up to the PCA's rounding), but the ``summary_of`` links spilled,
+    stamped with the run's version: layer 1's (one per layer-0 entity and cluster it joins) are never read by
+    the run."""
     import numpy as np
 
     from schemas.tables import schema_for
     from tasks.index.embed import entity_text
-    from tasks.methods.hirag.hierarchy import build_hierarchy
-    from tasks.runtime.llm_client import Usage
+    from tasks.methods.hirag.hierarchy import build_hierarchy, build_layers, converged
+    from tasks.methods.layer_parts import LayerOne
     from tasks.store.rows import relation_table
 
     cfg, dim = ctx.cfg, layer0.schema.field("vector").type.list_size
     if not cfg.hierarchy.enabled:
         return [], np.zeros((0, dim), np.float32), relation_table([]), []
-    work = _work(ctx)
-    [(ents, stats, failures, usage, n_links)] = ctx.mapper(
-        layer_one_task,
-        [str(work / "layer1-links.parquet")],
-        files=[str(f) for f in layer0.files],
-        cfg=cfg.hierarchy,
-        seed=cfg.seed,
-        llm=cfg.llm if ctx.llm is not None else None,
-        cache_dir=str(ctx.catalog.cache_dir),
-        per_cluster=per_cluster,
-        max_tokens=cfg.extract.max_description_tokens,
-        version=ctx.version,
-    )
-    ctx.usage.add(Usage(**usage))
-    summarizer.failures.extend(failures)
-    rels = SpilledTable([work / "layer1-links.parquet"], schema_for("relations", 0), n_links)
-    for row in stats:
-        if on_layer and not row["stopped"]:
-            on_layer(row)
+    h, work = cfg.hierarchy, _work(ctx)
+    one = LayerOne(ctx, layer0, work, per_cluster)
+    layers, rows = build_layers(
+        cast(Any, range(layer0.num_rows)), cast(Any, None), h.max_layers, h.min_entities, cfg.seed, one.build,
+        cast(Any, one.cluster), converged(h.epsilon), on_layer=on_layer, until=1,
+    )  # fmt: skip
+    ents, stats = (layers[0].entities if layers else []), [cast(Any, dict(r)) for r in rows]
+    summarizer.failures.extend(one.failures)
+    rels = SpilledTable(one.links, schema_for("relations", 0), one.n_links)
     vecs = ctx.embed([entity_text(e["name"], e["type"], e["description"]) for e in ents]).reshape(-1, dim)
     if not ents or stats[-1]["stopped"]:
         return ents, vecs, rels, stats
@@ -145,43 +136,6 @@ def hierarchy_on_cluster(
         with_above(rels, relation_table(above_rels), work / "layers-above-links.parquet", ctx.version),
         stats + above_stats,
     )
-
-
-def layer_one_task(
-    out: str,
-    files: list[str],
-    cfg: Any,
-    seed: int,
-    llm: Any,
-    cache_dir: str,
-    per_cluster: int,
-    max_tokens: int,
-    version: int = 0,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, str]], dict[str, Any], int]:
-    """Layer 1 of the hierarchy over layer 0's parts ``files`` (a task): its summary entities (returned: a few
-    hundred at 100k chunks), their ``summary_of`` links (written to ``out`` stamped ``version``, their number
-    returned: one per member), the statistic of every clustering tried, the LLM summaries that fell back to
-    offline ones and the LLM usage."""
-    from tasks.index.extract_llm import _client
-    from tasks.methods.hirag.hierarchy import build_hierarchy
-    from tasks.methods.summarize import LLMSummarizer, OfflineSummarizer
-    from tasks.runtime.llm_client import usage_scope
-    from tasks.store.rows import vector_matrix
-
-    columns = ["id", "name", "type", "description", "vector"]
-    table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
-    vectors, entities = vector_matrix(table), table.drop(["vector"]).to_pylist()
-    del table
-    summarizer: Any = (
-        LLMSummarizer(_client(llm, cache_dir, 1), cfg.meta_entities, per_cluster, max_tokens)
-        if llm is not None
-        else OfflineSummarizer(cfg.meta_entities, max_tokens)
-    )
-    with usage_scope() as usage:
-        ents, _, rels, stats = build_hierarchy(entities, vectors, cfg, seed, summarizer, None, until=1)
-    del entities, vectors
-    write_whole(stamped(relation_table(rels), version), out)
-    return ents, [dict(r) for r in stats], list(summarizer.failures), asdict(usage), len(rels)
 
 
 def _work(ctx: Any) -> Path:

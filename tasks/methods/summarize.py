@@ -87,31 +87,64 @@ def key_phrases(clusters: list[Cluster], top: int = 3) -> list[list[str]]:
     """Class-based TF-IDF: each cluster is one class document (names weighted twice); top phrases per cluster."""
     from tasks.runtime.parallel import in_child_process
 
-    docs = []
-    for c in clusters:
-        names = " . ".join(m["name"] for m in c.members)
-        descs = " ".join(m["description"][:300] for m in c.members)
-        docs.append(f"{names} . {names} . {descs}")
-    firsts = [[m["name"] for m in c.members[:top]] for c in clusters]
+    docs, firsts = class_documents(clusters, top)
     if sum(map(len, docs)) < KEY_PHRASES_IN_CHILD_CHARS:
         return class_phrases(docs, firsts, top)
     with tempfile.TemporaryDirectory(prefix="strata-phrases-") as work:
         return in_child_process(class_phrases, docs, firsts, top, workdir=work)
 
 
+def class_documents(clusters: list[Cluster], top: int = 3) -> tuple[list[str], list[list[str]]]:
+    """Each cluster's class document (its members' names twice, then the heads of their descriptions) and its
+    first ``top`` member names (the phrases of a cluster without words)."""
+    docs = []
+    for c in clusters:
+        names = " . ".join(m["name"] for m in c.members)
+        descs = " ".join(m["description"][:300] for m in c.members)
+        docs.append(f"{names} . {names} . {descs}")
+    return docs, [[m["name"] for m in c.members[:top]] for c in clusters]
+
+
+def term_counts(docs: list[str]) -> tuple[np.ndarray, Any] | None:
+    """The unigram and bigram counts of the documents, stop words left out: (terms, a documents x terms CSR
+    matrix of float64 counts), or None when they hold nothing but stop words. A document's counts do not depend
+    on the others'."""
+    vec = CountVectorizer(ngram_range=(1, 2), stop_words="english", token_pattern=_TOKEN, lowercase=True)
+    try:
+        counts = vec.fit_transform(docs).astype(np.float64).tocsr()
+    except ValueError:  # nothing but stop words
+        return None
+    return vec.get_feature_names_out(), counts
+
+
+def idf_of(avg: float, totals: np.ndarray) -> np.ndarray:
+    """Class TF-IDF's idf of terms counted ``totals`` times over every class, ``avg`` terms a class."""
+    return np.log1p(avg / np.maximum(totals, 1e-12))
+
+
+def pick_phrases(terms: np.ndarray, scores: np.ndarray, top: int) -> list[str]:
+    """The ``top`` best scored terms (score, then term: deterministic), none repeating a chosen word."""
+    chosen: list[str] = []
+    for j in np.lexsort((terms, -scores)):
+        term = terms[j]
+        words = set(term.split())
+        if any(words & set(c.split()) for c in chosen):
+            continue  # skip phrases that repeat a chosen word
+        chosen.append(term)
+        if len(chosen) == top:
+            break
+    return chosen
+
+
 def class_phrases(docs: list[str], firsts: list[list[str]], top: int) -> list[list[str]]:
     """The ``top`` phrases of each class document by class-based TF-IDF (its first names where it has no words
     but stop words)."""
-    vec = CountVectorizer(ngram_range=(1, 2), stop_words="english", token_pattern=_TOKEN, lowercase=True)
-    try:
-        counts = vec.fit_transform(docs).astype(np.float64)
-    except ValueError:  # nothing but stop words
+    counted = term_counts(docs)
+    if counted is None:
         return [f[:top] for f in firsts]
-    terms = vec.get_feature_names_out()
+    terms, counts = counted
     row_sums = np.asarray(counts.sum(axis=1)).ravel()
-    col_sums = np.asarray(counts.sum(axis=0)).ravel()
-    avg = row_sums.mean() if len(row_sums) else 1.0
-    idf = np.log1p(avg / np.maximum(col_sums, 1e-12))
+    idf = idf_of(row_sums.mean() if len(row_sums) else 1.0, np.asarray(counts.sum(axis=0)).ravel())
     out: list[list[str]] = []
     for i in range(counts.shape[0]):
         row = counts.getrow(i)
@@ -119,17 +152,7 @@ def class_phrases(docs: list[str], firsts: list[list[str]], top: int) -> list[li
             out.append(firsts[i][:1])
             continue
         scores = (row.data / max(row_sums[i], 1e-12)) * idf[row.indices]
-        order = np.lexsort((terms[row.indices], -scores))  # score desc, then term: deterministic
-        chosen: list[str] = []
-        for j in order:
-            term = terms[row.indices[j]]
-            words = set(term.split())
-            if any(words & set(c.split()) for c in chosen):
-                continue  # skip phrases that repeat a chosen word
-            chosen.append(term)
-            if len(chosen) == top:
-                break
-        out.append(chosen)
+        out.append(pick_phrases(terms[row.indices], scores, top))
     return out
 
 
@@ -161,7 +184,10 @@ class OfflineSummarizer:
         self.failures: list[dict[str, str]] = []  # never any: the same interface as the LLM summarizer
 
     def summarize_layer(self, layer: int, clusters: list[Cluster]) -> list[list[dict[str, Any]]]:
-        phrases = key_phrases(clusters)
+        return self.summaries(clusters, key_phrases(clusters))
+
+    def summaries(self, clusters: list[Cluster], phrases: list[list[str]]) -> list[list[dict[str, Any]]]:
+        """The summary of each cluster given its key phrases."""
         out = []
         for cluster, terms in zip(clusters, phrases):
             shown = [_display(t, cluster.members) for t in terms]

@@ -93,10 +93,39 @@ def soft_assign(posteriors: np.ndarray, threshold: float) -> list[np.ndarray]:
     """Members of each component: every row whose posterior exceeds ``threshold``, plus each row's argmax.
 
     Every entity joins at least one cluster; empty components are dropped."""
-    member = posteriors > threshold
-    member[np.arange(len(posteriors)), posteriors.argmax(axis=1)] = True
+    member = soft_members(posteriors, threshold)
     clusters = [np.flatnonzero(member[:, k]) for k in range(posteriors.shape[1])]
     return [c for c in clusters if len(c)]
+
+
+def soft_members(posteriors: np.ndarray, threshold: float) -> np.ndarray:
+    """Row i is in component k: its posterior exceeds ``threshold``, or k is its most likely component."""
+    member = posteriors > threshold
+    member[np.arange(len(posteriors)), posteriors.argmax(axis=1)] = True
+    return member
+
+
+def pca_from_moments(n: int, total: np.ndarray, gram: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """The PCA of ``n`` rows from their sum and Gram matrix (X^T X), summed over parts: (mean, components), the
+    top ``dim`` eigenvectors of the covariance, each signed so its largest entry is positive (scikit-learn's
+    convention; for a tall matrix its PCA takes the same eigenvectors of the same covariance)."""
+    mean = total / n
+    cov = (gram - n * np.outer(mean, mean)) / max(n - 1, 1)
+    values, vectors = np.linalg.eigh(cov)
+    components = vectors[:, np.argsort(-values, kind="stable")[:dim]].T
+    signs = np.sign(components[np.arange(len(components)), np.abs(components).argmax(axis=1)])
+    return mean, components * signs[:, None]
+
+
+def project(reducer: Any, x: np.ndarray) -> np.ndarray:
+    """Rows of ``x`` in the reduced space: ``reducer`` None (none: as they are), (mean, components) of a PCA, or
+    a fitted UMAP."""
+    if reducer is None:
+        return x.astype(np.float64)
+    if isinstance(reducer, tuple):
+        mean, components = reducer
+        return (x.astype(np.float64) - mean) @ components.T
+    return reducer.transform(x).astype(np.float64)
 
 
 def reduce_dims(x: np.ndarray, cfg: HierarchyConfig, seed: int) -> np.ndarray:
@@ -140,9 +169,22 @@ def fit_gmm_bic(
     """Fit one GMM per candidate size on a seeded sample of at most ``max_sample`` points; keep the lowest BIC.
 
     The chosen model predicts posteriors for every point."""
-    rng = np.random.default_rng(seed)
-    max_sample = max_sample or cfg.fit_sample
-    sample = z if len(z) <= max_sample else z[np.sort(rng.choice(len(z), max_sample, replace=False))]
+    rows = sample_rows(len(z), max_sample or cfg.fit_sample, seed)
+    gmm, k, bics = fit_gmm_model(z if rows is None else z[rows], candidates, cfg, seed)
+    return GMMFit(posteriors=gmm.predict_proba(z), n_components=k, bics=bics)
+
+
+def sample_rows(n: int, max_sample: int, seed: int) -> np.ndarray | None:
+    """The seeded sample a GMM is fitted on: sorted row numbers, or None for every row."""
+    if n <= max_sample:
+        return None
+    return np.sort(np.random.default_rng(seed).choice(n, max_sample, replace=False))
+
+
+def fit_gmm_model(
+    sample: np.ndarray, candidates: list[int], cfg: HierarchyConfig, seed: int
+) -> tuple[GaussianMixture, int, dict[int, float]]:
+    """One GMM per candidate size fitted on ``sample``: the lowest BIC's, its size, and every size's BIC."""
     best: tuple[float, int, GaussianMixture] | None = None
     bics: dict[int, float] = {}
     for k in candidates:
@@ -162,7 +204,7 @@ def fit_gmm_bic(
         if best is None or bic < best[0]:
             best = (bic, k, gmm)
     assert best is not None
-    return GMMFit(posteriors=best[2].predict_proba(z), n_components=best[1], bics=bics)
+    return best[2], best[1], bics
 
 
 def gmm_clusters(x: np.ndarray, cfg: HierarchyConfig, seed: int) -> list[np.ndarray]:
@@ -170,29 +212,34 @@ def gmm_clusters(x: np.ndarray, cfg: HierarchyConfig, seed: int) -> list[np.ndar
     n = len(x)
     if n <= 2:
         return [np.arange(n)]
-    z = reduce_dims(x, cfg, seed)
-    hint = cfg.cluster_size_hint
-    global_hi = min(cfg.max_components, max(1, n // hint))
-    fit = fit_gmm_bic(z, bic_candidates(n, cfg.min_components, global_hi, cfg.bic_steps), cfg, seed)
+    fit = fit_gmm_bic(reduce_dims(x, cfg, seed), global_candidates(n, cfg), cfg, seed)
     clusters: list[np.ndarray] = []
-
-    def local(gi: int, members: np.ndarray) -> list[np.ndarray]:
-        if len(members) <= hint * 2:
-            return [members]
-        zl = reduce_dims(x[members], cfg, seed)
-        local_hi = min(cfg.max_components, max(1, len(members) // hint))
-        fit_l = fit_gmm_bic(
-            zl, bic_candidates(len(members), 1, local_hi, cfg.bic_steps), cfg, seed + gi + 1, cfg.local_fit_sample
-        )
-        return [members[c] for c in soft_assign(fit_l.posteriors, cfg.posterior_threshold)]
-
     for gi, members in enumerate(soft_assign(fit.posteriors, cfg.posterior_threshold)):
-        clusters.extend(local(gi, members))
+        clusters.extend(members[c] for c in local_clusters(x[members], gi, cfg, seed))
     unique: dict[bytes, np.ndarray] = {}
     for c in clusters:
         c = np.sort(c)
         unique.setdefault(c.tobytes(), c)
     return sorted(unique.values(), key=lambda c: (int(c[0]), len(c)))
+
+
+def global_candidates(n: int, cfg: HierarchyConfig) -> list[int]:
+    """The global GMM's sizes tried over ``n`` entities: up to one component per ``cluster_size_hint``."""
+    return bic_candidates(
+        n, cfg.min_components, min(cfg.max_components, max(1, n // cfg.cluster_size_hint)), cfg.bic_steps
+    )
+
+
+def local_clusters(x: np.ndarray, gi: int, cfg: HierarchyConfig, seed: int) -> list[np.ndarray]:
+    """The local clusters of the ``gi``-th global cluster, whose members' vectors are ``x``: row numbers of ``x``
+    (the whole cluster when it holds at most twice ``cluster_size_hint``)."""
+    n, hint = len(x), cfg.cluster_size_hint
+    if n <= hint * 2:
+        return [np.arange(n)]
+    zl = reduce_dims(x, cfg, seed)
+    candidates = bic_candidates(n, 1, min(cfg.max_components, max(1, n // hint)), cfg.bic_steps)
+    fit = fit_gmm_bic(zl, candidates, cfg, seed + gi + 1, cfg.local_fit_sample)
+    return soft_assign(fit.posteriors, cfg.posterior_threshold)
 
 
 # ---------------------------------------------------------------------------- the layer loop

@@ -1,0 +1,332 @@
+"""Layer 1 of a build's hierarchy as tasks over layer 0's parts: ``hirag.hierarchy``'s layer loop with
+``gmm_clusters`` and the summaries spread over tasks, so no task holds every layer-0 entity and the run holds
+the clusters' sizes and the summary entities only. Entities are numbered in part order (``g``).
+
+1. ``moments_task`` per part: its rows, the sum of their vectors and their Gram matrix; the run adds them up in
+   part order into the PCA (``pca_from_moments``: the covariance's eigenvectors, scikit-learn's PCA up to rounding).
+2. ``fit_task``: the global GMM's seeded sample, read from the parts and projected, and its BIC sweep (UMAP: fitted
+   on the sample, the other rows transformed); the model is written to the work folder.
+3. ``assign_task`` per part: every row's posteriors, soft-assigned; its rows written a row group per global
+   cluster (an entity in two clusters, twice).
+4. ``local_task`` per global cluster: its rows in ``g`` order, the local GMM's clusters and their class documents'
+   term counts (a row group per term bucket); returns each cluster's key, first member, size and term total. The
+   run keeps the first of repeated clusters and orders them as ``gmm_clusters`` does.
+5. ``totals_task`` per term bucket: each term's count over the kept clusters (class TF-IDF's idf couples every
+   cluster of the layer).
+6. ``summary_task`` per global cluster: its kept clusters' summary entities (offline: key phrases with the layer's
+   idf; with an LLM: its summaries, an unusable one replaced by an offline summary whose idf is over the task's
+   unusable ones) and their ``summary_of`` links, written to the work folder.
+
+The clusters and the summaries are ``gmm_clusters``' and ``build_hierarchy``'s over the same rows up to the PCA's
+rounding; the links come in the global clusters' order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tasks.store.rows import relation_table, stamped, vector_matrix
+from tasks.store.spill import SpilledTable, key_hash, read_split, write_parts, write_whole
+
+COLUMNS = ["id", "name", "type", "description", "vector"]
+TERMS = pa.schema([("j", pa.int32()), ("term", pa.string()), ("count", pa.float64())])
+
+
+class LayerOne:
+    """The run's side: ``cluster`` and ``build`` are ``build_layers``' ``ClusterFn`` and ``BuildFn`` for layer 1
+    over the parts (its ``base_entities`` are ``range(n)``: the run holds none)."""
+
+    def __init__(self, ctx: Any, layer0: SpilledTable, work: Path, per_cluster: int):
+        self.ctx, self.cfg, self.work = ctx, ctx.cfg.hierarchy, work
+        self.files = [str(f) for f in layer0.files]
+        self.per_cluster = per_cluster
+        self.failures: list[dict[str, str]] = []
+        self.links: list[Path] = []
+        self.n_links = 0
+
+    def _out(self, name: str) -> str:
+        return str(self.work / name)
+
+    def cluster(self, _features: Any, seed: int) -> list[range]:
+        """``gmm_clusters`` over the parts (steps 1-4): the clusters as ranges of their sizes."""
+        from tasks.methods.hirag.hierarchy import global_candidates, pca_from_moments, sample_rows
+
+        cfg, mapper = self.cfg, self.ctx.mapper
+        moments = mapper(moments_task, self.files)
+        counts = [m[0] for m in moments]
+        n, d = sum(counts), moments[0][1].shape[0]
+        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        model = self._out("layer1-model.pkl")
+        if n <= 2:
+            model = ""  # every entity in one cluster, as gmm_clusters
+        else:
+            dim, reducer = min(cfg.reduced_dim, d, max(n - 2, 1)), cast(Any, None)  # as reduce_dims
+            if cfg.reduction == "umap" and n > dim + 2 and dim < d:
+                reducer = "umap"
+            elif cfg.reduction != "none" and dim < d:
+                reducer = pca_from_moments(n, sum(m[1] for m in moments), sum(m[2] for m in moments), dim)
+            rows = sample_rows(n, cfg.fit_sample, seed)
+            rows = np.arange(n) if rows is None else rows
+            at = np.searchsorted(rows, np.concatenate([offsets, [n]]))
+            per_part = [(rows[a:b] - o).tolist() for a, b, o in zip(at[:-1], at[1:], offsets)]
+            [_] = mapper(fit_task, [model], files=self.files, rows=per_part, reducer=reducer,
+                         candidates=global_candidates(n, cfg), cfg=cfg, seed=seed, dim=dim)  # fmt: skip
+        self.assigned = [self._out(f"layer1-assigned-{p:05d}.parquet") for p in range(len(self.files))]
+        sizes = np.sum(
+            mapper(assign_task, list(zip(self.files, self.assigned, offsets.tolist())), model=model,
+                   threshold=cfg.posterior_threshold),
+            axis=0,
+        )  # fmt: skip
+        self.globals = [int(k) for k in np.flatnonzero(sizes)]  # soft_assign drops empty components
+        jobs = [(gi, k, self._out(f"layer1-local-{gi:03d}")) for gi, k in enumerate(self.globals)]
+        self.buckets = len(self.files)
+        found = mapper(local_task, jobs, assigned=self.assigned, cfg=cfg, seed=seed, buckets=self.buckets)
+        unique: dict[str, tuple[int, int, int, int, int]] = {}
+        for gi, clusters in enumerate(found):
+            for j, (key, first, size, terms) in enumerate(clusters):
+                unique.setdefault(key, (first, size, gi, j, terms))
+        self.order = sorted(unique.values(), key=lambda c: (c[0], c[1]))
+        return [range(c[1]) for c in self.order]
+
+    def build(self, layer: int, _below: Any, _features: Any, _clusters: Any) -> tuple[list[dict[str, Any]], Any]:
+        """The summary entities of the clusters (steps 5-6), in the clusters' order; their links written."""
+        from tasks.runtime.llm_client import Usage
+
+        ctx, cfg = self.ctx, self.cfg
+        kept: list[list[int]] = [[] for _ in self.globals]
+        for _, _, gi, j, _ in self.order:
+            kept[gi].append(j)
+        totals = [self._out(f"layer1-terms-{b:05d}.parquet") for b in range(self.buckets)]
+        locals_ = [self._out(f"layer1-local-{gi:03d}") for gi in range(len(self.globals))]
+        ctx.mapper(totals_task, list(enumerate(totals)), local=locals_, kept=kept)
+        total_terms = sum(c[4] for c in self.order)
+        links = [self.work / f"layer1-links-{gi:03d}.parquet" for gi in range(len(self.globals))]
+        results = ctx.mapper(
+            summary_task,
+            [(gi, k, str(links[gi])) for gi, k in enumerate(self.globals)],
+            assigned=self.assigned,
+            totals=totals,
+            kept=kept,
+            avg=total_terms / len(self.order),
+            any_terms=total_terms > 0,
+            cfg=cfg,
+            layer=layer,
+            llm=ctx.cfg.llm if ctx.llm is not None else None,
+            cache_dir=str(ctx.catalog.cache_dir),
+            per_cluster=self.per_cluster,
+            max_tokens=ctx.cfg.extract.max_description_tokens,
+            version=ctx.version,
+            share=None,
+        )
+        by_cluster: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        for gi, (summaries, failures, usage, n_links) in enumerate(results):
+            by_cluster.update(((gi, j), ents) for j, ents in summaries.items())
+            self.failures.extend(failures)
+            ctx.usage.add(Usage(**usage))
+            self.n_links += n_links
+        self.links = [f for f, (_, _, _, n) in zip(links, results) if n]
+        entities = [e for _, _, gi, j, _ in self.order for e in by_cluster[(gi, j)]]
+        return entities, np.zeros((len(entities), 0), np.float32)
+
+
+def moments_task(file: str) -> tuple[int, np.ndarray, np.ndarray]:
+    """A part's rows, the sum of their vectors and their Gram matrix X^T X (a task; float64)."""
+    x = vector_matrix(pq.read_table(file, columns=["vector"])).astype(np.float64)
+    return len(x), x.sum(axis=0), x.T @ x
+
+
+def fit_task(
+    out: str, files: list[str], rows: list[list[int]], reducer: Any, candidates: list[int], cfg: Any, seed: int,
+    dim: int
+) -> int:  # fmt: skip
+    """The global GMM (a task): the sample ``rows`` of each part, reduced (``reducer``: a PCA's (mean,
+    components), None, or "umap": fitted here on the sample), the BIC sweep on them; (reducer, GMM) pickled to
+    ``out``. Returns the GMM's size."""
+    from tasks.methods.hirag.hierarchy import fit_gmm_model, project
+
+    x = np.concatenate(
+        [vector_matrix(pq.read_table(f, columns=["vector"]))[r] for f, r in zip(files, rows) if r]
+    )  # fmt: skip
+    if reducer == "umap":
+        import umap
+
+        neighbors = min(cfg.umap_neighbors, max(2, len(x) - 1))
+        reducer = umap.UMAP(
+            n_neighbors=neighbors, n_components=dim, metric="cosine", random_state=seed, n_jobs=1
+        ).fit(x)  # fmt: skip
+    gmm, k, _ = fit_gmm_model(project(reducer, x), candidates, cfg, seed)
+    tmp = f"{out}.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump((reducer, gmm), f)
+    Path(tmp).replace(out)
+    return k
+
+
+def assign_task(job: tuple[str, str, int], model: str, threshold: float) -> np.ndarray:
+    """A part's rows soft-assigned to the global GMM's components (a task; no ``model``: all to one): written to
+    ``job[1]`` with their number ``g`` (``job[2]`` + row), a row group per component. Returns each component's
+    rows here."""
+    from tasks.methods.hirag.hierarchy import project, soft_members
+
+    src, out, offset = job
+    table = pq.read_table(src, columns=COLUMNS)
+    if model:
+        with open(model, "rb") as f:
+            reducer, gmm = pickle.load(f)
+        member = soft_members(gmm.predict_proba(project(reducer, vector_matrix(table))), threshold)
+    else:
+        member = np.ones((table.num_rows, 1), bool)
+    rows, comps = np.nonzero(member)  # by row, then component
+    table = table.append_column("g", pa.array(np.arange(offset, offset + table.num_rows, dtype=np.int64)))
+    write_parts(table.take(pa.array(rows)), comps.astype(np.int32), out)
+    return member.sum(axis=0)
+
+
+def _component(assigned: list[str], k: int) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    """Global cluster ``k``'s entities, in ``g`` order: their numbers, vectors and rows."""
+    table = read_split(assigned, k)
+    return table.column("g").to_numpy(), vector_matrix(table), table.drop(["vector", "g"]).to_pylist()
+
+
+def local_task(
+    job: tuple[int, int, str], assigned: list[str], cfg: Any, seed: int, buckets: int
+) -> list[tuple[str, int, int, int]]:
+    """Global cluster ``job[1]`` (the ``job[0]``-th non-empty one) split by its local GMM (a task): writes its
+    clusters (``job[2]``.clusters) and their class documents' term counts (``job[2]``.terms, a row group per term
+    bucket). Returns (key, first member, size, terms) per cluster, in the local GMM's order."""
+    from tasks.methods.hirag.hierarchy import local_clusters
+    from tasks.methods.summarize import Cluster, class_documents
+
+    gi, k, out = job
+    g, x, rows = _component(assigned, k)
+    clusters = local_clusters(x, gi, cfg, seed)
+    write_whole(
+        pa.table({"rows": pa.array([c.astype(np.int32) for c in clusters], pa.list_(pa.int32()))}),
+        f"{out}.clusters",
+    )
+    docs, _ = class_documents([Cluster([rows[i] for i in c], x, c) for c in clusters])
+    del x, rows
+    terms = _counted(docs)
+    write_parts(terms, (key_hash(terms.column("term")) % np.uint64(buckets)).astype(np.int32), f"{out}.terms")
+    sums = np.bincount(terms.column("j").to_numpy(), terms.column("count").to_numpy(), len(clusters))
+    keys = [hashlib.blake2b(g[c].astype("<i8").tobytes(), digest_size=16).hexdigest() for c in clusters]
+    return [(key, int(g[c[0]]), len(c), int(s)) for key, c, s in zip(keys, clusters, sums)]
+
+
+def _counted(docs: list[str]) -> pa.Table:
+    """The documents' term counts as rows (document ``j``, term, count); large ones in a child process."""
+    import tempfile
+
+    from tasks.methods.summarize import KEY_PHRASES_IN_CHILD_CHARS
+    from tasks.runtime.parallel import in_child_process
+
+    if sum(map(len, docs)) < KEY_PHRASES_IN_CHILD_CHARS:
+        return _count_rows(docs)
+    with tempfile.TemporaryDirectory(prefix="strata-phrases-") as work:
+        return in_child_process(_count_rows, docs, workdir=work)
+
+
+def _count_rows(docs: list[str]) -> pa.Table:
+    from tasks.methods.summarize import term_counts
+
+    counted = term_counts(docs)
+    if counted is None:
+        return TERMS.empty_table()
+    terms, counts = counted
+    j = np.repeat(np.arange(counts.shape[0], dtype=np.int32), np.diff(counts.indptr))
+    return pa.table({"j": j, "term": pa.array(terms[counts.indices], pa.string()), "count": counts.data}, TERMS)
+
+
+def totals_task(job: tuple[int, str], local: list[str], kept: list[list[int]]) -> int:
+    """Term bucket ``job[0]``'s counts over the kept clusters of every global cluster (a task), written to
+    ``job[1]``. Returns its terms."""
+    b, out = job
+    parts = [TERMS.empty_table()]
+    for base, js in zip(local, kept):
+        t = read_split([f"{base}.terms"], b)
+        parts.append(t.filter(pc.is_in(t.column("j"), pa.array(js, pa.int32()))))
+    table = pa.concat_tables(parts).group_by("term").aggregate([("count", "sum")])
+    write_whole(table.rename_columns(["term", "total"]), out)
+    return table.num_rows
+
+
+def _phrases(base: str, js: list[int], totals: list[str], avg: float, firsts: list[list[str]]) -> list[list[str]]:
+    """The key phrases of clusters ``js`` (``class_phrases`` with the layer's idf)."""
+    from tasks.methods.summarize import idf_of, pick_phrases
+
+    terms = pq.read_table(f"{base}.terms", columns=["j", "term", "count"])
+    terms = terms.filter(pc.is_in(terms.column("j"), pa.array(js, pa.int32())))
+    known = pa.concat_tables(
+        [t.filter(pc.is_in(t.column("term"), terms.column("term"))) for t in map(pq.read_table, totals)]
+    )  # fmt: skip
+    terms = terms.join(known, "term").sort_by("j")
+    at = terms.column("j").to_numpy()
+    names = terms.column("term").to_numpy(zero_copy_only=False)
+    counts, idf = terms.column("count").to_numpy(), idf_of(avg, terms.column("total").to_numpy())
+    out = []
+    for i, j in enumerate(js):
+        lo, hi = np.searchsorted(at, [j, j + 1])
+        if lo == hi:
+            out.append(firsts[i][:1])
+            continue
+        c = counts[lo:hi]
+        out.append(pick_phrases(names[lo:hi], (c / max(c.sum(), 1e-12)) * idf[lo:hi], 3))
+    return out
+
+
+def summary_task(
+    job: tuple[int, int, str],
+    assigned: list[str],
+    totals: list[str],
+    kept: list[list[int]],
+    avg: float,
+    any_terms: bool,
+    cfg: Any,
+    layer: int,
+    llm: Any,
+    cache_dir: str,
+    per_cluster: int,
+    max_tokens: int,
+    version: int,
+    share: int = 1,
+) -> tuple[dict[int, list[dict[str, Any]]], list[dict[str, str]], dict[str, Any], int]:
+    """The summary entities of global cluster ``job[1]``'s kept clusters (a task), their ``summary_of`` links
+    written to ``job[2]`` stamped ``version``. Returns the entities by local cluster, the LLM summaries that fell
+    back to offline ones, the LLM usage and the links written."""
+    from tasks.index.extract_llm import _client
+    from tasks.methods.summarize import Cluster, LLMSummarizer, OfflineSummarizer, summary_rows
+    from tasks.runtime.llm_client import usage_scope
+
+    gi, k, out = job
+    js = kept[gi]
+    _, x, rows = _component(assigned, k)
+    base = str(Path(out).parent / f"layer1-local-{gi:03d}")
+    members = pq.read_table(f"{base}.clusters").column("rows").to_pylist()
+    clusters = [Cluster([rows[i] for i in members[j]], x, np.array(members[j], np.int64)) for j in js]
+    offline, summarizer = OfflineSummarizer(cfg.meta_entities, max_tokens), cast(Any, None)
+    with usage_scope() as usage:
+        if llm is not None:
+            summarizer = LLMSummarizer(_client(llm, cache_dir, share), cfg.meta_entities, per_cluster, max_tokens)
+            summaries = summarizer.summarize_layer(layer, clusters)
+        else:
+            summarizer, firsts = offline, [[m["name"] for m in c.members[:3]] for c in clusters]
+            phrases = _phrases(base, js, totals, avg, firsts) if any_terms else [f[:3] for f in firsts]
+            summaries = offline.summaries(clusters, phrases)
+    by_cluster: dict[int, list[dict[str, Any]]] = {}
+    links: list[dict[str, Any]] = []
+    for j, cluster, summary in zip(js, clusters, summaries):
+        ents, rels = summary_rows(layer, [cluster], [summary])
+        by_cluster[j] = ents
+        links.extend(rels)
+    if links:
+        write_whole(stamped(relation_table(links), version), out)
+    return by_cluster, list(summarizer.failures), asdict(usage), len(links)
