@@ -112,12 +112,13 @@ def timed(mode: str, corpus: Path, index: Path, cluster: ExternalCluster | None 
     res["peak_rss_mb"] = int(rss.group(1)) / 1024 if rss else float("nan")
     res["tree_peak_rss_mb"] = tree_peak
     res["tree_peak_parts_mb"] = {k: round(v) for k, v in at_peak.items() if v >= 1}
-    res["tree_peak_by_stage_mb"] = peaks_by_stage(samples, res.pop("began"))
+    began = res.pop("began")
+    res["tree_peak_by_stage_mb"] = peaks_by_stage(samples, began)
     res["process_wall_s"] = outer
     # a successful run logs no errors: neither its own, nor Prefect's, nor Dask's (lost workers, heartbeats)
     res["error_lines"] = [l for l in (proc.stdout + proc.stderr).splitlines() if "ERROR" in l or "Traceback" in l]
     if cluster is not None:
-        res["workers"] = cluster.figures()
+        res["workers"] = cluster.figures(began)
     return res
 
 
@@ -176,8 +177,10 @@ class ExternalCluster:
     def reset(self) -> None:
         self.peak = [0.0] * len(self.nannies)
         self.pids: list[set[int]] = [set() for _ in self.nannies]
+        self.samples: list[tuple[float, float]] = []  # (time, the largest worker's RSS)
 
     def sample(self) -> None:
+        largest = 0.0
         for i, nanny in enumerate(self.nannies):
             for pid in _children(nanny.pid):
                 try:
@@ -187,11 +190,15 @@ class ExternalCluster:
                 if b"spawn_main" not in cmdline:  # the nanny's multiprocessing resource tracker
                     continue
                 self.pids[i].add(pid)
-                self.peak[i] = max(self.peak[i], sum(tree_rss_mb(pid).values()))
+                rss = sum(tree_rss_mb(pid).values())
+                self.peak[i], largest = max(self.peak[i], rss), max(largest, rss)
+        self.samples.append((time.time(), largest))
 
-    def figures(self) -> dict:
+    def figures(self, began: list[tuple[str, float]]) -> dict:
+        """Each worker's peak RSS and restarts, the largest worker's peak in each stage, the logs' error lines."""
         out = {
             "peak_rss_mb": [round(p) for p in self.peak],
+            "peak_by_stage_mb": peaks_by_stage(self.samples, began),
             "restarts": [max(0, len(p) - 1) for p in self.pids],
             "error_lines": [
                 line
@@ -371,6 +378,7 @@ def report_external(r: dict) -> None:
         f"{', '.join(f'{m} MB' for m in b['workers']['peak_rss_mb'])}; restarts {sum(b['workers']['restarts'])}; "
         f"ERROR or Traceback lines: run {len(b['error_lines'])}, cluster {len(b['workers']['error_lines'])}"
     )
+    print("the largest worker by stage: " + ", ".join(f"{k} {v} MB" for k, v in b["workers"]["peak_by_stage_mb"].items()))
     if "direct" in r:
         d = r["direct"]
         print(

@@ -63,10 +63,14 @@ def update_index(
     full: bool = False,
     replace_root: str | None = None,
 ) -> BuildResult:
-    """Apply the corpus delta to the published index (a full build when the index is empty or ``full``).
+    """Apply the corpus delta to the published index (a full build when the index is empty or ``full``), at the
+    CPU priority ``incremental.nice`` (a service beside it keeps its cores).
 
     ``replace_root``: an indexed corpus root that ``corpus`` is the new location of (a moved mount, a new
     export folder): its documents are diffed against that root's instead of being added as a new root."""
+    from tasks.runtime.parallel import lower_priority
+
+    lower_priority(cfg.incremental.nice)
     snap = catalog.snapshot()
     return _execute(
         corpus, catalog, cfg, task, mapper or LocalMapper(), run_id, flow_name, None if full else snap, replace_root

@@ -329,6 +329,13 @@ class IncrementalConfig(_Section):
         "the share of its members changed since it was written reaches this (0 = on every change); "
         "one that lost members is always rewritten.",
     )
+    nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="The CPU priority an update runs at, as `nice -n` (its Dask workers and children too): a query "
+        "service on the same machine keeps the cores it needs while an update runs (0 = as started).",
+    )
 
 
 class LLMConfig(_Section):

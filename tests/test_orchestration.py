@@ -236,3 +236,25 @@ def test_sigterm_ends_a_command_through_its_exit_handlers(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM
     assert "terminated; the previous snapshot is still the published one" in out + err
     assert mark.read_text() == "ok"
+
+
+def test_an_update_runs_at_a_lower_cpu_priority_set_once(monkeypatch):
+    """``incremental.nice``: an update (and what it starts) runs niced, so a service beside it keeps its cores; a
+    process cannot take its priority back, so a second update in it does not lower it again."""
+    from types import SimpleNamespace
+
+    import flows.pipeline as pipeline
+    from schemas.config import load_config
+
+    code = (
+        "import os; from tasks.runtime.parallel import lower_priority; b = os.nice(0); lower_priority(b + 3); "
+        "lower_priority(b + 3); a = os.nice(0); lower_priority(b + 1); print(a - b, os.nice(0) - b)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["3", "3"]
+    seen: list[int] = []
+    monkeypatch.setattr("tasks.runtime.parallel.lower_priority", seen.append)
+    monkeypatch.setattr(pipeline, "_execute", lambda *_a, **_k: "ran")
+    cfg = load_config(overrides={"incremental": {"nice": 7}})
+    assert pipeline.update_index("corpus", SimpleNamespace(snapshot=lambda: None), cfg) == "ran"
+    assert seen == [7]

@@ -88,14 +88,14 @@ def communities_task(
 
 
 def hierarchy_on_cluster(
-    ctx: Any, layer0: SpilledTable, summarizer: Any, per_cluster: int, on_layer: Any = None
+    ctx: Any, layer0: SpilledTable, summarizer: Any, per_cluster: int, on_layer: Any = None, detail: Any = None
 ) -> tuple[list[dict[str, Any]], Any, pa.Table | SpilledTable, list[dict[str, Any]]]:
     """``hierarchy.build_hierarchy`` over layer 0's parts (a build's entities with their vectors): layer 1, the
     GMMs over every layer-0 entity and the summaries of their clusters, as tasks on the run's mapper over the
     parts (``layer_parts``); the layers above it, over the summary entities, in this process. The result is
     ``build_hierarchy``'s over the same rows (up to the PCA's rounding), but the ``summary_of`` links spilled,
     stamped with the run's version: layer 1's (one per layer-0 entity and cluster it joins) are never read by
-    the run."""
+    the run. ``detail`` (a dict) gets layer 1's number of global clusters and the largest one's entities."""
     import numpy as np
 
     from schemas.tables import schema_for
@@ -115,6 +115,8 @@ def hierarchy_on_cluster(
     )  # fmt: skip
     ents, stats = (layers[0].entities if layers else []), [cast(Any, dict(r)) for r in rows]
     summarizer.failures.extend(one.failures)
+    if detail is not None:  # what layer 1's tasks held: its global clusters, the largest's entities
+        detail.update(global_clusters=len(one.globals), largest_global_cluster=one.largest)
     rels = SpilledTable(one.links, schema_for("relations", 0), one.n_links)
     vecs = ctx.embed([entity_text(e["name"], e["type"], e["description"]) for e in ents]).reshape(-1, dim)
     if not ents or stats[-1]["stopped"]:

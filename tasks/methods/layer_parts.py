@@ -52,6 +52,8 @@ class LayerOne:
         self.failures: list[dict[str, str]] = []
         self.links: list[Path] = []
         self.n_links = 0
+        self.globals: list[int] = []
+        self.largest = 0
 
     def _out(self, name: str) -> str:
         return str(self.work / name)
@@ -87,6 +89,7 @@ class LayerOne:
             axis=0,
         )  # fmt: skip
         self.globals = [int(k) for k in np.flatnonzero(sizes)]  # soft_assign drops empty components
+        self.largest = int(sizes.max())  # what one local task holds, in entities
         jobs = [(gi, k, self._out(f"layer1-local-{gi:03d}")) for gi, k in enumerate(self.globals)]
         self.buckets = len(self.files)
         found = mapper(local_task, jobs, assigned=self.assigned, cfg=cfg, seed=seed, buckets=self.buckets)

@@ -377,3 +377,11 @@ def _child_main(call: str, result: str) -> None:
     with open(result + ".part", "wb") as fh:
         pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL)
     os.replace(result + ".part", result)
+
+
+def lower_priority(niceness: int) -> None:
+    """Run this process, and the processes it starts from now on, at a niceness of at least ``niceness`` (a
+    process cannot raise its own priority back, so it is never lowered twice)."""
+    current = os.nice(0)
+    if niceness > current:
+        os.nice(niceness - current)

@@ -41,8 +41,9 @@ class HiRAG:
         with ctx.stage("hierarchy") as st:
             per_cluster = cfg.hierarchy.summaries_per_cluster
             summarizer = summarizer_for(ctx, per_cluster)
+            detail: dict[str, int] = {}
             ents, vecs, rels, layers = st.run(
-                hierarchy_on_cluster, ctx, parts, summarizer, per_cluster, lambda _s: st.advance(1)
+                hierarchy_on_cluster, ctx, parts, summarizer, per_cluster, lambda _s: st.advance(1), detail
             )
             built = [r for r in layers if not r["stopped"]]
             st.done(
@@ -50,6 +51,7 @@ class HiRAG:
                 f"stop: {layers[-1]['stop_reason'] if layers else 'disabled'}",
                 layers=len(built),
                 summary_entities=len(ents),
+                **detail,
             )
         # a build's relations stay spilled, the summary_of links too (360k at 100k chunks: ~80 MB as Arrow): Leiden
         # and the reports are tasks on the cluster that read them
