@@ -330,11 +330,12 @@ class IncrementalConfig(_Section):
         "one that lost members is always rewritten.",
     )
     nice: int = Field(
-        10,
+        0,
         ge=0,
         le=19,
-        description="The CPU priority an update runs at, as `nice -n` (its Dask workers and children too): a query "
-        "service on the same machine keeps the cores it needs while an update runs (0 = as started).",
+        description="The CPU priority an update runs at, as `nice -n` (its Dask workers and children too; 0 = as "
+        "started): with 10 a query service on the same machine keeps its cores and the update takes what they "
+        "leave, so beside a saturated service it waits (docs/benchmarks.md, 'The service during updates').",
     )
 
 
