@@ -258,3 +258,24 @@ def test_an_update_runs_at_a_lower_cpu_priority_set_once(monkeypatch):
     cfg = load_config(overrides={"incremental": {"nice": 7}})
     assert pipeline.update_index("corpus", SimpleNamespace(snapshot=lambda: None), cfg) == "ran"
     assert seen == [7]
+
+
+def _plus_len(batch: int, rows: list[int]) -> int:
+    return batch + len(rows)
+
+
+def test_a_large_keyword_argument_reaches_every_task_on_a_cluster():
+    """distributed makes a ``Client.map`` keyword over 100 kB a graph node named after the keyword, which its
+    scheduler fails to run; ``map_batches`` scatters such a value first (layer 1's sample rows at 20k chunks)."""
+    from distributed import Client, LocalCluster
+
+    from tasks.runtime.parallel import map_batches
+
+    rows = list(range(50_000))  # ~1.8 MB
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        assert map_batches(client, _plus_len, [1, 2, 3], rows=rows) == [50_001, 50_002, 50_003]
+        assert map_batches(client, _plus_len, [4], rows=rows[:60_000] + [0] * 10_000) == [60_004]
+        assert map_batches(client, _plus_len, [5], rows=rows[:10]) == [15]

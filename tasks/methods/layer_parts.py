@@ -38,6 +38,7 @@ from tasks.store.rows import relation_table, stamped, vector_matrix
 from tasks.store.spill import SpilledTable, key_hash, read_split, write_parts, write_whole
 
 COLUMNS = ["id", "name", "type", "description", "vector"]
+#: a cluster's (``j``) class-document term counts
 TERMS = pa.schema([("j", pa.int32()), ("term", pa.string()), ("count", pa.float64())])
 
 
@@ -52,8 +53,11 @@ class LayerOne:
         self.failures: list[dict[str, str]] = []
         self.links: list[Path] = []
         self.n_links = 0
-        self.globals: list[int] = []
+        self.globals: list[int] = []  # the non-empty global components, in order (``gi`` numbers them)
         self.largest = 0
+        self.assigned: list[str] = []  # each part's rows by global component (``assign_task``)
+        self.buckets = len(self.files)  # term buckets of the idf round
+        self.order: list[tuple[int, int, int, int, int]] = []  # (first, size, gi, j, terms) of each cluster kept
 
     def _out(self, name: str) -> str:
         return str(self.work / name)
@@ -91,7 +95,6 @@ class LayerOne:
         self.globals = [int(k) for k in np.flatnonzero(sizes)]  # soft_assign drops empty components
         self.largest = int(sizes.max())  # what one local task holds, in entities
         jobs = [(gi, k, self._out(f"layer1-local-{gi:03d}")) for gi, k in enumerate(self.globals)]
-        self.buckets = len(self.files)
         found = mapper(local_task, jobs, assigned=self.assigned, cfg=cfg, seed=seed, buckets=self.buckets)
         unique: dict[str, tuple[int, int, int, int, int]] = {}
         for gi, clusters in enumerate(found):

@@ -277,6 +277,19 @@ class DaskPool:
         self.close()
 
 
+#: distributed makes a keyword argument of ``Client.map`` larger than this a graph node keyed by the keyword's name
+#: alone, which the scheduler fails to run ("AssertionError: <TaskState 'rows' processing>", distributed 2026.8)
+LARGE_ARGUMENT_BYTES = 100_000
+
+
+def _by_reference(client: Any, value: Any) -> Any:
+    """``value`` as it goes into a map's keywords: a large one scattered to the workers first, under a key of
+    its own (sent to the workers, not through the scheduler), a small one as it is."""
+    from dask.sizeof import sizeof
+
+    return client.scatter([value], hash=False)[0] if sizeof(value) > LARGE_ARGUMENT_BYTES // 2 else value
+
+
 def worker_count(client: Any) -> int:
     return max(1, len(client.scheduler_info().get("workers", {})))
 
@@ -301,6 +314,7 @@ def map_batches(
 
     if not batches:
         return []
+    kwargs = {k: _by_reference(client, v) for k, v in kwargs.items()}
     futures = client.map(fn, client.scatter(batches), pure=False, **kwargs)
     index = {f.key: i for i, f in enumerate(futures)}
     tries = [1] * len(batches)
