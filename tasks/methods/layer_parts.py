@@ -210,7 +210,7 @@ def local_task(
     clusters (``job[2]``.clusters) and their class documents' term counts (``job[2]``.terms, a row group per term
     bucket). Returns (key, first member, size, terms) per cluster, in the local GMM's order."""
     from tasks.methods.hirag.hierarchy import local_clusters
-    from tasks.methods.summarize import Cluster, class_documents
+    from tasks.methods.summarize import Cluster, class_documents, over_documents
 
     gi, k, out = job
     g, x, rows = _component(assigned, k)
@@ -221,27 +221,15 @@ def local_task(
     )
     docs, _ = class_documents([Cluster([rows[i] for i in c], x, c) for c in clusters])
     del x, rows
-    terms = _counted(docs)
+    terms = over_documents(_count_rows, docs)
     write_parts(terms, (key_hash(terms.column("term")) % np.uint64(buckets)).astype(np.int32), f"{out}.terms")
     sums = np.bincount(terms.column("j").to_numpy(), terms.column("count").to_numpy(), len(clusters))
     keys = [hashlib.blake2b(g[c].astype("<i8").tobytes(), digest_size=16).hexdigest() for c in clusters]
     return [(key, int(g[c[0]]), len(c), int(s)) for key, c, s in zip(keys, clusters, sums)]
 
 
-def _counted(docs: list[str]) -> pa.Table:
-    """The documents' term counts as rows (document ``j``, term, count); large ones in a child process."""
-    import tempfile
-
-    from tasks.methods.summarize import KEY_PHRASES_IN_CHILD_CHARS
-    from tasks.runtime.parallel import in_child_process
-
-    if sum(map(len, docs)) < KEY_PHRASES_IN_CHILD_CHARS:
-        return _count_rows(docs)
-    with tempfile.TemporaryDirectory(prefix="strata-phrases-") as work:
-        return in_child_process(_count_rows, docs, workdir=work)
-
-
 def _count_rows(docs: list[str]) -> pa.Table:
+    """The documents' term counts as rows (document ``j``, term, count)."""
     from tasks.methods.summarize import term_counts
 
     counted = term_counts(docs)
@@ -267,7 +255,7 @@ def totals_task(job: tuple[int, str], local: list[str], kept: list[list[int]]) -
 
 def _phrases(base: str, js: list[int], totals: list[str], avg: float, firsts: list[list[str]]) -> list[list[str]]:
     """The key phrases of clusters ``js`` (``class_phrases`` with the layer's idf)."""
-    from tasks.methods.summarize import idf_of, pick_phrases
+    from tasks.methods.summarize import TOP_PHRASES, idf_of, pick_phrases
 
     terms = pq.read_table(f"{base}.terms", columns=["j", "term", "count"])
     terms = terms.filter(pc.is_in(terms.column("j"), pa.array(js, pa.int32())))
@@ -285,7 +273,7 @@ def _phrases(base: str, js: list[int], totals: list[str], avg: float, firsts: li
             out.append(firsts[i][:1])
             continue
         c = counts[lo:hi]
-        out.append(pick_phrases(names[lo:hi], (c / max(c.sum(), 1e-12)) * idf[lo:hi], 3))
+        out.append(pick_phrases(names[lo:hi], (c / max(c.sum(), 1e-12)) * idf[lo:hi], TOP_PHRASES))
     return out
 
 
@@ -309,7 +297,7 @@ def summary_task(
     written to ``job[2]`` stamped ``version``. Returns the entities by local cluster, the LLM summaries that fell
     back to offline ones, the LLM usage and the links written."""
     from tasks.index.extract_llm import _client
-    from tasks.methods.summarize import Cluster, LLMSummarizer, OfflineSummarizer, summary_rows
+    from tasks.methods.summarize import TOP_PHRASES, Cluster, LLMSummarizer, OfflineSummarizer, summary_rows
     from tasks.runtime.llm_client import usage_scope
 
     gi, k, out = job
@@ -324,8 +312,8 @@ def summary_task(
             summarizer = LLMSummarizer(_client(llm, cache_dir, share), cfg.meta_entities, per_cluster, max_tokens)
             summaries = summarizer.summarize_layer(layer, clusters)
         else:
-            summarizer, firsts = offline, [[m["name"] for m in c.members[:3]] for c in clusters]
-            phrases = _phrases(base, js, totals, avg, firsts) if any_terms else [f[:3] for f in firsts]
+            summarizer, firsts = offline, [[m["name"] for m in c.members[:TOP_PHRASES]] for c in clusters]
+            phrases = _phrases(base, js, totals, avg, firsts) if any_terms else firsts
             summaries = offline.summaries(clusters, phrases)
     by_cluster: dict[int, list[dict[str, Any]]] = {}
     links: list[dict[str, Any]] = []

@@ -81,20 +81,27 @@ _TOKEN = r"(?u)\b[A-Za-z][A-Za-z0-9'\-]+\b"
 #: 1's 1,400 clusters hold 120k entities, whose unigram and bigram vocabulary is ~600 MB of Python strings and
 #: dict entries that a long-lived process would keep mapped after it is freed
 KEY_PHRASES_IN_CHILD_CHARS = 20_000_000
+#: key phrases a cluster's offline summary is named from
+TOP_PHRASES = 3
 
 
-def key_phrases(clusters: list[Cluster], top: int = 3) -> list[list[str]]:
+def key_phrases(clusters: list[Cluster], top: int = TOP_PHRASES) -> list[list[str]]:
     """Class-based TF-IDF: each cluster is one class document (names weighted twice); top phrases per cluster."""
+    docs, firsts = class_documents(clusters, top)
+    return over_documents(class_phrases, docs, firsts, top)
+
+
+def over_documents(fn: Any, docs: list[str], *args: Any) -> Any:
+    """``fn(docs, *args)``, in a child process when the documents pass ``KEY_PHRASES_IN_CHILD_CHARS``."""
     from tasks.runtime.parallel import in_child_process
 
-    docs, firsts = class_documents(clusters, top)
     if sum(map(len, docs)) < KEY_PHRASES_IN_CHILD_CHARS:
-        return class_phrases(docs, firsts, top)
+        return fn(docs, *args)
     with tempfile.TemporaryDirectory(prefix="strata-phrases-") as work:
-        return in_child_process(class_phrases, docs, firsts, top, workdir=work)
+        return in_child_process(fn, docs, *args, workdir=work)
 
 
-def class_documents(clusters: list[Cluster], top: int = 3) -> tuple[list[str], list[list[str]]]:
+def class_documents(clusters: list[Cluster], top: int = TOP_PHRASES) -> tuple[list[str], list[list[str]]]:
     """Each cluster's class document (its members' names twice, then the heads of their descriptions) and its
     first ``top`` member names (the phrases of a cluster without words)."""
     docs = []
