@@ -4,8 +4,9 @@ the clusters' sizes and the summary entities only. Entities are numbered in part
 
 1. ``moments_task`` per part: its rows, the sum of their vectors and their Gram matrix; the run adds them up in
    part order into the PCA (``pca_from_moments``: the covariance's eigenvectors, scikit-learn's PCA up to rounding).
-2. ``fit_task``: the global GMM's seeded sample, read from the parts and projected, and its BIC sweep (UMAP: fitted
-   on the sample, the other rows transformed); the model is written to the work folder.
+   Each also saves its rows of the global GMM's seeded sample.
+2. ``fit_task``: the sample projected and the BIC sweep (UMAP: fitted on the sample, the other rows transformed);
+   the model is written to the work folder.
 3. ``assign_task`` per part: every row's posteriors, soft-assigned; its rows written a row group per global
    cluster (an entity in two clusters, twice).
 4. ``local_task`` per global cluster: its rows in ``g`` order, the local GMM's clusters and their class documents'
@@ -67,10 +68,18 @@ class LayerOne:
         from tasks.methods.hirag.hierarchy import global_candidates, pca_from_moments, sample_rows
 
         cfg, mapper = self.cfg, self.ctx.mapper
-        moments = mapper(moments_task, self.files)
-        counts = [m[0] for m in moments]
-        n, d = sum(counts), moments[0][1].shape[0]
+        counts = [pq.ParquetFile(f).metadata.num_rows for f in self.files]
+        n = sum(counts)
         offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        rows = sample_rows(n, cfg.fit_sample, seed)  # the global GMM's sample, as fit_gmm_bic draws it
+        rows = np.arange(n) if rows is None else rows
+        at = np.searchsorted(rows, np.concatenate([offsets, [n]]))
+        samples = [self._out(f"layer1-sample-{p:05d}.npy") for p in range(len(self.files))]
+        parts = [
+            (f, (rows[a:b] - o).tolist(), out) for f, a, b, o, out in zip(self.files, at[:-1], at[1:], offsets, samples)
+        ]
+        moments = mapper(moments_task, parts)
+        d = moments[0][1].shape[0]
         model = self._out("layer1-model.pkl")
         if n <= 2:
             model = ""  # every entity in one cluster, as gmm_clusters
@@ -80,11 +89,7 @@ class LayerOne:
                 reducer = "umap"
             elif cfg.reduction != "none" and dim < d:
                 reducer = pca_from_moments(n, sum(m[1] for m in moments), sum(m[2] for m in moments), dim)
-            rows = sample_rows(n, cfg.fit_sample, seed)
-            rows = np.arange(n) if rows is None else rows
-            at = np.searchsorted(rows, np.concatenate([offsets, [n]]))
-            per_part = [(rows[a:b] - o).tolist() for a, b, o in zip(at[:-1], at[1:], offsets)]
-            [_] = mapper(fit_task, [model], files=self.files, rows=per_part, reducer=reducer,
+            [_] = mapper(fit_task, [model], samples=[s for s, (_, r, _) in zip(samples, parts) if r], reducer=reducer,
                          candidates=global_candidates(n, cfg), cfg=cfg, seed=seed, dim=dim)  # fmt: skip
         self.assigned = [self._out(f"layer1-assigned-{p:05d}.parquet") for p in range(len(self.files))]
         sizes = np.sum(
@@ -144,24 +149,27 @@ class LayerOne:
         return entities, np.zeros((len(entities), 0), np.float32)
 
 
-def moments_task(file: str) -> tuple[int, np.ndarray, np.ndarray]:
-    """A part's rows, the sum of their vectors and their Gram matrix X^T X (a task; float64)."""
-    x = vector_matrix(pq.read_table(file, columns=["vector"])).astype(np.float64)
+def moments_task(job: tuple[str, list[int], str]) -> tuple[int, np.ndarray, np.ndarray]:
+    """A part's rows, the sum of their vectors and their Gram matrix X^T X (a task; float64); the vectors of its
+    rows ``job[1]`` in the global GMM's sample saved to ``job[2]`` (none: no file)."""
+    file, rows, out = job
+    x = vector_matrix(pq.read_table(file, columns=["vector"]))
+    if rows:
+        np.save(f"{out}.tmp.npy", x[rows])
+        Path(f"{out}.tmp.npy").replace(out)
+    x = x.astype(np.float64)
     return len(x), x.sum(axis=0), x.T @ x
 
 
 def fit_task(
-    out: str, files: list[str], rows: list[list[int]], reducer: Any, candidates: list[int], cfg: Any, seed: int,
-    dim: int
+    out: str, samples: list[str], reducer: Any, candidates: list[int], cfg: Any, seed: int, dim: int
 ) -> int:  # fmt: skip
-    """The global GMM (a task): the sample ``rows`` of each part, reduced (``reducer``: a PCA's (mean,
-    components), None, or "umap": fitted here on the sample), the BIC sweep on them; (reducer, GMM) pickled to
-    ``out``. Returns the GMM's size."""
+    """The global GMM (a task): the sample the parts saved (``samples``, in part order), reduced (``reducer``: a
+    PCA's (mean, components), None, or "umap": fitted here on the sample), the BIC sweep on them; (reducer, GMM)
+    pickled to ``out``. Returns the GMM's size."""
     from tasks.methods.hirag.hierarchy import fit_gmm_model, project
 
-    x = np.concatenate(
-        [vector_matrix(pq.read_table(f, columns=["vector"]))[r] for f, r in zip(files, rows) if r]
-    )  # fmt: skip
+    x = np.concatenate([np.load(f) for f in samples])
     if reducer == "umap":
         import umap
 
