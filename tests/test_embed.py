@@ -32,6 +32,11 @@ def test_onnx_runtime_matches_torch(tmp_path, monkeypatch):
     assert np.array_equal(LocalEmbedder(batch_size=2, precision="fp32", runtime="onnx").embed(TEXTS), a)
     # vectors from the two runtimes never share a cache entry
     assert onnx.cache_name != torch.cache_name
+    # the questions' session runs on one thread (a service runs another request on the other core), same vectors
+    questions = LocalEmbedder(batch_size=2, precision="fp32", runtime="onnx", small_batches=True)
+    assert np.allclose(questions.embed(TEXTS), a, atol=1e-6)
+    assert questions._onnx().get_session_options().intra_op_num_threads == 1
+    assert onnx._onnx().get_session_options().intra_op_num_threads != 1
 
 
 def test_a_large_call_moves_the_model_to_a_child_process_for_the_rest_of_the_run(monkeypatch):
