@@ -260,6 +260,30 @@ def test_an_update_runs_at_a_lower_cpu_priority_set_once(monkeypatch):
     assert seen == [7]
 
 
+def test_a_service_process_and_its_workers_run_blas_on_one_thread(monkeypatch):
+    """``strata serve`` (and each worker process it starts) limits BLAS to one thread: a query's products are small,
+    and a second BLAS thread spun beside the other requests (Reader.ask on MuSiQue: 57-62 -> 25 ms of CPU)."""
+    import json
+
+    import flows.serve as serve
+
+    code = (
+        "import subprocess, sys, numpy; from threadpoolctl import threadpool_info; "
+        "from tasks.runtime.parallel import one_blas_thread; one_blas_thread(); "
+        "blas = lambda: sorted({i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas'}); "
+        "child = 'import numpy; from threadpoolctl import threadpool_info; "
+        "print(sorted({i[\"num_threads\"] for i in threadpool_info() if i[\"user_api\"] == \"blas\"}))'; "
+        "print(blas(), subprocess.run([sys.executable, '-c', child], capture_output=True, text=True).stdout.strip())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[1] [1]", out.stdout  # this process's BLAS, and a child's
+    seen: list[str] = []
+    monkeypatch.setattr("tasks.runtime.parallel.one_blas_thread", lambda: seen.append("blas"))
+    monkeypatch.setattr(serve, "create_app", lambda index, cfg: index)
+    monkeypatch.setenv(serve.APP_ENV, json.dumps({"index": "somewhere", "config": None, "overrides": {}}))
+    assert serve.app_from_env() == "somewhere" and seen == ["blas"]
+
+
 def _plus_len(batch: int, rows: list[int]) -> int:
     return batch + len(rows)
 
