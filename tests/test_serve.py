@@ -234,6 +234,34 @@ def test_the_latest_snapshot_is_looked_up_at_most_once_per_snapshot_check_interv
     assert looked.count(None) == 2 and looked.count(1) == 1  # the service's first load, then one request's
 
 
+def test_a_request_beside_the_load_of_a_new_version_is_answered_from_the_view_it_has(served_index, monkeypatch):
+    """One request looks up (and loads) the latest snapshot; the others do not wait for it: they answer from the
+    published view the service holds (a load that blocked them all was the p99 of a service beside updates)."""
+    import tasks.query.view as views
+
+    load, started, release = views.load_view, threading.Event(), threading.Event()
+
+    def slow(catalog, as_of=None):
+        started.set()
+        release.wait(60)
+        return load(catalog, as_of)
+
+    with _client(served_index, snapshot_check_s=0) as client:
+        version = client.app.state.service.view(None).version
+        monkeypatch.setattr(views, "load_view", slow)
+        checker = threading.Thread(target=client.app.state.service.view, args=(None,))
+        checker.start()
+        assert started.wait(30)
+        answered: list[int] = []
+        asker = threading.Thread(target=lambda: answered.append(
+            client.post("/query", json={"question": "Who was Scrooge's clerk?", "mode": "naive"}).json()["version"]))
+        asker.start()
+        asker.join(30)
+        assert answered == [version] and not release.is_set()  # answered while the load was still held up
+        release.set()
+        checker.join(30)
+
+
 def test_serve_refuses_an_index_that_is_not_there(tmp_path):
     from typer.testing import CliRunner
 
