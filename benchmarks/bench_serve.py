@@ -5,8 +5,8 @@ POST /query requests (the dataset's questions in turn, ``--mode``, ``--budget`` 
 ``--clients`` clients at once, once per number given. Clients do not retry: a 503 is a failure like any other non-200
 (``--retry``: a 503 is retried after a tenth of its Retry-After and counted instead). With ``--publish-during CORPUS`` (the folder the index was built from), two documents
 are added to it one after the other and ``strata update`` publishes each while the last run is under way (it
-goes on past ``--requests`` until both are published): every response must name one of the published
-versions, and the versions must change during the run.
+goes on past ``--requests`` until both are published, or ``--publish-timeout`` seconds have passed): every response
+must name one of the published versions, and the versions must change during the run.
 
     .venv/bin/python benchmarks/bench_serve.py --index ./musique-index --dataset ../shared/datasets/musique \\
         [--requests 2000] [--clients 16 --clients 64] [--mode hi] [--budget 4000] [--publish-during CORPUS] \\
@@ -84,13 +84,17 @@ async def load(base: str, questions: list[str], n: int, concurrency: int, until=
             "versions": dict(sorted(versions.items())), "first_failures": failures[:3]}
 
 
-def publish_twice(corpus: Path, index: str, env: dict[str, str], published: list[int]) -> None:
+def publish_twice(corpus: Path, index: str, env: dict[str, str], published: list[int], running: list) -> None:
+    """Two documents added to ``corpus``, one ``strata update`` each (the one running is ``running[-1]``, so that
+    ``--publish-timeout`` can stop it); the versions published go to ``published``."""
     for i in range(2):
         time.sleep(5)
         (corpus / f"bench-serve-{i}.txt").write_text(
             f"Bench note {i}: Ada Lovelace wrote the first published algorithm for Babbage's engine.\n", encoding="utf-8")
-        subprocess.run([str(STRATA), "update", str(corpus), "--index", index, "--quiet"], check=True, env=env,
-                       stdout=subprocess.DEVNULL)
+        running.append(subprocess.Popen([str(STRATA), "update", str(corpus), "--index", index, "--quiet"], env=env,
+                                        stdout=subprocess.DEVNULL))
+        if running[-1].wait() != 0:
+            return  # stopped at the timeout, or failed: what was published stands
         out = subprocess.run([str(STRATA), "inspect", "--index", index, "--json"], check=True, env=env, capture_output=True,
                              text=True).stdout
         published.append(json.loads(out)["version"])
@@ -168,6 +172,9 @@ def main() -> None:
     ap.add_argument("--retry", action="store_true", help="retry a 503 after a tenth of its Retry-After")
     ap.add_argument("--set", action="append", default=[], help="a setting for strata serve, e.g. serve.workers=2")
     ap.add_argument("--publish-during", type=Path, help="the index's corpus folder: two updates publish during the last run")
+    ap.add_argument("--publish-timeout", type=float, default=1800.0,
+                    help="seconds the last run waits for the two publishes; past them it stops the update still running "
+                         "and prints its figures with publish_timed_out (default 1800)")
     ap.add_argument("--hostile", action="store_true", help="hostile and broken requests instead of questions")
     ap.add_argument("--log", type=Path, default=Path("bench-serve.log"), help="the service's stderr (access log)")
     args = ap.parse_args()
@@ -200,13 +207,20 @@ def main() -> None:
         for i, c in enumerate(runs):
             published: list[int] = []
             pub = None
+            running: list[subprocess.Popen] = []
             if args.publish_during and i == len(runs) - 1:
-                pub = threading.Thread(target=publish_twice, args=(args.publish_during, args.index, env, published))
+                pub = threading.Thread(target=publish_twice,
+                                       args=(args.publish_during, args.index, env, published, running))
                 pub.start()
-            until = (lambda: not pub.is_alive()) if pub else None
+            deadline = time.monotonic() + args.publish_timeout
+            until = (lambda p=pub, d=deadline: not p.is_alive() or time.monotonic() > d) if pub else None
             body = {"mode": args.mode, "token_budget": args.budget}
             result = asyncio.run(load(base, questions, args.requests, c, until, args.retry, body))
             if pub:
+                if pub.is_alive():  # the figures so far are printed; the update still running is stopped
+                    result["publish_timed_out"] = True
+                    for proc in running:
+                        proc.terminate()
                 pub.join()
                 result["published_during"] = published
                 result["versions_ok"] = set(result["versions"]) <= {before, *published} and len(result["versions"]) > 1
