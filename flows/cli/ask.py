@@ -203,8 +203,9 @@ def serve(
 
     POST /query {question, mode?, token_budget?, as_of?} answers as `strata query --json` does; GET /snapshots,
     /index (inspect --json), /metrics (Prometheus), /healthz, /readyz; API docs at /docs and /redoc (packaged, no
-    CDN); a query explorer page at /. A newly published snapshot is used from the next request on, without a
-    restart; each response names its version. One access-log line per request on stderr. Settings under
+    CDN); a query explorer page at /. A newly published snapshot is found within serve.snapshot_check_s and used,
+    without a restart, once the request that found it has loaded it (the others answer from the one before
+    meanwhile); each response names its version. One access-log line per request on stderr. Settings under
     \\[serve]: api_key_env (bearer-token auth; the service refuses to start when the variable it names is unset),
     workers (processes: one per core), max_concurrency (queries at once per worker), queue_size and
     request_timeout_s (how many wait for a slot, and how long, before a 503 + Retry-After), max_budget,
