@@ -13,7 +13,6 @@ method (``index.method``) builds everything above layer 0; no stage here knows w
 from __future__ import annotations
 
 import functools
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from tasks.runtime.parallel import DaskPool, LocalMapper, Mapper
 from tasks.runtime.stages import TaskRunner, direct_task, limit_malloc_arenas, release_memory
 from tasks.store.catalog import Catalog
 from tasks.store.rows import relation_table
+from tasks.store.workfs import remove_tree
 
 
 def build_index(
@@ -127,12 +127,12 @@ def _execute(corpus, catalog, cfg, task, mapper, run_id, flow_name, snap, replac
     with recorded_run(catalog, run_id, flow_name, corpus, cfg, version, task) as (run_id, stages, usage, done):
         run = PipelineRun(corpus, catalog, cfg, stages, mapper, run_id, version, snap, usage)
         run.root = corpus_root(run, replace_root)
-        shutil.rmtree(run.spill_dir.parent, ignore_errors=True)  # what a killed run left (one writer at a time)
+        remove_tree(run.work_root)  # what a killed run left (one writer at a time)
         try:
             result = run_stages(run)
         finally:
             run.release_embedder()
-            shutil.rmtree(run.spill_dir.parent, ignore_errors=True)
+            remove_tree(run.work_root)
             # the run's calls and tokens: the LLM client's and, for a litellm embedding model, the embedder's
             for client in (run.llm, run._embedder.inner.client if run._embedder else None):
                 if client is not None:

@@ -17,6 +17,7 @@ from tasks.methods.base import Hierarchy, Layer0
 from tasks.runtime.parallel import Mapper
 from tasks.store.rows import TableDelta, relation_table, spilled_rows, stamped, to_table
 from tasks.store.spill import SpilledTable
+from tasks.store.workfs import join
 
 
 def assemble(
@@ -37,7 +38,7 @@ def assemble(
     chunks: Any = layer0.chunks if layer0.chunks is not None else SpilledTable([], schema_for("chunks", dim), 0)
     if layer0.entity_parts is not None:  # a build's chunks and entities as parts: validated and published a
         above = spilled_rows(  # part per task
-            "entities", entities[1:], dim, version, run.spill_dir / "tables" / "entities", chunk_part_rows(run.cfg)
+            "entities", entities[1:], dim, version, join(run.spill_dir, "tables", "entities"), chunk_part_rows(run.cfg)
         )
         parts = layer0.entity_parts
         all_entities: Any = SpilledTable([*parts.files, *above.files], above.schema, parts.num_rows + above.num_rows)
@@ -48,7 +49,7 @@ def assemble(
     relations = hierarchy.graph_relations  # the method's own graph table, when it made one
     if relations is None:
         above = relation_table(hierarchy.relations)
-        relations = with_above(layer0.relations, above, run.spill_dir / "relations-above.parquet", version)
+        relations = with_above(layer0.relations, above, join(run.spill_dir, "relations-above.parquet"), version)
     tables = {
         "documents": documents,
         "chunks": chunks,
@@ -117,7 +118,7 @@ def validate(run: PipelineRun, tables: dict[str, pa.Table]) -> None:
             {"layers": run.previous("layers"), **written},
             dim,
             mapper=parts_mapper(run, tables),
-            workdir=run.spill_dir / "validate",
+            workdir=join(run.spill_dir, "validate"),
             kept_ids=kept,
         )
         st.done(

@@ -22,6 +22,7 @@ from tasks.runtime.llm_client import LiteLLMClient, Usage
 from tasks.runtime.parallel import DaskPool, Mapper
 from tasks.runtime.progress import reporter
 from tasks.runtime.stages import Stages, TaskRunner, direct_task
+from tasks.store import workfs
 from tasks.store.catalog import Catalog
 from tasks.store.rows import plain_rows, snapshot_note
 from tasks.store.spill import SpilledTable
@@ -83,11 +84,22 @@ class PipelineRun:
         self.root = self.location  # the corpus root the documents belong to (see corpus_root)
         self._embedder = None
         self._previous: dict[tuple[str, tuple[str, ...] | None, str | None], pa.Table] = {}
+        workfs.use_storage(cfg.storage)  # the work folder of an index on object storage, as the catalog reaches it
 
     @property
-    def spill_dir(self) -> Path:
-        """Where the run keeps tables too large for memory until publish (removed when the run ends)."""
-        return self.catalog.cache_dir / "spill" / self.run_id
+    def work_root(self) -> str:
+        """Where runs keep their work folders (``dask.work``): the index's cache, or under an object-store index's
+        URI (``<index>/_work``) that every worker reaches. One writer at a time: what is there is a killed run's."""
+        work = self.cfg.dask.work
+        if self.catalog.root is None and (work == "index" or (work == "auto" and self.cfg.dask.address)):
+            return workfs.join(self.catalog.uri, "_work")
+        return str(self.catalog.cache_dir / "spill")
+
+    @property
+    def spill_dir(self) -> str:
+        """The run's work folder: tables too large for memory until publish, the parts its tasks write and read (a
+        path or a URI; removed when the run ends)."""
+        return workfs.join(self.work_root, self.run_id)
 
     def stage(self, name: str, total: int | None = None):
         # Leiden, validation, publish: not beside the embedding model's process (an update's communities stage only

@@ -4,9 +4,9 @@ composes them).
 
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -30,6 +30,7 @@ from tasks.store.rows import (
     vector_matrix,
 )
 from tasks.store.spill import SpilledTable
+from tasks.store.workfs import join, mkdirs
 
 
 # ---------------------------------------------------------------------------- shared stages
@@ -42,7 +43,7 @@ def ingest(run: PipelineRun) -> Delta:
     with run.stage("ingest") as st:
         ingested = IngestResult()
         documents = iter_documents(run.corpus, run.cfg.corpus, ingested, None, run.root)
-        folder, size = run.spill_dir / "ingested", chunk_part_rows(run.cfg)
+        folder, size = join(run.spill_dir, "ingested"), chunk_part_rows(run.cfg)
         least = run.cfg.corpus.boilerplate_min_documents
         parts, boilerplate = st.run(spill_documents, documents, run.version, folder, size, least)
         run.quarantine += ingested.quarantine + boilerplate
@@ -114,7 +115,7 @@ def chunk(run: PipelineRun, delta: Delta) -> tuple[SpilledTable, SpilledTable, p
             incoming,
             run.cfg.chunking,
             run.cfg.corpus.max_document_tokens,
-            run.spill_dir / "chunks",
+            join(run.spill_dir, "chunks"),
             size,
             lambda n: task_rows(n, run.cfg.extract.batch_size),
             st.advance,
@@ -126,7 +127,7 @@ def chunk(run: PipelineRun, delta: Delta) -> tuple[SpilledTable, SpilledTable, p
             tokens=int(pc.sum(documents.column("n_tokens")).as_py() or 0),
             cut=len(cut),
         )
-    kept = PartWriter(run.spill_dir / "tables" / "documents", documents.schema, size)
+    kept = PartWriter(join(run.spill_dir, "tables", "documents"), documents.schema, size)
     if run.snap:  # the previous snapshot's documents that stay, read a batch at a time
         for batch in run.catalog.batches("documents", run.snap, documents.schema.names, STEP):
             stay = pc.invert(pc.is_in(batch.column("id"), pa.array(sorted(delta.gone), pa.string())))
@@ -175,8 +176,8 @@ def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTa
     # each task writes its mentions to the work folder split by key hash; a task per part then gathers them for
     # merge, read back in canonical (chunk id, seq) order, so the table does not depend on the order tasks end in
     parts = -(-chunks.num_rows * MENTIONS_PER_CHUNK // cfg.dask.part_rows)
-    written = run.spill_dir / "extracted"
-    written.mkdir(parents=True, exist_ok=True)
+    written = join(run.spill_dir, "extracted")
+    mkdirs(written)
     with run.stage("extract", chunks.num_rows) as st:
         result = st.run(
             extract_mentions,
@@ -184,7 +185,7 @@ def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTa
             cfg.extract,
             run.mapper,
             run.version,
-            (str(written), parts),
+            (written, parts),
             on_done=lambda _i, r: st.advance(r.extracted + len(r.quarantine)),
             **llm,
         )
@@ -193,7 +194,7 @@ def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTa
             sorted(result.files),
             schema_for("mentions", 0),
             parts,
-            run.spill_dir / "mentions",
+            join(run.spill_dir, "mentions"),
             in_chunk_order,
             CHUNK_ORDER,
         )
@@ -213,18 +214,24 @@ def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTa
     return {q["item"] for q in result.quarantine if q["stage"] == "extract"}, mentions
 
 
-def _check_reach(client: Any, folder: Path) -> None:
+def _check_reach(client: Any, folder: str) -> None:
     """Extraction tasks write to the run's work folder and a build merges there: every Dask worker must reach
     it (checked before extraction, not an hour later)."""
     from tasks.errors import UsageError
     from tasks.index.merge_parts import unreachable_workers
+    from tasks.store.workfs import is_remote
 
     missing = unreachable_workers(client, folder)
     if missing:
-        raise UsageError(
-            f"Dask worker(s) {', '.join(missing)} cannot reach the run's work folder {folder} (under the index "
-            "location): run them where the index is, or mount it at the same path on their machines"
+        reasons = "; ".join(f"{worker}: {why}" for worker, why in missing.items())
+        fix = (
+            "give the workers the index's endpoint and credentials (the AWS_* variables or [storage] of "
+            "$STRATA_CONFIG in their environment)"
+            if is_remote(folder)
+            else "run them where the index is, mount it at the same path on their machines, or put the index on "
+            "object storage"
         )
+        raise UsageError(f"Dask worker(s) cannot reach the run's work folder {folder} ({reasons}): {fix}")
 
 
 def merge(run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable) -> tuple[Layer0, Any]:
@@ -247,7 +254,7 @@ def merge(run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable) -
             new,
             cfg.extract.max_description_tokens,
             chunk_order(run, delta, places),
-            run.spill_dir / "merge",
+            join(run.spill_dir, "merge"),
             run.version,
             chunk_part_rows(cfg),
             state=(lambda columns: run.catalog.batches("merge_state", snap, columns))
@@ -294,7 +301,7 @@ def _layer0(
     new_mentions: SpilledTable,
     max_tokens: int,
     order: ChunkOrder,
-    workdir: Path,
+    workdir: str,
     version: int = 0,
     part_rows: int = 20_000,
     state: Any = None,
@@ -316,7 +323,8 @@ def _layer0(
         if isinstance(mapper, DaskPool):
             parts, relations, states = merge_spilled(mapper, *args)
         elif new_mentions.num_rows >= MERGE_IN_CHILD_ROWS:
-            parts, relations, states = in_child_process(merge_spilled, LocalMapper(), *args, workdir=workdir / "child")
+            with tempfile.TemporaryDirectory(prefix="strata-merge-") as child:
+                parts, relations, states = in_child_process(merge_spilled, LocalMapper(), *args, workdir=child)
         else:
             parts, relations, states = merge_spilled(LocalMapper(), *args)
         return Layer0([], np.zeros((0, 0)), relations, entity_parts=parts, state=states), new_mentions

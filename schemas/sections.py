@@ -125,6 +125,13 @@ class DaskConfig(_Section):
         "", description="An existing dask.distributed scheduler (tcp://host:8786); empty = local cluster."
     )
     n_workers: int = Field(2, gt=0, description="Workers of the local cluster.")
+    work: Literal["auto", "local", "index"] = Field(
+        "auto",
+        description="Where the run's work folder (the parts its tasks write and read) lives for an index on object "
+        "storage: 'index' = under its URI (<index>/_work/<run>, which workers on other machines reach), 'local' = "
+        "this machine's cache (storage.cache_dir); 'auto' = 'index' with an external cluster (dask.address), "
+        "'local' otherwise. A folder index keeps it in <index>/_cache/spill.",
+    )
     processes: bool = Field(True, description="Local cluster of processes (true) or threads (false).")
     part_rows: int = Field(
         200_000,

@@ -161,6 +161,20 @@ def test_disk_full_during_publish_leaves_the_previous_snapshot(tmp_path, monkeyp
     assert {name: again.read(name).to_pylist() for name in before} == before
 
 
+@pytest.mark.parametrize("bucket_rows", [1, 1_000_000])  # a bucket per row, or one bucket for every part
+def test_a_repeat_across_parts_is_found_whatever_bucket_its_values_hash_to(bucket_rows, tmp_path, monkeypatch):
+    import tasks.index.validate as validate
+
+    monkeypatch.setattr(validate, "UNIQUE_BUCKET_ROWS", bucket_rows)
+    tables = tiny_tables()
+    tables["entities"] = _replace(tables["entities"], "id", ["ent-a", "ent-a"])
+    tables = {name: _in_parts(t, tmp_path / name) for name, t in tables.items()}
+    report = validate_tables(tables, DIM, mapper=LocalMapper(), workdir=tmp_path / "work")
+    [repeated] = [f for f in report.failures if f["expectation"] == "expect_column_values_to_be_unique"]
+    assert repeated["unexpected_count"] == 2 and repeated["sample"] == ["ent-a", "ent-a"]
+    assert len(list((tmp_path / "work" / "validate-entities").glob("id-*.parquet"))) == 2 * (2 if bucket_rows == 1 else 1)
+
+
 def test_validation_in_slices_counts_every_bad_row_and_sees_repeats_across_slices():
     tables = tiny_tables()
     tables["entities"] = _replace(tables["entities"], "id", ["ent-a", "ent-a"])  # one row in each slice of 1

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ from tests.test_golden_tables import table_digests
 
 STRATA = str(Path(sys.executable).parent / "strata")
 SETS = ["--set", "chunking.size=200", "--set", "dask.part_rows=400"]  # ~12 spilled parts: a merge task each
+S3_SETS = ["--set", "chunking.size=200", "--set", "dask.part_rows=2000"]  # ~3 parts: each S3 request ~15 ms on moto
 
 
 def _free_port() -> int:
@@ -27,38 +29,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """A scheduler and two workers (each under its nanny, which restarts a killed worker), as separate processes."""
+@contextlib.contextmanager
+def external_cluster(env: dict[str, str]):
+    """A scheduler and two workers (each under its nanny, which restarts a killed worker), as separate processes
+    with the environment ``env``."""
     from distributed import Client
 
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     dask = str(Path(sys.executable).parent / "dask")
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    quiet = {"env": env, "cwd": REPO, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    quiet = {"env": dict(env, PYTHONPATH=str(REPO)), "cwd": REPO, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     procs = [
         subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], **quiet)
     ]
+    worker = [dask, "worker", address, "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1"]
     try:
         for _ in range(2):
-            procs.append(
-                subprocess.Popen(
-                    [
-                        dask,
-                        "worker",
-                        address,
-                        "--nthreads",
-                        "1",
-                        "--no-dashboard",
-                        "--host",
-                        "127.0.0.1",
-                        "--memory-limit",
-                        "2GiB",
-                    ],
-                    **quiet,
-                )
-            )
+            procs.append(subprocess.Popen([*worker, "--memory-limit", "2GiB"], **quiet))
         with Client(address, timeout="60s") as client:
             client.wait_for_workers(2, timeout=120)
         yield address
@@ -67,6 +54,12 @@ def cluster():
             p.terminate()
         for p in procs:
             p.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with external_cluster(dict(os.environ)) as address:
+        yield address
 
 
 def assert_same_tables(index: Path, reference: Path, drop: tuple[str, ...] = ()) -> None:
@@ -83,14 +76,14 @@ def assert_same_tables(index: Path, reference: Path, drop: tuple[str, ...] = ())
         assert a.num_rows > 0 and a.sort_by("id").equals(b.sort_by("id"))
 
 
-def _strata(*args: str) -> subprocess.CompletedProcess:
+def _strata(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [STRATA, *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=600,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        env=dict(os.environ, **(env or {}), PYTHONPATH=str(REPO)),
     )
 
 
@@ -195,3 +188,35 @@ def test_a_worker_killed_mid_stage_costs_a_retry_not_the_run(tmp_path, small_cor
     assert res.returncode == 0, res.stderr
     # the tables an undisturbed run publishes: no row lost, none twice
     assert_same_tables(tmp_path / "index", in_process, ("vector",))
+
+
+@pytest.mark.slow
+def test_an_index_on_s3_keeps_the_work_folder_under_its_uri_for_the_workers_to_reach(
+    tmp_path, small_corpus, in_process, s3_server, monkeypatch
+):
+    """An external cluster's workers reach an index on object storage only through the store: its work folder
+    goes under the index URI (``<index>/_work/<run>``), read and written by the run and the workers through their
+    own credentials, and is gone when the run ends; the tables are the in-process build's. Workers that cannot
+    reach the store stop the run before extraction (exit 2), naming the folder."""
+    from tests.s3_server import bucket_name
+
+    env = {**s3_server.env(), "STRATA_HOME": str(tmp_path / "home")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    bucket = s3_server.create_bucket(bucket_name())
+    uri = f"s3://{bucket}/idx"
+    with external_cluster(dict(os.environ)) as address:
+        res = _strata("index", str(small_corpus), "--index", uri, *S3_SETS, "--set", f"dask.address={address}", env=env)
+    assert res.returncode == 0, res.stderr
+    noise = ("ERROR", "Traceback", "WARN", "large graph")
+    assert not [line for line in (res.stdout + res.stderr).splitlines() if any(n in line for n in noise)]
+    assert_same_tables(uri, in_process, ("vector",))
+    objects = s3_server.objects(bucket, "idx/")
+    assert not [k for k in objects if k.startswith("idx/_work/")], "the run's work folder outlived the run"
+    assert not list((tmp_path / "home").rglob("spill")), "the work folder went to the run's machine"
+    # workers whose store is elsewhere (here: nowhere) cannot read what the run writes there: refused up front
+    blind = dict(os.environ, AWS_ENDPOINT_URL=f"http://127.0.0.1:{_free_port()}", STRATA_STORAGE__MAX_RETRIES="0")
+    with external_cluster(blind) as address:
+        res = _strata("index", str(small_corpus), "--index", uri, *S3_SETS, "--set", f"dask.address={address}", env=env)
+    assert res.returncode == 2, res.stderr
+    assert f"cannot reach the run's work folder {uri}/_work/" in res.stderr and "credentials" in res.stderr

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import tiktoken
 
 from schemas.config import ChunkingConfig
@@ -19,8 +18,6 @@ from tasks.store.ids import make_id
 from tasks.store.spill import SpilledTable
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from schemas.tables import QuarantineRow
 
 ENCODING = "cl100k_base"
@@ -184,7 +181,7 @@ def chunk_parts(
     incoming: set[str] | None,
     cfg: ChunkingConfig,
     max_tokens: int | None,
-    folder: Path,
+    folder: str,
     part_rows: int,
     group_rows: Callable[[int], int],
     progress: Callable[[int], None] = lambda _n: None,
@@ -195,9 +192,10 @@ def chunk_parts(
     (``CHUNK_PART_SCHEMA``) and row groups of ``group_rows(number of chunks)`` rows, one extraction task each;
     the chunks' ``PLACE`` columns; the documents cut at ``max_tokens``)."""
     from tasks.store.spill import PartWriter
+    from tasks.store.workfs import join
 
-    docs = PartWriter(folder / "documents", schema_for("documents", 0), part_rows)
-    raw = PartWriter(folder / "raw", CHUNK_PART_SCHEMA, part_rows)
+    docs = PartWriter(join(folder, "documents"), schema_for("documents", 0), part_rows)
+    raw = PartWriter(join(folder, "raw"), CHUNK_PART_SCHEMA, part_rows)
     places: list[pa.Table] = []
     cut: list[QuarantineRow] = []
     for part in documents.parts():
@@ -217,7 +215,7 @@ def chunk_parts(
             progress(len(rows))
             del rows, chunks, table
     place = pa.concat_tables([pa.schema([CHUNK_PART_SCHEMA.field(k) for k in PLACE]).empty_table(), *places])
-    return docs.close(), regroup(raw.close(), folder / "parts", part_rows, group_rows), place, cut
+    return docs.close(), regroup(raw.close(), join(folder, "parts"), part_rows, group_rows), place, cut
 
 
 #: documents chunked at a time (their rows, texts and chunks as Python objects)
@@ -227,14 +225,15 @@ STEP = 2048
 PLACE = ("id", "document_id", "chunk_index")
 
 
-def regroup(raw: SpilledTable, folder: Path, part_rows: int, group_rows: Callable[[int], int]) -> SpilledTable:
+def regroup(raw: SpilledTable, folder: str, part_rows: int, group_rows: Callable[[int], int]) -> SpilledTable:
     """The chunk parts ``raw`` written again (and removed) with row groups of ``group_rows(all their rows)``
     rows: one extraction task each."""
+    from tasks.store import workfs
     from tasks.store.spill import PartWriter
 
     out = PartWriter(folder, CHUNK_PART_SCHEMA, part_rows, group_rows(raw.num_rows))
     for f in raw.files:
-        for batch in pq.ParquetFile(f).iter_batches(batch_size=STEP):
+        for batch in workfs.parquet_file(f).iter_batches(batch_size=STEP):
             out.write(pa.Table.from_batches([batch]))
-        f.unlink()
+        workfs.remove(f)
     return out.close()

@@ -3,15 +3,15 @@ holds a step of rows, their texts and their vectors, never a whole part and neve
 
 from __future__ import annotations
 
-import os
+import contextlib
 from collections import deque
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
+
+from tasks.store import workfs
 
 #: texts embedded at a time across a table's parts: a multiple of the embedder's batch (256), so a text's batch,
 #: and its vector to the last bit, does not depend on where the table was cut into parts or slices
@@ -35,27 +35,28 @@ def embed_table(
     from tasks.store.spill import SpilledTable
 
     schema = schema_for(name, ctx.embedder.dim)
-    folder = Path(ctx.spill_dir) / "tables" / name
-    folder.mkdir(parents=True, exist_ok=True)
-    files: list[Path] = []
-    writer: pq.ParquetWriter | None = None  # the part being written: slices are written in order
+    folder = workfs.join(ctx.spill_dir, "tables", name)
+    workfs.mkdirs(folder)
+    files: list[str] = []
+    writer: contextlib.ExitStack | None = None  # the part being written: slices are written in order
+    sink: Any = None  # its Parquet writer
     waiting: deque[tuple[pa.Table, bool]] = deque()  # slices read whose vectors are not all in: (rows, last of part)
     texts: list[str] = []
     vectors = np.zeros((0, ctx.embedder.dim), np.float32)
     n = 0
 
     def write() -> None:
-        nonlocal vectors, writer
+        nonlocal vectors, writer, sink
         while waiting and len(vectors) >= waiting[0][0].num_rows:
             rows, last = waiting.popleft()
             if writer is None:
-                files.append(folder / f"embedded-{len(files):05d}.parquet")
-                writer = pq.ParquetWriter(f"{files[-1]}.{os.getpid()}.tmp", schema)
-            writer.write_table(with_vectors(name, rows, vectors[: rows.num_rows], ctx.version))
+                files.append(workfs.join(folder, f"embedded-{len(files):05d}.parquet"))
+                writer = contextlib.ExitStack()
+                sink = writer.enter_context(workfs.parquet_writer(files[-1], schema))
+            sink.write_table(with_vectors(name, rows, vectors[: rows.num_rows], ctx.version))
             vectors = vectors[rows.num_rows :]
             if last:  # a part whole or not at all, as ``spill.write_whole``
                 writer.close()
-                os.replace(f"{files[-1]}.{os.getpid()}.tmp", files[-1])
                 writer = None
 
     def embed(count: int) -> None:

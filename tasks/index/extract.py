@@ -234,9 +234,9 @@ def extract_mentions(
     process. ``chunks``: the chunk parts (``chunk.spill_chunks``: a task per row group, which holds each
     chunk's text and its document's own title); ``spill`` = (the folder the tasks write to, the parts of the
     key hash)."""
-    import pyarrow.parquet as pq
+    from tasks.store.workfs import parquet_file
 
-    groups = [(str(f), g) for f in chunks.files for g in range(pq.ParquetFile(f).num_row_groups)]
+    groups = [(f, g) for f in chunks.files for g in range(parquet_file(f).num_row_groups)]
     tasks = list(enumerate(groups))
     return ExtractionResult.combine(
         mapper(
@@ -274,16 +274,13 @@ def batch_mentions(
     """One task: its chunks extracted a batch at a time, then their raw entities, document titles and relations
     as ``mentions`` rows, written to the task's file in ``spill`` = (folder, parts) split by key hash
     (``spill.write_split``). Returns all but the rows (their count in ``mention_rows``, ``entity_mentions``)."""
-    from pathlib import Path
-
-    import pyarrow.parquet as pq
-
     from tasks.index.merge import mention_rows, title_mentions
     from tasks.store.rows import to_table
     from tasks.store.spill import write_split
+    from tasks.store.workfs import join, parquet_file
 
     index, (path, group) = task
-    chunks = pq.ParquetFile(path).read_row_group(group, columns=["id", "text", "title"]).to_pylist()
+    chunks = parquet_file(path).read_row_group(group, columns=["id", "text", "title"]).to_pylist()
     res = ExtractionResult.combine(
         [batch_fn(chunks[s : s + cfg.batch_size], cfg=cfg, **fn_kwargs) for s in range(0, len(chunks), cfg.batch_size)]
     )
@@ -292,7 +289,7 @@ def batch_mentions(
     entities = cast("list[dict[str, Any]]", res.entities) + titled
     table = to_table("mentions", mention_rows(entities, cast("list[dict[str, Any]]", res.relations)), 0, version)
     folder, parts = spill
-    out = Path(folder) / f"task-{index:05d}.parquet"
+    out = join(folder, f"task-{index:05d}.parquet")
     write_split(table, "key", parts, out)
     return ExtractionResult(
         quarantine=res.quarantine,
@@ -300,5 +297,5 @@ def batch_mentions(
         usage=res.usage,
         mention_rows=table.num_rows,
         entity_mentions=len(entities),
-        files=[str(out)],
+        files=[out],
     )

@@ -231,7 +231,7 @@ INGESTED_SCHEMA = schema_for("documents", 0).append(pa.field("boilerplate", pa.l
 
 
 def spill_documents(
-    documents: Iterator[dict[str, Any]], version: int, folder: Path, part_rows: int, boilerplate_min_documents: int = 0
+    documents: Iterator[dict[str, Any]], version: int, folder: str, part_rows: int, boilerplate_min_documents: int = 0
 ):
     """``documents`` (``iter_documents``) written as parts (``INGESTED_SCHEMA``) while they are read, a few
     thousand at a time, then, if some paragraphs are boilerplate (found in ``boilerplate_min_documents``
@@ -241,10 +241,11 @@ def spill_documents(
 
     from tasks.index import boilerplate
     from tasks.index.chunk import STEP
+    from tasks.store import workfs
     from tasks.store.rows import to_table
     from tasks.store.spill import PartWriter
 
-    out = PartWriter(folder / "read", INGESTED_SCHEMA, part_rows)
+    out = PartWriter(workfs.join(folder, "read"), INGESTED_SCHEMA, part_rows)
     keys = []
     while batch := list(itertools.islice(documents, STEP)):
         if boilerplate_min_documents:
@@ -255,7 +256,7 @@ def spill_documents(
     found = boilerplate.repeated(keys, boilerplate_min_documents)
     if not found:
         return read, []
-    marked = PartWriter(folder / "marked", INGESTED_SCHEMA, part_rows)
+    marked = PartWriter(workfs.join(folder, "marked"), INGESTED_SCHEMA, part_rows)
     first: dict[int, tuple[str, str]] = {}  # a boilerplate paragraph's first document left without it, its text
     for f, part in zip(read.files, read.parts()):
         for batch in part.to_batches(max_chunksize=STEP):
@@ -267,7 +268,7 @@ def spill_documents(
                     for s, e, k in boilerplate.paragraphs(d["text"]):
                         first.setdefault(k, (d["uri"], d["text"][s:e]))
             marked.write(pa.Table.from_pylist(rows, INGESTED_SCHEMA))
-        f.unlink()
+        workfs.remove(f)
     quarantine = [
         quarantine_row(
             f"{uri}#boilerplate",

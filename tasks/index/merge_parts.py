@@ -21,12 +21,9 @@ result is ``merge.graph_from_mentions``'s, row for row (the golden tables pin it
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any, cast
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from schemas.tables import schema_for
 from tasks.index.merge import (
@@ -39,6 +36,7 @@ from tasks.index.merge import (
     relation_part,
 )
 from tasks.index.merge_state import STATE, state_table
+from tasks.store import workfs
 from tasks.store.rows import stamped
 from tasks.store.spill import SpilledTable, read_part, write_whole
 
@@ -48,7 +46,7 @@ def merge_spilled(
     mentions: SpilledTable,
     max_tokens: int,
     order: ChunkOrder,
-    workdir: Path,
+    workdir: str,
     version: int = 0,
     entity_rows_per_part: int = 20_000,
 ) -> tuple[SpilledTable, SpilledTable, SpilledTable]:
@@ -56,30 +54,33 @@ def merge_spilled(
     this process), as two ``SpilledTable``s this process never reads whole: the entity rows (``LAYER0_SCHEMA``:
     the ``entities`` columns but vector and version) in key order, parts of about ``entity_rows_per_part`` rows;
     the relations in endpoint order, stamped ``version``; and their ``merge_state`` rows, a file per task.
-    ``workdir`` must be reachable by every worker."""
+    ``workdir`` (a folder or an object-store URI) must be reachable by every worker."""
     import polars as pl
 
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    workfs.mkdirs(workdir)
+
+    def at(name: str) -> str:
+        return workfs.join(workdir, name)
+
     if not mentions.files:
         rows, relations, state = graph_from_mentions(mentions, max_tokens, order, state=True)
-        one = workdir / "layer0-entities-00000.parquet"
+        one = at("layer0-entities-00000.parquet")
         write_whole(pa.Table.from_pylist([dict(r, staleness=0.0) for r in rows], schema=LAYER0_SCHEMA), one)
-        whole = workdir / "layer0-relations-00000.parquet"
+        whole = at("layer0-relations-00000.parquet")
         write_whole(stamped(relations, version), whole)
-        states = workdir / "state-00000.parquet"
+        states = at("state-00000.parquet")
         write_whole(stamped(state, version), states)
         return (
             SpilledTable([one], LAYER0_SCHEMA, len(rows)),
             SpilledTable([whole], schema_for("relations", 0), relations.num_rows),
             SpilledTable([states], schema_for("merge_state", 0), state.num_rows),
         )
-    places = str(workdir / "places.parquet")
-    corpus_places(order).write_parquet(places)
-    parts = [str(f) for f in mentions.files]
-    entity_files = [str(workdir / f"entities-{i:05d}.parquet") for i in range(len(parts))]
-    relation_files = [str(workdir / f"relations-{i:05d}.parquet") for i in range(len(parts))]
-    state_files = [str(workdir / f"state-{i:05d}.parquet") for i in range(2 * len(parts))]
+    places = at("places.parquet")
+    _write(corpus_places(order), places)
+    parts = mentions.files
+    entity_files = [at(f"entities-{i:05d}.parquet") for i in range(len(parts))]
+    relation_files = [at(f"relations-{i:05d}.parquet") for i in range(len(parts))]
+    state_files = [at(f"state-{i:05d}.parquet") for i in range(2 * len(parts))]
     entity_states = mapper(
         merge_entities,
         list(zip(parts, entity_files, state_files)),
@@ -87,7 +88,7 @@ def merge_spilled(
         max_tokens=max_tokens,
         version=version,
     )
-    keys = pl.concat([pl.read_parquet(f, columns=["key", "id"]) for f in entity_files])
+    keys = pl.concat([_read(f, columns=["key", "id"]) for f in entity_files])
     bounds = range_bounds(keys.get_column("id"), len(parts))
     key_bounds = range_bounds(keys.get_column("key"), max(1, -(-keys.height // entity_rows_per_part)))
     del keys
@@ -100,22 +101,19 @@ def merge_spilled(
         bounds=bounds,
         version=version,
     )
-    state = SpilledTable(
-        [Path(f) for f in state_files], schema_for("merge_state", 0), sum(entity_states) + sum(relation_states)
-    )
+    state = SpilledTable(state_files, schema_for("merge_state", 0), sum(entity_states) + sum(relation_states))
     ranges = [
-        (b, str(workdir / f"layer0-relations-{b:05d}.parquet"), str(workdir / f"degrees-{b:05d}.parquet"))
-        for b in range(len(bounds) + 1)
+        (b, at(f"layer0-relations-{b:05d}.parquet"), at(f"degrees-{b:05d}.parquet")) for b in range(len(bounds) + 1)
     ]
     counts = mapper(sort_relations, ranges, files=relation_files, version=version)
-    files = [Path(f) for (_, f, _), n in zip(ranges, counts) if n]  # a range may hold no relation
+    files = [f for (_, f, _), n in zip(ranges, counts) if n]  # a range may hold no relation
     relations = SpilledTable(files, schema_for("relations", 0), sum(counts))
     key_ranges = [
-        (lo, hi, str(workdir / f"layer0-entities-{i:05d}.parquet"))
+        (lo, hi, at(f"layer0-entities-{i:05d}.parquet"))
         for i, (lo, hi) in enumerate(zip([None, *key_bounds], [*key_bounds, None]))
     ]
     sizes = mapper(sort_entities, key_ranges, files=entity_files, degrees=[d for _, _, d in ranges])
-    entities = [Path(f) for (_, _, f), n in zip(key_ranges, sizes) if n]
+    entities = [f for (_, _, f), n in zip(key_ranges, sizes) if n]
     return SpilledTable(entities, LAYER0_SCHEMA, sum(sizes)), relations, state
 
 
@@ -133,11 +131,11 @@ def sort_entities(job: tuple[str | None, str | None, str], files: list[str], deg
     lo, hi, out = job
     where = [("key", ">=", lo)] * (lo is not None) + [("key", "<", hi)] * (hi is not None)
     frame = cast(
-        pl.DataFrame, pl.from_arrow(pa.concat_tables([pq.read_table(f, filters=where or None) for f in files]))
+        pl.DataFrame, pl.from_arrow(pa.concat_tables([workfs.read_table(f, filters=where or None) for f in files]))
     ).sort("key")
     ids = frame.get_column("id")
     degree = (
-        pl.concat([pl.read_parquet(d).filter(pl.col("id").is_in(ids)) for d in degrees])
+        pl.concat([_read(d).filter(pl.col("id").is_in(ids)) for d in degrees])
         .group_by("id")
         .agg(pl.col("n").sum().alias("degree"))
     )
@@ -164,10 +162,9 @@ def range_bounds(ids: Any, n: int) -> list[str]:
 def merge_entities(job: tuple[str, str, str], places: str, max_tokens: int, version: int) -> int:
     """One part's entities (a task): ``job`` = (mention part file, output file, state file: their
     ``merge_state`` rows, stamped ``version``). Returns their number."""
-    import polars as pl
 
     part, out, state = job
-    frame = entity_part(_mentions(part, "entity"), pl.read_parquet(places), max_tokens, state=True)
+    frame = entity_part(_mentions(part, "entity"), _read(places), max_tokens, state=True)
     write_whole(stamped(state_table(frame, "entity"), version), state)
     _write(frame.select("key", "id", "name", "type", "description", "source_chunk_ids"), out)
     return frame.height
@@ -182,8 +179,8 @@ def merge_relations(
     import polars as pl
 
     part, out, state = job
-    ids = pl.concat([pl.read_parquet(f, columns=["key", "id"]) for f in entity_files])
-    frame = relation_part(_mentions(part, "relation"), pl.read_parquet(places), ids, max_tokens, state=True)
+    ids = pl.concat([_read(f, columns=["key", "id"]) for f in entity_files])
+    frame = relation_part(_mentions(part, "relation"), _read(places), ids, max_tokens, state=True)
     write_whole(stamped(state_table(frame, "relation"), version), state)
     frame = frame.drop(STATE)
     ranged = frame.with_columns(
@@ -200,7 +197,7 @@ def sort_relations(job: tuple[int, str, str], files: list[str], version: int) ->
     import polars as pl
 
     r, out, degrees_out = job
-    ranged = [pq.read_table(f, filters=[("range", "=", r)]) for f in files]
+    ranged = [workfs.read_table(f, filters=[("range", "=", r)]) for f in files]
     frame = cast(pl.DataFrame, pl.from_arrow(pa.concat_tables(ranged))).drop("range").sort("source_id", "target_id")
     relations = relation_frame(frame, version)
     ends = frame.select("source_id", "target_id").unpivot().group_by("value").len()
@@ -212,7 +209,7 @@ def sort_relations(job: tuple[int, str, str], files: list[str], version: int) ->
 def _mentions(part: str, kind: str):
     from tasks.index.merge import MENTION_COLUMNS
 
-    if not os.path.exists(part):
+    if not workfs.exists(part):
         raise FileNotFoundError(
             f"{part}: not found from this Dask worker ({_host()}). The run's work folder is under the index "
             "location; every worker must reach it at the same path (run the workers where the index is, or "
@@ -226,14 +223,33 @@ def _write(frame, out: str) -> None:
     write_whole(frame.to_arrow(), out)
 
 
+def _read(path: str, columns: list[str] | None = None):
+    """A part file as a polars frame (a path or an object-store URI)."""
+    import polars as pl
+
+    return cast(pl.DataFrame, pl.from_arrow(workfs.read_table(path, columns=columns)))
+
+
 def _host() -> str:
     import socket
 
     return socket.gethostname()
 
 
-def unreachable_workers(client: Any, folder: Path) -> list[str]:
-    """The workers of a Dask ``client`` that do not see ``folder`` (the run's work folder, which the merge tasks
-    read and write)."""
-    seen = client.run(os.path.isdir, str(folder))
-    return sorted(worker for worker, ok in seen.items() if not ok)
+def unreachable_workers(client: Any, folder: str) -> dict[str, str]:
+    """The workers of a Dask ``client`` that cannot read the run's work folder ``folder`` (which the tasks read
+    and write; a folder, or an object-store URI), each with the reason: a probe file written there by this
+    process, read back by each worker."""
+    probe = workfs.join(folder, "reach.probe")
+    workfs.save_bytes(b"strata", probe)
+    seen = client.run(_cannot_read, probe)
+    return {worker: why for worker, why in sorted(seen.items()) if why}
+
+
+def _cannot_read(probe: str) -> str:
+    """Why this process cannot read ``probe`` ("" when it can)."""
+    try:
+        workfs.load_bytes(probe)
+    except Exception as exc:  # noqa: BLE001 - any failure is the answer (not found, no credentials, no route)
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    return ""

@@ -8,13 +8,13 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
+
+from tasks.store import workfs
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -247,8 +247,7 @@ def validate_tables(
             continue
         if mapper is not None:
             if not isinstance(table, SpilledTable):
-                whole = Path(workdir) / f"whole-{name}.parquet"
-                whole.parent.mkdir(parents=True, exist_ok=True)
+                whole = workfs.join(workdir, f"whole-{name}.parquet")
                 write_whole(table, whole)
                 table = SpilledTable([whole], table.schema, table.num_rows)
             failed, checked = validate_spilled(mapper, name, table, refs, dim, kinds, batch_rows, workdir)
@@ -336,6 +335,12 @@ def suite_columns(expectations: list[Any]) -> set[str]:
 # in buckets by a hash of its values. Round 2, a task per bucket: the values that occur more than once across all
 # parts. The run adds up the failure counts (the same report as validating the table in one process) and holds
 # only them.
+
+#: values of a unique column a bucket task holds at most (about 100 MB of ids): a bucket per this many rows, not a
+#: bucket per part, so the files written (parts x buckets) do not grow with the square of the parts
+UNIQUE_BUCKET_ROWS = 1_000_000
+
+
 def validate_spilled(
     mapper: Any,
     name: str,
@@ -349,14 +354,16 @@ def validate_spilled(
     """The failures of table ``name``'s suite over the spilled ``table``, checked part by part on ``mapper``, and
     the number of expectations its suite has (0: none)."""
 
-    work = Path(workdir) / f"validate-{name}"
-    work.mkdir(parents=True, exist_ok=True)
+    from tasks.store.spill import write_whole
+
+    work = workfs.join(workdir, f"validate-{name}")
+    workfs.mkdirs(work)
     ref_files = {}
     for target in sorted(frame_inputs(name)[1]):
-        ref_files[target] = str(work / f"ids-{target}.parquet")
-        pq.write_table(pa.table({"id": pa.array(sorted(refs[target]), pa.string())}), ref_files[target])
-    n = len(table.files)
-    jobs = [(str(f), table.order, table.order_by, i) for i, f in enumerate(table.files)]
+        ref_files[target] = workfs.join(work, f"ids-{target}.parquet")
+        write_whole(pa.table({"id": pa.array(sorted(refs[target]), pa.string())}), ref_files[target])
+    n, buckets = len(table.files), max(1, -(-table.num_rows // UNIQUE_BUCKET_ROWS))
+    jobs = [(f, table.order, table.order_by, i) for i, f in enumerate(table.files)]
     checked = mapper(
         check_part,
         jobs,
@@ -364,8 +371,8 @@ def validate_spilled(
         dim=dim,
         kinds=kinds,
         refs=ref_files,
-        buckets=n,
-        workdir=str(work),
+        buckets=buckets,
+        workdir=work,
         batch_rows=batch_rows,
     )
     failed: dict[tuple[str, str], dict[str, Any]] = {}
@@ -375,8 +382,8 @@ def validate_spilled(
             entry["unexpected_count"] += f["unexpected_count"]
     _, expectations, unique = checked[0]
     for column in unique:
-        buckets = [[str(work / f"{column}-{b:05d}-{p:05d}.parquet") for p in range(n)] for b in range(n)]
-        repeats = mapper(repeated_values, buckets)
+        files = [[workfs.join(work, f"{column}-{b:05d}-{p:05d}.parquet") for p in range(n)] for b in range(buckets)]
+        repeats = mapper(repeated_values, files)
         count = sum(c for c, _ in repeats)
         if count:
             failed[("expect_column_values_to_be_unique", column)] = {
@@ -414,14 +421,14 @@ def check_part(
     unique = [e.column for e in suite if isinstance(e, unique_type)]
     expectations = [e for e in suite if not isinstance(e, unique_type)]
     wanted = suite_columns(expectations) | frame_inputs(name)[0] | set(unique)
-    table = read_part(path, order, order_by, [c for c in pq.read_schema(path).names if c in wanted])
-    ids = {target: set(pq.read_table(f).column("id").to_pylist()) for target, f in refs.items()}
+    table = read_part(path, order, order_by, [c for c in workfs.read_schema(path).names if c in wanted])
+    ids = {target: set(workfs.read_table(f).column("id").to_pylist()) for target, f in refs.items()}
     failures = check_table(name, table, expectations, {}, ids, batch_rows) if table.num_rows and suite else []
     for column in unique:
         values = table.column(column)
         bucket = key_hash(values) % np.uint64(buckets)
         for b in range(buckets):
-            out = Path(workdir) / f"{column}-{b:05d}-{part:05d}.parquet"
+            out = workfs.join(workdir, f"{column}-{b:05d}-{part:05d}.parquet")
             write_whole(pa.table({"v": values.filter(pa.array(bucket == b))}), out)
     return failures, len(suite), unique
 
@@ -430,7 +437,7 @@ def repeated_values(files: list[str]) -> tuple[int, list[str]]:
     """One bucket (a task): how many of its non-null values occur more than once, and a sample of them."""
     import polars as pl
 
-    frame = pl.concat([pl.read_parquet(f) for f in files]).drop_nulls()
+    frame = pl.concat([cast(pl.DataFrame, pl.from_arrow(workfs.read_table(f))) for f in files]).drop_nulls()
     counts = frame.group_by("v").len().filter(pl.col("len") > 1)
     repeated = counts.get_column("len").sum() if counts.height else 0
     sample = sorted(v for v, k in counts.iter_rows() for _ in range(k))[:3]

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
@@ -105,7 +104,7 @@ class MethodContext(Protocol):
     catalog: Any  # the index (its ``cache_dir`` holds the LLM response cache)
 
     @property
-    def spill_dir(self) -> Path:  # the run's work folder, which every worker reaches
+    def spill_dir(self) -> str:  # the run's work folder (a path or a URI), which every worker reaches
         ...
 
     def stage(self, name: str, total: int | None = None) -> AbstractContextManager[Stage]: ...

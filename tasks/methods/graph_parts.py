@@ -10,18 +10,17 @@ one machine"). The reports are tasks over parts of the community trees (``report
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, cast
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from tasks.store import workfs
 from tasks.store.rows import relation_table, stamped
 from tasks.store.spill import SpilledTable, write_whole
 
 
 def with_above(
-    base: pa.Table | SpilledTable, above: pa.Table | SpilledTable, path: Path, version: int
+    base: pa.Table | SpilledTable, above: pa.Table | SpilledTable, path: str, version: int
 ) -> pa.Table | SpilledTable:
     """Layer 0's relations, then those a method added above it, stamped ``version``: a table as one table; a
     build's spilled relations with the method's as its last parts (a table written to ``path``; spilled ones, which
@@ -32,8 +31,7 @@ def with_above(
         return base
     if isinstance(above, SpilledTable):
         return SpilledTable([*base.files, *above.files], base.schema, base.num_rows + above.num_rows)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(stamped(above.cast(base.schema), version), path)
+    write_whole(stamped(above.cast(base.schema), version), path)
     return SpilledTable([*base.files, path], base.schema, base.num_rows + above.num_rows)
 
 
@@ -56,14 +54,14 @@ def communities_on_cluster(ctx: Any, entity_ids: list[str] | pa.ChunkedArray, re
     from schemas.tables import schema_for
 
     cfg, work = ctx.cfg.communities, _work(ctx)
-    ids, out = work / "entity-ids.parquet", work / "communities.parquet"
+    ids, out = workfs.join(work, "entity-ids.parquet"), workfs.join(work, "communities.parquet")
     column = entity_ids if isinstance(entity_ids, pa.ChunkedArray) else pa.chunked_array([entity_ids], pa.string())
-    pq.write_table(pa.table({"id": column}), ids)
+    write_whole(pa.table({"id": column}), ids)
     [n] = ctx.mapper(
         communities_task,
-        [str(out)],
-        files=[str(f) for f in relations.files],
-        ids=str(ids),
+        [out],
+        files=relations.files,
+        ids=ids,
         max_cluster_size=cfg.max_cluster_size,
         seed=ctx.cfg.seed,
         resolution=cfg.resolution,
@@ -81,7 +79,9 @@ def communities_task(
     from tasks.store.rows import to_table
 
     edges = _read(files, ["source_id", "target_id", "weight"])
-    rows = detect_communities(pq.read_table(ids).column("id").to_pylist(), edges, max_cluster_size, seed, resolution)
+    rows = detect_communities(
+        workfs.read_table(ids).column("id").to_pylist(), edges, max_cluster_size, seed, resolution
+    )
     del edges
     write_whole(to_table("communities", rows, 0, version), out)
     return len(rows)
@@ -135,14 +135,14 @@ def hierarchy_on_cluster(
     return (
         ents + above,
         np.concatenate([vecs, above_vecs.reshape(-1, dim)]),
-        with_above(rels, relation_table(above_rels), work / "layers-above-links.parquet", ctx.version),
+        with_above(rels, relation_table(above_rels), workfs.join(work, "layers-above-links.parquet"), ctx.version),
         stats + above_stats,
     )
 
 
-def _work(ctx: Any) -> Path:
-    work = Path(ctx.spill_dir) / "graph"
-    work.mkdir(parents=True, exist_ok=True)
+def _work(ctx: Any) -> str:
+    work = workfs.join(ctx.spill_dir, "graph")
+    workfs.mkdirs(work)
     return work
 
 
@@ -150,4 +150,4 @@ def _read(files: list[str], columns: list[str]) -> pa.Table:
     from schemas.tables import schema_for
 
     empty = schema_for("relations", 0).empty_table().select(columns)
-    return pa.concat_tables([empty, *(pq.read_table(f, columns=columns) for f in files)])
+    return pa.concat_tables([empty, *(workfs.read_table(f, columns=columns) for f in files)])

@@ -25,16 +25,15 @@ rounding; the links come in the global clusters' order.
 from __future__ import annotations
 
 import hashlib
-import pickle
+import os
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from tasks.store import workfs
 from tasks.store.rows import relation_table, stamped, vector_matrix
 from tasks.store.spill import SpilledTable, key_hash, read_split, write_parts, write_whole
 
@@ -47,12 +46,12 @@ class LayerOne:
     """The run's side: ``cluster`` and ``build`` are ``build_layers``' ``ClusterFn`` and ``BuildFn`` for layer 1
     over the parts (its ``base_entities`` are ``range(n)``: the run holds none)."""
 
-    def __init__(self, ctx: Any, layer0: SpilledTable, work: Path, per_cluster: int):
+    def __init__(self, ctx: Any, layer0: SpilledTable, work: str, per_cluster: int):
         self.ctx, self.cfg, self.work = ctx, ctx.cfg.hierarchy, work
-        self.files = [str(f) for f in layer0.files]
+        self.files = layer0.files
         self.per_cluster = per_cluster
         self.failures: list[dict[str, str]] = []
-        self.links: list[Path] = []
+        self.links: list[str] = []
         self.n_links = 0
         self.globals: list[int] = []  # the non-empty global components, in order (``gi`` numbers them)
         self.largest = 0
@@ -61,14 +60,14 @@ class LayerOne:
         self.order: list[tuple[int, int, int, int, int]] = []  # (first, size, gi, j, terms) of each cluster kept
 
     def _out(self, name: str) -> str:
-        return str(self.work / name)
+        return workfs.join(self.work, name)
 
     def cluster(self, _features: Any, seed: int) -> list[range]:
         """``gmm_clusters`` over the parts (steps 1-4): the clusters as ranges of their sizes."""
         from tasks.methods.hirag.hierarchy import global_candidates, pca_from_moments, sample_rows
 
         cfg, mapper = self.cfg, self.ctx.mapper
-        counts = [pq.ParquetFile(f).metadata.num_rows for f in self.files]
+        counts = [workfs.parquet_file(f).metadata.num_rows for f in self.files]
         n = sum(counts)
         offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         rows = sample_rows(n, cfg.fit_sample, seed)  # the global GMM's sample, as fit_gmm_bic draws it
@@ -120,10 +119,10 @@ class LayerOne:
         locals_ = [self._out(f"layer1-local-{gi:03d}") for gi in range(len(self.globals))]
         ctx.mapper(totals_task, list(enumerate(totals)), local=locals_, kept=kept)
         total_terms = sum(c[4] for c in self.order)
-        links = [self.work / f"layer1-links-{gi:03d}.parquet" for gi in range(len(self.globals))]
+        links = [self._out(f"layer1-links-{gi:03d}.parquet") for gi in range(len(self.globals))]
         results = ctx.mapper(
             summary_task,
-            [(gi, k, str(links[gi])) for gi, k in enumerate(self.globals)],
+            [(gi, k, links[gi]) for gi, k in enumerate(self.globals)],
             assigned=self.assigned,
             totals=totals,
             kept=kept,
@@ -153,10 +152,9 @@ def moments_task(job: tuple[str, list[int], str]) -> tuple[int, np.ndarray, np.n
     """A part's rows, the sum of their vectors and their Gram matrix X^T X (a task; float64); the vectors of its
     rows ``job[1]`` in the global GMM's sample saved to ``job[2]`` (none: no file)."""
     file, rows, out = job
-    x = vector_matrix(pq.read_table(file, columns=["vector"]))
+    x = vector_matrix(workfs.read_table(file, columns=["vector"]))
     if rows:
-        np.save(f"{out}.tmp.npy", x[rows])
-        Path(f"{out}.tmp.npy").replace(out)
+        workfs.save_array(x[rows], out)
     x = x.astype(np.float64)
     return len(x), x.sum(axis=0), x.T @ x
 
@@ -169,7 +167,7 @@ def fit_task(
     pickled to ``out``. Returns the GMM's size."""
     from tasks.methods.hirag.hierarchy import fit_gmm_model, project
 
-    x = np.concatenate([np.load(f) for f in samples])
+    x = np.concatenate([workfs.load_array(f) for f in samples])
     if reducer == "umap":
         import umap
 
@@ -178,10 +176,7 @@ def fit_task(
             n_neighbors=neighbors, n_components=dim, metric="cosine", random_state=seed, n_jobs=1
         ).fit(x)  # fmt: skip
     gmm, k, _ = fit_gmm_model(project(reducer, x), candidates, cfg, seed)
-    tmp = f"{out}.tmp"
-    with open(tmp, "wb") as f:
-        pickle.dump((reducer, gmm), f)
-    Path(tmp).replace(out)
+    workfs.save_object((reducer, gmm), out)
     return k
 
 
@@ -192,10 +187,9 @@ def assign_task(job: tuple[str, str, int], model: str, threshold: float) -> np.n
     from tasks.methods.hirag.hierarchy import project, soft_members
 
     src, out, offset = job
-    table = pq.read_table(src, columns=COLUMNS)
+    table = workfs.read_table(src, columns=COLUMNS)
     if model:
-        with open(model, "rb") as f:
-            reducer, gmm = pickle.load(f)
+        reducer, gmm = workfs.load_object(model)
         member = soft_members(gmm.predict_proba(project(reducer, vector_matrix(table))), threshold)
     else:
         member = np.ones((table.num_rows, 1), bool)
@@ -265,10 +259,10 @@ def _phrases(base: str, js: list[int], totals: list[str], avg: float, firsts: li
     """The key phrases of clusters ``js`` (``class_phrases`` with the layer's idf)."""
     from tasks.methods.summarize import TOP_PHRASES, idf_of, pick_phrases
 
-    terms = pq.read_table(f"{base}.terms", columns=["j", "term", "count"])
+    terms = workfs.read_table(f"{base}.terms", columns=["j", "term", "count"])
     terms = terms.filter(pc.is_in(terms.column("j"), pa.array(js, pa.int32())))
     known = pa.concat_tables(
-        [t.filter(pc.is_in(t.column("term"), terms.column("term"))) for t in map(pq.read_table, totals)]
+        [t.filter(pc.is_in(t.column("term"), terms.column("term"))) for t in map(workfs.read_table, totals)]
     )  # fmt: skip
     terms = terms.join(known, "term").sort_by("j")
     at = terms.column("j").to_numpy()
@@ -311,8 +305,8 @@ def summary_task(
     gi, k, out = job
     js = kept[gi]
     _, x, rows = _component(assigned, k)
-    base = str(Path(out).parent / f"layer1-local-{gi:03d}")
-    members = pq.read_table(f"{base}.clusters").column("rows").to_pylist()
+    base = workfs.join(os.path.dirname(out), f"layer1-local-{gi:03d}")
+    members = workfs.read_table(f"{base}.clusters").column("rows").to_pylist()
     clusters = [Cluster([rows[i] for i in members[j]], x, np.array(members[j], np.int64)) for j in js]
     offline, summarizer = OfflineSummarizer(cfg.meta_entities, max_tokens), cast(Any, None)
     with usage_scope() as usage:

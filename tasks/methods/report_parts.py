@@ -16,16 +16,15 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from schemas.tables import schema_for
 from tasks.methods.graph_parts import _work
+from tasks.store import workfs
 from tasks.store.spill import SpilledTable, plain_schema, read_split, write_parts, write_whole
 
 #: what the reports read of a relation (``reports.RelationIndex``)
@@ -61,36 +60,36 @@ def reports_on_cluster(
     from tasks.index.embed_table import embed_table
     from tasks.runtime.llm_client import Usage
 
-    work = _work(ctx) / "reports"
-    work.mkdir(parents=True, exist_ok=True)
-    above = work / "entities-above.parquet"
-    pq.write_table(pa.table({c: [e[c] for e in entities] for c in ENTITY_COLUMNS}, schema=ENTITY_SCHEMA), above)
+    work = workfs.join(_work(ctx), "reports")
+    workfs.mkdirs(work)
+    above = workfs.join(work, "entities-above.parquet")
+    write_whole(pa.table({c: [e[c] for e in entities] for c in ENTITY_COLUMNS}, schema=ENTITY_SCHEMA), above)
     [n_parts] = ctx.mapper(
         plan_task,
-        [str(work)],
-        communities=[str(f) for f in communities.files],
+        [work],
+        communities=communities.files,
         part_entities=ctx.cfg.dask.report_part_entities,
     )
-    members = str(work / "members.parquet")
+    members = workfs.join(work, "members.parquet")
     sources = {
-        "relations": ([str(f) for f in relations.files], REPORT_COLUMNS, ["source_id", "target_id"]),
+        "relations": (relations.files, REPORT_COLUMNS, ["source_id", "target_id"]),
         "entities": (
-            [*(str(f) for f in (layer0.files if layer0 is not None else [])), str(above)],
+            [*(layer0.files if layer0 is not None else []), above],
             ENTITY_COLUMNS,
             ["id"],
         ),
     }
     split: dict[str, list[str]] = {}
     for name, (files, columns, keys) in sources.items():
-        jobs = [(f, str(work / f"{name}-{i:05d}.parquet")) for i, f in enumerate(files)]
+        jobs = [(f, workfs.join(work, f"{name}-{i:05d}.parquet")) for i, f in enumerate(files)]
         ctx.mapper(split_task, jobs, columns=columns, keys=keys, members=members)
         split[name] = [out for _, out in jobs]
-    inputs = {"communities": str(work / "communities.parquet"), **split}
+    inputs = {"communities": workfs.join(work, "communities.parquet"), **split}
     level_max: dict[int, float] = {}
     for strongest in ctx.mapper(weights_task, list(range(n_parts)), **inputs):
         for level, w in strongest.items():
             level_max[level] = max(level_max.get(level, 0.0), w)
-    outs = [str(work / f"reports-{p:05d}.parquet") for p in range(n_parts)]
+    outs = [workfs.join(work, f"reports-{p:05d}.parquet") for p in range(n_parts)]
     failures: list[dict[str, str]] = []
     for part_failures, usage in ctx.mapper(
         reports_task,
@@ -108,7 +107,7 @@ def reports_on_cluster(
     parts = (
         pa.Table.from_batches([b]).append_column(staleness, pa.array([0.0] * b.num_rows, pa.float64()))
         for out in outs
-        for b in pq.ParquetFile(out).iter_batches(batch_size=REPORT_STEP)
+        for b in workfs.parquet_file(out).iter_batches(batch_size=REPORT_STEP)
     )
 
     def texts(t: pa.Table) -> list[str]:
@@ -122,7 +121,7 @@ def plan_task(folder: str, communities: list[str], part_entities: int) -> int:
     to the part with the fewest members so far, largest tree first, over ``ceil(members / part_entities)``
     parts. Writes ``folder``'s ``communities.parquet`` (the communities, a row group per part, in their order)
     and ``members.parquet`` (every entity's part). Returns the number of parts."""
-    table = pa.concat_tables([pq.read_table(f, columns=COMMUNITY_COLUMNS) for f in communities])
+    table = pa.concat_tables([workfs.read_table(f, columns=COMMUNITY_COLUMNS) for f in communities])
     ids, parents = table.column("id").to_pylist(), table.column("parent_id").to_pylist()
     root: dict[str, str] = {}
     for i in np.argsort(table.column("level").to_numpy(), kind="stable").tolist():  # parents before children
@@ -136,7 +135,7 @@ def plan_task(folder: str, communities: list[str], part_entities: int) -> int:
         members, p = heapq.heappop(load)
         part_of[cid] = p
         heapq.heappush(load, (members + sizes[cid], p))
-    write_parts(table, np.array([part_of[root[c]] for c in ids], np.int32), Path(folder) / "communities.parquet")
+    write_parts(table, np.array([part_of[root[c]] for c in ids], np.int32), workfs.join(folder, "communities.parquet"))
     members = top.column("entity_ids").combine_chunks()
     owner = pc.list_parent_indices(members).to_numpy()
     write_whole(
@@ -146,7 +145,7 @@ def plan_task(folder: str, communities: list[str], part_entities: int) -> int:
                 "part": pa.array(np.array([part_of[c] for c in top.column("id").to_pylist()], np.int32)[owner]),
             }
         ),
-        Path(folder) / "members.parquet",
+        workfs.join(folder, "members.parquet"),
     )
     return n_parts
 
@@ -155,11 +154,11 @@ def split_task(job: tuple[str, str], columns: list[str], keys: list[str], member
     """The rows of the file ``job[0]`` (a task) whose ``keys`` are all members of one part, as the file
     ``job[1]``, a row group per part (``spill.write_parts``). Returns the rows kept."""
     src, out = job
-    table = pq.read_table(src, columns=columns)
+    table = workfs.read_table(src, columns=columns)
     table = table.cast(plain_schema(table.schema))
     if columns == ENTITY_COLUMNS:  # layer 0's parts and the entities above them alike
         table = table.cast(ENTITY_SCHEMA)
-    m = pq.read_table(members)
+    m = workfs.read_table(members)
     ids, part_of = m.column("id").combine_chunks(), m.column("part").to_numpy()
 
     def part(key: str) -> np.ndarray:

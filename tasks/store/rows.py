@@ -80,17 +80,15 @@ def spilled_rows(
     slice in memory as Arrow at a time), ``pieces`` one after another: (rows, their vector matrix or None),
     each taken from the iterable only when the one before is written. The spilled table holds the rows in that
     order: what validation and publish then read part by part."""
-    from pathlib import Path
-
+    from tasks.store import workfs
     from tasks.store.spill import write_whole
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    files: list[Path] = []
+    workfs.mkdirs(directory)
+    files: list[str] = []
     n = 0
     for rows, vectors in pieces:
         for s in range(0, len(rows), part_rows):
-            files.append(directory / f"part-{len(files):05d}.parquet")
+            files.append(workfs.join(directory, f"part-{len(files):05d}.parquet"))
             vecs = None if vectors is None else vectors[s : s + part_rows]
             write_whole(to_table(name, rows[s : s + part_rows], dim, version, vecs), files[-1])
         n += len(rows)

@@ -9,12 +9,16 @@ does not depend on the order tasks finish in.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from tasks.store import workfs
+from tasks.store.workfs import Loc
 
 
 def key_hash(column) -> np.ndarray:
@@ -38,42 +42,37 @@ def plain_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in schema])
 
 
-def write_whole(
-    table: pa.Table, out: str | Path, group_by: str | None = None, row_group_rows: int | None = None
-) -> None:
-    """``table`` as the Parquet file ``out``, whole or not at all (written under a temporary name, then renamed):
-    a task retried after its worker died writes the same file again. ``group_by``: an integer column the rows are
-    sorted by, each of whose values gets a row group of its own (a task that reads one value skips the others);
-    ``row_group_rows``: row groups of that many rows."""
-    import os
-
-    tmp = f"{out}.{os.getpid()}.tmp"
+def write_whole(table: pa.Table, out: Loc, group_by: str | None = None, row_group_rows: int | None = None) -> None:
+    """``table`` as the Parquet file ``out`` (a path or an object-store URI), whole or not at all
+    (``workfs``): a task retried after its worker died writes the same file again. ``group_by``: an integer
+    column the rows are sorted by, each of whose values gets a row group of its own (a task that reads one value
+    skips the others); ``row_group_rows``: row groups of that many rows."""
     if group_by is None:
-        pq.write_table(table, tmp, row_group_size=row_group_rows)
-    else:
-        at = table.column(group_by).to_numpy()
-        with pq.ParquetWriter(tmp, table.schema) as writer:
-            for v in np.unique(at):
-                lo, hi = np.searchsorted(at, [v, v + 1])
-                writer.write_table(table.slice(int(lo), int(hi - lo)))
-    os.replace(tmp, out)
+        workfs.write_table(table, out, row_group_size=row_group_rows)
+        return
+    at = table.column(group_by).to_numpy()
+    with workfs.parquet_writer(out, table.schema) as writer:
+        for v in np.unique(at):
+            lo, hi = np.searchsorted(at, [v, v + 1])
+            writer.write_table(table.slice(int(lo), int(hi - lo)))
 
 
 class PartWriter:
     """A table written as Parquet parts of ``part_rows`` rows under ``folder`` while its rows come, a few thousand
     at a time (``write``), so that neither the rows nor the table are ever whole in memory; each part's row groups
     hold ``row_group_rows`` rows (the last one of a part fewer), as ``write_whole(part, row_group_rows=...)``
-    would write them. A part is written under a temporary name and renamed when it is complete."""
+    would write them. A part appears whole when it is complete (``workfs``)."""
 
-    def __init__(self, folder: Path, schema: pa.Schema, part_rows: int, row_group_rows: int | None = None):
-        self.folder, self.schema, self.part_rows = Path(folder), schema, part_rows
-        self.folder.mkdir(parents=True, exist_ok=True)
+    def __init__(self, folder: Loc, schema: pa.Schema, part_rows: int, row_group_rows: int | None = None):
+        self.folder, self.schema, self.part_rows = str(folder), schema, part_rows
+        workfs.mkdirs(self.folder)
         self.group = min(row_group_rows or 8192, part_rows)
-        self.files: list[Path] = []
+        self.files: list[str] = []
         self.num_rows = 0
         self._pending: list[pa.Table] = []  # rows not written yet
         self._held = self._in_part = 0
-        self._writer: pq.ParquetWriter | None = None
+        self._writer: contextlib.ExitStack | None = None  # the open part's
+        self._part: Any = None
 
     def write(self, table: pa.Table) -> None:
         self._pending.append(table.select(self.schema.names).cast(self.schema))
@@ -85,20 +84,18 @@ class PartWriter:
         table = pa.concat_tables(self._pending)
         self._pending, self._held = [table.slice(n)], table.num_rows - n
         if self._writer is None:
-            self.files.append(self.folder / f"part-{len(self.files):05d}.parquet")
-            self._writer = pq.ParquetWriter(f"{self.files[-1]}.tmp", self.schema)
-        self._writer.write_table(table.slice(0, n))  # one row group
+            self.files.append(workfs.join(self.folder, f"part-{len(self.files):05d}.parquet"))
+            self._writer = contextlib.ExitStack()
+            self._part = self._writer.enter_context(workfs.parquet_writer(self.files[-1], self.schema))
+        self._part.write_table(table.slice(0, n))  # one row group
         self._in_part += n
         self.num_rows += n
         if self._in_part == self.part_rows:
             self._end_part()
 
     def _end_part(self) -> None:
-        import os
-
         assert self._writer is not None
         self._writer.close()
-        os.replace(f"{self.files[-1]}.tmp", self.files[-1])
         self._writer, self._in_part = None, 0
 
     def close(self) -> SpilledTable:
@@ -110,7 +107,7 @@ class PartWriter:
 
 
 def read_part(
-    path: str | Path,
+    path: Loc,
     order: Callable[[pa.Table], pa.Table] | None = None,
     order_by: tuple[str, ...] | None = None,
     columns: list[str] | None = None,
@@ -121,13 +118,14 @@ def read_part(
     (column, value) only, in the canonical ``order`` (a function of the columns ``order_by``; None: of all of
     them) when one is given; ``encoded``: string columns but ``id`` dictionary encoded (a sentence that
     describes five mentions is held once)."""
-    schema = pq.read_schema(path)
+    src = workfs.source(path)  # opened once for the schema and the rows
+    schema = pq.read_schema(src)
     names = columns or schema.names
     dictionary = [f.name for f in schema if encoded and f.name != "id" and pa.types.is_string(f.type)]
     # with what the order reads (every column when it does not say)
     read = names if order is None else None if order_by is None else list(dict.fromkeys([*names, *order_by]))
     table = pq.read_table(
-        path, columns=read, read_dictionary=dictionary, filters=[(where[0], "=", where[1])] if where else None
+        src, columns=read, read_dictionary=dictionary, filters=[(where[0], "=", where[1])] if where else None
     )
     return order(table).select(names) if order is not None else table
 
@@ -135,14 +133,14 @@ def read_part(
 PART = "_part"  # the column of a unit's file that names each row's part
 
 
-def write_split(table: pa.Table, by: str, n_parts: int, out: str | Path) -> int:
+def write_split(table: pa.Table, by: str, n_parts: int, out: Loc) -> int:
     """One unit of work's rows as the Parquet file ``out``, each row tagged with its part, ``hash(row[by]) %
     n_parts``, a row group per part (what ``gather_part`` reads of it), whole or not at all. Returns the rows."""
     table = table.cast(plain_schema(table.schema))
     return write_parts(table, (key_hash(table.column(by)) % np.uint64(max(1, n_parts))).astype(np.int32), out)
 
 
-def write_parts(table: pa.Table, part: np.ndarray, out: str | Path) -> int:
+def write_parts(table: pa.Table, part: np.ndarray, out: Loc) -> int:
     """``table`` as the Parquet file ``out``, row ``i`` tagged with its part ``part[i]``, a row group per part
     (what ``read_split`` reads of it), whole or not at all. Returns the rows."""
     rank = np.argsort(part, kind="stable")
@@ -153,7 +151,7 @@ def write_parts(table: pa.Table, part: np.ndarray, out: str | Path) -> int:
 def read_split(files: list[str], p: int, columns: list[str] | None = None) -> pa.Table:
     """Part ``p``'s rows of the units' files (``write_parts``), in unit order: ``columns`` only (None: all)."""
     read = None if columns is None else [*columns, PART]
-    return pa.concat_tables([pq.read_table(f, columns=read, filters=[(PART, "=", p)]).drop([PART]) for f in files])
+    return pa.concat_tables([workfs.read_table(f, columns=read, filters=[(PART, "=", p)]).drop([PART]) for f in files])
 
 
 def gather_part(job: tuple[int, str], files: list[str]) -> int:
@@ -171,17 +169,17 @@ def gather(
     files: list[str],
     schema: pa.Schema,
     n_parts: int,
-    directory: Path,
+    directory: Loc,
     order: Callable[[pa.Table], pa.Table] | None = None,
     order_by: tuple[str, ...] | None = None,
 ) -> SpilledTable:
     """The units' files (``write_split``) as a ``SpilledTable`` of ``n_parts`` parts, every row of a key in one
     part, a task per part on ``mapper``; each part read back in the canonical ``order``, so the table does not
     depend on which unit finished first."""
-    directory.mkdir(parents=True, exist_ok=True)
-    jobs = [(p, str(directory / f"part-{p:05d}.parquet")) for p in range(max(1, n_parts))]
+    workfs.mkdirs(directory)
+    jobs = [(p, workfs.join(directory, f"part-{p:05d}.parquet")) for p in range(max(1, n_parts))]
     rows = mapper(gather_part, jobs, files=files) if files else [0] * len(jobs)
-    kept = [Path(out) for (_, out), n in zip(jobs, rows) if n]
+    kept = [out for (_, out), n in zip(jobs, rows) if n]
     return SpilledTable(kept, plain_schema(schema), sum(rows), order, order_by)
 
 
@@ -191,13 +189,14 @@ class SpilledTable:
 
     def __init__(
         self,
-        files: list[Path],
+        files: list[str],
         schema: pa.Schema,
         num_rows: int,
         order: Callable[[pa.Table], pa.Table] | None = None,
         order_by: tuple[str, ...] | None = None,
     ):
-        self.files, self.schema, self.num_rows, self.order, self.order_by = files, schema, num_rows, order, order_by
+        self.files = [str(f) for f in files]
+        self.schema, self.num_rows, self.order, self.order_by = schema, num_rows, order, order_by
 
     def parts(
         self,

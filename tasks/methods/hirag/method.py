@@ -9,6 +9,7 @@ import pyarrow as pa
 from tasks.methods.base import Hierarchy, Layer0, MethodContext
 from tasks.methods.common import attach_stage, fallbacks, rewrite_reports, summarizer_for, write_reports
 from tasks.store.rows import plain_rows, relation_table
+from tasks.store.workfs import join
 
 
 class HiRAG:
@@ -55,7 +56,7 @@ class HiRAG:
             )
         # a build's relations stay spilled, the summary_of links too (360k at 100k chunks: ~80 MB as Arrow): Leiden
         # and the reports are tasks on the cluster that read them
-        relations = with_above(layer0.relations, rels, ctx.spill_dir / "relations-above.parquet", ctx.version)
+        relations = with_above(layer0.relations, rels, join(ctx.spill_dir, "relations-above.parquet"), ctx.version)
         with ctx.stage("communities") as st:
             ids = pa.chunked_array([*parts.column("id").chunks, pa.array([e["id"] for e in ents], pa.string())])
             communities = st.run(find_communities, ctx, ids, relations)  # spilled, as the relations are
