@@ -66,7 +66,7 @@ def test_a_table_delta_applies_to_the_pinned_version_not_to_an_uncommitted_one(t
 
 def test_gc_removes_the_fragments_of_a_run_killed_before_its_commit(tmp_path):
     """A build writes its spilled mentions as Lance fragments and commits them as one version; a run killed in
-    between leaves files no version references. gc (under the writer lock) removes them with the old versions."""
+    between leaves files no version references, and its work folder. gc (under the writer lock) removes them."""
     import pyarrow as pa
     from lance.fragment import write_fragments
 
@@ -80,9 +80,13 @@ def test_gc_removes_the_fragments_of_a_run_killed_before_its_commit(tmp_path):
     assert orphans and cat.read("entities").num_rows == entities.num_rows  # written, never committed
     time.sleep(1.1)
     cat.publish(tiny_tables(2, suffix="-2"), "run-2", "full", 8)
+    left = tmp_path / "idx" / "_cache" / "spill" / "run-killed" / "mentions"  # a killed run's work folder
+    left.mkdir(parents=True)
+    (left / "part-00000.parquet").write_bytes(b"PAR1")
     res = CliRunner().invoke(app, ["gc", "--index", str(tmp_path / "idx"), "--keep", "1"])
     assert res.exit_code == 0, res.output
     assert not orphans & set(data.iterdir())
+    assert not (tmp_path / "idx" / "_cache" / "spill").exists()
     assert Catalog(tmp_path / "idx").read("entities").column("name").to_pylist()[0] == "Scrooge-2"
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from schemas.tables import LOG_TABLES, SNAPSHOT_TABLES, SNAPSHOTS
 from tasks.errors import UsageError
+from tasks.store import workfs
 
 
 def lock_held(cat: Any) -> bool:
@@ -30,7 +31,8 @@ def collect_garbage(cat: Any, keep: int, compact_share: float | None = COMPACT_S
     version a kept snapshot pins (a pinned version is never removed; Lance keeps each table's latest). The log
     tables (``_snapshots``, ``runs``) lose their versions older than the oldest kept snapshot. Then the latest
     snapshot's fragments more than ``compact_share`` deleted are written again (``compact``; None: none is): what
-    an update deleted leaves their files once the snapshots before the compaction are dropped."""
+    an update deleted leaves their files once the snapshots before the compaction are dropped. Under the writer
+    lock, the work folders of killed runs (``<index>/_work``, the cache's ``spill``) are removed."""
     snaps = cat.snapshots()
     if keep < 1:
         raise UsageError("gc --keep must be at least 1: the latest snapshot is always kept")
@@ -65,6 +67,9 @@ def collect_garbage(cat: Any, keep: int, compact_share: float | None = COMPACT_S
         if cat.has_table(name):
             cleanup(name, kept[0]["created_at"])
     compacted = compact(cat, compact_share) if compact_share is not None else {}
+    if lock_held(cat):  # no run is working: what a killed run left in its work folder goes too
+        for work in (workfs.join(cat.uri, "_work"), cat.cache_dir / "spill"):
+            workfs.remove_tree(work)
     return {
         "compacted": compacted,
         "kept": [s["version"] for s in kept],
