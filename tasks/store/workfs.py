@@ -28,8 +28,9 @@ Loc = str | os.PathLike[str]
 
 def is_remote(loc: Loc) -> bool:
     """On object storage (a URI other than ``file://``) rather than a disk."""
-    text = str(loc)
-    return "://" in text and not text.startswith("file://")
+    from tasks.store.remote import is_local
+
+    return not is_local(str(loc))
 
 
 def join(loc: Loc, *names: str) -> str:
@@ -55,8 +56,8 @@ def use_storage(storage: Any) -> None:
     _s3.cache_clear()
 
 
-@functools.lru_cache(maxsize=4)
-def _s3(scheme: str) -> pafs.FileSystem:
+@functools.lru_cache(maxsize=1)
+def _s3() -> pafs.FileSystem:
     """This process's S3 client: the endpoint, region and credentials of the run's settings in the run's process,
     of its own environment elsewhere, with retries."""
     from tasks.store.remote import _default_storage, s3_settings
@@ -83,7 +84,7 @@ def resolve(loc: Loc) -> tuple[pafs.FileSystem | None, str]:
     scheme, rest = str(loc).split("://", 1)
     if scheme not in ("s3", "s3a"):
         return pafs.FileSystem.from_uri(str(loc))  # gs://, abfs://: pyarrow's own settings
-    return _s3(scheme), rest
+    return _s3(), rest
 
 
 def mkdirs(loc: Loc) -> None:
