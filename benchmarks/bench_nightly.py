@@ -1,7 +1,8 @@
 """The nightly refresh, night after night, as a team runs it (prints figures; not a test).
 
 Builds the corpus minus a held-back share, starts ``strata serve`` over the index with ``--clients`` clients asking
-the dataset's questions without pause, then for each of ``--nights`` nights adds, edits and deletes ``--churn`` of
+the dataset's questions (each waits ``--think`` seconds after an answer before its next question: a bounded stream,
+as a team's users ask; 0 = without pause, which on two cores leaves an update a fraction of a core), then for each of ``--nights`` nights adds, edits and deletes ``--churn`` of
 the documents (added ones come from the held-back share; an edit drops a document's last sentence), runs
 ``strata update`` and ``strata gc --keep K``. Per night it records the update's wall and peak memory (the run
 process, the largest other process of its tree — a Dask worker — and the tree's sum, sampled every 0.5 s), the
@@ -10,7 +11,8 @@ must be one that was published; layer 0 (entities and relations) is compared wit
 and ``strata eval`` runs on both.
 
     .venv/bin/python benchmarks/bench_nightly.py --corpus ../shared/datasets/musique --nights 30 --churn 0.01 \\
-        --keep 7 --clients 4 --json nightly.json [--work ./nightly-work] [--budgets 1000 4000] [--compact-share S]
+        --keep 7 --clients 4 --json nightly.json [--think 1] [--work ./nightly-work] [--budgets 1000 4000] \\
+        [--compact-share S]
 
 ``--corpus``: a folder with ``corpus.jsonl`` (id, title, text) and, for the questions and the evaluation,
 ``queries.jsonl``. The documents are shuffled (``--seed``) before anything is held back: file order means nothing.
@@ -93,8 +95,8 @@ def edited(text: str) -> str:
 class Clients:
     """``n`` clients asking the questions in turn against ``base`` until stopped; every answer's version kept."""
 
-    def __init__(self, base: str, questions: list[str], n: int):
-        self.base, self.questions, self.stop = base, questions, threading.Event()
+    def __init__(self, base: str, questions: list[str], n: int, think: float = 0.0):
+        self.base, self.questions, self.stop, self.think = base, questions, threading.Event(), think
         self.ok, self.failed, self.versions, self.errors = 0, 0, Counter(), []
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(n)]
@@ -119,6 +121,7 @@ class Clients:
                     else:
                         self.failed += 1
                         self.errors.append(error)
+                self.stop.wait(self.think)
 
     def counts(self) -> tuple[int, int]:
         with self.lock:
@@ -187,6 +190,9 @@ def main() -> None:
         "--compact-share", type=float, default=None, help="strata gc --compact-share (default: gc's own; 1 = never)"
     )
     ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument(
+        "--think", type=float, default=1.0, help="seconds a client waits after an answer (0: none, a saturated service)"
+    )
     ap.add_argument("--hold-back", type=float, help="share held back for the nights' additions (default: enough)")
     ap.add_argument("--budgets", type=int, nargs="+", default=[1000, 4000])
     ap.add_argument("--work", type=Path, default=Path("nightly-work"))
@@ -238,7 +244,7 @@ def main() -> None:
         except httpx.TransportError:
             pass
         time.sleep(0.5)
-    clients = Clients(base, questions, args.clients)
+    clients = Clients(base, questions, args.clients, args.think)
     for t in clients.threads:
         t.start()
     nights, published = [], {1}
@@ -302,6 +308,8 @@ def main() -> None:
     result = {
         "documents": len(records),
         "per_night": per_night,
+        "clients": args.clients,
+        "think_s": args.think,
         "build": build,
         "nights": nights,
         "full_build": full,

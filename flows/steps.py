@@ -26,7 +26,6 @@ from tasks.runtime.parallel import Mapper
 from tasks.store.rows import (
     TableDelta,
     plain_rows,
-    stamped,
     vector_matrix,
 )
 from tasks.store.spill import SpilledTable
@@ -97,13 +96,13 @@ def ingest(run: PipelineRun) -> Delta:
     )
 
 
-def chunk(run: PipelineRun, delta: Delta) -> tuple[SpilledTable, SpilledTable, pa.Table]:
-    """The documents table after the run (kept + incoming with token counts) and the chunks of the incoming
-    documents, both in parts (read from the ingested parts one at a time: the run never holds every text), and
-    where each chunk is in its document (``CHUNK_PLACE``)."""
-    from tasks.index.chunk import STEP, chunk_parts
+def chunk(run: PipelineRun, delta: Delta) -> tuple[SpilledTable | TableDelta, SpilledTable, pa.Table]:
+    """The documents table after the run (a build's in parts; an update's as a change: the incoming ones with
+    their token counts, the gone ones' ids) and the chunks of the incoming documents in parts (read from the
+    ingested parts one at a time: the run never holds every text), and where each chunk is in its document
+    (``CHUNK_PLACE``)."""
+    from tasks.index.chunk import chunk_parts
     from tasks.index.extract import task_rows
-    from tasks.store.spill import PartWriter
 
     assert delta.ingested is not None, "ingest wrote the documents to parts"
     size = chunk_part_rows(run.cfg)
@@ -127,13 +126,9 @@ def chunk(run: PipelineRun, delta: Delta) -> tuple[SpilledTable, SpilledTable, p
             tokens=int(pc.sum(documents.column("n_tokens")).as_py() or 0),
             cut=len(cut),
         )
-    kept = PartWriter(join(run.spill_dir, "tables", "documents"), documents.schema, size)
-    if run.snap:  # the previous snapshot's documents that stay, read a batch at a time
-        for batch in run.catalog.batches("documents", run.snap, documents.schema.names, STEP):
-            stay = pc.invert(pc.is_in(batch.column("id"), pa.array(sorted(delta.gone), pa.string())))
-            kept.write(stamped(pa.Table.from_batches([batch]).filter(stay), run.version))
-    old = kept.close()
-    return SpilledTable([*old.files, *documents.files], old.schema, old.num_rows + documents.num_rows), chunks, places
+    if run.snap:  # an update's documents as a change: the kept ones are neither read nor written again
+        return TableDelta("id", sorted(delta.gone), documents.read_all()), chunks, places
+    return documents, chunks, places
 
 
 #: what the diff of an update reads of a document (all but its text)

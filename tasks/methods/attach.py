@@ -88,7 +88,7 @@ def attach(
                 "source_id": eid,
                 "target_id": target,
                 "kind": "summary_of",
-                "description": f"{by_id[eid]['name']} belongs to {by_id[target]['name']}",
+                "description": "",
                 "weight": 1.0,
                 "source_chunk_ids": [],
             }
@@ -142,10 +142,6 @@ def attach(
                     frontier.add(p)
         frontier |= {p for sid in now if sid in dropped for p in parents.get(sid, set())}
     rels = [r for r in rels if r["source_id"] not in dropped and r["target_id"] not in dropped]
-    # member names appear in summary_of descriptions: keep them current
-    for r in rels:
-        if r["source_id"] in changed or r["source_id"] in refreshed or r["target_id"] in refreshed:
-            r["description"] = f"{by_id[r['source_id']]['name']} belongs to {by_id[r['target_id']]['name']}"
     out = [by_id[s["id"]] for s in summaries if s["id"] not in dropped]
     dim = next(iter(vec.values())).shape[0] if vec else 0
     matrix = np.stack([vec[e["id"]] for e in out]).astype(np.float32) if out else np.zeros((0, dim), np.float32)

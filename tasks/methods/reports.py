@@ -115,9 +115,9 @@ def _title(ranked: list[str], ents: dict[str, dict[str, Any]]) -> str:
 
 
 def _finding(r: dict[str, Any], ents: dict[str, dict[str, Any]]) -> str:
-    if r["kind"] == "summary_of":
-        return r["description"]
     a, b = ents[r["source_id"]]["name"], ents[r["target_id"]]["name"]
+    if r["kind"] == "summary_of":
+        return f"{a} belongs to {b}"
     return f"{a} — {b}: {truncate_tokens(r['description'], 60)}"
 
 

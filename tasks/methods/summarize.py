@@ -368,7 +368,8 @@ def summary_rows(
                         "source_id": m["id"],
                         "target_id": sid,
                         "kind": "summary_of",
-                        "description": f"{m['name']} belongs to {item['name']}",
+                        "description": "",  # a link, not a text: the names are the entities' (a rename
+                        # of the summary then rewrites no member link)
                         "weight": 1.0,
                         "source_chunk_ids": [],
                     }

@@ -56,7 +56,7 @@ def _edges(view: IndexView, members: set[int]) -> list[dict[str, Any]]:
                             "source": r["source_id"],
                             "target": r["target_id"],
                             "kind": r["kind"],
-                            "text": r["description"],
+                            "text": r["description"] or r["kind"].replace("_", " "),
                         }
                     )
     return out

@@ -97,7 +97,8 @@ def fill_levels(
                         "source": r["source_id"],
                         "target": r["target_id"],
                         "kind": r["kind"],
-                        "text": f"- {_name(view, r['source_id'])} —[{r['kind']}]→ {_name(view, r['target_id'])}: {r['description']}",
+                        "text": f"- {_name(view, r['source_id'])} —[{r['kind']}]→ {_name(view, r['target_id'])}"
+                        + (f": {r['description']}" if r["description"] else ""),
                     }
                 )
             ctx.bridge, ctx.tokens["bridge"] = fill(items, budgets["bridge"])
