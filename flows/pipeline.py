@@ -106,7 +106,7 @@ def run_stages(run: PipelineRun) -> BuildResult:
     layer0, hierarchy = what_publish_reads(layer0, hierarchy)
     run.forget_previous()
     release_memory()  # before validation reads the spilled mentions part by part
-    validate(run, tables)
+    tables = validate(run, tables)
     return publish(run, delta, tables, layer0, hierarchy)
 
 

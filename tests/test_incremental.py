@@ -353,3 +353,56 @@ def test_recompute_touches_only_the_delta_yet_equals_a_full_merge():
     assert got_e == sorted(want_e, key=lambda e: e["id"]) and got_r.sort_by("id").equals(want_r.sort_by("id"))
     assert "ann|bob" in read and "cal|hub" not in read  # Bob's old relation revived; Hub's others never read
     assert len(added) == 1 and not removed and len(changed) == 1
+
+
+def test_an_update_validates_the_rows_it_changes_and_a_bad_one_stops_it(corpus_copy, tmp_path, monkeypatch):
+    """An update's tables reach validation as changes of the snapshot (``as_changes``): the rows checked are the
+    changed ones, not the whole tables; a bad row among them still fails the run, and nothing is published."""
+    import pyarrow as pa
+
+    from flows import publish_steps
+    from tasks.index import validate as validate_module
+    from tasks.index.validate import ValidationFailed
+    from tasks.store.rows import TableDelta
+
+    index = tmp_path / "index"
+    extra = corpus_copy / "notes" / "scrooge.md"
+    saved = extra.read_text()
+    extra.unlink()
+    try:
+        build_index(str(corpus_copy), Catalog(index), CFG)
+        checked: dict[str, int] = {}
+        original = validate_module.validate_tables
+
+        def recording(tables, *args, **kwargs):
+            checked.update({k: t.num_rows for k, t in tables.items()})
+            return original(tables, *args, **kwargs)
+
+        monkeypatch.setattr(validate_module, "validate_tables", recording)
+        extra.write_text(saved)
+        assert update_index(str(corpus_copy), Catalog(index), CFG).status == "published"
+        cat = Catalog(index)
+        _valid(cat)
+        assert checked["documents"] == 1  # the added document, not the kept ones
+        for name in ("entities", "relations"):
+            assert 0 < checked[name] < cat.read(name).num_rows / 2, (name, checked[name])
+
+        real = publish_steps.as_changes
+
+        def with_a_bad_row(run, tables):
+            out = real(run, tables)
+            change = out["entities"]
+            assert isinstance(change, TableDelta) and change.add.num_rows
+            vectors = change.add.column("vector").to_pylist()
+            vectors[0] = [float("nan")] * len(vectors[0])
+            at = change.add.schema.get_field_index("vector")
+            add = change.add.set_column(at, change.add.schema.field(at), pa.array(vectors, change.add.schema.field(at).type))
+            return dict(out, entities=TableDelta(change.column, change.values, add))
+
+        monkeypatch.setattr(publish_steps, "as_changes", with_a_bad_row)
+        extra.write_text(saved.replace("Bob Cratchit was Scrooge's clerk.", "Fred was Scrooge's nephew in London."))
+        with pytest.raises(ValidationFailed, match="entities"):
+            update_index(str(corpus_copy), Catalog(index), CFG)
+        assert Catalog(index).snapshot()["version"] == 2  # the previous snapshot stays the published one
+    finally:
+        extra.write_text(saved)

@@ -302,11 +302,8 @@ class Catalog:
             options = None if self.root is not None else storage_options(self.uri, self.storage)
             write_spilled(mapper or LocalMapper(), data, f"{self._db_uri}/{name}.lance", self.uri, options, current)
             return self._vector_index(self.db.open_table(name), ann_min_rows)
-        if isinstance(data, pa.Table) and pinned is not None and name in self.DELTA_TABLES and self.has_table(name):
-            (old := self.db.open_table(name)).checkout(pinned)
-            columns = [c for c in data.column_names if c != "vector"]
-            if (delta := delta_against(old.search().select(columns).limit(None).to_batches(65_536), data)) is not None:
-                return self._apply_delta(name, delta, pinned)
+        if isinstance(data, pa.Table) and (delta := self.change(name, data, pinned)) is not None:
+            return self._apply_delta(name, delta, pinned)
         data = data.reader(WRITE_BATCH_ROWS) if isinstance(data, SpilledTable) else plain_batches(data)
         if self.has_table(name):
             tbl = self.db.open_table(name)
@@ -314,6 +311,16 @@ class Catalog:
         else:
             tbl = self.db.create_table(name, data=data)
         return self._vector_index(tbl, ann_min_rows)
+
+    def change(self, name: str, data: pa.Table, pinned: int | None) -> TableDelta | None:
+        """``data``, the whole new table ``name``, as a change of its version ``pinned`` (``rows.delta_against``,
+        the pinned rows read a batch at a time); None where it is written whole: not one of ``DELTA_TABLES``, no
+        pinned version, or a change past ``DELTA_MAX_SHARE`` of the table."""
+        if pinned is None or name not in self.DELTA_TABLES or not self.has_table(name):
+            return None
+        (old := self.db.open_table(name)).checkout(pinned)
+        columns = [c for c in data.column_names if c != "vector"]
+        return delta_against(old.search().select(columns).limit(None).to_batches(65_536), data)
 
     @staticmethod
     def _vector_index(tbl: Any, ann_min_rows: int | None) -> int:
