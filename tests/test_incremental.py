@@ -144,6 +144,53 @@ def test_attach_accumulates_staleness_below_threshold():
     assert res.refreshed == {"S2", "T"} and {e["id"]: e for e in res.entities}["S2"]["staleness"] == 0.0
 
 
+
+def test_shows_gone_reads_the_summary_text_for_what_a_member_no_longer_says():
+    from tasks.methods.attach import shows_gone
+
+    summary = {"name": "Railroad / Turner", "description": "railroad, Turner: Turner, Omaha. Omaha is a city. Turner built the line."}
+    # a member that went: shown by its name or a sentence of its description, else not
+    assert shows_gone(summary, {"name": "Turner", "description": "Turner was an engineer."}, None)
+    assert shows_gone(summary, {"name": "T. Turner", "description": "Turner built the line."}, None)
+    assert not shows_gone(summary, {"name": "Lincoln", "description": "Lincoln is a city."}, None)
+    assert shows_gone(summary, None, None)  # its former text unknown: counted as shown
+    # a changed member: only a sentence it no longer has, quoted by the summary, counts
+    old = {"name": "Omaha", "description": "Omaha is a city. Omaha had a fort."}
+    assert shows_gone(summary, old, {"name": "Omaha", "description": "Omaha had a fort."})
+    assert not shows_gone(summary, old, {"name": "Omaha", "description": "Omaha is a city."})
+    assert not shows_gone(summary, None, {"name": "Omaha", "description": "Omaha had a fort."})
+
+
+def test_attach_rewrites_a_summary_now_only_when_its_text_shows_what_is_gone():
+    """A removed member the summary's text never showed adds to its staleness like any change; one it names, or a
+    changed member's dropped sentence it quotes, has it re-summarised at once (what a deleted document said leaves
+    the hierarchy with it)."""
+    l0 = [_e(f"m{i}", 0, [1, 0, 0]) for i in range(10)]
+    shown = dict(_e("S1", 1, [1, 0, 0]), description="m0, m1: m0 is here. m5 was seen in 1850.")
+    summaries = [shown, _e("T", 2, [1, 0, 0])]
+    rels = [_so(f"m{i}", "S1") for i in range(10)] + [_so("S1", "T")]
+    summarize = lambda l, ms, vs: [{"name": "x", "type": "concept", "description": "d"} for _ in ms]  # noqa: E731
+    embed = lambda rows: np.ones((len(rows), 3), np.float32)  # noqa: E731
+    before = {f"m{i}": {"id": f"m{i}", "name": f"m{i}", "description": f"m{i}."} for i in range(10)}
+    before["m5"]["description"] = "m5 was seen in 1850. m5 sailed."
+
+    def run(removed, changed, rows=l0):
+        return attach([r for r in rows if r["id"] not in removed], summaries, rels, _vecs(l0 + summaries), added=set(),
+                      removed=removed, changed=changed, tau=0.65, summarize=summarize, embed=embed,
+                      refresh_staleness=0.5, before=before)
+
+    res = run({"m9"}, set())  # not in the summary's text: 1 of 9 members, below 0.5
+    assert res.refreshed == set() and {e["id"]: e for e in res.entities}["S1"]["staleness"] == pytest.approx(1 / 9)
+    assert run({"m1"}, set()).refreshed == {"S1", "T"}  # named in its text
+    edited = [dict(r, description="m5 sailed.") if r["id"] == "m5" else r for r in l0]
+    assert run(set(), {"m5"}, edited).refreshed == {"S1", "T"}  # its dropped sentence is quoted
+    kept = [dict(r, description="m5 was seen in 1850.") if r["id"] == "m5" else r for r in l0]
+    assert run(set(), {"m5"}, kept).refreshed == set()  # what the summary quotes still stands
+    # without the former rows (``before``), a removed member counts as shown, as before
+    res = attach(l0[:9], summaries, rels, _vecs(l0 + summaries), added=set(), removed={"m9"}, changed=set(), tau=0.65,
+                 summarize=summarize, embed=embed, refresh_staleness=0.5)
+    assert res.refreshed == {"S1", "T"}
+
 # ------------------------------------------------------------------------------------------ end to end
 CFG = load_config(overrides={"chunking": SMALL["chunking"], "extract": SMALL["extract"]})
 

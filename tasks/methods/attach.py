@@ -5,12 +5,34 @@ the ancestors on the touched paths are re-summarised and re-embedded. Summaries 
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+_SENTENCE_END = re.compile(r"(?<=[.!?…])\s+")
+
+
+def _sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE_END.split(text or "") if s.strip()]
+
+
+def shows_gone(summary: dict[str, Any], old: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:
+    """Whether a summary's text still says what its member no longer does: a member that went (``new`` None)
+    whose name or a sentence of its description is in the summary's name or description, or a changed member
+    whose former description had a sentence, now gone from it, that the summary quotes. ``old``: the member's
+    row before the update (None: not known — a member that went then counts as shown)."""
+    text = f"{summary.get('name', '')}\n{summary.get('description', '')}"
+    if old is None:
+        return new is None
+    gone = _sentences(old.get("description", ""))
+    if new is None:
+        return (bool(old.get("name")) and old["name"] in text) or any(s in text for s in gone)
+    now = new.get("description", "")
+    return any(s not in now and s in text for s in gone)
 
 
 def _members(relations: list[dict[str, Any]]) -> dict[str, set[str]]:
@@ -44,15 +66,18 @@ def attach(
     summarize: Callable[[int, list[list[dict[str, Any]]], list[np.ndarray]], list[dict[str, Any]]],
     embed: Callable[[list[dict[str, Any]]], np.ndarray],
     refresh_staleness: float = 0.0,
+    before: dict[str, dict[str, Any]] | None = None,
 ) -> AttachResult:
     """HyGRAG attachment of ``added`` layer-0 entities; refresh of the summaries on the touched paths.
 
     ``vectors`` maps every layer-0 and summary id to its vector.
     ``summarize(layer, member_lists, member_vectors)`` returns one summary dict per member list;
-    ``embed(entities)`` returns their vectors. A summary that lost members is always re-summarised;
-    one that only gained or changed members accumulates ``staleness`` (changes / members) and is
-    re-summarised once that reaches ``refresh_staleness`` (0: on every change). Only a re-summarised
-    or dropped summary touches its own parents."""
+    ``embed(entities)`` returns their vectors. A summary whose text still says what a member no longer
+    does (``shows_gone``: a removed member's name or sentences, a changed member's former sentences; ``before``
+    holds the removed and changed members' rows before the update) is re-summarised now, as is one that lost a
+    member summary; any other change (a member added, changed or removed without a trace in its text) adds to its
+    ``staleness`` (changes / members), and it is re-summarised once that reaches ``refresh_staleness`` (0: on
+    every change). Only a re-summarised or dropped summary touches its own parents."""
     from tasks.index.merge import relation_id
 
     by_id = {e["id"]: e for e in list(layer0) + list(summaries)}
@@ -63,7 +88,7 @@ def attach(
     mats = {l: np.stack([vec[s["id"]] for s in ss]).astype(np.float32) for l, ss in layers.items() if ss}
     attached: dict[str, str] = {}
     changes: Counter = Counter()  # summary id -> members added, changed or re-summarised this update
-    lost: set[str] = set()  # summaries that lost members: always re-summarised
+    lost: set[str] = set()  # summaries whose text says what is gone: re-summarised now
     for eid in sorted(added):
         if not mats:
             break
@@ -97,10 +122,19 @@ def attach(
     parents: dict[str, set[str]] = defaultdict(set)
     for r in rels:
         parents[r["source_id"]].add(r["target_id"])
-    for eid in sorted(changed):
-        for p in parents.get(eid, set()):
-            changes[p] += 1
-    lost |= {r["target_id"] for r in summary_relations if r["source_id"] in removed}
+    was_under: dict[str, set[str]] = defaultdict(set)  # parents before the update (a removed entity has no link now)
+    for r in summary_relations:
+        if r["kind"] == "summary_of":
+            was_under[r["source_id"]].add(r["target_id"])
+    for eid in sorted(changed | removed):
+        now_row = None if eid in removed else by_id.get(eid)
+        for p in sorted(was_under.get(eid, set())):
+            if p not in by_id:
+                continue
+            if shows_gone(by_id[p], (before or {}).get(eid), now_row):
+                lost.add(p)
+            else:
+                changes[p] += 1
     # walk up layer by layer: a re-summarised or dropped summary touches its parents in turn
     dropped: set[str] = set()
     refreshed: set[str] = set()

@@ -115,6 +115,17 @@ def rewrite_reports(
     return reports, vectors, failures
 
 
+def previous_rows(
+    ctx: MethodContext, name: str, ids: list[str], columns: tuple[str, ...], batch: int = 2000
+) -> dict[str, dict[str, Any]]:
+    """The previous snapshot's rows of table ``name`` with the given ids (``columns`` only), by id."""
+    out: dict[str, dict[str, Any]] = {}
+    for s in range(0, len(ids), batch):
+        listed = ", ".join("'" + i.replace("'", "''") + "'" for i in ids[s : s + batch])
+        out.update((r["id"], r) for r in plain_rows(ctx.previous(name, columns, where=f"id IN ({listed})")))
+    return out
+
+
 def attach_stage(ctx: MethodContext, layer0: Layer0, **llm_prompt: Any):
     """HyGRAG attachment (stage ``attach``): new layer-0 entities join the summary nodes they are closest to
     (τ), the summaries on touched paths are rewritten. Returns the ``AttachResult`` and the summarizer used."""
@@ -139,6 +150,7 @@ def attach_stage(ctx: MethodContext, layer0: Layer0, **llm_prompt: Any):
         vectors = dict(zip([e["id"] for e in layer0.entities], layer0.vectors))
         vectors.update(zip([s["id"] for s in summaries], vector_matrix(upper)))
         links = plain_rows(ctx.previous("relations", where="kind = 'summary_of'"))
+        before = previous_rows(ctx, "entities", sorted(layer0.removed | layer0.changed), ("id", "name", "description"))
         att = st.run(
             attach,
             layer0.entities,
@@ -152,6 +164,7 @@ def attach_stage(ctx: MethodContext, layer0: Layer0, **llm_prompt: Any):
             summarize,
             embed_rows,
             cfg.incremental.refresh_staleness,
+            before,
         )
         st.done(
             f"{len(att.attached)} attached, {len(att.refreshed)} summaries refreshed",
