@@ -332,9 +332,10 @@ class IncrementalConfig(_Section):
     refresh_staleness: float = Field(
         0.1,
         ge=0,
-        description="A summary entity or community report that only gained or changed members is rewritten once "
-        "the share of its members changed since it was written reaches this (0 = on every change); "
-        "one that lost members is always rewritten.",
+        description="A summary entity or community report is rewritten once the share of its members changed "
+        "since it was written reaches this (0 = on every change); a summary whose text shows what a member no "
+        "longer says (a removed member's name or sentences, a changed one's dropped sentence), and a report "
+        "whose community lost members, at once.",
     )
     nice: int = Field(
         0,
