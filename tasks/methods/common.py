@@ -13,7 +13,7 @@ import pyarrow as pa
 from schemas.tables import CommunityRow, QuarantineRow
 from tasks.methods.base import Hierarchy, Layer0, MethodContext
 from tasks.store.ids import make_id, quarantine_row
-from tasks.store.rows import plain_rows, relation_table, vector_matrix
+from tasks.store.rows import plain_rows, relation_table, sql_in, vector_matrix
 
 SUMMARY_FALLBACK = "LLM summary unusable, offline summary used: "
 REPORT_FALLBACK = "LLM report unusable, offline report used: "
@@ -120,9 +120,8 @@ def previous_rows(
 ) -> dict[str, dict[str, Any]]:
     """The previous snapshot's rows of table ``name`` with the given ids (``columns`` only), by id."""
     out: dict[str, dict[str, Any]] = {}
-    for s in range(0, len(ids), batch):
-        listed = ", ".join("'" + i.replace("'", "''") + "'" for i in ids[s : s + batch])
-        out.update((r["id"], r) for r in plain_rows(ctx.previous(name, columns, where=f"id IN ({listed})")))
+    for where in sql_in("id", ids, batch):
+        out.update((r["id"], r) for r in plain_rows(ctx.previous(name, columns, where=where)))
     return out
 
 

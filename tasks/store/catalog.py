@@ -29,6 +29,7 @@ from tasks.store.remote import (
     STORE_ATTEMPTS,
     S3Lease,
     _default_storage,
+    _disk_full,
     _s3_client,
     _transient,
     is_local,
@@ -41,6 +42,7 @@ from tasks.store.rows import (
     plain_batches,
     rows_to_table,
     snapshot_note,
+    sql_in,
 )
 from tasks.store.spill import SpilledTable
 from tasks.store.vectors import build_vector_index
@@ -59,12 +61,6 @@ _SNAPSHOT_SCHEMA = pa.schema(
         ("note", pa.string()),
     ]
 )
-
-
-def _disk_full(exc: BaseException) -> bool:
-    import errno
-
-    return (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "No space left on device" in str(exc)
 
 
 class Catalog:
@@ -288,10 +284,9 @@ class Catalog:
         pinned: int | None = None,
         mapper: Any = None,
     ) -> int:
-        """Write one table's new version: a whole table replaces the rows; a ``TableDelta`` is applied to the
-        version the previous snapshot pinned (rows deleted, rows appended) without rewriting the others; a
-        spilled table's parts are written as fragments by tasks on ``mapper`` (default: in this process) and
-        committed as one version."""
+        """Write one table's new version: a ``TableDelta`` (or a whole table that ``change`` finds one in) is
+        applied to the pinned version (rows deleted, rows appended); a whole table replaces the rows; a spilled
+        table's parts are written as fragments by tasks on ``mapper`` and committed as one version."""
         if isinstance(data, TableDelta):
             return self._apply_delta(name, data, pinned)
         if isinstance(data, SpilledTable) and data.files:
@@ -313,9 +308,8 @@ class Catalog:
         return self._vector_index(tbl, ann_min_rows)
 
     def change(self, name: str, data: pa.Table, pinned: int | None) -> TableDelta | None:
-        """``data``, the whole new table ``name``, as a change of its version ``pinned`` (``rows.delta_against``,
-        the pinned rows read a batch at a time); None where it is written whole: not one of ``DELTA_TABLES``, no
-        pinned version, or a change past ``DELTA_MAX_SHARE`` of the table."""
+        """``data``, the whole new table ``name``, as a change of its version ``pinned`` (``rows.delta_against``);
+        None where it is written whole (not one of ``DELTA_TABLES``, no pinned version, most rows changed)."""
         if pinned is None or name not in self.DELTA_TABLES or not self.has_table(name):
             return None
         (old := self.db.open_table(name)).checkout(pinned)
@@ -335,9 +329,8 @@ class Catalog:
         if tbl.version != pinned:  # a later version exists (a rollback, or a run that never committed): start over
             tbl.checkout(pinned)  # from the pinned one, as the new latest
             tbl.restore()
-        for s in range(0, len(delta.values), 5000):
-            part = ", ".join("'" + v.replace("'", "''") + "'" for v in delta.values[s : s + 5000])
-            tbl.delete(f"{delta.column} IN ({part})")
+        for where in sql_in(delta.column, delta.values):
+            tbl.delete(where)
         if delta.add.num_rows:
             tbl.add(plain_batches(delta.add))
         return tbl.version

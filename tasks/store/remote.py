@@ -39,6 +39,12 @@ _TRANSIENT = (
 )
 
 
+def _disk_full(exc: BaseException) -> bool:
+    import errno
+
+    return (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "No space left on device" in str(exc)
+
+
 def _transient(exc: BaseException) -> bool:
     return any(s in str(exc) for s in _TRANSIENT)
 
