@@ -13,11 +13,12 @@ from typing import Any
 
 import numpy as np
 
-_SENTENCE_END = re.compile(r"(?<=[.!?…])\s+")
+#: where a description's sentences end (an extractive description joins whole sentences)
+SENTENCE_END = re.compile(r"(?<=[.!?…])\s+")
 
 
 def _sentences(text: str) -> list[str]:
-    return [s.strip() for s in _SENTENCE_END.split(text or "") if s.strip()]
+    return [s.strip() for s in SENTENCE_END.split(text or "") if s.strip()]
 
 
 def shows_gone(summary: dict[str, Any], old: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:

@@ -19,6 +19,7 @@ import networkx as nx
 import numpy as np
 
 from schemas.config import RetrievalConfig
+from tasks.methods.attach import SENTENCE_END
 from tasks.query.context import Context, fill, top_k
 from tasks.query.view import IndexView
 
@@ -104,12 +105,9 @@ def fill_levels(
             ctx.bridge, ctx.tokens["bridge"] = fill(items, budgets["bridge"])
 
 
-_SENTENCE_END = re.compile(r"(?<=[.!?…])\s+")
-
-
 def repeats(description: str, sources: str) -> bool:
     """Whether every sentence of an (extractive) description is already in the sources text."""
-    parts = [p for p in _SENTENCE_END.split(description or "") if p.strip()]
+    parts = [p for p in SENTENCE_END.split(description or "") if p.strip()]
     return bool(parts) and all(p.rstrip("…").strip() in sources for p in parts)
 
 
