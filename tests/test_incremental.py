@@ -395,7 +395,7 @@ def test_recompute_touches_only_the_delta_yet_equals_a_full_merge():
         return out
 
     touched = {r["key"] for r in new_rows}
-    got_e, got_r, added, removed, changed, _ = recompute_layer0(entities, relations, select, touched, 100, order)
+    got_e, got_r, added, removed, changed, *_ = recompute_layer0(entities, relations, select, touched, 100, order)
     want_e, want_r = graph_from_mentions(old_rows + new_rows, 100, order=order)
     assert got_e == sorted(want_e, key=lambda e: e["id"]) and got_r.sort_by("id").equals(want_r.sort_by("id"))
     assert "ann|bob" in read and "cal|hub" not in read  # Bob's old relation revived; Hub's others never read
@@ -404,10 +404,13 @@ def test_recompute_touches_only_the_delta_yet_equals_a_full_merge():
 
 def test_an_update_validates_the_rows_it_changes_and_a_bad_one_stops_it(corpus_copy, tmp_path, monkeypatch):
     """An update's tables reach validation as changes of the snapshot (``as_changes``): the rows checked are the
-    changed ones, not the whole tables; a bad row among them still fails the run, and nothing is published."""
+    changed ones, not the whole tables; a bad row among them still fails the run, and nothing is published. The
+    relations it keeps are read only in the graph's columns (``GRAPH_COLUMNS``), never whole."""
     import pyarrow as pa
 
     from flows import publish_steps
+    from flows.run import PipelineRun
+    from tasks.store.rows import GRAPH_COLUMNS
     from tasks.index import validate as validate_module
     from tasks.index.validate import ValidationFailed
     from tasks.store.rows import TableDelta
@@ -426,8 +429,23 @@ def test_an_update_validates_the_rows_it_changes_and_a_bad_one_stops_it(corpus_c
             return original(tables, *args, **kwargs)
 
         monkeypatch.setattr(validate_module, "validate_tables", recording)
+        reads: list[tuple] = []
+        previous = PipelineRun.previous
+
+        def read(run, name, columns=None, where=None):
+            reads.append((name, columns, where))
+            return previous(run, name, columns, where)
+
+        monkeypatch.setattr(PipelineRun, "previous", read)
         extra.write_text(saved)
         assert update_index(str(corpus_copy), Catalog(index), CFG).status == "published"
+        whole = [  # reads of every column of layer 0's relations
+            r
+            for r in reads
+            if r[0] == "relations" and not set(r[1] or ()) <= set(GRAPH_COLUMNS) and "summary_of" not in (r[2] or "")
+            and r[2] != "kind != 'extracted'"
+        ]
+        assert ("relations", GRAPH_COLUMNS, "kind = 'extracted'") in reads and not whole, reads
         cat = Catalog(index)
         _valid(cat)
         assert checked["documents"] == 1  # the added document, not the kept ones

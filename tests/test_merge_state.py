@@ -57,7 +57,7 @@ def test_a_sentence_before_the_cut_is_kept_one_after_it_never_is():
         dict(r, id=r["id"] + "n")
         for r in mention_rows([_ent("Ann", "c1", "Ann ran."), _ent("Ann", "c3", "Ann slept.")], [])
     ]
-    (entities, _, _, _, _, delta), state, read = _update(old, new, order, 8)
+    (entities, _, _, _, _, delta, _), state, read = _update(old, new, order, 8)
     assert [e["description"] for e in entities] == ["Ann sang. Ann ran."]
     assert state.column("cut").to_pylist() == ["Ann danced all night long."]
     [row] = delta.add.to_pylist()
@@ -123,7 +123,7 @@ def test_state_and_new_mentions_give_what_all_mentions_give(seed):
     old = [r for r in rows if r["chunk_id"] not in new_chunks]
     new = [r for r in rows if r["chunk_id"] in new_chunks]
     budget = rnd.choice([6, 15, 30, 200])
-    (entities, relations, added, removed, _, delta), state, read = _update(old, new, order, budget)
+    (entities, relations, added, removed, _, delta, _), state, read = _update(old, new, order, budget)
     want_e, want_r, want_state = graph_from_mentions(rows, budget, order=order, state=True)
     assert entities == sorted(want_e, key=lambda e: e["id"])
     assert relations.sort_by("id").equals(want_r.sort_by("id"))

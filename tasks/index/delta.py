@@ -138,9 +138,15 @@ def recompute_layer0(
     max_description_tokens: int,
     order: ChunkOrder | None = None,
     grown: Grown | None = None,
-) -> tuple[list[EntityRow], pa.Table, set[str], set[str], set[str], TableDelta]:
-    """Layer-0 entities/extracted relations after the delta. Returns (entities, relations (a table), added,
-    removed, changed ids, the change of ``merge_state``).
+    old_rows: Callable[[list[str]], pa.Table] | None = None,
+) -> tuple[list[EntityRow], pa.Table, set[str], set[str], set[str], TableDelta, TableDelta]:
+    """Layer-0 entities/extracted relations after the delta. Returns (entities, relations (a table with the
+    columns of ``old_relations``), added, removed, changed ids, the change of ``merge_state``, the relations
+    recomputed: the ids of the previous rows that went or were recomputed, and the recomputed rows, every column
+    (most come out as they were: ``publish_steps.relation_change`` keeps those that differ)).
+
+    ``old_relations`` may hold only some columns (an update's: the graph's, ``GRAPH_COLUMNS``); ``old_rows(ids)``
+    then reads the previous rows of ``ids`` whole (None: ``old_relations`` holds them).
 
     ``mentions`` are all surviving + new mentions (rows, an Arrow table, a polars frame or a ``MentionSelect``
     over them); ``touched_keys`` the entity keys and relation pair keys that appear in removed or new chunks;
@@ -188,11 +194,17 @@ def recompute_layer0(
     flipped = sorted(k for k in ent_keys if entity_id(0, k) in added | removed)
     live_ids = set(old_by_id) - removed | added
     old = relation_table(old_relations)
+
+    def whole(ids: list[str]) -> pa.Table:  # previous relation rows, every column
+        if old_rows is not None:
+            return old_rows(ids)
+        return old.filter(pc.is_in(old.column("id"), value_set=pa.array(ids, pa.string())))
+
     grew_pairs = {k for k in (grown.keys if grown else set()) & pair_keys if not set(k.split("|")) & set(flipped)}
     grew_rels, moved = None, set()
     if grew_pairs:
         grew_rels, moved, grew_state = _grown_relations(
-            cast(Grown, grown), grew_pairs, live_ids, old, max_description_tokens, places
+            cast(Grown, grown), grew_pairs, live_ids, whole, max_description_tokens, places
         )
         states.append(grew_state)
     pairs = sorted(pair_keys - grew_pairs | moved)
@@ -219,25 +231,25 @@ def recompute_layer0(
     ends = pa.array(sorted(removed), pa.string())
     gone = pc.or_(
         pc.or_(pc.is_in(old.column("source_id"), value_set=ends), pc.is_in(old.column("target_id"), value_set=ends)),
-        pc.is_in(
-            pc.binary_join_element_wise(old.column("source_id"), old.column("target_id"), "|"),
-            value_set=pa.array(sorted(redone), pa.string()),
-        ),
+        _pairs_in(old, redone),
     )
     dropped = set(old.column("id").filter(gone).to_pylist())
     kept = pc.and_(pc.equal(old.column("kind"), "extracted"), pc.invert(gone)).to_numpy(zero_copy_only=False)
     # the kept rows as slices of the previous ones (no copy: they are the largest table an update holds), then
     # the new ones in id order
     ends = np.flatnonzero(np.diff(np.r_[0, kept.astype(np.int8), 0])).reshape(-1, 2)
-    new_rels = new_rels.select(old.column_names).cast(old.schema)
+    new_rels = new_rels.take(pc.sort_indices(new_rels.column("id")))
     relations = pa.concat_tables(
-        [*(old.slice(a, b - a) for a, b in ends.tolist()), new_rels.take(pc.sort_indices(new_rels.column("id")))]
+        [*(old.slice(a, b - a) for a, b in ends.tolist()), new_rels.select(old.column_names).cast(old.schema)]
     )
     degree = relation_degrees(relations)
     for e in entities:  # rows of this update's own (the caller's rows, read for it): set in place, not copied
         e["degree"] = degree.get(e["id"], 0)
-    live = set(new_by_id) | set(relations.column("id").to_pylist())
     added_state = pa.concat_tables(states)
+    ids = relations.column("id")  # of the state's relation ids, those that live (no Python string per relation)
+    live = set(new_by_id) | set(
+        ids.filter(pc.is_in(ids, value_set=added_state.column("id").combine_chunks())).to_pylist()
+    )
     added_state = added_state.filter(pc.is_in(added_state.column("id"), value_set=pa.array(sorted(live), pa.string())))
     state_delta = TableDelta("id", sorted(touched_ids | dropped), added_state.sort_by("id"))
     return (
@@ -247,7 +259,20 @@ def recompute_layer0(
         removed,
         changed,
         state_delta,
+        TableDelta("id", sorted(dropped), new_rels),
     )
+
+
+def _pairs_in(relations: pa.Table, pairs: set[str]) -> pa.Array:
+    """Whether each relation's "source_id|target_id" is one of ``pairs``: joined only for the rows whose source
+    begins a pair (at 100k chunks joining all 1.9M pairs held ~0.2 GB)."""
+    source, target = relations.column("source_id"), relations.column("target_id")
+    firsts = pa.array(sorted({p.split("|", 1)[0] for p in pairs}), pa.string())
+    rows = np.flatnonzero(pc.is_in(source, value_set=firsts).to_numpy(zero_copy_only=False))
+    joined = pc.binary_join_element_wise(source.take(rows), target.take(rows), "|")
+    hit = np.zeros(relations.num_rows, dtype=bool)
+    hit[rows[pc.is_in(joined, value_set=pa.array(sorted(pairs), pa.string())).to_numpy(zero_copy_only=False)]] = True
+    return pa.array(hit)
 
 
 def _grown_entities(
@@ -288,10 +313,16 @@ def _grown_entities(
 
 
 def _grown_relations(
-    grown: Grown, keys: set[str], live_ids: set[str], old: pa.Table, max_tokens: int, places: Any
+    grown: Grown,
+    keys: set[str],
+    live_ids: set[str],
+    old_rows: Callable[[list[str]], pa.Table],
+    max_tokens: int,
+    places: Any,
 ) -> tuple[pa.Table, set[str], pa.Table]:
     """Relation rows of the relation ``keys`` whose two ends live, from their state and new mentions: (the rows,
-    the keys to recompute from their mentions instead, their ``merge_state`` rows)."""
+    the keys to recompute from their mentions instead, their ``merge_state`` rows). ``old_rows(ids)``: the
+    previous rows of ``ids``."""
     import polars as pl
 
     from tasks.index.merge import _in_corpus_order, entity_id, relation_frame, relation_id
@@ -309,7 +340,7 @@ def _grown_relations(
     new = new.with_columns(pair=pl.col("key").cast(pl.Utf8).replace_strict(pairs, return_dtype=pl.Utf8))
     placed = _in_corpus_order(new, places, "pair", "description")
     frame, moved_pairs = grow(state, placed, "pair", max_tokens)
-    held = old.filter(pc.is_in(old.column("id"), value_set=pa.array(sorted(rel_ids), pa.string())))
+    held = old_rows(sorted(rel_ids))
     before = dict(zip(held.column("id").to_pylist(), held.column("source_chunk_ids").to_pylist()))
     chunks = dict(placed.group_by("pair").agg(pl.col("chunk_id").cast(pl.Utf8).unique()).iter_rows())
     pair = frame.get_column("pair").to_list()

@@ -382,12 +382,14 @@ def relation_frame(frame, version: int = 0):
 
 
 def relation_degrees(relations) -> dict[str, int]:
-    """Entity id -> number of relations it is an endpoint of (an Arrow table of relations)."""
-    import polars as pl
+    """Entity id -> number of relations it is an endpoint of (an Arrow table of relations), counted by Arrow over
+    the two columns' chunks (no copy of 1.9M relations' ends at 100k chunks)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
-    frame = cast(pl.DataFrame, pl.from_arrow(relations.select(["source_id", "target_id"])))  # a table: a frame
-    counts = frame.unpivot().group_by("value").len()
-    return dict(zip(counts.get_column("value").to_list(), counts.get_column("len").to_list()))
+    ends = [c.cast(pa.string()) for name in ("source_id", "target_id") for c in relations.column(name).chunks]
+    counts = pc.value_counts(pa.chunked_array(ends, pa.string()))
+    return dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()))
 
 
 def merge_graph(

@@ -47,6 +47,10 @@ class Layer0:
     entity_parts: SpilledTable | None = None
     # layer 0's ``merge_state``: a build's parts, an update's change (None: the snapshot it updates has none)
     state: Any = None
+    # an update's extracted relations recomputed (``TableDelta``: the ids of the previous rows that went or were
+    # recomputed, the recomputed rows with every column), whose ``relations`` then hold only
+    # ``rows.GRAPH_COLUMNS``; None for a build
+    relation_change: Any = None
 
     def count(self) -> int:
         return self.entity_parts.num_rows if self.entity_parts is not None else len(self.entities)
@@ -110,6 +114,9 @@ class MethodContext(Protocol):
     def stage(self, name: str, total: int | None = None) -> AbstractContextManager[Stage]: ...
     def embed(self, texts: list[str], progress: Callable[[int], None] | None = None) -> np.ndarray: ...
     def previous(self, name: str, columns: tuple[str, ...] | None = None, where: str | None = None) -> pa.Table: ...
+    def previous_in(
+        self, name: str, column: str, values: list[str], columns: tuple[str, ...] | None = None
+    ) -> pa.Table: ...
 
 
 class IndexMethod(Protocol):

@@ -13,7 +13,7 @@ import pyarrow as pa
 from schemas.tables import CommunityRow, QuarantineRow
 from tasks.methods.base import Hierarchy, Layer0, MethodContext
 from tasks.store.ids import make_id, quarantine_row
-from tasks.store.rows import plain_rows, relation_table, sql_in, vector_matrix
+from tasks.store.rows import REPORT_COLUMNS, plain_rows, relation_table, sql_in, vector_matrix
 
 SUMMARY_FALLBACK = "LLM summary unusable, offline summary used: "
 REPORT_FALLBACK = "LLM report unusable, offline report used: "
@@ -78,22 +78,58 @@ def write_reports(ctx: MethodContext, communities, entities: list[dict[str, Any]
     return reports, vectors, failures
 
 
+def update_graph(layer0: Layer0, above: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table | None]:
+    """An update's graph: layer 0's relations and the method's ``above`` ones, in the columns layer 0's hold (an
+    update's: ``GRAPH_COLUMNS``); and the rows of it this run made, whole (layer 0's change, ``above``), None
+    when layer 0's relations are whole."""
+    mine = relation_table(above)
+    graph = pa.concat_tables([layer0.relations, mine.select(layer0.relations.column_names)])
+    if layer0.relation_change is None:
+        return graph, None
+    made = layer0.relation_change.add.select(REPORT_COLUMNS).cast(mine.select(REPORT_COLUMNS).schema)
+    return graph, pa.concat_tables([made, mine.select(REPORT_COLUMNS)])
+
+
+def report_relations(ctx: MethodContext, relations: pa.Table, made: pa.Table | None, members: set[str]) -> pa.Table:
+    """The relations between ``members`` (of the communities whose report is rewritten), with their
+    descriptions: those of ``made`` (this run's rows), the others read from the previous snapshot. ``relations``
+    as they are when ``made`` is None (they hold their descriptions)."""
+    import pyarrow.compute as pc
+
+    if made is None:
+        return relations
+    among = pa.array(sorted(members), pa.string())
+    inner = relations.filter(
+        pc.and_(
+            pc.is_in(relations.column("source_id"), value_set=among),
+            pc.is_in(relations.column("target_id"), value_set=among),
+        )
+    ).column("id")
+    here = made.filter(pc.is_in(made.column("id"), value_set=inner))
+    rest = inner.filter(pc.invert(pc.is_in(inner, value_set=here.column("id")))).to_pylist()
+    there = ctx.previous_in("relations", "id", rest, tuple(REPORT_COLUMNS))
+    return pa.concat_tables([here, there.cast(here.schema)])
+
+
 def rewrite_reports(
     ctx: MethodContext,
     comms: list[CommunityRow],
     entities: list[dict[str, Any]],
     relations: pa.Table,
     decide: Callable[[dict[str, dict[str, Any]]], tuple[set[str], dict[str, float]]],
+    made: pa.Table | None = None,
 ):
     """Stage ``reports`` of an update: ``decide(previous reports by community id)`` names the communities whose
     report is written again and the staleness of the others, which are kept. Returns (reports, their vectors,
-    LLM failures)."""
+    LLM failures). ``relations`` and ``made``: ``update_graph``'s."""
     from tasks.methods.reports import build_reports
 
     with ctx.stage("reports") as st:
         previous = ctx.previous("community_reports")
         old_reports = {r["community_id"]: r for r in plain_rows(previous)}
         rewrite, staleness = decide(old_reports)
+        members = {m for c in comms if c["id"] in rewrite for m in c["entity_ids"]}
+        relations = report_relations(ctx, relations, made, members)
         old_vectors = dict(zip(previous.column("community_id").to_pylist(), vector_matrix(previous)))
         existing = {
             cid: dict(r, staleness=staleness.get(cid, r.get("staleness")))
@@ -246,9 +282,9 @@ def update_tree(
             grown=len(changed),
         )
     entities = layer0.entities + summaries
-    relations = pa.concat_tables([layer0.relations, relation_table(links)])
+    relations, made = update_graph(layer0, links)
     reports, vecs, failures = rewrite_reports(
-        ctx, comms, entities, relations, lambda old: (changed | (set(c["id"] for c in comms) - set(old)), {})
+        ctx, comms, entities, relations, lambda old: (changed | (set(c["id"] for c in comms) - set(old)), {}), made
     )
     layers = restate_layers(
         plain_rows(ctx.previous("layers")),

@@ -25,10 +25,9 @@ import pyarrow.compute as pc
 from schemas.tables import schema_for
 from tasks.methods.graph_parts import _work
 from tasks.store import workfs
+from tasks.store.rows import REPORT_COLUMNS
 from tasks.store.spill import SpilledTable, plain_schema, read_split, write_parts, write_whole
 
-#: what the reports read of a relation (``reports.RelationIndex``)
-REPORT_COLUMNS = ["id", "source_id", "target_id", "kind", "description", "weight"]
 #: what a report reads of an entity
 ENTITY_COLUMNS = ["id", "name", "type", "description", "layer"]
 ENTITY_SCHEMA = pa.schema([schema_for("entities", 0).field(c) for c in ENTITY_COLUMNS])

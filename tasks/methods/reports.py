@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from tasks.index.chunk import count_tokens, truncate_tokens
 from tasks.runtime.llm import LLMClient, ParseError, parse_json, run_sync
 from tasks.store.ids import make_id
-from tasks.store.rows import relation_table
+from tasks.store.rows import REPORT_COLUMNS, relation_table
 
 PROMPT_VERSION = "community-report/1"
 MAX_FINDINGS = 5
@@ -37,7 +37,7 @@ class RelationIndex:
     """The relations of G_k by entity, columnar (no dict per relation): what a community's report needs of them."""
 
     def __init__(self, relations: pa.Table | list[dict[str, Any]], entity_ids: list[str]):
-        t = relation_table(relations).select(["id", "source_id", "target_id", "kind", "description", "weight"])
+        t = relation_table(relations).select(REPORT_COLUMNS)
         at = {e: i for i, e in enumerate(entity_ids)}
         ids = pa.array(entity_ids, pa.string())
         # entity positions found by Arrow (no Python string per relation end: 2.3M relations at 100k chunks)

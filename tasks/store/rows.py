@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from schemas.tables import schema_for
 from tasks.store.spill import SpilledTable, plain_schema
@@ -41,10 +42,9 @@ def to_table(name: str, rows: Sequence[Mapping[str, Any]], dim: int, version: in
     import numpy as np
 
     schema = schema_for(name, dim)
-    stamp: dict[str, dict[str, Any]] = {"fixed": {"version": version}, "defaults": {"staleness": 0.0}}
+    table = bare_table(name, rows, dim, version)
     if "vector" not in schema.names:
-        return rows_to_table(rows, schema, **stamp)
-    table = rows_to_table(rows, schema.remove(schema.get_field_index("vector")), **stamp)
+        return table
     vecs = (
         np.zeros((len(rows), dim), np.float32)
         if vectors is None and not rows
@@ -54,6 +54,13 @@ def to_table(name: str, rows: Sequence[Mapping[str, Any]], dim: int, version: in
         raise ValueError(f"{name}: {len(rows)} rows but a {vecs.shape} vector matrix (dimension {dim})")
     column = pa.FixedSizeListArray.from_arrays(pa.array(vecs.reshape(-1), type=pa.float32()), dim)
     return table.append_column(schema.field("vector"), column).select(schema.names)
+
+
+def bare_table(name: str, rows: Sequence[Mapping[str, Any]], dim: int, version: int) -> pa.Table:
+    """``to_table`` without the ``vector`` column."""
+    schema = schema_for(name, dim)
+    schema = schema.remove(schema.get_field_index("vector")) if "vector" in schema.names else schema
+    return rows_to_table(rows, schema, fixed={"version": version}, defaults={"staleness": 0.0})
 
 
 def with_vectors(name: str, table: pa.Table, vectors: Any, version: int) -> pa.Table:
@@ -146,6 +153,24 @@ class TableDelta:
     add: pa.Table
 
 
+#: the columns of the relations a graph is made of: what an update holds of the relations it keeps (their
+#: descriptions and chunk lists, most of their bytes, stay on disk; ``rows_in`` reads those a stage needs)
+GRAPH_COLUMNS = ("id", "source_id", "target_id", "kind", "weight")
+
+#: what a community report reads of a relation (``tasks.methods.reports.RelationIndex``)
+REPORT_COLUMNS = ["id", "source_id", "target_id", "kind", "description", "weight"]
+
+
+def rows_in(batches: Iterable[pa.RecordBatch], column: str, values: Iterable[str], schema: pa.Schema) -> pa.Table:
+    """The rows of ``batches`` (a table read a batch at a time) whose ``column`` is one of ``values``: one pass,
+    only the matching rows kept (an ``IN`` filter per few thousand values would scan the table each time)."""
+    wanted = pa.array(sorted(set(values)), pa.string())
+    if not len(wanted):
+        return schema.empty_table()
+    found = [b for b in (b.filter(pc.is_in(b.column(column), value_set=wanted)) for b in batches) if b.num_rows]
+    return pa.Table.from_batches(found) if found else schema.empty_table()
+
+
 def sql_in(column: str, values: list[str], batch: int = 5000) -> Iterator[str]:
     """SQL filters ``column IN (...)`` over ``values`` (quoted), ``batch`` values each."""
     for s in range(0, len(values), batch):
@@ -172,14 +197,15 @@ def plain_batches(data: pa.Table) -> pa.RecordBatchReader:
 DELTA_MAX_SHARE = 0.5
 
 
-def delta_against(old: pa.Table | Iterable[pa.RecordBatch], new: pa.Table, key: str = "id") -> TableDelta | None:
+def delta_against(
+    old: pa.Table | Iterable[pa.RecordBatch], new: pa.Table, key: str = "id", max_share: float | None = DELTA_MAX_SHARE
+) -> TableDelta | None:
     """``new`` as a change of ``old`` (both keyed by a unique ``key``; ``old`` a table or its batches, read one at
     a time: only a hash per key is kept): the rows that differ or went, by key, and the rows that differ or came.
     Rows are compared on every column but ``vector`` (a function of the text the other columns hold) and
     ``version`` (when the row was written: a row kept keeps it). None when a key repeats or the change is past
-    ``DELTA_MAX_SHARE`` of the table: then ``new`` is written whole."""
+    ``max_share`` of the table (None: never): then ``new`` is written whole."""
     import polars as pl
-    import pyarrow.compute as pc
 
     columns = [c for c in new.column_names if c not in ("vector", "version")]
     if key not in columns:
@@ -222,7 +248,7 @@ def delta_against(old: pa.Table | Iterable[pa.RecordBatch], new: pa.Table, key: 
     was, held = pl.concat(keys), pl.concat(kept)
     if was.n_unique() != len(was):
         return None
-    if now.height - len(held) + len(was) - len(held) > DELTA_MAX_SHARE * max(len(was), 1):
+    if max_share is not None and now.height - len(held) + len(was) - len(held) > max_share * max(len(was), 1):
         return None
     changed = now.get_column("h").is_in(held).not_()
     return TableDelta(key, sorted(gone), new.filter(changed.to_arrow()))

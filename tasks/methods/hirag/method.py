@@ -7,8 +7,15 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.methods.base import Hierarchy, Layer0, MethodContext
-from tasks.methods.common import attach_stage, fallbacks, rewrite_reports, summarizer_for, write_reports
-from tasks.store.rows import plain_rows, relation_table
+from tasks.methods.common import (
+    attach_stage,
+    fallbacks,
+    rewrite_reports,
+    summarizer_for,
+    update_graph,
+    write_reports,
+)
+from tasks.store.rows import plain_rows
 from tasks.store.workfs import join
 
 
@@ -75,7 +82,7 @@ class HiRAG:
         cfg = ctx.cfg
         att, summarizer = attach_stage(ctx, layer0)
         entities = layer0.entities + att.entities
-        relations = pa.concat_tables([layer0.relations, relation_table(att.relations)])
+        relations, made = update_graph(layer0, att.relations)
         with ctx.stage("communities") as st:
             comms, grown, forced = st.run(
                 place_in_communities,
@@ -91,6 +98,7 @@ class HiRAG:
             entities,
             relations,
             lambda old: reports_to_rewrite(comms, old, grown, forced, cfg.incremental.refresh_staleness),
+            made,
         )
         layers = restate_layers(
             plain_rows(ctx.previous("layers")),
