@@ -83,7 +83,7 @@ def attach(
 
     by_id = {e["id"]: e for e in list(layer0) + list(summaries)}
     vec = dict(vectors)
-    rels = [dict(r) for r in summary_relations if r["source_id"] not in removed]
+    rels = [r for r in summary_relations if r["source_id"] not in removed]  # never changed: not copied
     top = max((s["layer"] for s in summaries), default=0)
     layers = {l: [s for s in summaries if s["layer"] == l] for l in range(1, top + 1)}
     mats = {l: np.stack([vec[s["id"]] for s in ss]).astype(np.float32) for l, ss in layers.items() if ss}
