@@ -24,7 +24,7 @@ from tasks.runtime.progress import reporter
 from tasks.runtime.stages import Stages, TaskRunner, direct_task
 from tasks.store import workfs
 from tasks.store.catalog import Catalog
-from tasks.store.rows import plain_rows, rows_in, snapshot_note
+from tasks.store.rows import plain_rows, snapshot_note
 from tasks.store.spill import SpilledTable
 
 
@@ -168,14 +168,18 @@ class PipelineRun:
         self, name: str, column: str, values: list[str], columns: tuple[str, ...] | None = None
     ) -> pa.Table:
         """The rows of a table of the snapshot this run updates whose ``column`` is one of ``values`` (``columns``
-        only, or every one), in one pass over the table (an ``IN`` filter per few thousand values would scan it
-        each time); not kept."""
+        only, or every one), in one pass, the filter pushed down to Lance (it reads ``column`` and takes the rows
+        that match: 100k of 2.3M relations at 100k chunks, +76 MB and 0.9 s, where filtering the table's batches
+        here held +500 MB); not kept."""
+        import pyarrow.compute as pc
+
         schema = schema_for(name, (self.snap or {}).get("dim") or 0)
         schema = pa.schema([schema.field(c) for c in columns]) if columns else schema
         if not self.snap or not values:
             return schema.empty_table()
-        batches = self.catalog.batches(name, self.snap, schema.names, batch_rows=32_768)  # ~10 MB of relations each
-        return rows_in(batches, column, values, schema)
+        dataset = self.catalog.open_table(name, snap=self.snap).to_lance()
+        wanted = pc.field(column).isin(pa.array(sorted(set(values)), pa.string()))
+        return dataset.scanner(columns=schema.names, filter=wanted, batch_size=8192).to_table().cast(schema)
 
     def forget_previous(self, name: str | None = None) -> None:
         """Drop the previous snapshot's tables read so far, or those of table ``name`` (read again if asked for)."""

@@ -154,21 +154,12 @@ class TableDelta:
 
 
 #: the columns of the relations a graph is made of: what an update holds of the relations it keeps (their
-#: descriptions and chunk lists, most of their bytes, stay on disk; ``rows_in`` reads those a stage needs)
+#: descriptions and chunk lists, most of their bytes, stay on disk; ``PipelineRun.previous_in`` reads the rows a
+#: stage needs whole)
 GRAPH_COLUMNS = ("id", "source_id", "target_id", "kind", "weight")
 
 #: what a community report reads of a relation (``tasks.methods.reports.RelationIndex``)
 REPORT_COLUMNS = ["id", "source_id", "target_id", "kind", "description", "weight"]
-
-
-def rows_in(batches: Iterable[pa.RecordBatch], column: str, values: Iterable[str], schema: pa.Schema) -> pa.Table:
-    """The rows of ``batches`` (a table read a batch at a time) whose ``column`` is one of ``values``: one pass,
-    only the matching rows kept (an ``IN`` filter per few thousand values would scan the table each time)."""
-    wanted = pa.array(sorted(set(values)), pa.string())
-    if not len(wanted):
-        return schema.empty_table()
-    found = [b for b in (b.filter(pc.is_in(b.column(column), value_set=wanted)) for b in batches) if b.num_rows]
-    return pa.Table.from_batches(found) if found else schema.empty_table()
 
 
 def sql_in(column: str, values: list[str], batch: int = 5000) -> Iterator[str]:
@@ -225,18 +216,20 @@ def delta_against(
         frame = cast(pl.DataFrame, pl.from_arrow(t))
         return t, pl.DataFrame({"k": frame.get_column(key).hash(seed=0), "h": frame.hash_rows(seed=0)})
 
-    mine = [hashed(b) for b in new.to_batches(max_chunksize=WRITE_BATCH_ROWS)]
-    if any(m is None for m in mine):
-        return None
-    empty = pl.DataFrame({"k": pl.Series([], dtype=pl.UInt64), "h": pl.Series([], dtype=pl.UInt64)})
-    now = pl.concat([empty, *(m[1] for m in mine if m is not None)])
+    mine = [pl.DataFrame({"k": pl.Series([], dtype=pl.UInt64), "h": pl.Series([], dtype=pl.UInt64)})]
+    for b in new.to_batches(max_chunksize=WRITE_BATCH_ROWS):  # only the hashes kept, a batch at a time
+        got = hashed(b)
+        if got is None:
+            return None
+        mine.append(got[1])
+    now = pl.concat(mine)
     del mine
     if now.get_column("k").n_unique() != now.height:
         return None
     # the previous rows a batch at a time: of each, the key hashes, the hashes of the rows this run left as they
     # were (a row's hash covers its key), and the keys of the others
     keys, kept, gone = [now.get_column("k").clear()], [now.get_column("h").clear()], []
-    for b in [old] if isinstance(old, pa.Table) else old:
+    for b in old.to_batches(max_chunksize=WRITE_BATCH_ROWS) if isinstance(old, pa.Table) else old:
         got = hashed(b)
         if got is None:
             return None
