@@ -16,6 +16,7 @@ from flows.steps import chunk_part_rows
 from schemas.tables import QuarantineRow, schema_for
 from tasks.methods.base import Hierarchy, Layer0
 from tasks.runtime.parallel import Mapper
+from tasks.runtime.stages import release_memory
 from tasks.store.rows import (
     DELTA_MAX_SHARE,
     TableDelta,
@@ -35,7 +36,7 @@ def assemble(
     run: PipelineRun, delta: Delta, documents, layer0: Layer0, hierarchy: Hierarchy, mentions
 ) -> dict[str, pa.Table]:
     """Every table of the new snapshot (kept rows of the previous one first, then what this run made); a build's
-    relations stay spilled."""
+    relations stay spilled. An update's rows go from ``layer0`` and ``hierarchy`` once their tables are made."""
     from tasks.methods.graph_parts import with_above
 
     dim, version = (run.snap or {}).get("dim") or run.embedder.dim, run.version
@@ -45,20 +46,36 @@ def assemble(
         if not q["item"].startswith((delta.root, run.location)) and q["item"] not in delta.gone_chunks
     ]
     quarantine += run.quarantine + hierarchy.quarantine
-    entities = [(layer0.entities, layer0.vectors.reshape(-1, dim)), (hierarchy.entities, hierarchy.vectors)]
     chunks: Any = layer0.chunks if layer0.chunks is not None else SpilledTable([], schema_for("chunks", dim), 0)
     if layer0.entity_parts is not None:  # a build's chunks and entities as parts: validated and published a
         above = spilled_rows(  # part per task
-            "entities", entities[1:], dim, version, join(run.spill_dir, "tables", "entities"), chunk_part_rows(run.cfg)
+            "entities",
+            [(hierarchy.entities, hierarchy.vectors)],
+            dim,
+            version,
+            join(run.spill_dir, "tables", "entities"),
+            chunk_part_rows(run.cfg),
         )
         parts = layer0.entity_parts
         all_entities: Any = SpilledTable([*parts.files, *above.files], above.schema, parts.num_rows + above.num_rows)
     else:  # an update's chunks as a change: the kept ones are neither read nor written again
         chunks = TableDelta("id", sorted(delta.gone_chunks), chunks.read_all())
-        all_entities = entity_change(run, entities, dim, version)
+        bare = bare_table("entities", [*layer0.entities, *hierarchy.entities], dim, version)
+        vectors = [layer0.vectors.reshape(-1, dim), hierarchy.vectors.reshape(-1, dim)]
+        # the rows are in a table now, and go (layer 0's at 100k chunks: ~0.5 GB held through what follows); so
+        # does an update's graph, which its relations' change does not read (publish reads only the ids added)
+        layer0.entities, layer0.vectors = [], np.zeros((0, dim), np.float32)
+        hierarchy.entities, hierarchy.vectors = [], np.zeros((0, dim), np.float32)
+        if layer0.relation_change is not None:
+            layer0.relations = relation_table([])
+        release_memory()  # to the system: the tables that follow are Arrow's, in another allocator
+        all_entities = entity_change(run, bare, vectors, version)
+        del bare, vectors
     relations = hierarchy.graph_relations  # the method's own graph table, when it made one
     if relations is None and layer0.relation_change is not None:  # an update's: as a change
-        relations = relation_change(run, layer0.relation_change, relation_table(hierarchy.relations), version)
+        above, hierarchy.relations = relation_table(hierarchy.relations), []
+        relations = relation_change(run, layer0.relation_change, above, version)
+        del above
     elif relations is None:
         above = relation_table(hierarchy.relations)
         relations = with_above(layer0.relations, above, join(run.spill_dir, "relations-above.parquet"), version)
@@ -92,25 +109,23 @@ def assemble(
     return tables
 
 
-def entity_change(run: PipelineRun, entities: list[tuple[list[Any], np.ndarray]], dim: int, version: int) -> Any:
-    """An update's entities (rows and their vectors, in parts) as a change of the snapshot it updates, found on
-    every column but the vectors (a function of the text), which then go to the rows that come only; the whole
-    table where it has no pinned version or most rows changed (``Catalog.change``). At 100k chunks the table
-    with every vector was ~0.4 GB held beside the rest of the update."""
-    rows = [r for part, _ in entities for r in part]
-    matrices = [v.reshape(-1, dim) for _, v in entities]
+def entity_change(run: PipelineRun, bare: pa.Table, vectors: list[np.ndarray], version: int) -> Any:
+    """An update's entities (``bare``: their table without vectors; ``vectors``: their matrices, in order) as a
+    change of the snapshot it updates, found on every column but the vectors (a function of the text), which then
+    go to the rows that come only; the whole table where it has no pinned version or most rows changed
+    (``Catalog.change``). At 100k chunks the table with every vector was ~0.4 GB held beside the rest."""
     pinned = (run.snap or {}).get("tables", {}).get("entities")
-    change = run.catalog.change("entities", bare_table("entities", rows, dim, version), pinned)
+    change = run.catalog.change("entities", bare, pinned)
     if change is None:
-        return to_table("entities", rows, dim, version, np.concatenate(matrices))
-    at = {r["id"]: k for k, r in enumerate(rows)}
-    picks = np.asarray([at[i] for i in change.add.column("id").to_pylist()], dtype=np.int64)
-    starts = np.cumsum([0] + [len(m) for m in matrices])
+        return with_vectors("entities", bare.drop(["version"]), np.concatenate(vectors), version)
+    ids = bare.column("id").combine_chunks()
+    picks = pc.index_in(change.add.column("id"), value_set=ids).to_numpy(zero_copy_only=False)
+    starts = np.cumsum([0] + [len(m) for m in vectors])
     part = np.searchsorted(starts, picks, side="right") - 1
-    vectors = np.empty((len(picks), dim), np.float32)  # taken from the parts: no copy of every vector
-    for j, m in enumerate(matrices):
-        vectors[part == j] = m[picks[part == j] - starts[j]]
-    return TableDelta("id", change.values, with_vectors("entities", change.add.drop(["version"]), vectors, version))
+    chosen = np.empty((len(picks), vectors[0].shape[1]), np.float32)  # from the parts: no copy of every vector
+    for j, m in enumerate(vectors):
+        chosen[part == j] = m[picks[part == j] - starts[j]]
+    return TableDelta("id", change.values, with_vectors("entities", change.add.drop(["version"]), chosen, version))
 
 
 def relation_change(run: PipelineRun, extracted: TableDelta, above: pa.Table, version: int) -> Any:

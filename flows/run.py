@@ -24,7 +24,7 @@ from tasks.runtime.progress import reporter
 from tasks.runtime.stages import Stages, TaskRunner, direct_task
 from tasks.store import workfs
 from tasks.store.catalog import Catalog
-from tasks.store.rows import plain_rows, snapshot_note
+from tasks.store.rows import ONE_AHEAD, plain_rows, snapshot_note
 from tasks.store.spill import SpilledTable
 
 
@@ -179,7 +179,9 @@ class PipelineRun:
             return schema.empty_table()
         dataset = self.catalog.open_table(name, snap=self.snap).to_lance()
         wanted = pc.field(column).isin(pa.array(sorted(set(values)), pa.string()))
-        return dataset.scanner(columns=schema.names, filter=wanted, batch_size=8192).to_table().cast(schema)
+        return (
+            dataset.scanner(columns=schema.names, filter=wanted, batch_size=8192, **ONE_AHEAD).to_table().cast(schema)
+        )
 
     def forget_previous(self, name: str | None = None) -> None:
         """Drop the previous snapshot's tables read so far, or those of table ``name`` (read again if asked for)."""

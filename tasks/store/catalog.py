@@ -36,6 +36,7 @@ from tasks.store.remote import (
     storage_options,
 )
 from tasks.store.rows import (
+    ONE_AHEAD,
     WRITE_BATCH_ROWS,
     TableDelta,
     delta_against,
@@ -225,15 +226,14 @@ class Catalog:
             raise self._damaged(name, snap, exc) from None
 
     def batches(
-        self, name: str, snap: dict[str, Any], columns: list[str], batch_rows: int = 200_000
+        self, name: str, snap: dict[str, Any], columns: list[str], batch_rows: int = 65_536
     ) -> Iterator[pa.RecordBatch]:
-        """A table of the snapshot read ``batch_rows`` rows at a time, only ``columns``: for scans that keep
-        a few rows of a table too large to hold."""
+        """A table of the snapshot read ``batch_rows`` rows at a time, only ``columns``, one batch ahead
+        (``ONE_AHEAD``): for scans that keep a few rows of a table too large to hold."""
         try:
-            tbl = self.open_table(name, snap=snap)
-            if tbl is None:
+            if (tbl := self.open_table(name, snap=snap)) is None:
                 return
-            yield from tbl.search().select(columns).limit(None).to_batches(batch_rows)
+            yield from tbl.to_lance().scanner(columns=columns, batch_size=batch_rows, **ONE_AHEAD).to_batches()
         except IndexError_:
             raise
         except Exception as exc:  # noqa: BLE001

@@ -158,6 +158,10 @@ class TableDelta:
 #: stage needs whole)
 GRAPH_COLUMNS = ("id", "source_id", "target_id", "kind", "weight")
 
+#: a Lance scan one batch ahead (``Catalog.batches``, ``PipelineRun.previous_in``): LanceDB's query stream reads far
+#: ahead (a scan of the 9.6M mentions of 100k chunks held +596 MB, this +5 MB, in the same 2.6 s)
+ONE_AHEAD = {"batch_readahead": 1, "fragment_readahead": 1}
+
 #: what a community report reads of a relation (``tasks.methods.reports.RelationIndex``)
 REPORT_COLUMNS = ["id", "source_id", "target_id", "kind", "description", "weight"]
 
