@@ -13,7 +13,7 @@ import pyarrow as pa
 from schemas.tables import CommunityRow, QuarantineRow
 from tasks.methods.base import Hierarchy, Layer0, MethodContext
 from tasks.store.ids import make_id, quarantine_row
-from tasks.store.rows import REPORT_COLUMNS, plain_rows, relation_table, sql_in, vector_matrix
+from tasks.store.rows import REPORT_COLUMNS, plain_rows, relation_table, vector_matrix
 
 SUMMARY_FALLBACK = "LLM summary unusable, offline summary used: "
 REPORT_FALLBACK = "LLM report unusable, offline report used: "
@@ -151,14 +151,9 @@ def rewrite_reports(
     return reports, vectors, failures
 
 
-def previous_rows(
-    ctx: MethodContext, name: str, ids: list[str], columns: tuple[str, ...], batch: int = 2000
-) -> dict[str, dict[str, Any]]:
+def previous_rows(ctx: MethodContext, name: str, ids: list[str], columns: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """The previous snapshot's rows of table ``name`` with the given ids (``columns`` only), by id."""
-    out: dict[str, dict[str, Any]] = {}
-    for where in sql_in("id", ids, batch):
-        out.update((r["id"], r) for r in plain_rows(ctx.previous(name, columns, where=where)))
-    return out
+    return {r["id"]: r for r in plain_rows(ctx.previous_in(name, "id", ids, columns))}
 
 
 def attach_stage(ctx: MethodContext, layer0: Layer0, **llm_prompt: Any):
