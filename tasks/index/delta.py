@@ -76,6 +76,13 @@ def diff_documents(
 MentionSelect = Callable[[Any], Any]  # a polars expression -> the mention rows (with ``a``, ``b``) it keeps
 
 
+def selected_parts(select: MentionSelect, expr) -> Iterable[Any]:
+    """The rows ``select(expr)`` keeps, a part at a time where the selection streams them (``parts``: a scan of
+    the stored mentions, a batch at a time), else all at once."""
+    parts = getattr(select, "parts", None)
+    return parts(expr) if parts is not None else [select(expr)]
+
+
 def _with_ends(frame):
     """Mentions with the two ends ``a`` and ``b`` of a relation key "a|b" (null ``b`` for entities), text as strings."""
     import polars as pl
@@ -106,16 +113,20 @@ def stored_mention_select(
 
     gone_ids = sorted(gone)
 
-    def select(expr):
-        keep, parts = ~pl.col("chunk_id").is_in(gone_ids) & expr, []
+    def parts(expr):
+        keep = ~pl.col("chunk_id").is_in(gone_ids) & expr
         for b in batches():
             batch = pa.Table.from_batches([b])
             mask = _with_ends(mention_frame(batch)).select(keep).to_series().to_arrow()
             # the rows kept are copied out of the batch by Arrow: a polars filter keeps the batch's whole string
             # buffers alive behind them (1 % of 20k chunks' stored mentions held 460 MB, this ~5 MB)
-            parts.append(_with_ends(mention_frame(batch.filter(mask))))
-        return pl.concat([*parts, _with_ends(mention_frame(new)).filter(expr)])
+            yield _with_ends(mention_frame(batch.filter(mask)))
+        yield _with_ends(mention_frame(new)).filter(expr)
 
+    def select(expr):
+        return pl.concat(list(parts(expr)))
+
+    select.parts = parts  # type: ignore[attr-defined]
     return select
 
 
@@ -160,23 +171,15 @@ def recompute_layer0(
     ent_keys = {k for k in touched_keys if "|" not in k}
     pair_keys = {k for k in touched_keys if "|" in k}
     select = mentions if callable(mentions) else mention_select(mentions)
-    is_entity, is_relation = pl.col("kind") == "entity", pl.col("kind") == "relation"
+    is_relation = pl.col("kind") == "relation"
     old_by_id = {e["id"]: e for e in old_entities if e["layer"] == 0}
     places = corpus_places(order or {})
     grew, states = (grown.keys if grown else set()) & ent_keys - {""}, []
-    moved: set[str] = set()
-    if grew:  # the entities whose mentions only grew, from their state; those it cannot give, from their mentions
-        grew_rows, moved, grew_state = _grown_entities(
-            cast(Grown, grown), grew, old_by_id, max_description_tokens, places
-        )
+    if grew:  # the entities whose mentions only grew, from their state
+        grew_rows, grew_state = _grown_entities(cast(Grown, grown), grew, old_by_id, max_description_tokens, places)
         states.append(grew_state)
-    recompute = sorted(ent_keys - grew - {""} | moved)  # none: the stored mentions are not scanned at all
-    new_ents, _, state = graph_from_mentions(
-        select(is_entity & pl.col("key").is_in(recompute)).drop("a", "b") if recompute else mention_frame([]),
-        max_description_tokens,
-        order=order,
-        state=True,
-    )
+    recompute = sorted(ent_keys - grew - {""})  # none: the stored mentions are not scanned at all
+    new_ents, state = _refolded_entities(select, recompute, max_description_tokens, places)
     touched_ids = {entity_id(0, k) for k in ent_keys}
     new_by_id = {e["id"]: e for e in [*new_ents, *(grew_rows if grew else [])] if e["id"] in touched_ids}
     states.append(state)
@@ -201,13 +204,13 @@ def recompute_layer0(
         return old.filter(pc.is_in(old.column("id"), value_set=pa.array(ids, pa.string())))
 
     grew_pairs = {k for k in (grown.keys if grown else set()) & pair_keys if not set(k.split("|")) & set(flipped)}
-    grew_rels, moved = None, set()
+    grew_rels = None
     if grew_pairs:
-        grew_rels, moved, grew_state = _grown_relations(
+        grew_rels, grew_state = _grown_relations(
             cast(Grown, grown), grew_pairs, live_ids, whole, max_description_tokens, places
         )
         states.append(grew_state)
-    pairs = sorted(pair_keys - grew_pairs | moved)
+    pairs = sorted(pair_keys - grew_pairs)
     rel = (
         select(is_relation & (pl.col("key").is_in(pairs) | pl.col("a").is_in(flipped) | pl.col("b").is_in(flipped)))
         if pairs or flipped
@@ -275,11 +278,65 @@ def _pairs_in(relations: pa.Table, pairs: set[str]) -> pa.Array:
     return pa.array(hit)
 
 
+#: mention rows folded into the description state at a time when entities are recomputed from their mentions
+FOLD_ROWS = 100_000
+
+
+def _refolded_entities(
+    select: MentionSelect, keys: list[str], max_tokens: int, places: Any
+) -> tuple[list[dict[str, Any]], pa.Table]:
+    """Entity rows of ``keys`` from all their mentions (those that lost some: an edit or delete), and their
+    ``merge_state`` rows, as ``graph_from_mentions`` gives them. The mentions are folded into the description
+    state a share at a time as the selection streams them (``merge_state.grow``: a state grown by any share of the
+    mentions is the state of all of them), so the run holds each key's kept sentences and chunks, not its
+    mentions (at 100k chunks, a 1 % update recomputes 79 keys, years among them: 1.16M mentions)."""
+    import polars as pl
+
+    from schemas.tables import schema_for
+    from tasks.index.merge import _in_corpus_order, entity_id
+    from tasks.index.merge_state import grow, state_table
+
+    state = schema_for("merge_state", 0).empty_table()
+    frame, chunks, held, rows = None, [], [], 0
+
+    def fold(state: pa.Table, held: list[Any]) -> tuple[pa.Table, Any]:
+        placed = _in_corpus_order(pl.concat(held), places, "key", "name", "type", "description")
+        chunks.append(placed.select("key", pl.col("chunk_id").cast(pl.Utf8)).unique())
+        frame = grow(state, placed, "key", max_tokens).sort("key")
+        return state_table(frame.with_columns(id=pl.col("key")), "entity"), frame
+
+    for part in selected_parts(select, (pl.col("kind") == "entity") & pl.col("key").is_in(keys)) if keys else ():
+        held.append(part.drop("a", "b"))
+        rows += part.height
+        if rows >= FOLD_ROWS:
+            (state, frame), held, rows = fold(state, held), [], 0
+    if held:
+        state, frame = fold(state, held)
+    if frame is None:
+        return [], state
+    ids = [entity_id(0, k) for k in frame.get_column("key").to_list()]
+    by_key = pl.concat(chunks).unique().sort("chunk_id").group_by("key", maintain_order=True).agg("chunk_id")
+    sources = dict(by_key.iter_rows())
+    out = [
+        {
+            "id": i,
+            "name": r["name"],
+            "type": r["type"],
+            "description": r["description"],
+            "layer": 0,
+            "source_chunk_ids": sources[r["key"]],
+            "degree": 0,
+        }
+        for i, r in zip(ids, frame.select("key", "name", "type", "description").iter_rows(named=True))
+    ]
+    return out, state.set_column(0, "id", pa.array(ids, pa.string()))  # in key order, as a merge gives them
+
+
 def _grown_entities(
     grown: Grown, keys: set[str], old_by_id: dict[str, dict[str, Any]], max_tokens: int, places: Any
-) -> tuple[list[dict[str, Any]], set[str], pa.Table]:
-    """Entity rows of ``keys`` from their state and new mentions (``merge_state.grow``): (rows, the keys to
-    recompute from their mentions instead, their ``merge_state`` rows)."""
+) -> tuple[list[dict[str, Any]], pa.Table]:
+    """Entity rows of ``keys`` from their state and new mentions (``merge_state.grow``), and their ``merge_state``
+    rows."""
     import polars as pl
 
     from tasks.index.merge import _in_corpus_order, entity_id
@@ -289,7 +346,7 @@ def _grown_entities(
     state = _state_by(grown, ids)
     new = grown.new.filter((pl.col("kind") == "entity") & pl.col("key").is_in(sorted(keys)))
     placed = _in_corpus_order(new, places, "key", "name", "type", "description")
-    frame, moved = grow(state, placed, "key", max_tokens)
+    frame = grow(state, placed, "key", max_tokens)
     chunks = placed.group_by("key").agg(pl.col("chunk_id").cast(pl.Utf8).unique().alias("new_chunks"))
     frame = frame.join(chunks, on="key")
     frame = frame.with_columns(
@@ -309,7 +366,7 @@ def _grown_entities(
         }
         for r in frame.select("id", "name", "type", "description", "new_chunks").iter_rows(named=True)
     ]
-    return rows, moved, state_table(frame, "entity")
+    return rows, state_table(frame, "entity")
 
 
 def _grown_relations(
@@ -319,10 +376,9 @@ def _grown_relations(
     old_rows: Callable[[list[str]], pa.Table],
     max_tokens: int,
     places: Any,
-) -> tuple[pa.Table, set[str], pa.Table]:
-    """Relation rows of the relation ``keys`` whose two ends live, from their state and new mentions: (the rows,
-    the keys to recompute from their mentions instead, their ``merge_state`` rows). ``old_rows(ids)``: the
-    previous rows of ``ids``."""
+) -> tuple[pa.Table, pa.Table]:
+    """Relation rows of the relation ``keys`` whose two ends live, from their state and new mentions, and their
+    ``merge_state`` rows. ``old_rows(ids)``: the previous rows of ``ids``."""
     import polars as pl
 
     from tasks.index.merge import _in_corpus_order, entity_id, relation_frame, relation_id
@@ -339,7 +395,7 @@ def _grown_relations(
     new = grown.new.filter((pl.col("kind") == "relation") & pl.col("key").is_in(sorted(pairs)))
     new = new.with_columns(pair=pl.col("key").cast(pl.Utf8).replace_strict(pairs, return_dtype=pl.Utf8))
     placed = _in_corpus_order(new, places, "pair", "description")
-    frame, moved_pairs = grow(state, placed, "pair", max_tokens)
+    frame = grow(state, placed, "pair", max_tokens)
     held = old_rows(sorted(rel_ids))
     before = dict(zip(held.column("id").to_pylist(), held.column("source_chunk_ids").to_pylist()))
     chunks = dict(placed.group_by("pair").agg(pl.col("chunk_id").cast(pl.Utf8).unique()).iter_rows())
@@ -355,8 +411,7 @@ def _grown_relations(
             [sorted(set(before.get(i) or []) | set(chunks[p])) for i, p in zip(ids, pair)], dtype=pl.List(pl.Utf8)
         ),
     )
-    moved = {k for k, p in pairs.items() if p in moved_pairs}
-    return relation_frame(frame), moved, state_table(frame, "relation")
+    return relation_frame(frame), state_table(frame, "relation")
 
 
 def _state_by(grown: Grown, keys: dict[str, str]) -> pa.Table:

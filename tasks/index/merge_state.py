@@ -10,8 +10,9 @@ place (the *cut*), and a relation's distinct sentences hashed. An update that on
 * a sentence placed after the cut is never kept: the sentences before it already pass the budget;
 * a new sentence placed before the cut joins the kept ones where its place puts it (a repeat keeps the earlier
   place), and the budget is applied again; if all of them are kept, the cut stays the first one left out;
-* a new mention that repeats the cut's sentence before the cut's place moves it: what follows it in the corpus
-  is not in the state, so that entity is recomputed from its mentions.
+* a new mention that repeats the cut's sentence before the cut's place is such a new sentence: every distinct
+  sentence placed before the old cut is a kept one, and the kept ones with the cut's sentence pass the budget, so
+  the new cut is one of these candidates and nothing after the old cut is needed.
 
 Places are (document source id, chunk position, chunk id, mention seq): the corpus order of ``merge``, which
 does not depend on where the corpus lies.
@@ -181,24 +182,19 @@ def _before():
 CUT_PLACE = {v: k for k, v in CUT.items() if k != "cut"}
 
 
-def grow(state: pa.Table, new, group: str, max_tokens: int) -> tuple[Any, set[str]]:
+def grow(state: pa.Table, new, group: str, max_tokens: int) -> Any:
     """Rows of the ``group`` values (entity keys, or relation pairs) whose ``new`` mentions (a polars frame:
     ``group``, description, name and type for entities, and the ``MENTION_PLACE`` columns) only add to their ``state``
     (``merge_state`` rows, their ``id`` renamed to ``group``; a value without one is new): a frame of ``group``,
-    description, and the new state; with names and types (entities), or hashes (relations). Returns it and the
-    values it could not compute (a new mention repeats the cut's sentence before it: recompute those)."""
+    description, and the new state; with names and types (entities), or hashes (relations)."""
     import polars as pl
 
     old = cast(pl.DataFrame, pl.from_arrow(state)).rename({"id": group})  # a table gives a frame
     new = new.with_columns(pl.col(c).cast(pl.Utf8) for c in ("description", "source", "chunk_id"))
     cuts = old.select(group, *CUT)
     placed = new.join(cuts, on=group, how="left").with_columns(before=_before())
-    moved = set(placed.filter(pl.col("before") & (pl.col("description") == pl.col("cut"))).get_column(group).to_list())
-    new, old = new.filter(~pl.col(group).is_in(sorted(moved))), old.filter(~pl.col(group).is_in(sorted(moved)))
     kept = old.select(group, *KEPT).explode(list(KEPT)).rename(KEPT).drop_nulls("description")
-    candidates = pl.concat(
-        [kept, placed.filter(pl.col("before") & ~pl.col(group).is_in(sorted(moved))).select(kept.columns)]
-    ).sort(group, *MENTION_PLACE)
+    candidates = pl.concat([kept, placed.filter(pl.col("before")).select(kept.columns)]).sort(group, *MENTION_PLACE)
     rows = budgeted(candidates, group, max_tokens, state=True).drop("parts", "hashes", strict=False)
     # no candidate left out: the old cut is still the first sentence left out
     rows = rows.join(cuts.rename({c: f"old_{c}" for c in CUT}), on=group, how="left").with_columns(
@@ -207,13 +203,17 @@ def grow(state: pa.Table, new, group: str, max_tokens: int) -> tuple[Any, set[st
     rows = rows.drop([f"old_{c}" for c in CUT])
     if group == "pair":
         texts = new.get_column("description").unique().to_list()
+        # joined, not ``replace_strict``: with no new sentence polars leaves the column a string column
+        hashed = pl.DataFrame(
+            {"description": texts, "h": [text_hash(t) for t in texts]}, schema={"description": pl.Utf8, "h": pl.Int64}
+        )
         hashes = pl.concat(
             [
                 old.select(group, "hashes").explode("hashes").rename({"hashes": "h"}),
-                new.select(group, h=pl.col("description").replace_strict({t: text_hash(t) for t in texts})),
+                new.join(hashed, on="description").select(group, "h"),
             ]
         ).drop_nulls()
-        return rows.join(hashes.group_by(group).agg(hashes=pl.col("h").unique().sort()), on=group), moved
+        return rows.join(hashes.group_by(group).agg(hashes=pl.col("h").unique().sort()), on=group)
     counts = {}
     for c in ("name", "type"):
         held = old.select(group, f"{c}s", f"{c}_counts").explode([f"{c}s", f"{c}_counts"])
@@ -227,7 +227,7 @@ def grow(state: pa.Table, new, group: str, max_tokens: int) -> tuple[Any, set[st
         .join(count_lists(counts["name"], "name"), on="key")
         .join(count_lists(counts["type"], "type"), on="key")
     )
-    return rows.join(entity.rename({"key": group}), on=group), moved
+    return rows.join(entity.rename({"key": group}), on=group)
 
 
 def read_state(batches: Callable[[list[str]], Iterable[pa.RecordBatch]], ids: Iterable[str]) -> pa.Table:
