@@ -20,7 +20,7 @@ from tasks.runtime.stages import release_memory
 from tasks.store.rows import (
     DELTA_MAX_SHARE,
     TableDelta,
-    bare_table,
+    bare_table_of,
     delta_against,
     relation_table,
     spilled_rows,
@@ -60,12 +60,12 @@ def assemble(
         all_entities: Any = SpilledTable([*parts.files, *above.files], above.schema, parts.num_rows + above.num_rows)
     else:  # an update's chunks as a change: the kept ones are neither read nor written again
         chunks = TableDelta("id", sorted(delta.gone_chunks), chunks.read_all())
-        bare = bare_table("entities", [*layer0.entities, *hierarchy.entities], dim, version)
+        # the rows go into a table, and go (layer 0's at 100k chunks: ~0.5 GB held through what follows); so does
+        # an update's graph, which its relations' change does not read (publish reads only the ids added)
+        rows, layer0.entities, hierarchy.entities = [*layer0.entities, *hierarchy.entities], [], []
+        bare = bare_table_of("entities", rows, dim, version)
         vectors = [layer0.vectors.reshape(-1, dim), hierarchy.vectors.reshape(-1, dim)]
-        # the rows are in a table now, and go (layer 0's at 100k chunks: ~0.5 GB held through what follows); so
-        # does an update's graph, which its relations' change does not read (publish reads only the ids added)
-        layer0.entities, layer0.vectors = [], np.zeros((0, dim), np.float32)
-        hierarchy.entities, hierarchy.vectors = [], np.zeros((0, dim), np.float32)
+        layer0.vectors = hierarchy.vectors = np.zeros((0, dim), np.float32)
         if layer0.relation_change is not None:
             layer0.relations = relation_table([])
         release_memory()  # to the system: the tables that follow are Arrow's, in another allocator

@@ -250,7 +250,8 @@ def merge(run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable) -
             join(run.spill_dir, "merge"),
             run.version,
             chunk_part_rows(cfg),
-            state=(lambda columns: run.catalog.batches("merge_state", snap, columns))
+            # the rows of some ids, in one pass with the filter pushed down to Lance (``PipelineRun.previous_in``)
+            state=(lambda ids: run.previous_in("merge_state", "id", list(ids), STATE_COLUMNS))
             if snap and "merge_state" in snap["tables"]
             else None,
             old_rows=(lambda ids: run.previous_in("relations", "id", ids)) if snap else None,
@@ -270,6 +271,7 @@ def merge(run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable) -
 
 
 ENTITY_FIELDS = tuple(n for n in schema_for("entities", 0).names if n not in ("vector", "version"))
+STATE_COLUMNS = tuple(n for n in schema_for("merge_state", 0).names if n != "version")
 
 
 CHUNK_PLACE = PLACE  # what an update reads of the previous chunks before assemble
@@ -304,13 +306,12 @@ def _layer0(
     """Layer 0 merged whole (a build: ``stored`` is None; a task per spilled part on the run's Dask cluster, or in
     this process — in a child process when the mentions are many, see ``MERGE_IN_CHILD_ROWS``) or recomputed for
     the keys the delta touched (an update: ``stored(columns)`` scans the previous snapshot's mentions batch by
-    batch; ``state(columns)`` its ``merge_state``, None where it has none). A build's entities (parts of about
+    batch; ``state(ids)`` the rows of ``ids`` of its ``merge_state``, None where it has none). A build's entities (parts of about
     ``part_rows`` rows), relations (stamped ``version``) and ``merge_state`` stay spilled: ``Layer0.entity_parts``,
     ``Layer0.relations``, ``Layer0.state``."""
     from tasks.index.delta import Grown, recompute_layer0, stored_mention_select
     from tasks.index.merge import MENTION_COLUMNS, MERGE_IN_CHILD_ROWS, mention_frame
     from tasks.index.merge_parts import merge_spilled
-    from tasks.index.merge_state import read_state
     from tasks.runtime.parallel import DaskPool, LocalMapper, in_child_process
 
     if stored is None:
@@ -330,11 +331,7 @@ def _layer0(
         went |= set(batch.filter(pc.is_in(batch.column("chunk_id"), value_set=leaving)).column("key").to_pylist())
     select = stored_mention_select(lambda: stored(list(MENTION_COLUMNS)), gone, new_mentions)
     # keys whose mentions only grow are computed from their description state, when the snapshot has one
-    grown = (
-        Grown(fresh - went - {""}, mention_frame(new_mentions), lambda ids: read_state(state, ids))
-        if state is not None
-        else None
-    )
+    grown = Grown(fresh - went - {""}, mention_frame(new_mentions), state) if state is not None else None
     entities, relations, added, removed, changed, state_delta, relation_change = recompute_layer0(
         [e for e in old_entities if e["layer"] == 0],
         old_relations,

@@ -21,7 +21,6 @@ does not depend on where the corpus lies.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import pyarrow as pa
@@ -228,19 +227,3 @@ def grow(state: pa.Table, new, group: str, max_tokens: int) -> Any:
         .join(count_lists(counts["type"], "type"), on="key")
     )
     return rows.join(entity.rename({"key": group}), on=group)
-
-
-def read_state(batches: Callable[[list[str]], Iterable[pa.RecordBatch]], ids: Iterable[str]) -> pa.Table:
-    """The ``merge_state`` rows of ``ids``, from a scan of the previous snapshot's table (``batches(columns)``),
-    holding only the rows kept."""
-    import pyarrow.compute as pc
-
-    from schemas.tables import schema_for
-
-    wanted = pa.array(sorted(set(ids)), pa.string())
-    schema = pa.schema([f for f in schema_for("merge_state", 0) if f.name != "version"])
-    parts = [schema.empty_table()]
-    for b in batches(schema.names):
-        t = pa.Table.from_batches([b]).select(schema.names)
-        parts.append(t.filter(pc.is_in(t.column("id"), value_set=wanted)))
-    return pa.concat_tables(parts).cast(schema)
