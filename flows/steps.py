@@ -412,12 +412,18 @@ def _embed_entities(run: PipelineRun, layer0: Layer0, entity_texts: list[str], p
     fresh = run.embed(entity_texts, progress)
     if len(fresh) == len(layer0.entities):  # a build: every entity new, in order
         return fresh
-    old = run.previous("entities", ("id", "vector"), "layer = 0")
-    run.forget_previous("entities")  # not held past this stage (120k x 1.5 KB at 100k chunks)
-    at = {i: n for n, i in enumerate(old.column("id").to_pylist())}
-    kept, redo, new = vector_matrix(old), layer0.added | layer0.changed, iter(fresh)
-    del old
+    redo = layer0.added | layer0.changed
+    at = {e["id"]: k for k, e in enumerate(layer0.entities) if e["id"] not in redo}
     out = np.empty((len(layer0.entities), dim), np.float32)  # filled in place: no row list stacked
-    for k, e in enumerate(layer0.entities):
-        out[k] = next(new) if e["id"] in redo else kept[at[e["id"]]]
+    if filled := len(fresh):
+        out[[k for k, e in enumerate(layer0.entities) if e["id"] in redo]] = fresh
+    # the kept vectors from the snapshot a batch at a time (its whole column and a copy: +350 MB at 100k chunks)
+    for batch in run.catalog.batches("entities", run.snap or {}, ["id", "vector"], batch_rows=8192):
+        pairs = [(at[i], j) for j, i in enumerate(batch.column(0).to_pylist()) if i in at]
+        if pairs:
+            rows, picks = (list(x) for x in zip(*pairs))
+            out[rows] = vector_matrix(pa.Table.from_batches([batch]))[picks]
+            filled += len(rows)
+    if filled != len(out):
+        raise ValueError(f"entities: {len(out) - filled} kept layer-0 entities have no vector in the snapshot")
     return out

@@ -217,3 +217,20 @@ def test_a_part_writer_writes_the_parts_and_row_groups_of_a_whole_table_written_
     assert not list((tmp_path / "parts").glob("*.tmp"))
     empty = PartWriter(tmp_path / "none", schema, 10).close()
     assert empty.num_rows == 0 and empty.files == [] and empty.read_all().num_rows == 0
+
+
+def test_plain_rows_give_each_distinct_id_one_string_and_equal_arrows_rows():
+    from tasks.store.rows import plain_rows
+
+    ids = pa.list_(pa.string())
+    table = pa.concat_tables(
+        [
+            pa.table({"id": ["a", "b"], "source_chunk_ids": pa.array([["c1", "c2"], None], ids), "version": [1, 1]}),
+            pa.table({"id": ["c", "d"], "source_chunk_ids": pa.array([[], ["c2", "c3", "c1"]], ids), "version": [1, 1]}),
+        ]
+    )
+    for t in (table, table.slice(1, 3), table.slice(0, 0)):
+        assert plain_rows(t) == t.drop(["version"]).to_pylist()
+    rows = plain_rows(table)
+    assert [list(r) for r in rows] == [["id", "source_chunk_ids"]] * 4  # the column keeps its place
+    assert rows[0]["source_chunk_ids"][0] is rows[3]["source_chunk_ids"][2]  # "c1": one string
