@@ -233,8 +233,7 @@ def merge(run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable) -
     with run.stage("merge") as st:
         snap = run.snap
         stored = (lambda columns: run.catalog.batches("mentions", snap, columns)) if snap else None
-        old_entities = plain_rows(run.previous("entities", ENTITY_FIELDS, "layer = 0"))
-        run.forget_previous("entities")  # held as rows now, not twice
+        old_entities = layer0_rows(run)
         layer0, mentions = st.run(
             _layer0,
             run.mapper,
@@ -271,6 +270,19 @@ def merge(run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable) -
 
 
 ENTITY_FIELDS = tuple(n for n in schema_for("entities", 0).names if n not in ("vector", "version"))
+
+
+def layer0_rows(run: PipelineRun) -> list[dict[str, Any]]:
+    """The layer-0 entity rows of the snapshot an update updates (``ENTITY_FIELDS``), read a batch at a time: the
+    rows, never the table beside them as well (+184 MB at 100k chunks)."""
+    shared: dict[str, str] = {}
+    rows: list[dict[str, Any]] = []
+    for batch in run.catalog.batches("entities", run.snap or {}, list(ENTITY_FIELDS), batch_rows=8192):
+        table = pa.Table.from_batches([batch])
+        rows += plain_rows(table.filter(pc.equal(table.column("layer"), 0)), shared)
+    return rows
+
+
 STATE_COLUMNS = tuple(n for n in schema_for("merge_state", 0).names if n != "version")
 
 

@@ -137,10 +137,11 @@ def stamped(table: pa.Table, version: int) -> pa.Table:
 SHARED_IDS = ("source_chunk_ids", "entity_ids")
 
 
-def plain_rows(table: pa.Table) -> list[dict[str, Any]]:
+def plain_rows(table: pa.Table, shared: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """A table's rows as dicts, without the ``version`` stamp and the ``vector`` column (vectors travel as matrices).
     The ids in ``SHARED_IDS`` columns are one string per distinct id (an update's 120k layer-0 entities at 100k
-    chunks name 3.1M chunk ids, 100k of them distinct: 366 MB as rows with a string each)."""
+    chunks name 3.1M chunk ids, 100k of them distinct: 366 MB as rows with a string each); ``shared``: those
+    strings across calls (the batches of one table)."""
     import pyarrow.compute as pc
 
     table = table.drop([c for c in ("version", "vector") if c in table.column_names])
@@ -156,6 +157,8 @@ def plain_rows(table: pa.Table) -> list[dict[str, Any]]:
     for c, col in lists.items():
         encoded = pc.dictionary_encode(pc.list_flatten(col))
         words = encoded.dictionary.to_pylist()
+        if shared is not None:
+            words = [shared.setdefault(w, w) for w in words]
         flat = list(map(words.__getitem__, encoded.indices.to_numpy()))  # no Python int per id held at once
         ends = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False).cumsum().tolist()
         valid = col.is_valid().to_pylist()
