@@ -277,7 +277,7 @@ def layer0_rows(run: PipelineRun) -> list[dict[str, Any]]:
     rows, never the table beside them as well (+184 MB at 100k chunks)."""
     shared: dict[str, str] = {}
     rows: list[dict[str, Any]] = []
-    for batch in run.catalog.batches("entities", run.snap or {}, list(ENTITY_FIELDS), batch_rows=8192):
+    for batch in run.catalog.batches("entities", run.snap, list(ENTITY_FIELDS), batch_rows=8192) if run.snap else ():
         table = pa.Table.from_batches([batch])
         rows += plain_rows(table.filter(pc.equal(table.column("layer"), 0)), shared)
     return rows
@@ -430,7 +430,7 @@ def _embed_entities(run: PipelineRun, layer0: Layer0, entity_texts: list[str], p
     if filled := len(fresh):
         out[[k for k, e in enumerate(layer0.entities) if e["id"] in redo]] = fresh
     # the kept vectors from the snapshot a batch at a time (its whole column and a copy: +350 MB at 100k chunks)
-    for batch in run.catalog.batches("entities", run.snap or {}, ["id", "vector"], batch_rows=8192):
+    for batch in run.catalog.batches("entities", run.snap, ["id", "vector"], batch_rows=8192) if run.snap else ():
         pairs = [(at[i], j) for j, i in enumerate(batch.column(0).to_pylist()) if i in at]
         if pairs:
             rows, picks = (list(x) for x in zip(*pairs))
