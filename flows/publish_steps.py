@@ -61,8 +61,8 @@ def assemble(
     else:  # an update's chunks as a change: the kept ones are neither read nor written again
         chunks = TableDelta("id", sorted(delta.gone_chunks), chunks.read_all())
         # the rows go into tables, and go: the method's relations first (at 100k chunks 358k summary links, 254 MB
-        # as rows, 45 MB as a table), then the entities (layer 0's: ~0.5 GB held through what follows); so does an
-        # update's graph, which its relations' change does not read (publish reads only the ids added)
+        # as rows, 45 MB as a table), then the entities a slice at a time; so does an update's graph, which its
+        # relations' change does not read (publish reads only the ids added)
         if hierarchy.graph_relations is None and layer0.relation_change is not None:
             hierarchy.relations = relation_table(hierarchy.relations)
         rows, layer0.entities, hierarchy.entities = [*layer0.entities, *hierarchy.entities], [], []

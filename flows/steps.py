@@ -318,9 +318,9 @@ def _layer0(
     """Layer 0 merged whole (a build: ``stored`` is None; a task per spilled part on the run's Dask cluster, or in
     this process — in a child process when the mentions are many, see ``MERGE_IN_CHILD_ROWS``) or recomputed for
     the keys the delta touched (an update: ``stored(columns)`` scans the previous snapshot's mentions batch by
-    batch; ``state(ids)`` the rows of ``ids`` of its ``merge_state``, None where it has none). A build's entities (parts of about
-    ``part_rows`` rows), relations (stamped ``version``) and ``merge_state`` stay spilled: ``Layer0.entity_parts``,
-    ``Layer0.relations``, ``Layer0.state``."""
+    batch; ``state(ids)`` reads the rows of ``ids`` of its ``merge_state``, None where it has none). A build's
+    entities (parts of about ``part_rows`` rows), relations (stamped ``version``) and ``merge_state`` stay spilled:
+    ``Layer0.entity_parts``, ``Layer0.relations``, ``Layer0.state``."""
     from tasks.index.delta import Grown, recompute_layer0, stored_mention_select
     from tasks.index.merge import MENTION_COLUMNS, MERGE_IN_CHILD_ROWS, mention_frame
     from tasks.index.merge_parts import merge_spilled
