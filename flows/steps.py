@@ -273,13 +273,9 @@ ENTITY_FIELDS = tuple(n for n in schema_for("entities", 0).names if n not in ("v
 
 
 def layer0_rows(run: PipelineRun) -> list[dict[str, Any]]:
-    """The layer-0 entity rows of the snapshot an update updates (``ENTITY_FIELDS``), read a batch at a time: the
-    rows, never the table beside them as well (+184 MB at 100k chunks)."""
-    shared: dict[str, str] = {}
-    rows: list[dict[str, Any]] = []
-    for batch in run.catalog.batches("entities", run.snap, list(ENTITY_FIELDS), batch_rows=8192) if run.snap else ():
-        table = pa.Table.from_batches([batch])
-        rows += plain_rows(table.filter(pc.equal(table.column("layer"), 0)), shared)
+    """The layer-0 entity rows of the snapshot an update updates (``ENTITY_FIELDS``), not kept as a table."""
+    rows = plain_rows(run.previous("entities", ENTITY_FIELDS, "layer = 0"))
+    run.forget_previous("entities")  # held as rows now, not twice
     return rows
 
 
