@@ -305,7 +305,7 @@ def _refolded_entities(
     import polars as pl
 
     from schemas.tables import schema_for
-    from tasks.index.merge import _in_corpus_order, entity_id
+    from tasks.index.merge import _in_corpus_order, entity_id, entity_rows
     from tasks.index.merge_state import grow, state_table
 
     state = schema_for("merge_state", 0).empty_table()
@@ -327,21 +327,10 @@ def _refolded_entities(
     if frame is None:
         return [], state
     ids = [entity_id(0, k) for k in frame.get_column("key").to_list()]
-    by_key = pl.concat(chunks).unique().sort("chunk_id").group_by("key", maintain_order=True).agg("chunk_id")
-    sources = dict(by_key.iter_rows())
-    out = [
-        {
-            "id": i,
-            "name": r["name"],
-            "type": r["type"],
-            "description": r["description"],
-            "layer": 0,
-            "source_chunk_ids": sources[r["key"]],
-            "degree": 0,
-        }
-        for i, r in zip(ids, frame.select("key", "name", "type", "description").iter_rows(named=True))
-    ]
-    return out, state.set_column(0, "id", pa.array(ids, pa.string()))  # in key order, as a merge gives them
+    sources = pl.concat(chunks).unique().sort("chunk_id").group_by("key").agg(source_chunk_ids="chunk_id")
+    frame = frame.with_columns(id=pl.Series(ids, dtype=pl.Utf8)).join(sources, on="key")
+    # rows as a merge makes them (``entity_rows``: key order, degrees set by the caller), the state in that order
+    return entity_rows(frame, {}), state.set_column(0, "id", pa.array(ids, pa.string()))
 
 
 def _grown_entities(
