@@ -65,12 +65,13 @@ def assemble(
         # relations' change does not read (publish reads only the ids added)
         if hierarchy.graph_relations is None and layer0.relation_change is not None:
             hierarchy.relations = relation_table(hierarchy.relations)
+        if layer0.relation_change is not None:  # the change is what goes on; layer 0's graph columns go (215 MB)
+            layer0.relations = relation_table([])
+            release_memory()
         rows, layer0.entities, hierarchy.entities = [*layer0.entities, *hierarchy.entities], [], []
         bare = bare_table_of("entities", rows, dim, version)
         vectors = [layer0.vectors.reshape(-1, dim), hierarchy.vectors.reshape(-1, dim)]
         layer0.vectors = hierarchy.vectors = np.zeros((0, dim), np.float32)
-        if layer0.relation_change is not None:
-            layer0.relations = relation_table([])
         release_memory()  # to the system: the tables that follow are Arrow's, in another allocator
         all_entities = entity_change(run, bare, vectors, version)
         del bare, vectors

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flows.lineage import digest_of
-from flows.run import Delta, DocumentPlace, PipelineRun
+from flows.run import Delta, DocumentPlace, PipelineRun, SnapshotReads
 from schemas.config import StrataConfig
 from schemas.tables import DocumentRow, schema_for
 from tasks.errors import NotFoundError
@@ -164,6 +164,7 @@ def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTa
     )
     if client is not None:
         _check_reach(client, run.spill_dir)
+    mapper = extraction_mapper(run)
     # each task writes its mentions to the work folder split by key hash; a task per part then gathers them for
     # merge, read back in canonical (chunk id, seq) order, so the table does not depend on the order tasks end in
     parts = -(-chunks.num_rows * MENTIONS_PER_CHUNK // cfg.dask.part_rows)
@@ -174,7 +175,7 @@ def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTa
             extract_mentions,
             chunks,
             cfg.extract,
-            run.mapper,
+            mapper,
             run.version,
             (written, parts),
             on_done=lambda _i, r: st.advance(r.extracted + len(r.quarantine)),
@@ -191,6 +192,8 @@ def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTa
         )
         if run.snap:  # idle workers would slow the CPU-bound stages that follow (a build merges on them)
             run.mapper.release()
+        if mapper is not run.mapper:
+            mapper.release()
         run.usage.add(Usage(**result.usage))
         run.quarantine += result.quarantine
         st.done(
@@ -203,6 +206,18 @@ def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTa
             llm_tokens=result.llm_tokens,
         )
     return {q["item"] for q in result.quarantine if q["stage"] == "extract"}, mentions
+
+
+def extraction_mapper(run: PipelineRun) -> Mapper:
+    """Where extraction runs: on the run's mapper, but for an update of a large index (one that merges in a child
+    process, ``MERGE_IN_CHILD_ROWS``) in this process's stead a child of its own, ended after extraction: the
+    extractor's model (spaCy: +290 MB at 100k chunks), once loaded, stays mapped in the process that loaded it,
+    beside every stage that follows over the whole index."""
+    from tasks.index.merge import MERGE_IN_CHILD_ROWS
+    from tasks.runtime.parallel import LocalMapper, ProcessMapper
+
+    large = run.snap and SnapshotReads(run.catalog, run.snap).rows("mentions") >= MERGE_IN_CHILD_ROWS
+    return ProcessMapper() if large and isinstance(run.mapper, LocalMapper) else run.mapper
 
 
 def _check_reach(client: Any, folder: str) -> None:
@@ -231,17 +246,10 @@ def merge(run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable) -
     the chunks that went, rows of the new ones) for an update."""
     cfg = run.cfg
     with run.stage("merge") as st:
-        snap = run.snap
-        stored = (lambda columns: run.catalog.batches("mentions", snap, columns)) if snap else None
-        old_entities = layer0_rows(run)
         layer0, mentions = st.run(
             _layer0,
             run.mapper,
-            stored,
-            old_entities,
-            # layer 0's, only what a graph is made of (the methods read their links); the rows it replaces are
-            # read whole (``PipelineRun.previous_in``)
-            run.previous("relations", GRAPH_COLUMNS, where="kind = 'extracted'"),
+            SnapshotReads(run.catalog, run.snap) if run.snap else None,
             delta.gone_chunks,
             new,
             cfg.extract.max_description_tokens,
@@ -249,11 +257,6 @@ def merge(run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable) -
             join(run.spill_dir, "merge"),
             run.version,
             chunk_part_rows(cfg),
-            # the rows of some ids, in one pass with the filter pushed down to Lance (``PipelineRun.previous_in``)
-            state=(lambda ids: run.previous_in("merge_state", "id", list(ids), STATE_COLUMNS))
-            if snap and "merge_state" in snap["tables"]
-            else None,
-            old_rows=(lambda ids: run.previous_in("relations", "id", ids)) if snap else None,
         )
         run.mapper.release()  # idle workers would slow the CPU-bound stages that follow
         for name in ("entities", "relations"):  # layer 0's rows replace them; embed and the attachment read
@@ -267,16 +270,6 @@ def merge(run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable) -
             changed=len(layer0.changed),
         )
     return layer0, mentions
-
-
-ENTITY_FIELDS = tuple(n for n in schema_for("entities", 0).names if n not in ("vector", "version"))
-
-
-def layer0_rows(run: PipelineRun) -> list[dict[str, Any]]:
-    """The layer-0 entity rows of the snapshot an update updates (``ENTITY_FIELDS``), not kept as a table."""
-    rows = plain_rows(run.previous("entities", ENTITY_FIELDS, "layer = 0"))
-    run.forget_previous("entities")  # held as rows now, not twice
-    return rows
 
 
 STATE_COLUMNS = tuple(n for n in schema_for("merge_state", 0).names if n != "version")
@@ -298,9 +291,7 @@ def chunk_order(run: PipelineRun, delta: Delta, places: pa.Table) -> ChunkOrder:
 
 def _layer0(
     mapper: Mapper,
-    stored,
-    old_entities,
-    old_relations,
+    reads: SnapshotReads | None,
     gone: set[str],
     new_mentions: SpilledTable,
     max_tokens: int,
@@ -308,48 +299,80 @@ def _layer0(
     workdir: str,
     version: int = 0,
     part_rows: int = 20_000,
-    state: Any = None,
-    old_rows: Any = None,
 ) -> tuple[Layer0, pa.Table | TableDelta]:
-    """Layer 0 merged whole (a build: ``stored`` is None; a task per spilled part on the run's Dask cluster, or in
-    this process — in a child process when the mentions are many, see ``MERGE_IN_CHILD_ROWS``) or recomputed for
-    the keys the delta touched (an update: ``stored(columns)`` scans the previous snapshot's mentions batch by
-    batch; ``state(ids)`` reads the rows of ``ids`` of its ``merge_state``, None where it has none). A build's
-    entities (parts of about ``part_rows`` rows), relations (stamped ``version``) and ``merge_state`` stay spilled:
-    ``Layer0.entity_parts``, ``Layer0.relations``, ``Layer0.state``."""
-    from tasks.index.delta import Grown, recompute_layer0, stored_mention_select
-    from tasks.index.merge import MENTION_COLUMNS, MERGE_IN_CHILD_ROWS, mention_frame
+    """Layer 0 merged whole (a build: ``reads`` is None; a task per spilled part on the run's Dask cluster, or in
+    this process) or recomputed for the keys the delta touched (an update: ``update_layer0``); either in a child
+    process when the mentions are many (``MERGE_IN_CHILD_ROWS``: what the merge's transient frames and rows leave
+    mapped in a process would stay in the run's to its end). A build's entities (parts of about ``part_rows``
+    rows), relations (stamped ``version``) and ``merge_state`` stay spilled: ``Layer0.entity_parts``,
+    ``Layer0.relations``, ``Layer0.state``."""
+    from tasks.index.merge import MERGE_IN_CHILD_ROWS
     from tasks.index.merge_parts import merge_spilled
     from tasks.runtime.parallel import DaskPool, LocalMapper, in_child_process
 
-    if stored is None:
-        args = (new_mentions, max_tokens, order, workdir, version, part_rows)
-        if isinstance(mapper, DaskPool):
-            parts, relations, states = merge_spilled(mapper, *args)
-        elif new_mentions.num_rows >= MERGE_IN_CHILD_ROWS:
-            with tempfile.TemporaryDirectory(prefix="strata-merge-") as child:
-                parts, relations, states = in_child_process(merge_spilled, LocalMapper(), *args, workdir=child)
-        else:
-            parts, relations, states = merge_spilled(LocalMapper(), *args)
-        return Layer0([], np.zeros((0, 0)), relations, entity_parts=parts, state=states), new_mentions
-    new_mentions = new_mentions.read_all()  # an update's new mentions: its delta's, held in memory
+    if reads is not None:
+        if reads.rows("mentions") + new_mentions.num_rows < MERGE_IN_CHILD_ROWS:
+            return update_layer0(reads, gone, new_mentions, max_tokens, order)
+        with tempfile.TemporaryDirectory(prefix="strata-merge-") as child:
+            return in_child_process(update_layer0, reads, gone, new_mentions, max_tokens, order, workdir=child)
+    args = (new_mentions, max_tokens, order, workdir, version, part_rows)
+    if isinstance(mapper, DaskPool):
+        parts, relations, states = merge_spilled(mapper, *args)
+    elif new_mentions.num_rows >= MERGE_IN_CHILD_ROWS:
+        with tempfile.TemporaryDirectory(prefix="strata-merge-") as child:
+            parts, relations, states = in_child_process(merge_spilled, LocalMapper(), *args, workdir=child)
+    else:
+        parts, relations, states = merge_spilled(LocalMapper(), *args)
+    return Layer0([], np.zeros((0, 0)), relations, entity_parts=parts, state=states), new_mentions
+
+
+ENTITY_FIELDS = tuple(n for n in schema_for("entities", 0).names if n not in ("vector", "version"))
+
+
+def update_layer0(
+    reads: SnapshotReads, gone: set[str], new_mentions: SpilledTable, max_tokens: int, order: ChunkOrder
+) -> tuple[Layer0, TableDelta]:
+    """An update's layer 0: the keys the delta touched recomputed from the snapshot's mentions (scanned batch by
+    batch), those whose mentions only grow from their ``merge_state`` rows when the snapshot has them; the others'
+    rows (``ENTITY_FIELDS``) and relations as they were. Returns it with the change to ``mentions``."""
+    from tasks.index.delta import Grown, recompute_layer0, stored_mention_select
+    from tasks.index.merge import MENTION_COLUMNS, mention_frame
+    from tasks.runtime.stages import release_memory
+
+    def stored(columns: list[str]):
+        return reads.batches("mentions", columns)
+
+    old_entities = plain_rows(reads.read("entities", ENTITY_FIELDS, "layer = 0"))
+    release_memory()  # the table they came from: Arrow's pool would keep it for Arrow alone
+    new = new_mentions.read_all()  # an update's new mentions: its delta's, held in memory
     leaving = pa.array(sorted(gone), pa.string())
-    fresh, went = set(new_mentions.column("key").to_pylist()), set()
+    fresh, went = set(new.column("key").to_pylist()), set()
     for batch in stored(["chunk_id", "key"]) if gone else ():  # the keys of the chunks that go
         went |= set(batch.filter(pc.is_in(batch.column("chunk_id"), value_set=leaving)).column("key").to_pylist())
-    select = stored_mention_select(lambda: stored(list(MENTION_COLUMNS)), gone, new_mentions)
+    select = stored_mention_select(lambda: stored(list(MENTION_COLUMNS)), gone, new)
     # keys whose mentions only grow are computed from their description state, when the snapshot has one
-    grown = Grown(fresh - went - {""}, mention_frame(new_mentions), state) if state is not None else None
+    grown = (
+        Grown(
+            fresh - went - {""},
+            mention_frame(new),
+            lambda ids: reads.rows_in("merge_state", "id", list(ids), STATE_COLUMNS),
+        )
+        if reads.has("merge_state")
+        else None
+    )
     entities, relations, added, removed, changed, state_delta, relation_change = recompute_layer0(
-        [e for e in old_entities if e["layer"] == 0],
-        old_relations,
+        old_entities,
+        # layer 0's, only what a graph is made of (the methods read their links); the rows it replaces whole
+        lambda: reads.read("relations", GRAPH_COLUMNS, "kind = 'extracted'"),
         select,
         fresh | went,
         max_tokens,
         order,
         grown,
-        old_rows,
+        lambda ids: reads.rows_in("relations", "id", ids),
     )
+    del old_entities
+    release_memory()  # the recomputation's frames, before its result is handed on
     return (
         Layer0(
             entities,
@@ -362,7 +385,7 @@ def _layer0(
             state=state_delta if grown else None,
             relation_change=relation_change,
         ),
-        TableDelta("chunk_id", sorted(gone), new_mentions),
+        TableDelta("chunk_id", sorted(gone), new),
     )
 
 

@@ -123,12 +123,13 @@ def test_build_and_update_publish_the_pinned_tables(tmp_path):
     assert build_cases(tmp_path) == golden
 
 
-def test_a_merge_in_its_child_process_publishes_the_same_build(tmp_path):
-    """A large build merges in a child process (``MERGE_IN_CHILD_ROWS``); with the threshold at 0 the small
-    corpus takes that path too, and the build's tables are the pinned ones."""
+def test_a_merge_in_its_child_process_publishes_the_same_build_and_update(tmp_path):
+    """A large build or update merges in a child process (``MERGE_IN_CHILD_ROWS``), and an update of a large index
+    extracts in one (``extraction_mapper``); with the threshold at 0 the small corpus takes those paths too (an
+    update's merge child opens the index again: ``SnapshotReads``), and the tables are the pinned ones."""
     from unittest import mock
 
-    from flows.pipeline import build_index
+    from flows.pipeline import build_index, update_index
     from schemas.config import load_config
     from tasks.store.catalog import Catalog
 
@@ -136,14 +137,26 @@ def test_a_merge_in_its_child_process_publishes_the_same_build(tmp_path):
     shutil.rmtree(CORPUS, ignore_errors=True)
     from tasks.runtime import parallel
 
+    cfg = load_config(overrides=CONFIG)
+    mapped, in_process = parallel.ProcessMapper.__call__, []
+
+    def spy(self, fn, *args, **kwargs):
+        in_process.append(fn.__name__)
+        return mapped(self, fn, *args, **kwargs)
+
     with (
         mock.patch("tasks.index.embed.get_embedder", lambda *_a, **_k: HashingEmbedder()),
         mock.patch("tasks.index.merge.MERGE_IN_CHILD_ROWS", 0),
         mock.patch("tasks.runtime.parallel.in_child_process", wraps=parallel.in_child_process) as in_child,
+        mock.patch.object(parallel.ProcessMapper, "__call__", spy),
     ):
-        build_index(str(_corpus(CORPUS, 1)), Catalog(tmp_path / "built"), load_config(overrides=CONFIG))
-    assert [c.args[0].__name__ for c in in_child.call_args_list] == ["merge_spilled"]
-    assert table_digests(tmp_path / "built") == golden["build"]
+        build_index(str(_corpus(CORPUS, 1)), Catalog(tmp_path / "built"), cfg)
+        assert table_digests(tmp_path / "built") == golden["build"]
+        assert not in_process  # the build's extraction: in this process
+        update_index(str(_corpus(CORPUS, 2)), Catalog(tmp_path / "built"), cfg)
+    assert [c.args[0].__name__ for c in in_child.call_args_list] == ["merge_spilled", "update_layer0"]
+    assert in_process == ["batch_mentions"]
+    assert table_digests(tmp_path / "built") == golden["update"]
 
 
 def test_reports_made_a_part_at_a_time_are_the_pinned_reports(tmp_path):

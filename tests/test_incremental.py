@@ -409,7 +409,7 @@ def test_an_update_validates_the_rows_it_changes_and_a_bad_one_stops_it(corpus_c
     import pyarrow as pa
 
     from flows import publish_steps
-    from flows.run import PipelineRun
+    from flows.run import PipelineRun, SnapshotReads
     from tasks.store.rows import GRAPH_COLUMNS
     from tasks.index import validate as validate_module
     from tasks.index.validate import ValidationFailed
@@ -437,6 +437,13 @@ def test_an_update_validates_the_rows_it_changes_and_a_bad_one_stops_it(corpus_c
             return previous(run, name, columns, where)
 
         monkeypatch.setattr(PipelineRun, "previous", read)
+        snapshot_read = SnapshotReads.read
+
+        def merge_read(reads_, name, columns, where=None):  # the merge's reads (``update_layer0``)
+            reads.append((name, columns, where))
+            return snapshot_read(reads_, name, columns, where)
+
+        monkeypatch.setattr(SnapshotReads, "read", merge_read)
         extra.write_text(saved)
         assert update_index(str(corpus_copy), Catalog(index), CFG).status == "published"
         whole = [  # reads of every column of layer 0's relations

@@ -175,6 +175,33 @@ def test_update_validate_export_rollback_and_gc_on_s3(built, small_corpus, tmp_p
     assert _invoke("validate", "--index", built["uri"]).exit_code == 0
 
 
+@pytest.mark.slow
+def test_an_update_in_child_processes_reads_the_index_on_s3(s3_env, small_corpus, tmp_path):
+    """An update of a large index extracts and merges in child processes (``MERGE_IN_CHILD_ROWS``, here 0): the
+    merge's child opens the S3 index again from what it is handed (``SnapshotReads``), and the tables are those of
+    the same update in one process on local disk."""
+    from unittest import mock
+
+    from tasks.runtime import parallel
+
+    uri, local, corpus = _fresh(s3_env), "file://" + str(tmp_path / "local"), tmp_path / "corpus"
+    shutil.copytree(small_corpus, corpus)
+    for index in (uri, local):
+        assert _invoke("index", corpus, "--index", index, "--quiet", *_sets(OVERRIDES)).exit_code == 0
+    (corpus / "notes" / "fezziwig.md").write_text(
+        "# Fezziwig\n\nOld Fezziwig kept a warehouse in London where young Ebenezer Scrooge was apprenticed.\n",
+        encoding="utf-8")
+    with (
+        mock.patch("tasks.index.merge.MERGE_IN_CHILD_ROWS", 0),
+        mock.patch("tasks.runtime.parallel.in_child_process", wraps=parallel.in_child_process) as in_child,
+    ):
+        res = _invoke("update", corpus, "--index", uri, "--quiet", *_sets(OVERRIDES))
+    assert res.exit_code == 0, res.output
+    assert [c.args[0].__name__ for c in in_child.call_args_list] == ["update_layer0"]
+    assert _invoke("update", corpus, "--index", local, "--quiet", *_sets(OVERRIDES)).exit_code == 0
+    _assert_same_tables(Catalog(uri), Catalog(local))
+
+
 # ---------------------------------------------------------------------------------------------- the writer lock
 def _fresh(server, name: str = "idx") -> str:
     return f"s3://{server.create_bucket(bucket_name())}/{name}"

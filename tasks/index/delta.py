@@ -143,7 +143,7 @@ class Grown:
 
 def recompute_layer0(
     old_entities: list[dict[str, Any]],
-    old_relations: pa.Table | list[dict[str, Any]],
+    old_relations: pa.Table | list[dict[str, Any]] | Callable[[], pa.Table],
     mentions: Any,
     touched_keys: set[str],
     max_description_tokens: int,
@@ -157,7 +157,8 @@ def recompute_layer0(
     (most come out as they were: ``publish_steps.relation_change`` keeps those that differ)).
 
     ``old_relations`` may hold only some columns (an update's: the graph's, ``GRAPH_COLUMNS``); ``old_rows(ids)``
-    then reads the previous rows of ``ids`` whole (None: ``old_relations`` holds them).
+    then reads the previous rows of ``ids`` whole (None: ``old_relations`` holds them). A callable is called for
+    them once the relations are recomputed: the recomputation's frames and that table are not held at once.
 
     ``mentions`` are all surviving + new mentions (rows, an Arrow table, a polars frame or a ``MentionSelect``
     over them); ``touched_keys`` the entity keys and relation pair keys that appear in removed or new chunks;
@@ -196,11 +197,14 @@ def recompute_layer0(
     # exists only between two entities); those of a touched entity that stays, on untouched pairs, stand
     flipped = sorted(k for k in ent_keys if entity_id(0, k) in added | removed)
     live_ids = set(old_by_id) - removed | added
-    old = relation_table(old_relations)
+
+    def old_table() -> pa.Table:
+        return relation_table(old_relations() if callable(old_relations) else old_relations)
 
     def whole(ids: list[str]) -> pa.Table:  # previous relation rows, every column
         if old_rows is not None:
             return old_rows(ids)
+        old = old_table()
         return old.filter(pc.is_in(old.column("id"), value_set=pa.array(ids, pa.string())))
 
     grew_pairs = {k for k in (grown.keys if grown else set()) & pair_keys if not set(k.split("|")) & set(flipped)}
@@ -231,6 +235,7 @@ def recompute_layer0(
         "|".join(sorted(entity_id(0, p) for p in k.split("|")))
         for k in set(rel.get_column("key").unique().to_list()) | pair_keys
     }
+    old = old_table()
     ends = pa.array(sorted(removed), pa.string())
     gone = pc.or_(
         pc.or_(pc.is_in(old.column("source_id"), value_set=ends), pc.is_in(old.column("target_id"), value_set=ends)),

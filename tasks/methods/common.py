@@ -78,7 +78,15 @@ def write_reports(ctx: MethodContext, communities, entities: list[dict[str, Any]
     return reports, vectors, failures
 
 
-def update_graph(layer0: Layer0, above: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table | None]:
+def summary_pairs(links: pa.Table) -> list[tuple[str, str]]:
+    """The (member id, summary id) pairs of the ``summary_of`` rows of ``links`` (a relations table)."""
+    import pyarrow.compute as pc
+
+    of = links.filter(pc.equal(links.column("kind"), "summary_of"))
+    return list(zip(of.column("source_id").to_pylist(), of.column("target_id").to_pylist()))
+
+
+def update_graph(layer0: Layer0, above: list[dict[str, Any]] | pa.Table) -> tuple[pa.Table, pa.Table | None]:
     """An update's graph: layer 0's relations and the method's ``above`` ones, in the columns layer 0's hold (an
     update's: ``GRAPH_COLUMNS``); and the rows of it this run made, whole (layer 0's change, ``above``), None
     when layer 0's relations are whole."""

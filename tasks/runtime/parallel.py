@@ -15,6 +15,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from schemas.config import DaskConfig
@@ -357,14 +358,13 @@ def in_child_process(fn: Callable[..., R], *args: Any, workdir: os.PathLike[str]
     import pickle
     import subprocess
     import sys
-    from pathlib import Path
 
     release_idle_children()
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     inp, out = work / "call.pkl", work / "result.pkl"
     with inp.open("wb") as fh:
-        pickle.dump((fn, args), fh, protocol=pickle.HIGHEST_PROTOCOL)
+        _dump((fn, args), fh, work / "call")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     code = "import sys; from tasks.runtime.parallel import _child_main; _child_main(sys.argv[1], sys.argv[2])"
     proc = subprocess.run([sys.executable, "-c", code, str(inp), str(out)], env=env, capture_output=True, text=True)
@@ -385,12 +385,50 @@ def in_child_process(fn: Callable[..., R], *args: Any, workdir: os.PathLike[str]
 def _child_main(call: str, result: str) -> None:
     import pickle
 
+    from tasks.runtime.stages import limit_malloc_arenas
+
+    limit_malloc_arenas()  # as in the run's process (an update's merge: 2,162 -> 2,092 MB at 100k chunks)
+
     with open(call, "rb") as fh:
         fn, args = pickle.load(fh)
     value = fn(*args)
     with open(result + ".part", "wb") as fh:
-        pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        _dump(value, fh, Path(result).parent / "result")
     os.replace(result + ".part", result)
+
+
+def _dump(value: Any, fh: Any, tables: Path) -> None:
+    """``pickle.dump`` with each Arrow table or batch written to a stream file of its own, ``tables``-<n>: pickled,
+    a slice carries its parent's whole buffers (an update's merge: 3.1 GB pickled for its 1.9M relations, ~0.2
+    GB as a stream), and a stream file is written a batch at a time, not built in memory first."""
+    import pickle
+
+    import pyarrow as pa
+
+    class Pickler(pickle.Pickler):
+        written = 0
+
+        def reducer_override(self, obj: Any) -> Any:
+            if not isinstance(obj, pa.Table | pa.RecordBatch):
+                return NotImplemented
+            path = f"{tables}-{self.written}.arrows"
+            self.written += 1
+            with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, obj.schema) as writer:
+                writer.write(obj)
+            return _from_stream, (path, isinstance(obj, pa.Table))
+
+    Pickler(fh, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+
+
+def _from_stream(path: str, table: bool) -> Any:
+    import pyarrow as pa
+
+    with pa.OSFile(path) as source:
+        whole = pa.ipc.open_stream(source).read_all()
+    os.unlink(path)
+    if table:
+        return whole
+    return pa.RecordBatch.from_arrays([c.combine_chunks() for c in whole.columns], schema=whole.schema)
 
 
 def lower_priority(niceness: int) -> None:
