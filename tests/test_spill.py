@@ -180,6 +180,33 @@ def test_in_child_process_returns_the_result_and_reports_a_failure(tmp_path):
     assert not list(tmp_path.glob("*.pkl*"))
 
 
+def test_tables_cross_to_a_child_process_as_streams_of_their_own_rows(tmp_path):
+    """Arrow tables and batches go to and from a child as IPC stream files (``parallel._dump``): a slice of a large
+    table carries its rows, not its parent's buffers (pickled, it would carry them whole); the same object twice
+    is one file; the values come back equal, and no stream file stays behind."""
+    import io
+    import pickle
+
+    import pyarrow as pa
+
+    from tasks.runtime.parallel import _dump, in_child_process
+
+    big = pa.table({"n": pa.array(range(200_000), pa.int64()), "s": pa.array([f"id-{i}" for i in range(200_000)])})
+    part = pa.concat_tables([big.slice(1_000 * i, 5) for i in range(20)])
+    batch, empty = big.to_batches()[0].slice(3, 2), pa.record_batch({"x": pa.array([], pa.int64())})
+    buffer = io.BytesIO()
+    _dump({"part": part, "again": part, "batch": batch, "empty": empty, "rows": [1, "a"]}, buffer, tmp_path / "t")
+    assert len(list(tmp_path.glob("t-*.arrows"))) == 3
+    stream_bytes = sum(p.stat().st_size for p in tmp_path.glob("t-*.arrows"))
+    assert stream_bytes < big.nbytes / 20  # the 100 rows, not the 200k rows' buffers
+    buffer.seek(0)
+    back = pickle.load(buffer)
+    assert back["part"].equals(part) and back["again"] is back["part"] and back["rows"] == [1, "a"]
+    assert back["batch"].equals(batch) and back["empty"].equals(empty)
+    assert not list(tmp_path.glob("t-*.arrows"))
+    assert in_child_process(pa.concat_tables, [part, part], workdir=tmp_path / "child").num_rows == 200
+
+
 def test_a_mapper_told_not_to_keep_results_hands_each_to_on_done_only():
     """``keep=False`` (the embedder's vectors): every result reaches ``on_done`` once, in any mapper, and the list
     returned holds none of them."""
