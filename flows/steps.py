@@ -164,7 +164,7 @@ def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTa
     )
     if client is not None:
         _check_reach(client, run.spill_dir)
-    mapper = extraction_mapper(run)
+    mapper = extraction_mapper(run, chunks.num_rows)
     # each task writes its mentions to the work folder split by key hash; a task per part then gathers them for
     # merge, read back in canonical (chunk id, seq) order, so the table does not depend on the order tasks end in
     parts = -(-chunks.num_rows * MENTIONS_PER_CHUNK // cfg.dask.part_rows)
@@ -208,15 +208,17 @@ def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTa
     return {q["item"] for q in result.quarantine if q["stage"] == "extract"}, mentions
 
 
-def extraction_mapper(run: PipelineRun) -> Mapper:
-    """Where extraction runs: on the run's mapper, but for an update of a large index (one that merges in a child
-    process, ``MERGE_IN_CHILD_ROWS``) in this process's stead a child of its own, ended after extraction: the
-    extractor's model (spaCy: +290 MB at 100k chunks), once loaded, stays mapped in the process that loaded it,
+def extraction_mapper(run: PipelineRun, chunks: int) -> Mapper:
+    """Where extraction runs: on the run's mapper (a Dask cluster's workers), but in a run's own process only for a
+    small index: a build or update whose index holds ``MERGE_IN_CHILD_ROWS`` mentions or more (the snapshot's, and
+    ``MENTIONS_PER_CHUNK`` for each of the ``chunks`` to extract) extracts in a child process, ended after
+    extraction. The extractor's model (spaCy: +290 MB), once loaded, stays mapped in the process that loaded it,
     beside every stage that follows over the whole index."""
-    from tasks.index.merge import MERGE_IN_CHILD_ROWS
+    from tasks.index.merge import MENTIONS_PER_CHUNK, MERGE_IN_CHILD_ROWS
     from tasks.runtime.parallel import LocalMapper, ProcessMapper
 
-    large = run.snap and SnapshotReads(run.catalog, run.snap).rows("mentions") >= MERGE_IN_CHILD_ROWS
+    stored = SnapshotReads(run.catalog, run.snap).rows("mentions") if run.snap else 0
+    large = stored + chunks * MENTIONS_PER_CHUNK >= MERGE_IN_CHILD_ROWS
     return ProcessMapper() if large and isinstance(run.mapper, LocalMapper) else run.mapper
 
 
