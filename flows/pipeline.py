@@ -97,7 +97,7 @@ def run_stages(run: PipelineRun) -> BuildResult:
     layer0 = embed(run, layer0, chunks, quarantined)  # the chunks with their vectors: ``Layer0.chunks``
     del quarantined
     if run.snap:
-        hierarchy = run.method.update(run, layer0)
+        hierarchy = run.method.update(run, layer0 if getattr(run.method, "vectors_by_id", False) else layer0.whole(run))
         # what the method read of the snapshot (its summaries, links, communities, reports: 120 MB at 100k chunks)
         for name in ("entities", "relations", "communities", "community_reports", "layers"):
             run.forget_previous(name)

@@ -61,20 +61,22 @@ def assemble(
     else:  # an update's chunks as a change: the kept ones are neither read nor written again
         chunks = TableDelta("id", sorted(delta.gone_chunks), chunks.read_all())
         # the rows go into tables, and go: the method's relations first (at 100k chunks 358k summary links, 254 MB
-        # as rows, 45 MB as a table), then the entities a slice at a time; so does an update's graph, which its
-        # relations' change does not read (publish reads only the ids added)
+        # as rows, 45 MB as a table), then the entities a slice at a time (publish reads only the ids added)
         if hierarchy.graph_relations is None and layer0.relation_change is not None:
             hierarchy.relations = relation_table(hierarchy.relations)
-        if layer0.relation_change is not None:  # the change is what goes on; layer 0's graph columns go (215 MB)
-            layer0.relations = relation_table([])
-            release_memory()
+        summaries = dict(zip([e["id"] for e in hierarchy.entities], hierarchy.vectors.reshape(-1, dim)))
         rows, layer0.entities, hierarchy.entities = [*layer0.entities, *hierarchy.entities], [], []
         bare = bare_table_of("entities", rows, dim, version)
-        vectors = [layer0.vectors.reshape(-1, dim), hierarchy.vectors.reshape(-1, dim)]
-        layer0.vectors = hierarchy.vectors = np.zeros((0, dim), np.float32)
+        hierarchy.vectors = np.zeros((0, dim), np.float32)
         release_memory()  # to the system: the tables that follow are Arrow's, in another allocator
-        all_entities = entity_change(run, bare, vectors, version)
-        del bare, vectors
+
+        def vectors_of(ids: list[str]) -> np.ndarray:  # the summaries', this run's, or the snapshot's
+            below = [i for i in ids if i not in summaries]
+            mine = dict(zip(below, layer0.vectors_of(run, below)))
+            return np.stack([summaries[i] if i in summaries else mine[i] for i in ids]).reshape(-1, dim)
+
+        all_entities = entity_change(run, bare, vectors_of, version)
+        del bare, summaries
     relations = hierarchy.graph_relations  # the method's own graph table, when it made one
     if relations is None and layer0.relation_change is not None:  # an update's: as a change
         above, hierarchy.relations = relation_table(hierarchy.relations), []  # a table already: not copied
@@ -113,23 +115,18 @@ def assemble(
     return tables
 
 
-def entity_change(run: PipelineRun, bare: pa.Table, vectors: list[np.ndarray], version: int) -> Any:
-    """An update's entities (``bare``: their table without vectors; ``vectors``: their matrices, in order) as a
-    change of the snapshot it updates, found on every column but the vectors (a function of the text), which then
-    go to the rows that come only; the whole table where it has no pinned version or most rows changed
-    (``Catalog.change``). At 100k chunks the table with every vector was ~0.4 GB held beside the rest."""
+def entity_change(run: PipelineRun, bare: pa.Table, vectors_of: Any, version: int) -> Any:
+    """An update's entities (``bare``: their table without vectors) as a change of the snapshot it updates, found
+    on every column but the vectors (a function of the text); ``vectors_of(ids)`` gives the rows that come theirs.
+    The whole table where it has no pinned version or most rows changed (``Catalog.change``)."""
     pinned = (run.snap or {}).get("tables", {}).get("entities")
     change = run.catalog.change("entities", bare, pinned)
     if change is None:
-        return with_vectors("entities", bare.drop(["version"]), np.concatenate(vectors), version)
-    ids = bare.column("id").combine_chunks()
-    picks = pc.index_in(change.add.column("id"), value_set=ids).to_numpy(zero_copy_only=False)
-    starts = np.cumsum([0] + [len(m) for m in vectors])
-    part = np.searchsorted(starts, picks, side="right") - 1
-    chosen = np.empty((len(picks), vectors[0].shape[1]), np.float32)  # from the parts: no copy of every vector
-    for j, m in enumerate(vectors):
-        chosen[part == j] = m[picks[part == j] - starts[j]]
-    return TableDelta("id", change.values, with_vectors("entities", change.add.drop(["version"]), chosen, version))
+        return with_vectors("entities", bare.drop(["version"]), vectors_of(bare.column("id").to_pylist()), version)
+    add = change.add.drop(["version"])
+    return TableDelta(
+        "id", change.values, with_vectors("entities", add, vectors_of(add.column("id").to_pylist()), version)
+    )
 
 
 def relation_change(run: PipelineRun, extracted: TableDelta, above: pa.Table, version: int) -> Any:

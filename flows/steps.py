@@ -23,7 +23,7 @@ from tasks.index.merge import ChunkOrder
 from tasks.methods.base import Layer0
 from tasks.runtime.llm_client import Usage
 from tasks.runtime.parallel import Mapper
-from tasks.store.rows import GRAPH_COLUMNS, TableDelta, plain_rows, vector_matrix
+from tasks.store.rows import GRAPH_COLUMNS, TableDelta, plain_rows, relation_table
 from tasks.store.spill import SpilledTable
 from tasks.store.workfs import join, mkdirs
 
@@ -261,12 +261,11 @@ def merge(run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable) -
             chunk_part_rows(cfg),
         )
         run.mapper.release()  # idle workers would slow the CPU-bound stages that follow
-        for name in ("entities", "relations"):  # layer 0's rows replace them; embed and the attachment read
-            run.forget_previous(name)  # the parts they need (kept vectors, summaries, summary_of links) themselves
+        relations = layer0.relations.num_rows if layer0.relation_count is None else layer0.relation_count
         st.done(
-            f"{layer0.count()} entities, {layer0.relations.num_rows} relations",
+            f"{layer0.count()} entities, {relations} relations",
             entities=layer0.count(),
-            relations=layer0.relations.num_rows,
+            relations=relations,
             added=layer0.count() if layer0.entity_parts is not None else len(layer0.added),
             removed=len(layer0.removed),
             changed=len(layer0.changed),
@@ -336,7 +335,9 @@ def update_layer0(
 ) -> tuple[Layer0, TableDelta]:
     """An update's layer 0: the keys the delta touched recomputed from the snapshot's mentions (scanned batch by
     batch), those whose mentions only grow from their ``merge_state`` rows when the snapshot has them; the others'
-    rows (``ENTITY_FIELDS``) and relations as they were. Returns it with the change to ``mentions``."""
+    rows (``ENTITY_FIELDS``) and relations as they were. Returns it with the change to ``mentions``; of the relations
+    only the change (``Layer0.relation_change``): the graph is the snapshot's and that change (215 MB of graph
+    columns at 100k chunks, not held through the stages after)."""
     from tasks.index.delta import Grown, recompute_layer0, stored_mention_select
     from tasks.index.merge import MENTION_COLUMNS, mention_frame
     from tasks.runtime.stages import release_memory
@@ -379,13 +380,14 @@ def update_layer0(
         Layer0(
             entities,
             np.zeros((0, 0)),
-            relations,
+            relation_table([]),
             added,
             removed,
             changed,
             gone,
             state=state_delta if grown else None,
             relation_change=relation_change,
+            relation_count=relations.num_rows,
         ),
         TableDelta("chunk_id", sorted(gone), new),
     )
@@ -406,13 +408,8 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: SpilledTable, quarantined: s
         if entity_parts is not None:
             texts = lambda t: [entity_text(*e) for e in zip(*(t.column(c).to_pylist() for c in ENTITY_TEXT))]  # noqa: E731
             entity_parts = st.run(embed_table, run, "entities", entity_parts.parts(), texts, st.advance)
-        vectors = st.run(
-            _embed_entities,
-            run,
-            layer0,
-            [entity_text(e["name"], e["type"], e["description"]) for e in fresh],
-            st.advance,
-        )
+        # an update's: those it embeds, by id (the others keep the snapshot's: ``Layer0.vectors_of``)
+        vectors = st.run(run.embed, [entity_text(e["name"], e["type"], e["description"]) for e in fresh], st.advance)
         parts = (with_status(part, quarantined) for part in chunks.parts())
         text = lambda t: t.column("text").to_pylist()  # noqa: E731
         new_chunks = st.run(embed_table, run, "chunks", parts, text, st.advance)
@@ -421,7 +418,10 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: SpilledTable, quarantined: s
             vectors=n,
             cache_hits=run.embedder.hits,
         )
-    return replace(layer0, vectors=vectors, chunks=new_chunks, entity_parts=entity_parts)
+    if entity_parts is not None:
+        return replace(layer0, chunks=new_chunks, entity_parts=entity_parts)
+    empty = np.zeros((0, run.embedder.dim), np.float32)
+    return replace(layer0, vectors=empty, fresh=dict(zip([e["id"] for e in fresh], vectors)), chunks=new_chunks)
 
 
 def chunk_part_rows(cfg: StrataConfig) -> int:
@@ -438,25 +438,3 @@ def with_status(chunks: pa.Table, quarantined: set[str]) -> pa.Table:
     quarantined, without the title extraction read."""
     status = ["quarantined" if c in quarantined else "extracted" for c in chunks.column("id").to_pylist()]
     return chunks.drop(["title"]).append_column("status", pa.array(status, pa.string()))
-
-
-def _embed_entities(run: PipelineRun, layer0: Layer0, entity_texts: list[str], progress) -> np.ndarray:
-    dim = run.embedder.dim
-    fresh = run.embed(entity_texts, progress)
-    if len(fresh) == len(layer0.entities):  # a build: every entity new, in order
-        return fresh
-    redo = layer0.added | layer0.changed
-    at = {e["id"]: k for k, e in enumerate(layer0.entities) if e["id"] not in redo}
-    out = np.empty((len(layer0.entities), dim), np.float32)  # filled in place: no row list stacked
-    if filled := len(fresh):
-        out[[k for k, e in enumerate(layer0.entities) if e["id"] in redo]] = fresh
-    # the kept vectors from the snapshot a batch at a time (its whole column and a copy: +350 MB at 100k chunks)
-    for batch in run.catalog.batches("entities", run.snap, ["id", "vector"], batch_rows=8192) if run.snap else ():
-        pairs = [(at[i], j) for j, i in enumerate(batch.column(0).to_pylist()) if i in at]
-        if pairs:
-            rows, picks = (list(x) for x in zip(*pairs))
-            out[rows] = vector_matrix(pa.Table.from_batches([batch]))[picks]
-            filled += len(rows)
-    if filled != len(out):
-        raise ValueError(f"entities: {len(out) - filled} kept layer-0 entities have no vector in the snapshot")
-    return out

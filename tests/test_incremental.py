@@ -90,6 +90,38 @@ def test_attach_lowest_layer_passing_tau_climbs_and_refreshes_ancestors():
     assert all(r["source_id"] != "S3" for r in res.relations)
 
 
+def test_attach_reads_the_vectors_of_kept_members_only_for_the_summaries_it_rewrites():
+    """An update hands attach the summaries' vectors and those it embedded; the kept members' come from
+    ``more_vectors`` when a summary over them is re-summarised, and the result is the one with every vector."""
+    l0 = [_e("a", 0, [1, 0, 0]), _e("b", 0, [0, 1, 0]), _e("c", 0, [0, 0.2, 1]), _e("new", 0, [0.95, 0.1, 0])]
+    summaries = [_e("S1", 1, [1, 0, 0]), _e("S2", 1, [0, 1, 0]), _e("T", 2, [0.6, 0.6, 0])]
+    rels = [_so("a", "S1"), _so("b", "S2"), _so("c", "S2"), _so("S1", "T"), _so("S2", "T")]
+    seen = []
+
+    def summarize(layer, member_lists, vecs):
+        seen.append([v.tolist() for v in vecs])
+        return [{"name": "+".join(m["id"] for m in ms), "type": "concept", "description": "d"} for ms in member_lists]
+
+    def run(vectors, more=None):
+        seen.clear()
+        res = attach(l0, summaries, rels, vectors, added={"new"}, removed=set(), changed=set(), tau=0.65,
+                     summarize=summarize, embed=lambda rows: np.ones((len(rows), 3), np.float32), more_vectors=more)
+        return res, list(seen)
+
+    asked = []
+
+    def more(ids):
+        asked.append(ids)
+        return {i: _vecs(l0)[i] for i in ids}
+
+    whole, whole_seen = run(_vecs(l0 + summaries))
+    lazy, lazy_seen = run(_vecs([l0[3], *summaries]), more)
+    assert asked == [["a"]]  # S1 is rewritten over a and new; S2's members b and c are never read
+    assert lazy_seen == whole_seen and lazy.attached == whole.attached == {"new": "S1"}
+    assert [e["name"] for e in lazy.entities] == [e["name"] for e in whole.entities]
+    assert np.array_equal(lazy.vectors, whole.vectors)
+
+
 def test_attach_climbs_when_no_lower_node_passes_tau():
     l0 = [_e("a", 0, [1, 0, 0]), _e("new", 0, [0.1, 0.1, 1])]
     summaries = [_e("S1", 1, [1, 0, 0]), _e("T", 2, [0, 0, 1])]

@@ -213,7 +213,7 @@ def _parts(table: Any, columns: list[str] | None = None):
 def validate_tables(
     tables: dict[str, Any],
     dim: int,
-    batch_rows: int = 100_000,
+    batch_rows: int = 25_000,
     relation_kinds: tuple[str, ...] | None = None,
     mapper: Any = None,
     workdir: Any = None,

@@ -207,6 +207,7 @@ def link_rows(layer_ids: list[list[str]], layers: list[np.ndarray], m: int) -> l
 
 class ArchRAG:
     name = "archrag"
+    vectors_by_id = True  # an update reads the vectors of the layer-0 entities it needs (``Layer0.vectors_of``)
     modes = {"archrag": ("entities", "communities", "bridge")}
     relation_kinds = ("chnsw", "chnsw_down")  # C-HNSW: within a layer, and from a layer to the one below
 
@@ -262,8 +263,9 @@ class ArchRAG:
                 [s["id"] for s in summaries if s["layer"] == li] for li in range(1, top + 1)
             ]
             vec = dict(zip([s["id"] for s in summaries], vectors))
-            dim = layer0.vectors.shape[1]
-            layers = [unit(layer0.vectors)] + [
+            below = layer0.vectors_of(ctx, ids[0])  # every layer-0 vector: the links are computed again over all
+            dim = below.shape[1]
+            layers = [unit(below)] + [
                 unit(np.stack([vec[i] for i in layer])) if layer else np.zeros((0, dim), np.float32)
                 for layer in ids[1:]
             ]

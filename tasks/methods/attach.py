@@ -68,10 +68,12 @@ def attach(
     embed: Callable[[list[dict[str, Any]]], np.ndarray],
     refresh_staleness: float = 0.0,
     before: dict[str, dict[str, Any]] | None = None,
+    more_vectors: Callable[[list[str]], dict[str, np.ndarray]] | None = None,
 ) -> AttachResult:
     """HyGRAG attachment of ``added`` layer-0 entities; refresh of the summaries on the touched paths.
 
-    ``vectors`` maps every layer-0 and summary id to its vector.
+    ``vectors`` maps every layer-0 and summary id to its vector, or, with ``more_vectors(ids)``, the summaries'
+    and the added entities', the others read from it when a re-summarised summary's members need them.
     ``summarize(layer, member_lists, member_vectors)`` returns one summary dict per member list;
     ``embed(entities)`` returns their vectors. A summary whose text still says what a member no longer
     does (``shows_gone``: a removed member's name or sentences, a changed member's former sentences; ``before``
@@ -158,6 +160,8 @@ def attach(
             else:  # text still stands for its members: keep it, remember how far it has drifted
                 by_id[sid] = dict(by_id[sid], degree=len(live), staleness=staleness)
         if alive:
+            if more_vectors is not None and (unread := sorted({m for _, live in alive for m in live} - set(vec))):
+                vec.update(more_vectors(unread))
             lists = [[by_id[m] for m in live] for _, live in alive]
             vecs = [np.stack([vec[m] for m in live]).astype(np.float32) for _, live in alive]
             new = summarize(layer, lists, vecs)

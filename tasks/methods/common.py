@@ -86,36 +86,33 @@ def summary_pairs(links: pa.Table) -> list[tuple[str, str]]:
     return list(zip(of.column("source_id").to_pylist(), of.column("target_id").to_pylist()))
 
 
-def update_graph(layer0: Layer0, above: list[dict[str, Any]] | pa.Table) -> tuple[pa.Table, pa.Table | None]:
-    """An update's graph: layer 0's relations and the method's ``above`` ones, in the columns layer 0's hold (an
-    update's: ``GRAPH_COLUMNS``); and the rows of it this run made, whole (layer 0's change, ``above``), None
-    when layer 0's relations are whole."""
-    mine = relation_table(above)
-    graph = pa.concat_tables([layer0.relations, mine.select(layer0.relations.column_names)])
-    if layer0.relation_change is None:
-        return graph, None
-    made = layer0.relation_change.add.select(REPORT_COLUMNS).cast(mine.select(REPORT_COLUMNS).schema)
-    return graph, pa.concat_tables([made, mine.select(REPORT_COLUMNS)])
+def update_graph(layer0: Layer0, above: list[dict[str, Any]] | pa.Table) -> pa.Table:
+    """The relation rows an update made, whole (``REPORT_COLUMNS``): layer 0's recomputed ones
+    (``Layer0.relation_change``) and the method's ``above``. The rest of the graph is the snapshot's, not read: an
+    added entity's relations are all among these (``place_in_communities`` needs no others), and
+    ``report_relations`` reads the kept ones among the members of the reports it rewrites."""
+    mine = relation_table(above).select(REPORT_COLUMNS)
+    made = layer0.relation_change.add.select(REPORT_COLUMNS).cast(mine.schema)
+    return pa.concat_tables([made, mine])
 
 
-def report_relations(ctx: MethodContext, relations: pa.Table, made: pa.Table | None, members: set[str]) -> pa.Table:
-    """The relations between ``members`` (of the communities whose report is rewritten), with their
-    descriptions: those of ``made`` (this run's rows), the others read from the previous snapshot. ``relations``
-    as they are when ``made`` is None (they hold their descriptions)."""
+def report_relations(ctx: MethodContext, made: pa.Table, replaced: list[str], members: set[str]) -> pa.Table:
+    """The relations between ``members`` (of the communities whose report is rewritten), with their descriptions:
+    those of ``made`` (``update_graph``), then the snapshot's extracted ones it keeps (all but ``replaced``: the
+    ids of its rows the update removed or recomputed), read with the filter pushed down to the snapshot."""
     import pyarrow.compute as pc
 
-    if made is None:
-        return relations
     among = pa.array(sorted(members), pa.string())
-    inner = relations.filter(
+    here = made.filter(
         pc.and_(
-            pc.is_in(relations.column("source_id"), value_set=among),
-            pc.is_in(relations.column("target_id"), value_set=among),
+            pc.is_in(made.column("source_id"), value_set=among), pc.is_in(made.column("target_id"), value_set=among)
         )
-    ).column("id")
-    here = made.filter(pc.is_in(made.column("id"), value_set=inner))
-    rest = inner.filter(pc.invert(pc.is_in(inner, value_set=here.column("id")))).to_pylist()
-    there = ctx.previous_in("relations", "id", rest, tuple(REPORT_COLUMNS))
+    )
+    there = ctx.previous_in("relations", "source_id", sorted(members), tuple(REPORT_COLUMNS), also="target_id")
+    skip = pa.array(sorted(set(replaced) | set(here.column("id").to_pylist())), pa.string())
+    there = there.filter(
+        pc.and_(pc.equal(there.column("kind"), "extracted"), pc.invert(pc.is_in(there.column("id"), value_set=skip)))
+    )
     return pa.concat_tables([here, there.cast(here.schema)])
 
 
@@ -123,13 +120,13 @@ def rewrite_reports(
     ctx: MethodContext,
     comms: list[CommunityRow],
     entities: list[dict[str, Any]],
-    relations: pa.Table,
+    made: pa.Table,
+    replaced: list[str],
     decide: Callable[[dict[str, dict[str, Any]]], tuple[set[str], dict[str, float]]],
-    made: pa.Table | None = None,
 ):
     """Stage ``reports`` of an update: ``decide(previous reports by community id)`` names the communities whose
     report is written again and the staleness of the others, which are kept. Returns (reports, their vectors,
-    LLM failures). ``relations`` and ``made``: ``update_graph``'s."""
+    LLM failures). ``made`` and ``replaced``: ``report_relations``'."""
     from tasks.methods.reports import build_reports
 
     with ctx.stage("reports") as st:
@@ -137,7 +134,7 @@ def rewrite_reports(
         old_reports = {r["community_id"]: r for r in plain_rows(previous)}
         rewrite, staleness = decide(old_reports)
         members = {m for c in comms if c["id"] in rewrite for m in c["entity_ids"]}
-        relations = report_relations(ctx, relations, made, members)
+        relations = report_relations(ctx, made, replaced, members)
         old_vectors = dict(zip(previous.column("community_id").to_pylist(), vector_matrix(previous)))
         existing = {
             cid: dict(r, staleness=staleness.get(cid, r.get("staleness")))
@@ -185,7 +182,11 @@ def attach_stage(ctx: MethodContext, layer0: Layer0, **llm_prompt: Any):
 
         upper = ctx.previous("entities", where="layer > 0")
         summaries = plain_rows(upper)
-        vectors = dict(zip([e["id"] for e in layer0.entities], layer0.vectors))
+        # the summaries' vectors and those this run embedded; a re-summarised summary's other members' are read
+        fresh = (
+            layer0.fresh if layer0.fresh is not None else dict(zip([e["id"] for e in layer0.entities], layer0.vectors))
+        )
+        vectors = dict(fresh)
         vectors.update(zip([s["id"] for s in summaries], vector_matrix(upper)))
         links = plain_rows(ctx.previous("relations", where="kind = 'summary_of'"))
         before = previous_rows(ctx, "entities", sorted(layer0.removed | layer0.changed), ("id", "name", "description"))
@@ -203,6 +204,7 @@ def attach_stage(ctx: MethodContext, layer0: Layer0, **llm_prompt: Any):
             embed_rows,
             cfg.incremental.refresh_staleness,
             before,
+            lambda ids: dict(zip(ids, layer0.vectors_of(ctx, ids))),
         )
         st.done(
             f"{len(att.attached)} attached, {len(att.refreshed)} summaries refreshed",
@@ -285,9 +287,13 @@ def update_tree(
             grown=len(changed),
         )
     entities = layer0.entities + summaries
-    relations, made = update_graph(layer0, links)
     reports, vecs, failures = rewrite_reports(
-        ctx, comms, entities, relations, lambda old: (changed | (set(c["id"] for c in comms) - set(old)), {}), made
+        ctx,
+        comms,
+        entities,
+        update_graph(layer0, links),
+        layer0.relation_change.values,
+        lambda old: (changed | (set(c["id"] for c in comms) - set(old)), {}),
     )
     layers = restate_layers(
         plain_rows(ctx.previous("layers")),

@@ -228,6 +228,7 @@ def build_layers(
 
 class HyGRAG:
     name = "hygrag"
+    vectors_by_id = True  # an update reads the vectors of the layer-0 entities it needs (``Layer0.vectors_of``)
     modes = {"hygrag": ("entities", "communities", "bridge")}
     relation_kinds: tuple[str, ...] = ()
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from schemas.tables import LOG_TABLES, SNAPSHOT_TABLES, SNAPSHOTS, schema_for
 from tasks.errors import DiskFull, IndexDamaged, IndexError_, IndexNotFound, StoreUnavailable, UsageError
@@ -43,7 +44,6 @@ from tasks.store.rows import (
     plain_batches,
     rows_to_table,
     snapshot_note,
-    sql_in,
 )
 from tasks.store.spill import SpilledTable
 from tasks.store.vectors import build_vector_index
@@ -329,11 +329,11 @@ class Catalog:
         if tbl.version != pinned:  # a later version exists (a rollback, or a run that never committed): start over
             tbl.checkout(pinned)  # from the pinned one, as the new latest
             tbl.restore()
-        for where in sql_in(delta.column, delta.values):
-            tbl.delete(where)
+        if delta.values:  # one delete by an Arrow filter (25k ids as SQL IN lists: +418 MB at 100k chunks; +78)
+            tbl.to_lance().delete(pc.field(delta.column).isin(pa.array(delta.values, pa.string())))
         if delta.add.num_rows:
-            tbl.add(plain_batches(delta.add))
-        return tbl.version
+            self.db.open_table(name).add(plain_batches(delta.add))
+        return self.db.open_table(name).version
 
     def publish(
         self,

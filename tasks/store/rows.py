@@ -5,7 +5,7 @@ a table's schema, and read a snapshot's note and a table's vector column.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -204,13 +204,6 @@ ONE_AHEAD = {"batch_readahead": 1, "fragment_readahead": 1}
 
 #: what a community report reads of a relation (``tasks.methods.reports.RelationIndex``)
 REPORT_COLUMNS = ["id", "source_id", "target_id", "kind", "description", "weight"]
-
-
-def sql_in(column: str, values: list[str], batch: int = 5000) -> Iterator[str]:
-    """SQL filters ``column IN (...)`` over ``values`` (quoted), ``batch`` values each."""
-    for s in range(0, len(values), batch):
-        quoted = ", ".join("'" + v.replace("'", "''") + "'" for v in values[s : s + batch])
-        yield f"{column} IN ({quoted})"
 
 
 #: rows per batch handed to LanceDB: its writer's memory grows with the batches it is given (100k chunks as one

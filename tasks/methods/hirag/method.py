@@ -32,6 +32,7 @@ class HiRAG:
     }
     relation_kinds: tuple[str, ...] = ()
     reads_parts = True  # a build's layer 0 stays in parts (``graph_parts``): the pipeline does not read it whole
+    vectors_by_id = True  # an update reads the vectors of the layer-0 entities it needs (``Layer0.vectors_of``)
 
     def refine(self, ctx, client):
         return ctx
@@ -88,13 +89,13 @@ class HiRAG:
         links = relation_table(att.relations)
         att = replace(att, relations=[])
         entities = layer0.entities + att.entities
-        relations, made = update_graph(layer0, links)
+        made = update_graph(layer0, links)  # with the snapshot's kept rows, the graph after the update
         with ctx.stage("communities") as st:
             comms, grown, forced = st.run(
                 place_in_communities,
                 plain_rows(ctx.previous("communities")),
                 {e["id"] for e in entities},
-                relations,
+                made,  # every relation of an added entity is one this update made
                 layer0.added,
             )
             st.done(f"{len(comms)} communities, {len(grown)} grown", communities=len(comms), grown=len(grown))
@@ -102,9 +103,9 @@ class HiRAG:
             ctx,
             comms,
             entities,
-            relations,
-            lambda old: reports_to_rewrite(comms, old, grown, forced, cfg.incremental.refresh_staleness),
             made,
+            layer0.relation_change.values,
+            lambda old: reports_to_rewrite(comms, old, grown, forced, cfg.incremental.refresh_staleness),
         )
         layers = restate_layers(
             plain_rows(ctx.previous("layers")),
