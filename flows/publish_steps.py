@@ -65,6 +65,7 @@ def assemble(
         if hierarchy.graph_relations is None and layer0.relation_change is not None:
             hierarchy.relations = relation_table(hierarchy.relations)
         summaries = dict(zip([e["id"] for e in hierarchy.entities], hierarchy.vectors.reshape(-1, dim)))
+        mine = [e["id"] for e in layer0.entities] + sorted(layer0.removed)  # layer 0's ids the change can touch
         rows, layer0.entities, hierarchy.entities = [*layer0.entities, *hierarchy.entities], [], []
         bare = bare_table_of("entities", rows, dim, version)
         hierarchy.vectors = np.zeros((0, dim), np.float32)
@@ -75,8 +76,8 @@ def assemble(
             mine = dict(zip(below, layer0.vectors_of(run, below)))
             return np.stack([summaries[i] if i in summaries else mine[i] for i in ids]).reshape(-1, dim)
 
-        all_entities = entity_change(run, bare, vectors_of, version)
-        del bare, summaries
+        all_entities = entity_change(run, bare, vectors_of, version, mine, layer0.kept or set())
+        del bare, summaries, mine
     relations = hierarchy.graph_relations  # the method's own graph table, when it made one
     if relations is None and layer0.relation_change is not None:  # an update's: as a change
         above, hierarchy.relations = relation_table(hierarchy.relations), []  # a table already: not copied
@@ -115,14 +116,31 @@ def assemble(
     return tables
 
 
-def entity_change(run: PipelineRun, bare: pa.Table, vectors_of: Any, version: int) -> Any:
-    """An update's entities (``bare``: their table without vectors) as a change of the snapshot it updates, found
-    on every column but the vectors (a function of the text); ``vectors_of(ids)`` gives the rows that come theirs.
-    The whole table where it has no pinned version or most rows changed (``Catalog.change``)."""
-    pinned = (run.snap or {}).get("tables", {}).get("entities")
-    change = run.catalog.change("entities", bare, pinned)
+def entity_change(
+    run: PipelineRun, bare: pa.Table, vectors_of: Any, version: int, layer0_ids: list[str], kept: set[str]
+) -> Any:
+    """An update's entities (``bare``: the layer-0 rows it wrote and every summary, without vectors) as a change of
+    the snapshot it updates: against the snapshot's rows of ``layer0_ids`` (those it wrote or removed) and its
+    summaries, on every column but the vectors (a function of the text); ``vectors_of(ids)`` gives the rows that
+    come theirs. The layer-0 rows it keeps (``kept``) are not read (120k at 100k chunks), unless most rows changed:
+    then the table is written whole, as ``Catalog.change`` decides for the other tables."""
+    columns = tuple(c for c in bare.column_names if c not in ("vector", "version"))
+    mine = run.previous_in("entities", "id", layer0_ids, columns)
+    old = pa.concat_tables([mine, run.previous("entities", columns, "layer > 0").cast(mine.schema)])
+    change = delta_against(old, bare, max_share=None)
     if change is None:
-        return with_vectors("entities", bare.drop(["version"]), vectors_of(bare.column("id").to_pylist()), version)
+        raise ValueError("entities: an id repeats among the rows an update made")
+    if (
+        len(change.values) + change.add.num_rows
+        > DELTA_MAX_SHARE * run.catalog.open_table("entities", snap=run.snap).count_rows()
+    ):
+        bare = bare.drop(["version"])
+        layer = pc.equal(bare.column("layer"), 0)
+        below = pa.concat_tables(
+            [bare.filter(layer), run.previous_in("entities", "id", sorted(kept), columns).cast(bare.schema)]
+        )
+        whole = pa.concat_tables([below.sort_by("id"), bare.filter(pc.invert(layer))])
+        return with_vectors("entities", whole, vectors_of(whole.column("id").to_pylist()), version)
     add = change.add.drop(["version"])
     return TableDelta(
         "id", change.values, with_vectors("entities", add, vectors_of(add.column("id").to_pylist()), version)

@@ -20,7 +20,7 @@ from schemas.tables import DocumentRow, schema_for
 from tasks.errors import NotFoundError
 from tasks.index.chunk import PLACE
 from tasks.index.merge import ChunkOrder
-from tasks.methods.base import Layer0
+from tasks.methods.base import ENTITY_FIELDS, Layer0
 from tasks.runtime.llm_client import Usage
 from tasks.runtime.parallel import Mapper
 from tasks.store.rows import GRAPH_COLUMNS, TableDelta, plain_rows, relation_table
@@ -327,31 +327,37 @@ def _layer0(
     return Layer0([], np.zeros((0, 0)), relations, entity_parts=parts, state=states), new_mentions
 
 
-ENTITY_FIELDS = tuple(n for n in schema_for("entities", 0).names if n not in ("vector", "version"))
-
-
 def update_layer0(
     reads: SnapshotReads, gone: set[str], new_mentions: SpilledTable, max_tokens: int, order: ChunkOrder
 ) -> tuple[Layer0, TableDelta]:
     """An update's layer 0: the keys the delta touched recomputed from the snapshot's mentions (scanned batch by
     batch), those whose mentions only grow from their ``merge_state`` rows when the snapshot has them; the others'
-    rows (``ENTITY_FIELDS``) and relations as they were. Returns it with the change to ``mentions``; of the relations
-    only the change (``Layer0.relation_change``): the graph is the snapshot's and that change (215 MB of graph
-    columns at 100k chunks, not held through the stages after)."""
+    rows (``ENTITY_FIELDS``) and relations as they were. Returns it with the change to ``mentions``. Of the entities
+    only the rows the update writes (recomputed, or a new degree) are rows, the others' ids ``Layer0.kept``; of the
+    relations only the change (``Layer0.relation_change``): the rest is the snapshot's (at 100k chunks 120k entity
+    rows, ~280 MB as Python rows, and 215 MB of graph columns, not held through the stages after)."""
     from tasks.index.delta import Grown, recompute_layer0, stored_mention_select
-    from tasks.index.merge import MENTION_COLUMNS, mention_frame
+    from tasks.index.merge import MENTION_COLUMNS, entity_id, mention_frame
     from tasks.runtime.stages import release_memory
 
     def stored(columns: list[str]):
         return reads.batches("mentions", columns)
 
-    old_entities = plain_rows(reads.read("entities", ENTITY_FIELDS, "layer = 0"))
-    release_memory()  # the table they came from: Arrow's pool would keep it for Arrow alone
     new = new_mentions.read_all()  # an update's new mentions: its delta's, held in memory
     leaving = pa.array(sorted(gone), pa.string())
     fresh, went = set(new.column("key").to_pylist()), set()
     for batch in stored(["chunk_id", "key"]) if gone else ():  # the keys of the chunks that go
         went |= set(batch.filter(pc.is_in(batch.column("chunk_id"), value_set=leaving)).column("key").to_pylist())
+    # the entities the delta touches as whole rows; the others as their id and degree (a new degree is computed)
+    touched = sorted({entity_id(0, k) for k in fresh | went if k and "|" not in k})
+    old_entities = plain_rows(reads.rows_in("entities", "id", touched, ENTITY_FIELDS))
+    ids, degrees = (
+        reads.read("entities", ("id", "degree"), "layer = 0").column(c).to_pylist() for c in ("id", "degree")
+    )
+    was = dict(zip(ids, degrees))
+    whole = set(touched)
+    old_entities += [{"id": i, "layer": 0, "degree": d} for i, d in was.items() if i not in whole]
+    del ids, degrees
     select = stored_mention_select(lambda: stored(list(MENTION_COLUMNS)), gone, new)
     # keys whose mentions only grow are computed from their description state, when the snapshot has one
     grown = (
@@ -375,10 +381,19 @@ def update_layer0(
         lambda ids: reads.rows_in("relations", "id", ids),
     )
     del old_entities
+    # written: the rows recomputed and those whose degree moved (read whole); kept: the snapshot's rows as they are
+    moved = {e["id"]: e["degree"] for e in entities if e["id"] not in whole and e["degree"] != was[e["id"]]}
+    kept = {e["id"] for e in entities if e["id"] not in whole and e["id"] not in moved}
+    rows: list[Any] = [e for e in entities if e["id"] in whole]
+    rows += [
+        dict(e, degree=moved[e["id"]])
+        for e in plain_rows(reads.rows_in("entities", "id", sorted(moved), ENTITY_FIELDS))
+    ]
+    del entities, was
     release_memory()  # the recomputation's frames, before its result is handed on
     return (
         Layer0(
-            entities,
+            sorted(rows, key=lambda e: e["id"]),
             np.zeros((0, 0)),
             relation_table([]),
             added,
@@ -388,6 +403,7 @@ def update_layer0(
             state=state_delta if grown else None,
             relation_change=relation_change,
             relation_count=relations.num_rows,
+            kept=kept,
         ),
         TableDelta("chunk_id", sorted(gone), new),
     )

@@ -259,7 +259,7 @@ class ArchRAG:
 
         def chnsw(summaries, vectors):
             top = max((s["layer"] for s in summaries), default=0)
-            ids = [[e["id"] for e in layer0.entities]] + [
+            ids = [sorted(layer0.ids())] + [
                 [s["id"] for s in summaries if s["layer"] == li] for li in range(1, top + 1)
             ]
             vec = dict(zip([s["id"] for s in summaries], vectors))

@@ -69,11 +69,15 @@ def attach(
     refresh_staleness: float = 0.0,
     before: dict[str, dict[str, Any]] | None = None,
     more_vectors: Callable[[list[str]], dict[str, np.ndarray]] | None = None,
+    kept: set[str] | frozenset[str] = frozenset(),
+    more_rows: Callable[[list[str]], list[dict[str, Any]]] | None = None,
 ) -> AttachResult:
     """HyGRAG attachment of ``added`` layer-0 entities; refresh of the summaries on the touched paths.
 
     ``vectors`` maps every layer-0 and summary id to its vector, or, with ``more_vectors(ids)``, the summaries'
-    and the added entities', the others read from it when a re-summarised summary's members need them.
+    and the added entities', the others read from it when a re-summarised summary's members need them; likewise
+    ``layer0`` holds every layer-0 row, or those the update wrote, with ``kept`` the ids of the others, whose rows
+    ``more_rows(ids)`` reads.
     ``summarize(layer, member_lists, member_vectors)`` returns one summary dict per member list;
     ``embed(entities)`` returns their vectors. A summary whose text still says what a member no longer
     does (``shows_gone``: a removed member's name or sentences, a changed member's former sentences; ``before``
@@ -149,7 +153,7 @@ def attach(
         frontier -= set(now)
         alive = []
         for sid in now:
-            live = sorted(m for m in members.get(sid, set()) if m in by_id and m not in dropped)
+            live = sorted(m for m in members.get(sid, set()) if (m in by_id or m in kept) and m not in dropped)
             if len(live) < len(members.get(sid, ())):  # a member summary was dropped
                 lost.add(sid)
             staleness = float(by_id[sid].get("staleness") or 0.0) + changes[sid] / max(1, len(live))
@@ -160,6 +164,8 @@ def attach(
             else:  # text still stands for its members: keep it, remember how far it has drifted
                 by_id[sid] = dict(by_id[sid], degree=len(live), staleness=staleness)
         if alive:
+            if more_rows is not None and (unread := sorted({m for _, live in alive for m in live} - set(by_id))):
+                by_id.update((r["id"], r) for r in more_rows(unread))
             if more_vectors is not None and (unread := sorted({m for _, live in alive for m in live} - set(vec))):
                 vec.update(more_vectors(unread))
             lists = [[by_id[m] for m in live] for _, live in alive]

@@ -9,7 +9,7 @@ answer step and ``strata inspect`` all read the registry.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -17,7 +17,19 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import numpy as np
 import pyarrow as pa
 
-from schemas.tables import ChunkRow, CommunityRow, EntityRow, LayerRow, QuarantineRow, RelationRow, ReportRow
+from schemas.tables import (
+    ChunkRow,
+    CommunityRow,
+    EntityRow,
+    LayerRow,
+    QuarantineRow,
+    RelationRow,
+    ReportRow,
+    schema_for,
+)
+
+#: an entity row's fields (``EntityRow``): its table's columns but the vector and the version
+ENTITY_FIELDS = tuple(n for n in schema_for("entities", 0).names if n not in ("vector", "version"))
 
 if TYPE_CHECKING:
     from schemas.config import RetrievalConfig, StrataConfig
@@ -56,9 +68,29 @@ class Layer0:
     # an update's vectors of the entities this run embedded (added and changed), by id, and then none in
     # ``vectors``: the others keep the snapshot's (``vectors_of``; 176 MB for all of them at 100k chunks)
     fresh: dict[str, np.ndarray] | None = None
+    # an update's layer-0 entities whose rows it does not write, by id: ``entities`` holds only those it does
+    # (recomputed, or a new degree), and these are the snapshot's rows (``rows_of``)
+    kept: set[str] | None = None
 
     def count(self) -> int:
-        return self.entity_parts.num_rows if self.entity_parts is not None else len(self.entities)
+        if self.entity_parts is not None:
+            return self.entity_parts.num_rows
+        return len(self.entities) + len(self.kept or ())
+
+    def ids(self) -> set[str]:
+        """Every layer-0 entity's id (an update's: those it writes and those it keeps)."""
+        return {e["id"] for e in self.entities} | (self.kept or set())
+
+    def rows_of(self, ctx: MethodContext, ids: Iterable[str]) -> list[EntityRow]:
+        """Layer-0 entities ``ids``' rows (of those that are live), in id order: this run's, or the snapshot's for
+        the ones an update keeps."""
+        from tasks.store.rows import plain_rows
+
+        wanted, mine = set(ids), {e["id"]: e for e in self.entities}
+        stored = sorted(i for i in wanted & (self.kept or set()) if i not in mine)
+        rows: list[Any] = [mine[i] for i in wanted if i in mine]
+        rows += plain_rows(ctx.previous_in("entities", "id", stored, ENTITY_FIELDS))
+        return cast("list[EntityRow]", sorted(rows, key=lambda e: e["id"]))
 
     def vectors_of(self, ctx: MethodContext, ids: list[str]) -> np.ndarray:
         """An update's vectors of layer-0 entities ``ids``, in order: this run's (``fresh``), or the snapshot's
@@ -82,7 +114,10 @@ class Layer0:
         from tasks.store.rows import plain_rows, vector_matrix
 
         if self.fresh is not None and ctx is not None:
-            return replace(self, vectors=self.vectors_of(ctx, [e["id"] for e in self.entities]), fresh=None)
+            rows = self.rows_of(ctx, self.ids())
+            return replace(
+                self, entities=rows, vectors=self.vectors_of(ctx, [e["id"] for e in rows]), fresh=None, kept=None
+            )
         if self.entity_parts is None:
             return self
         table = self.entity_parts.read_all()

@@ -119,14 +119,15 @@ def report_relations(ctx: MethodContext, made: pa.Table, replaced: list[str], me
 def rewrite_reports(
     ctx: MethodContext,
     comms: list[CommunityRow],
-    entities: list[dict[str, Any]],
+    entities: Callable[[set[str]], list[dict[str, Any]]],
     made: pa.Table,
     replaced: list[str],
     decide: Callable[[dict[str, dict[str, Any]]], tuple[set[str], dict[str, float]]],
 ):
     """Stage ``reports`` of an update: ``decide(previous reports by community id)`` names the communities whose
     report is written again and the staleness of the others, which are kept. Returns (reports, their vectors,
-    LLM failures). ``made`` and ``replaced``: ``report_relations``'."""
+    LLM failures). ``entities(ids)``: the rows of those entities (the members of the reports written);
+    ``made`` and ``replaced``: ``report_relations``'."""
     from tasks.methods.reports import build_reports
 
     with ctx.stage("reports") as st:
@@ -141,8 +142,16 @@ def rewrite_reports(
             for cid, r in old_reports.items()
             if cid not in rewrite
         }
+        written = {m for c in comms if c["id"] in rewrite or c["id"] not in existing for m in c["entity_ids"]}
         reports, failures = st.run(
-            build_reports, comms, entities, relations, ctx.cfg.communities.report_max_tokens, ctx.llm, rewrite, existing
+            build_reports,
+            comms,
+            entities(written),
+            relations,
+            ctx.cfg.communities.report_max_tokens,
+            ctx.llm,
+            rewrite,
+            existing,
         )
         redo = [r for r in reports if r["community_id"] in rewrite]
         fresh = dict(zip([r["community_id"] for r in redo], report_vectors(ctx, st, redo)))
@@ -154,6 +163,13 @@ def rewrite_reports(
         vectors = np.stack(each) if reports else np.zeros((0, dim), np.float32)
         st.done(f"{len(redo)} reports rewritten", reports_rewritten=len(redo))
     return reports, vectors, failures
+
+
+def entity_rows(
+    ctx: MethodContext, layer0: Layer0, summaries: list[dict[str, Any]], ids: set[str]
+) -> list[dict[str, Any]]:
+    """The rows of entities ``ids`` after an update: layer 0's (``Layer0.rows_of``), then the summaries'."""
+    return [*cast("list[dict[str, Any]]", layer0.rows_of(ctx, ids)), *(s for s in summaries if s["id"] in ids)]
 
 
 def previous_rows(ctx: MethodContext, name: str, ids: list[str], columns: tuple[str, ...]) -> dict[str, dict[str, Any]]:
@@ -205,6 +221,8 @@ def attach_stage(ctx: MethodContext, layer0: Layer0, **llm_prompt: Any):
             cfg.incremental.refresh_staleness,
             before,
             lambda ids: dict(zip(ids, layer0.vectors_of(ctx, ids))),
+            layer0.kept or set(),
+            lambda ids: list(layer0.rows_of(ctx, ids)),
         )
         st.done(
             f"{len(att.attached)} attached, {len(att.refreshed)} summaries refreshed",
@@ -286,18 +304,17 @@ def update_tree(
             communities=len(comms),
             grown=len(changed),
         )
-    entities = layer0.entities + summaries
     reports, vecs, failures = rewrite_reports(
         ctx,
         comms,
-        entities,
+        lambda ids: entity_rows(ctx, layer0, summaries, ids),
         update_graph(layer0, links),
         layer0.relation_change.values,
         lambda old: (changed | (set(c["id"] for c in comms) - set(old)), {}),
     )
     layers = restate_layers(
         plain_rows(ctx.previous("layers")),
-        {e["id"]: e["layer"] for e in entities},
+        {**dict.fromkeys(sorted(layer0.ids()), 0), **{s["id"]: s["layer"] for s in summaries}},
         [(r["source_id"], r["target_id"]) for r in links if r["kind"] == "summary_of"],
     )
     return Hierarchy(summaries, vectors, links + extra, comms, reports, vecs, layers, fallbacks(summarizer, failures))

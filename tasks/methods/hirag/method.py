@@ -11,6 +11,7 @@ import pyarrow as pa
 from tasks.methods.base import Hierarchy, Layer0, MethodContext
 from tasks.methods.common import (
     attach_stage,
+    entity_rows,
     fallbacks,
     rewrite_reports,
     summarizer_for,
@@ -88,13 +89,13 @@ class HiRAG:
         # the summary links as a table from here on (358k at 100k chunks: 254 MB as rows, 45 MB as a table)
         links = relation_table(att.relations)
         att = replace(att, relations=[])
-        entities = layer0.entities + att.entities
+        layer_of = {**dict.fromkeys(sorted(layer0.ids()), 0), **{s["id"]: s["layer"] for s in att.entities}}
         made = update_graph(layer0, links)  # with the snapshot's kept rows, the graph after the update
         with ctx.stage("communities") as st:
             comms, grown, forced = st.run(
                 place_in_communities,
                 plain_rows(ctx.previous("communities")),
-                {e["id"] for e in entities},
+                set(layer_of),
                 made,  # every relation of an added entity is one this update made
                 layer0.added,
             )
@@ -102,14 +103,14 @@ class HiRAG:
         reports, report_vecs, failures = rewrite_reports(
             ctx,
             comms,
-            entities,
+            lambda ids: entity_rows(ctx, layer0, att.entities, ids),
             made,
             layer0.relation_change.values,
             lambda old: reports_to_rewrite(comms, old, grown, forced, cfg.incremental.refresh_staleness),
         )
         layers = restate_layers(
             plain_rows(ctx.previous("layers")),
-            {e["id"]: e["layer"] for e in entities},
+            layer_of,
             summary_pairs(links),
         )
         return Hierarchy(
