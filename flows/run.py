@@ -175,6 +175,14 @@ class PipelineRun:
         """``rows_in`` of the snapshot this run updates (empty for a build); not kept."""
         return rows_in(self.catalog, self.snap, name, column, values, columns, also)
 
+    def large(self, more_mentions: int = 0) -> bool:
+        """Whether the index is large: its snapshot's mentions and ``more_mentions`` reach ``MERGE_IN_CHILD_ROWS``.
+        A large index's extraction and validation run in a child process when no Dask cluster runs them."""
+        from tasks.index.merge import MERGE_IN_CHILD_ROWS
+
+        stored = SnapshotReads(self.catalog, self.snap).rows("mentions") if self.snap else 0
+        return stored + more_mentions >= MERGE_IN_CHILD_ROWS
+
     def forget_previous(self, name: str | None = None) -> None:
         """Drop the previous snapshot's tables read so far, or those of table ``name`` (read again if asked for)."""
         for key in [k for k in self._previous if name in (None, k[0])]:

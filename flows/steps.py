@@ -214,11 +214,10 @@ def extraction_mapper(run: PipelineRun, chunks: int) -> Mapper:
     ``MENTIONS_PER_CHUNK`` for each of the ``chunks`` to extract) extracts in a child process, ended after
     extraction. The extractor's model (spaCy: +290 MB), once loaded, stays mapped in the process that loaded it,
     beside every stage that follows over the whole index."""
-    from tasks.index.merge import MENTIONS_PER_CHUNK, MERGE_IN_CHILD_ROWS
+    from tasks.index.merge import MENTIONS_PER_CHUNK
     from tasks.runtime.parallel import LocalMapper, ProcessMapper
 
-    stored = SnapshotReads(run.catalog, run.snap).rows("mentions") if run.snap else 0
-    large = stored + chunks * MENTIONS_PER_CHUNK >= MERGE_IN_CHILD_ROWS
+    large = run.large(chunks * MENTIONS_PER_CHUNK)
     return ProcessMapper() if large and isinstance(run.mapper, LocalMapper) else run.mapper
 
 

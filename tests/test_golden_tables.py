@@ -124,9 +124,9 @@ def test_build_and_update_publish_the_pinned_tables(tmp_path):
 
 
 def test_a_merge_in_its_child_process_publishes_the_same_build_and_update(tmp_path):
-    """A large build or update extracts and merges in child processes (``MERGE_IN_CHILD_ROWS``,
-    ``extraction_mapper``); with the threshold at 0 the small corpus takes those paths too (an update's merge child
-    opens the index again: ``SnapshotReads``), and the tables are the pinned ones."""
+    """A large build or update extracts, merges and validates in child processes (``MERGE_IN_CHILD_ROWS``,
+    ``extraction_mapper``, ``validation_mapper``); with the threshold at 0 the small corpus takes those paths too
+    (an update's merge child opens the index again: ``SnapshotReads``), and the tables are the pinned ones."""
     from unittest import mock
 
     from flows.pipeline import build_index, update_index
@@ -152,10 +152,13 @@ def test_a_merge_in_its_child_process_publishes_the_same_build_and_update(tmp_pa
     ):
         build_index(str(_corpus(CORPUS, 1)), Catalog(tmp_path / "built"), cfg)
         assert table_digests(tmp_path / "built") == golden["build"]
-        assert in_process == ["batch_mentions"]
+        validation = {"check_part", "repeated_values"}
+        assert in_process[0] == "batch_mentions" and "check_part" in in_process and set(in_process[1:]) <= validation
+        build = len(in_process)
         update_index(str(_corpus(CORPUS, 2)), Catalog(tmp_path / "built"), cfg)
     assert [c.args[0].__name__ for c in in_child.call_args_list] == ["merge_spilled", "update_layer0"]
-    assert in_process == ["batch_mentions"] * 2
+    assert in_process[build] == "batch_mentions" and "check_part" in in_process[build:]
+    assert set(in_process[build + 1 :]) <= validation
     assert table_digests(tmp_path / "built") == golden["update"]
 
 
