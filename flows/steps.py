@@ -370,14 +370,17 @@ def update_layer0(
     )
     entities, relations, added, removed, changed, state_delta, relation_change = recompute_layer0(
         old_entities,
-        # layer 0's, only what a graph is made of (the methods read their links); the rows it replaces whole
-        lambda: reads.read("relations", GRAPH_COLUMNS, "kind = 'extracted'"),
+        # layer 0's, only what a graph is made of, a batch at a time; the rows it replaces whole
+        lambda: (
+            b.filter(pc.equal(b.column("kind"), "extracted")) for b in reads.batches("relations", list(GRAPH_COLUMNS))
+        ),
         select,
         fresh | went,
         max_tokens,
         order,
         grown,
         lambda ids: reads.rows_in("relations", "id", ids),
+        keep_graph=False,
     )
     del old_entities
     # written: the rows recomputed and those whose degree moved (read whole); kept: the snapshot's rows as they are
@@ -401,7 +404,7 @@ def update_layer0(
             gone,
             state=state_delta if grown else None,
             relation_change=relation_change,
-            relation_count=relations.num_rows,
+            relation_count=cast(int, relations),
             kept=kept,
         ),
         TableDelta("chunk_id", sorted(gone), new),

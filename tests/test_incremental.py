@@ -437,7 +437,7 @@ def test_recompute_touches_only_the_delta_yet_equals_a_full_merge():
 def test_an_update_validates_the_rows_it_changes_and_a_bad_one_stops_it(corpus_copy, tmp_path, monkeypatch):
     """An update's tables reach validation as changes of the snapshot (``as_changes``): the rows checked are the
     changed ones, not the whole tables; a bad row among them still fails the run, and nothing is published. The
-    relations it keeps are read only in the graph's columns (``GRAPH_COLUMNS``), never whole."""
+    relations it keeps are read only in the graph's columns (``GRAPH_COLUMNS``, a batch at a time), never whole."""
     import pyarrow as pa
 
     from flows import publish_steps
@@ -476,6 +476,13 @@ def test_an_update_validates_the_rows_it_changes_and_a_bad_one_stops_it(corpus_c
             return snapshot_read(reads_, name, columns, where)
 
         monkeypatch.setattr(SnapshotReads, "read", merge_read)
+        snapshot_batches = SnapshotReads.batches
+
+        def merge_batches(reads_, name, columns):  # a scan, a batch at a time
+            reads.append((name, tuple(columns), "batches"))
+            return snapshot_batches(reads_, name, columns)
+
+        monkeypatch.setattr(SnapshotReads, "batches", merge_batches)
         extra.write_text(saved)
         assert update_index(str(corpus_copy), Catalog(index), CFG).status == "published"
         whole = [  # reads of every column of layer 0's relations
@@ -484,7 +491,7 @@ def test_an_update_validates_the_rows_it_changes_and_a_bad_one_stops_it(corpus_c
             if r[0] == "relations" and not set(r[1] or ()) <= set(GRAPH_COLUMNS) and "summary_of" not in (r[2] or "")
             and r[2] != "kind != 'extracted'"
         ]
-        assert ("relations", GRAPH_COLUMNS, "kind = 'extracted'") in reads and not whole, reads
+        assert ("relations", GRAPH_COLUMNS, "batches") in reads and not whole, reads
         cat = Catalog(index)
         _valid(cat)
         assert checked["documents"] == 1  # the added document, not the kept ones

@@ -11,6 +11,8 @@ What a method builds above layer 0 follows in ``tasks.methods`` (``attach``, HiR
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -143,22 +145,25 @@ class Grown:
 
 def recompute_layer0(
     old_entities: list[dict[str, Any]],
-    old_relations: pa.Table | list[dict[str, Any]] | Callable[[], pa.Table],
+    old_relations: pa.Table | list[dict[str, Any]] | Callable[[], Any],
     mentions: Any,
     touched_keys: set[str],
     max_description_tokens: int,
     order: ChunkOrder | None = None,
     grown: Grown | None = None,
     old_rows: Callable[[list[str]], pa.Table] | None = None,
-) -> tuple[list[EntityRow], pa.Table, set[str], set[str], set[str], TableDelta, TableDelta]:
+    keep_graph: bool = True,
+) -> tuple[list[EntityRow], pa.Table | int, set[str], set[str], set[str], TableDelta, TableDelta]:
     """Layer-0 entities/extracted relations after the delta. Returns (entities, relations (a table with the
-    columns of ``old_relations``), added, removed, changed ids, the change of ``merge_state``, the relations
-    recomputed: the ids of the previous rows that went or were recomputed, and the recomputed rows, every column
-    (most come out as they were: ``publish_steps.relation_change`` keeps those that differ)).
+    columns of ``old_relations``; without ``keep_graph``, their number), added, removed, changed ids, the change of
+    ``merge_state``, the relations recomputed: the ids of the previous rows that went or were recomputed, and the
+    recomputed rows, every column (most come out as they were: ``publish_steps.relation_change`` keeps those that
+    differ)).
 
     ``old_relations`` may hold only some columns (an update's: the graph's, ``GRAPH_COLUMNS``); ``old_rows(ids)``
     then reads the previous rows of ``ids`` whole (None: ``old_relations`` holds them). A callable is called for
-    them once the relations are recomputed: the recomputation's frames and that table are not held at once.
+    them (a table, or record batches read one at a time) once the relations are recomputed: the recomputation's
+    frames and those rows are not held at once.
 
     ``mentions`` are all surviving + new mentions (rows, an Arrow table, a polars frame or a ``MentionSelect``
     over them); ``touched_keys`` the entity keys and relation pair keys that appear in removed or new chunks;
@@ -167,7 +172,8 @@ def recompute_layer0(
     their mentions."""
     import polars as pl
 
-    from tasks.index.merge import corpus_places, entity_id, mention_frame, relation_degrees
+    from tasks.index.merge import corpus_places, entity_id, mention_frame
+    from tasks.runtime.stages import release_memory
 
     ent_keys = {k for k in touched_keys if "|" not in k}
     pair_keys = {k for k in touched_keys if "|" in k}
@@ -181,6 +187,7 @@ def recompute_layer0(
         states.append(grew_state)
     recompute = sorted(ent_keys - grew - {""})  # none: the stored mentions are not scanned at all
     new_ents, state = _refolded_entities(select, recompute, max_description_tokens, places)
+    release_memory()  # each step's frames back to the system before the next allocates (in another allocator)
     touched_ids = {entity_id(0, k) for k in ent_keys}
     new_by_id = {e["id"]: e for e in [*new_ents, *(grew_rows if grew else [])] if e["id"] in touched_ids}
     states.append(state)
@@ -214,6 +221,7 @@ def recompute_layer0(
             cast(Grown, grown), grew_pairs, live_ids, whole, max_description_tokens, places
         )
         states.append(grew_state)
+        release_memory()
     pairs = sorted(pair_keys - grew_pairs)
     rel = (
         select(is_relation & (pl.col("key").is_in(pairs) | pl.col("a").is_in(flipped) | pl.col("b").is_in(flipped)))
@@ -235,29 +243,41 @@ def recompute_layer0(
         "|".join(sorted(entity_id(0, p) for p in k.split("|")))
         for k in set(rel.get_column("key").unique().to_list()) | pair_keys
     }
-    old = old_table()
+    added_state = pa.concat_tables(states)
+    stated = added_state.column("id").combine_chunks()
     ends = pa.array(sorted(removed), pa.string())
-    gone = pc.or_(
-        pc.or_(pc.is_in(old.column("source_id"), value_set=ends), pc.is_in(old.column("target_id"), value_set=ends)),
-        _pairs_in(old, redone),
-    )
-    dropped = set(old.column("id").filter(gone).to_pylist())
-    kept = pc.and_(pc.equal(old.column("kind"), "extracted"), pc.invert(gone)).to_numpy(zero_copy_only=False)
-    # the kept rows as slices of the previous ones (no copy: they are the largest table an update holds), then
-    # the new ones in id order
-    ends = np.flatnonzero(np.diff(np.r_[0, kept.astype(np.int8), 0])).reshape(-1, 2)
     new_rels = new_rels.take(pc.sort_indices(new_rels.column("id")))
-    relations = pa.concat_tables(
-        [*(old.slice(a, b - a) for a, b in ends.tolist()), new_rels.select(old.column_names).cast(old.schema)]
-    )
-    degree = relation_degrees(relations)
+    dropped: set[str] = set()
+    live, degree = set(new_by_id), Counter[str]()
+    kept_parts: list[pa.Table] = []
+    count = 0
+    # the previous rows a batch at a time (an update's: read so, never held whole): those that go, and of the kept
+    # ones their ends' degrees and the state's relation ids that live (no Python string per relation)
+    old = old_relations() if callable(old_relations) else old_relations
+    batches = relation_table(old).to_batches() if isinstance(old, (pa.Table, list)) else old
+    for table in itertools.chain((pa.Table.from_batches([b]) for b in batches), [None]):
+        if table is None:  # then the new rows, in id order
+            table = new_rels.select(kept_parts[0].column_names).cast(kept_parts[0].schema) if kept_parts else new_rels
+            gone = pa.array(np.zeros(table.num_rows, dtype=bool))
+        else:
+            near = pc.or_(
+                pc.is_in(table.column("source_id"), value_set=ends), pc.is_in(table.column("target_id"), value_set=ends)
+            )
+            gone = pc.or_(near, _pairs_in(table, redone))
+            dropped.update(table.column("id").filter(gone).to_pylist())
+            gone = pc.or_(gone, pc.not_equal(table.column("kind"), "extracted"))
+        kept = table.filter(pc.invert(gone))
+        count += kept.num_rows
+        for column in ("source_id", "target_id"):
+            counts = pc.value_counts(kept.column(column))
+            degree.update(dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist())))
+        ids = kept.column("id")
+        live.update(ids.filter(pc.is_in(ids, value_set=stated)).to_pylist())
+        if keep_graph:
+            kept_parts.append(kept)
+    relations = pa.concat_tables(kept_parts) if keep_graph else count
     for e in entities:  # rows of this update's own (the caller's rows, read for it): set in place, not copied
         e["degree"] = degree.get(e["id"], 0)
-    added_state = pa.concat_tables(states)
-    ids = relations.column("id")  # of the state's relation ids, those that live (no Python string per relation)
-    live = set(new_by_id) | set(
-        ids.filter(pc.is_in(ids, value_set=added_state.column("id").combine_chunks())).to_pylist()
-    )
     added_state = added_state.filter(pc.is_in(added_state.column("id"), value_set=pa.array(sorted(live), pa.string())))
     state_delta = TableDelta("id", sorted(touched_ids | dropped), added_state.sort_by("id"))
     return (
