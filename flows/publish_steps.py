@@ -73,8 +73,8 @@ def assemble(
 
         def vectors_of(ids: list[str]) -> np.ndarray:  # the summaries', this run's, or the snapshot's
             below = [i for i in ids if i not in summaries]
-            mine = dict(zip(below, layer0.vectors_of(run, below)))
-            return np.stack([summaries[i] if i in summaries else mine[i] for i in ids]).reshape(-1, dim)
+            own = dict(zip(below, layer0.vectors_of(run, below)))
+            return np.stack([summaries[i] if i in summaries else own[i] for i in ids]).reshape(-1, dim)
 
         all_entities = entity_change(run, bare, vectors_of, version, mine, layer0.kept or set())
         del bare, summaries, mine
