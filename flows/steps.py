@@ -258,6 +258,7 @@ def merge(run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable) -
             join(run.spill_dir, "merge"),
             run.version,
             chunk_part_rows(cfg),
+            run.large(new.num_rows),
         )
         run.mapper.release()  # idle workers would slow the CPU-bound stages that follow
         relations = layer0.relations.num_rows if layer0.relation_count is None else layer0.relation_count
@@ -299,26 +300,26 @@ def _layer0(
     workdir: str,
     version: int = 0,
     part_rows: int = 20_000,
+    in_child: bool = False,
 ) -> tuple[Layer0, pa.Table | TableDelta]:
     """Layer 0 merged whole (a build: ``reads`` is None; a task per spilled part on the run's Dask cluster, or in
     this process) or recomputed for the keys the delta touched (an update: ``update_layer0``); either in a child
-    process when the mentions are many (``MERGE_IN_CHILD_ROWS``: what the merge's transient frames and rows leave
-    mapped in a process would stay in the run's to its end). A build's entities (parts of about ``part_rows``
+    process with ``in_child`` (a large index, ``PipelineRun.large``: what the merge's transient frames and rows
+    leave mapped in a process would stay in the run's to its end). A build's entities (parts of about ``part_rows``
     rows), relations (stamped ``version``) and ``merge_state`` stay spilled: ``Layer0.entity_parts``,
     ``Layer0.relations``, ``Layer0.state``."""
-    from tasks.index.merge import MERGE_IN_CHILD_ROWS
     from tasks.index.merge_parts import merge_spilled
     from tasks.runtime.parallel import DaskPool, LocalMapper, in_child_process
 
     if reads is not None:
-        if reads.rows("mentions") + new_mentions.num_rows < MERGE_IN_CHILD_ROWS:
+        if not in_child:
             return update_layer0(reads, gone, new_mentions, max_tokens, order)
         with tempfile.TemporaryDirectory(prefix="strata-merge-") as child:
             return in_child_process(update_layer0, reads, gone, new_mentions, max_tokens, order, workdir=child)
     args = (new_mentions, max_tokens, order, workdir, version, part_rows)
     if isinstance(mapper, DaskPool):
         parts, relations, states = merge_spilled(mapper, *args)
-    elif new_mentions.num_rows >= MERGE_IN_CHILD_ROWS:
+    elif in_child:
         with tempfile.TemporaryDirectory(prefix="strata-merge-") as child:
             parts, relations, states = in_child_process(merge_spilled, LocalMapper(), *args, workdir=child)
     else:

@@ -172,7 +172,7 @@ def recompute_layer0(
     their mentions."""
     import polars as pl
 
-    from tasks.index.merge import corpus_places, entity_id, mention_frame
+    from tasks.index.merge import corpus_places, entity_id, mention_frame, relation_degrees
     from tasks.runtime.stages import release_memory
 
     ent_keys = {k for k in touched_keys if "|" not in k}
@@ -268,9 +268,7 @@ def recompute_layer0(
             gone = pc.or_(gone, pc.not_equal(table.column("kind"), "extracted"))
         kept = table.filter(pc.invert(gone))
         count += kept.num_rows
-        for column in ("source_id", "target_id"):
-            counts = pc.value_counts(kept.column(column))
-            degree.update(dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist())))
+        degree.update(relation_degrees(kept))
         ids = kept.column("id")
         live.update(ids.filter(pc.is_in(ids, value_set=stated)).to_pylist())
         if keep_graph:
