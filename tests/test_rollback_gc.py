@@ -55,7 +55,9 @@ def test_a_table_delta_applies_to_the_pinned_version_not_to_an_uncommitted_one(t
     cat.publish(tiny_tables(1), "run-1", "full", 8)
     pinned = cat.snapshot()["tables"]["quarantine"]
     # a run that wrote the table and died before its snapshot: its rows must not leak into the next one
-    cat._write("quarantine", _to_table("quarantine", [{"id": "q-x", "item": "x", "stage": "extract", "error": "e"}], 8, 2))
+    cat._write(
+        "quarantine", _to_table("quarantine", [{"id": "q-x", "item": "x", "stage": "extract", "error": "e"}], 8, 2)
+    )
     new = _to_table("quarantine", [{"id": "q-2", "item": "chunk-3", "stage": "extract", "error": "late"}], 8, 2)
     cat.publish({"quarantine": TableDelta("item", ["chunk-2"], new)}, "run-2", "incremental", 8)
     assert cat.read("quarantine").column("id").to_pylist() == ["q-2"]  # q-1 deleted, q-2 added, q-x never seen
@@ -105,40 +107,100 @@ def test_gc_removes_unreferenced_files_only_under_a_real_writer_lock():
     assert not lock_held(SimpleNamespace(root=None, storage=store("off")))
 
 
-def test_gc_compacts_what_updates_deleted_and_the_latest_snapshot_reads_the_same_rows(tmp_path):
+def _entity(i: int, name: str, dim_vec) -> dict:
+    return {"id": f"ent-{i:02d}", "name": name, "type": "person", "description": "d", "layer": 0,
+            "source_chunk_ids": ["chunk-1"], "degree": 1, "vector": dim_vec(i % 4)}  # fmt: skip
+
+
+def _three_snapshots(path) -> Catalog:
+    """v1: ten entities "a"; v2 replaces four with "b"; v3 replaces ent-09 with "c" (each a change of the last)."""
     from tasks.store.rows import TableDelta
     from tests.helpers import DIM, _to_table, vec
 
-    def entity(i: int, name: str) -> dict:
-        return {"id": f"ent-{i:02d}", "name": name, "type": "person", "description": "d", "layer": 0,
-                "source_chunk_ids": ["chunk-1"], "degree": 1, "vector": vec(i % 4)}  # fmt: skip
+    cat = Catalog(path)
+    cat.publish(dict(tiny_tables(1), entities=_to_table("entities", [_entity(i, "a", vec) for i in range(10)], DIM, 1)),
+                "run-1", "full", 8)  # fmt: skip
+    new = _to_table("entities", [_entity(i, "b", vec) for i in range(4)], DIM, 2)
+    cat.publish({"entities": TableDelta("id", [f"ent-{i:02d}" for i in range(4)], new)}, "run-2", "incremental", 8)
+    new = _to_table("entities", [_entity(9, "c", vec)], DIM, 3)
+    cat.publish({"entities": TableDelta("id", ["ent-09"], new)}, "run-3", "incremental", 8)
+    time.sleep(1.1)  # gc keeps what was written within a second of a pinned version
+    return cat
+
+
+def _rows(cat: Catalog, version: int) -> list[dict]:
+    return sorted(cat.read("entities", as_of=version).to_pylist(), key=lambda r: r["id"])
+
+
+def test_gc_writes_a_tables_history_again_each_kept_snapshot_reading_the_same_rows_from_only_those(tmp_path):
+    from tasks.store.rows import TableDelta
+    from tests.helpers import DIM, _to_table, vec
+
+    cat = _three_snapshots(tmp_path / "idx")
+    before = {v: _rows(cat, v) for v in (2, 3)}
+    pinned = {v: cat.snapshot(v)["tables"] for v in (2, 3)}
+    # kept v2 and v3 read 11 distinct rows (a4..a9, b0..b3, c9); the files hold 15: a0..a3 only v1 read
+    res = CliRunner().invoke(app, ["gc", "--index", str(tmp_path / "idx"), "--keep", "2", "--compact-share", "0.5"])
+    assert res.exit_code == 0 and "compacted" not in res.output, res.output  # 4 of 11: below a share of 0.5
+    res = CliRunner().invoke(app, ["gc", "--index", str(tmp_path / "idx"), "--keep", "2"])
+    assert res.exit_code == 0 and "compacted: entities (4 rows no snapshot reads dropped)" in res.output, res.output
+    cat = Catalog(tmp_path / "idx")
+    assert [s["version"] for s in cat.snapshots()] == [2, 3]
+    for v in (2, 3):  # re-pinned, the same rows
+        assert cat.snapshot(v)["tables"]["entities"] != pinned[v]["entities"]
+        assert {k: t for k, t in cat.snapshot(v)["tables"].items() if k != "entities"} == {
+            k: t for k, t in pinned[v].items() if k != "entities"}  # fmt: skip
+        assert _rows(cat, v) == before[v]
+    # the table's files now hold each of the 11 rows once, grouped by the snapshots reading them; nothing deleted
+    dataset = cat.db.open_table("entities").to_lance()
+    files = {f.data_files()[0].path for v in (2, 3) for f in dataset.checkout_version(
+        cat.snapshot(v)["tables"]["entities"]).get_fragments()}  # fmt: skip
+    stored = sorted(dataset.checkout_version(cat.snapshot(v)["tables"]["entities"]).count_rows() for v in (2, 3))
+    assert stored == [10, 10] and len(files) == 3
+    physical = {f.data_files()[0].path: (f.physical_rows, f.num_deletions) for v in (2, 3)
+                for f in dataset.checkout_version(cat.snapshot(v)["tables"]["entities"]).get_fragments()}  # fmt: skip
+    assert sorted(physical.values()) == [(1, 0), (1, 0), (9, 0)]
+    data = Path(tmp_path / "idx" / "lance" / "entities.lance" / "data")
+    assert sorted(p.name for p in data.iterdir()) == sorted(files)  # the old files are gone
+    # the next update writes its change on the rewritten latest version; a gc with nothing to drop writes nothing
+    cat.publish({"entities": TableDelta("id", ["ent-08"], _to_table("entities", [_entity(8, "d", vec)], DIM, 4))},
+                "run-4", "incremental", 8)  # fmt: skip
+    names = dict(zip(*(cat.read("entities").column(c).to_pylist() for c in ("id", "name"))))
+    assert names == {**{f"ent-{i:02d}": "b" for i in range(4)}, **{f"ent-{i:02d}": "a" for i in range(4, 8)},
+                     "ent-08": "d", "ent-09": "c"}  # fmt: skip
+    res = CliRunner().invoke(app, ["gc", "--index", str(tmp_path / "idx"), "--keep", "3"])
+    assert res.exit_code == 0 and "compacted" not in res.output, res.output  # a8 only: 1 of 12 rows
+
+
+def test_a_rewritten_tables_vector_index_is_kept_and_a_read_of_its_old_version_is_retryable(tmp_path):
+    import numpy as np
+    import pytest
+
+    from tasks.errors import SnapshotGone
+    from tasks.query.view import removed_meanwhile
+    from tasks.store.rows import TableDelta
+    from tasks.store.vectors import ann_search, has_vector_index
+    from tests.helpers import DIM, _to_table
+
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(64, DIM)).astype(np.float32)
+
+    def table(ids, version):
+        rows = [{"id": f"ent-{i:02d}", "name": f"n{i}-{version}", "type": "person", "description": "d", "layer": 0,
+                 "source_chunk_ids": ["chunk-1"], "degree": 1, "vector": vectors[i]} for i in ids]  # fmt: skip
+        return _to_table("entities", rows, DIM, version)
 
     cat = Catalog(tmp_path / "idx")
-    cat.publish(dict(tiny_tables(1), entities=_to_table("entities", [entity(i, "a") for i in range(10)], DIM, 1)),
-                "run-1", "full", 8)  # fmt: skip
-    # an update replaces four of the ten rows: they stay in the first fragment, deleted, for as long as v1 is kept
-    new = _to_table("entities", [entity(i, "b") for i in range(4)], DIM, 2)
-    cat.publish({"entities": TableDelta("id", [f"ent-{i:02d}" for i in range(4)], new)}, "run-2", "incremental", 8)
-    before = sorted(cat.read("entities").to_pylist(), key=lambda r: r["id"])
-    pinned = cat.snapshot()["tables"]["entities"]
-    # 4 of the first fragment's 10 rows deleted: past a share of 0.25 (the default, 0.5, leaves it)
-    assert "compacted" not in CliRunner().invoke(app, ["gc", "--index", str(tmp_path / "idx"), "--keep", "2"]).output
-    res = CliRunner().invoke(app, ["gc", "--index", str(tmp_path / "idx"), "--keep", "2", "--compact-share", "0.25"])
-    assert res.exit_code == 0 and "compacted: entities" in res.output, res.output
-    cat = Catalog(tmp_path / "idx")
-    latest = cat.snapshot()
-    assert latest["version"] == 2 and latest["tables"]["entities"] > pinned  # the compacted version, pinned
-    assert sorted(cat.read("entities").to_pylist(), key=lambda r: r["id"]) == before  # the same rows
-    # the first fragment written again with its 6 live rows; the appended one (nothing deleted) left as it was
-    fragments = cat.db.open_table("entities").to_lance().get_fragments()
-    assert sorted((f.physical_rows, f.num_deletions) for f in fragments) == [(4, 0), (6, 0)]
-    assert cat.read("entities", as_of=1).column("name").to_pylist() == ["a"] * 10  # v1 still reads as it was
-    # the next update writes its change on the compacted version
-    cat.publish({"entities": TableDelta("id", ["ent-09"], _to_table("entities", [entity(9, "c")], DIM, 3))},
-                "run-3", "incremental", 8)  # fmt: skip
-    names = dict(zip(*(cat.read("entities").column(c).to_pylist() for c in ("id", "name"))))
-    assert names == {**{f"ent-{i:02d}": "b" for i in range(4)}, **{f"ent-{i:02d}": "a" for i in range(4, 9)},
-                     "ent-09": "c"}  # fmt: skip
-    # 1 of a fragment's rows deleted: below the share nothing is rewritten
-    res = CliRunner().invoke(app, ["gc", "--index", str(tmp_path / "idx"), "--keep", "3", "--compact-share", "0.25"])
-    assert res.exit_code == 0 and "compacted" not in res.output, res.output
+    cat.publish(dict(tiny_tables(1), entities=table(range(64), 1)), "run-1", "full", DIM, ann_min_rows=32)
+    cat.publish({"entities": TableDelta("id", [f"ent-{i:02d}" for i in range(16)], table(range(16), 2))},
+                "run-2", "incremental", DIM, ann_min_rows=32)  # fmt: skip
+    old = cat.snapshot(2)
+    time.sleep(1.1)  # gc keeps what was written within a second of a pinned version
+    assert cat.gc(keep=1)["compacted"] == {"entities": 16}
+    tbl = cat.open_table("entities", snap=cat.snapshot(2))
+    assert has_vector_index(tbl) and tbl.count_rows() == 64
+    ids, _ = ann_search(tbl, vectors[20], 1)
+    assert ids == ["ent-20"]
+    # a reader holding the version gc replaced: a clear, retryable error, not an internal one
+    with pytest.raises(SnapshotGone, match="rewritten by `strata gc`"), removed_meanwhile(cat, 2, old["tables"]):
+        cat.read("entities", snap=old)

@@ -214,7 +214,7 @@ def test_queries_during_a_publish_all_succeed_on_one_version_each_and_the_new_on
         svc.view, stale = (lambda _as_of: resolved), svc.view
         res = client.post("/query", json={"question": "Who was apprenticed to Fezziwig?"})
         assert res.status_code == 503 and res.headers["Retry-After"] == "1", res.text
-        assert "snapshot v1 was removed by `strata gc`" in res.json()["detail"]
+        assert "snapshot v1 was removed or rewritten by `strata gc`" in res.json()["detail"]
         svc.view = stale
         assert client.post("/query", json={"question": "Who was apprenticed to Fezziwig?"}).json()["version"] == 2
         gone = client.post("/query", json={"question": "Who was apprenticed to Fezziwig?", "as_of": 1})

@@ -172,19 +172,20 @@ def gc(
         "--compact-share",
         min=0.0,
         max=1.0,
-        help="Write again each fragment of the latest snapshot's tables with more than this share of its rows "
-        "deleted by updates (1: never). The deleted rows leave the disk when the snapshots before it are dropped.",
+        help="Write a table's history again once its files hold more than this share (of the rows the kept "
+        "snapshots read) of rows that no kept snapshot reads: each kept snapshot then reads the same rows from "
+        "files that hold only those (1: never).",
     ),
     lock_timeout: float = LockOpt,
     config_path: Optional[Path] = ConfigOpt,
     set_: Optional[list[str]] = SetOpt,
 ) -> None:
     """Drop old snapshots and the table versions no kept snapshot needs (never a version a kept snapshot pins),
-    and compact the fragments whose rows updates have largely deleted."""
+    and write again the tables whose files hold many rows that no kept snapshot reads."""
     cat = open_catalog(index, config_path, set_)
     with cat.writer_lock(lock_timeout):
         done = cat.gc(keep, compact_share=compact_share if compact_share < 1 else None)
-    compacted = ", ".join(f"{t} ({n} fragments rewritten)" for t, n in done["compacted"].items())
+    compacted = ", ".join(f"{t} ({n} rows no snapshot reads dropped)" for t, n in done["compacted"].items())
     out.print(
         f"kept snapshots {done['kept']}, dropped {done['dropped'] or 'none'}; table versions removed: "
         f"{sum(done['versions_removed'].values())} ({done['bytes_removed'] / 1e6:.1f} MB freed)"

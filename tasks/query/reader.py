@@ -74,7 +74,7 @@ class Reader:
         mode = check_mode(view.method, mode)
         cfg = self.cfg.retrieval if budget is None else self.cfg.retrieval.model_copy(update={"token_budget": budget})
         t0 = time.perf_counter()
-        with removed_meanwhile(self.catalog, view.version):  # a view reads some tables on first use
+        with removed_meanwhile(self.catalog, view.version, (view.snap or {}).get("tables")):  # read on first use
             ctx = retrieve(view, question, self.embedder.embed([question])[0], mode, cfg)
         ms = (time.perf_counter() - t0) * 1000
         return ctx, answer(ctx, self.client, self.sentences or self.embedder.embed), ms

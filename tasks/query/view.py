@@ -244,10 +244,11 @@ _VIEWS_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def removed_meanwhile(catalog: Catalog, version: int):
-    """Reads of snapshot ``version``: a failure (a table version's files missing, say) while that snapshot is no
-    longer published — ``strata gc`` removed it under the reader — is ``SnapshotGone``, a clear and retryable
-    error, not an internal one; the view of it is dropped, so the next read resolves the newest snapshot."""
+def removed_meanwhile(catalog: Catalog, version: int, tables: dict[str, int] | None = None):
+    """Reads of snapshot ``version`` (its table versions ``tables``, where known): a failure (a table version's
+    files missing, say) while that snapshot is no longer published, or pins other table versions — ``strata gc``
+    removed it, or wrote its tables' history again, under the reader — is ``SnapshotGone``, a clear and retryable
+    error, not an internal one; the view of it is dropped, so the next read resolves the snapshot again."""
     from tasks.errors import DamagedError, NotFoundError, SnapshotGone, StrataError
 
     try:
@@ -256,7 +257,8 @@ def removed_meanwhile(catalog: Catalog, version: int):
         if isinstance(exc, StrataError) and not isinstance(exc, DamagedError):
             raise  # a usage error, say: nothing to do with the snapshot
         try:  # a fresh handle: the reader's own may still see the snapshots table as it was when opened
-            gone = Catalog(catalog.uri, create=False, storage=catalog._storage).snapshot(version) is None
+            now = Catalog(catalog.uri, create=False, storage=catalog._storage).snapshot(version)
+            gone = now is None or (tables is not None and now["tables"] != tables)
         except NotFoundError:
             gone = True
         except Exception:  # noqa: BLE001 - the index itself unreadable: the first error tells more
@@ -266,8 +268,8 @@ def removed_meanwhile(catalog: Catalog, version: int):
         with _VIEWS_LOCK:
             _VIEWS.pop((catalog.uri, version), None)
         raise SnapshotGone(
-            f"snapshot v{version} was removed by `strata gc` while it was being read: ask again, the newest "
-            "snapshot answers"
+            f"snapshot v{version} was removed or rewritten by `strata gc` while it was being read: ask again, "
+            "the newest snapshot answers"
         ) from exc
 
 
@@ -280,8 +282,9 @@ def load_view(catalog: Catalog, as_of: int | None = None) -> IndexView:
         if view is not None:
             return view
     seen = _snapshots_lance_version(catalog)  # before the snapshot is resolved: a publish after it only makes
-    version = catalog.require_snapshot(as_of)["version"]  # the copy on disk look older than it is
-    with removed_meanwhile(catalog, version):
+    snap = catalog.require_snapshot(as_of)  # the copy on disk look older than it is
+    version = snap["version"]
+    with removed_meanwhile(catalog, version, snap["tables"]):
         view = _cached(catalog.uri, version, lambda: IndexView.load(catalog, version))
     if as_of is None and view.lance_version is None:
         view.lance_version = seen

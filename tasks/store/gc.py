@@ -3,8 +3,11 @@ the writer lock)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import pyarrow as pa
 
 from schemas.tables import LOG_TABLES, SNAPSHOT_TABLES, SNAPSHOTS
 from tasks.errors import UsageError
@@ -17,22 +20,21 @@ def lock_held(cat: Any) -> bool:
     return cat.root is not None or cat.storage.writer_lock != "off"
 
 
-#: the share of a fragment's rows deleted past which ``strata gc`` writes it again. An update deletes the rows it
-#: replaces (``Catalog._apply_delta``), which stay in their fragment for as long as a snapshot pins them; a
-#: compaction writes a fragment's live rows again, and the old file goes once the snapshots before it are dropped.
-#: Each fragment is judged alone: a night's appended fragment (the hub entities, the communities it touched) is
-#: mostly replaced within a few nights and costs little to rewrite, the build's large fragment loses rows slowly
-#: and is copied only once half of it is gone (each copy is held by the ``--keep`` snapshots after it)
-COMPACT_SHARE = 0.5
+#: the share of a table's stored rows that no kept snapshot reads past which ``strata gc`` writes the table's history
+#: again. An update deletes the rows it replaces (``Catalog._apply_delta``); they stay in their files while a kept
+#: snapshot reads them, and after that for as long as a live row shares their file. Written again, the table holds
+#: exactly the rows its kept snapshots read (each once), so the index is its live rows plus the ``--keep``
+#: snapshots' history. 30 MuSiQue nights at 1 % churn: 1.4x night 1 against 2.2x with per-fragment compaction
+COMPACT_SHARE = 0.05
 
 
 def collect_garbage(cat: Any, keep: int, compact_share: float | None = COMPACT_SHARE) -> dict[str, Any]:
-    """Keep the newest ``keep`` snapshots; drop the older ones and every table version older than the oldest
-    version a kept snapshot pins (a pinned version is never removed; Lance keeps each table's latest). The log
-    tables (``_snapshots``, ``runs``) lose their versions older than the oldest kept snapshot. Then the latest
-    snapshot's fragments more than ``compact_share`` deleted are written again (``compact``; None: none is): what
-    an update deleted leaves their files once the snapshots before the compaction are dropped. Under the writer
-    lock, the work folders of killed runs (``<index>/_work``, the cache's ``spill``) are removed."""
+    """Keep the newest ``keep`` snapshots; drop the older ones. Then the history of each table whose files hold
+    more than ``compact_share`` rows no kept snapshot reads is written again (``compact``; None: never), and every
+    table version older than the oldest one a kept snapshot pins goes, with the files only those use (a pinned
+    version is never removed; Lance keeps each table's latest). The log tables (``_snapshots``, ``runs``) lose
+    their versions older than the oldest kept snapshot. Under the writer lock, the work folders of killed runs
+    (``<index>/_work``, the cache's ``spill``) are removed."""
     snaps = cat.snapshots()
     if keep < 1:
         raise UsageError("gc --keep must be at least 1: the latest snapshot is always kept")
@@ -55,6 +57,8 @@ def collect_garbage(cat: Any, keep: int, compact_share: float | None = COMPACT_S
 
     if dropped:
         cat.db.open_table(SNAPSHOTS).delete(f"version < {kept[0]['version']}")
+    compacted = compact(cat, compact_share) if compact_share is not None else {}
+    kept = cat.snapshots() if compacted else kept  # pinned to the rewritten versions
     for name in SNAPSHOT_TABLES:
         pinned = [s["tables"][name] for s in kept if name in s["tables"]]
         if not pinned or not cat.has_table(name):
@@ -66,7 +70,6 @@ def collect_garbage(cat: Any, keep: int, compact_share: float | None = COMPACT_S
     for name in (SNAPSHOTS, *LOG_TABLES):
         if cat.has_table(name):
             cleanup(name, kept[0]["created_at"])
-    compacted = compact(cat, compact_share) if compact_share is not None else {}
     if lock_held(cat):  # no run is working: what a killed run left in its work folder goes too
         for work in (workfs.join(cat.uri, "_work"), cat.cache_dir / "spill"):
             workfs.remove_tree(work)
@@ -80,39 +83,114 @@ def collect_garbage(cat: Any, keep: int, compact_share: float | None = COMPACT_S
 
 
 def compact(cat: Any, share: float) -> dict[str, int]:
-    """Write again the fragments of the latest snapshot's tables that are more than ``share`` deleted (Lance's
-    ``compact_files`` over those fragments only, their live rows merged into new ones), and pin the compacted
-    versions in the latest snapshot: the same rows, so its readers see nothing change (one reading the version
-    before keeps it until a later gc drops it). The caller holds the writer lock. Returns the fragments each
-    compacted table had removed."""
+    """Write again the history of each snapshot table whose files hold more than ``share`` (of the rows its kept
+    snapshots read) rows that none reads: the rows of the kept snapshots' versions, each once, in new files
+    grouped by the set of those versions that read them, and for each kept version a new one reading the same
+    rows from them (the groups it reads; ``rewrite_history``). Then each kept snapshot is pinned to its new
+    versions: the same rows, so its readers see nothing change (one reading a table in the middle of it gets a
+    retryable ``SnapshotGone``), and the old files go in the cleanup that follows. A crash before the pins move
+    leaves the new versions unpinned and the snapshots as they were. The caller holds the writer lock. Returns
+    the rows each rewritten table dropped."""
     import json
 
-    latest = cat.snapshot()
-    if latest is None or not lock_held(cat):
+    if not lock_held(cat):
         return {}
-    pins, removed = dict(latest["tables"]), {}
+    snaps = cat.snapshots()
+    pins = {s["version"]: dict(s["tables"]) for s in snaps}
+    removed: dict[str, int] = {}
     for name in SNAPSHOT_TABLES:
-        if name not in pins or not cat.has_table(name):
+        versions = sorted({t[name] for t in pins.values() if name in t})
+        if not versions or not cat.has_table(name):
             continue
-        tbl = cat.db.open_table(name)
-        if tbl.version != pins[name]:  # a version after the pinned one (a run that never committed): not ours
+        done = rewrite_history(cat, name, versions, share)
+        if done is None:
             continue
-        dataset = tbl.to_lance()
-        fragments = dataset.get_fragments()
-        keep = [f.fragment_id for f in fragments if f.num_deletions <= share * f.physical_rows]
-        if len(keep) == len(fragments):
-            continue
-        metrics = dataset.optimize.compact_files(
-            materialize_deletions=True, materialize_deletions_threshold=share, excluded_fragment_ids=keep
-        )
-        if not metrics.fragments_removed:
-            continue
-        tbl = cat.db.open_table(name)
-        if tbl.count_rows() != dataset.checkout_version(pins[name]).count_rows():
-            raise RuntimeError(f"compacting {name} changed its row count: snapshot v{latest['version']} kept as it was")
-        pins[name], removed[name] = tbl.version, int(metrics.fragments_removed)
+        moved, removed[name] = done
+        for tables in pins.values():
+            if name in tables:
+                tables[name] = moved[tables[name]]
     if removed:
-        cat.db.open_table(SNAPSHOTS).update(
-            where=f"version = {latest['version']}", values={"tables": json.dumps(pins, sort_keys=True)}
-        )
+        log = cat.db.open_table(SNAPSHOTS)
+        for s in snaps:
+            if pins[s["version"]] != s["tables"]:
+                log.update(
+                    where=f"version = {s['version']}", values={"tables": json.dumps(pins[s["version"]], sort_keys=True)}
+                )
     return removed
+
+
+def _live_offsets(fragment: Any) -> Any:
+    """The offsets of the rows a fragment reads in its table version."""
+    return fragment.to_table(columns=[], with_row_address=True).column("_rowaddr").to_numpy() & 0xFFFFFFFF
+
+
+def rewrite_history(cat: Any, name: str, versions: list[int], share: float) -> tuple[dict[int, int], int] | None:
+    """Table ``name``'s ``versions`` (those kept snapshots pin) as new versions over new files holding once each
+    row any of them reads, when the files they use hold more than ``share`` of that in rows none reads; else
+    None. Returns (the new version of each, rows dropped). The rows are written in groups, one per set of
+    versions reading them (a row is taken from a version that reads it: a deleted row cannot be), and committed
+    as one version, the union; each new version is the union restored, less the groups it does not read. A
+    vector index the newest version has is built on the union first, so that every new version keeps it."""
+    import lance
+    import numpy as np
+    from lance.fragment import write_fragments
+
+    from tasks.store.remote import storage_options
+    from tasks.store.vectors import build_vector_index, has_vector_index
+
+    if len(versions) > 63:  # a bit per version
+        return None
+    table = cat.db.open_table(name)
+    dataset = table.to_lance()
+    olds = [dataset.checkout_version(v) for v in versions]
+    masks: dict[int, Any] = {}  # fragment id -> for each of its rows, the versions reading it (a bit each)
+    for bit, old in enumerate(olds):
+        for fragment in old.get_fragments():
+            mask = masks.setdefault(fragment.fragment_id, np.zeros(fragment.physical_rows, np.uint64))
+            mask[_live_offsets(fragment)] |= np.uint64(1 << bit)
+    union = sum(int(np.count_nonzero(m)) for m in masks.values())
+    dropped = sum(len(m) for m in masks.values()) - union
+    if union == 0 or dropped <= share * union:
+        return None
+    uri, options = dataset.uri, None if cat.root is not None else storage_options(cat.uri, cat.storage)
+    groups = sorted({int(g) for m in masks.values() for g in np.unique(m) if g}, reverse=True)  # the newest first
+    written: dict[str, int] = {}  # data file -> its group
+    fragments = []
+    for group in groups:
+        source = olds[(group & -group).bit_length() - 1]  # a version that reads the group's rows
+
+        def batches(group: int = group, source: Any = source) -> Iterator[pa.RecordBatch]:
+            for fid in sorted(masks):
+                offsets = np.flatnonzero(masks[fid] == group).astype(np.uint64)
+                for start in range(0, len(offsets), 65_536):
+                    addresses = (np.uint64(fid) << np.uint64(32)) | offsets[start : start + 65_536]
+                    yield from source._take_rows(addresses.tolist()).to_batches()
+
+        reader = pa.RecordBatchReader.from_batches(dataset.schema, batches())
+        for fragment in write_fragments(reader, uri, schema=dataset.schema, storage_options=options):
+            written.update((f.path, group) for f in fragment.data_files())
+            fragments.append(fragment)
+    union_version = lance.LanceDataset.commit(
+        uri,
+        lance.LanceOperation.Overwrite(dataset.schema, fragments),
+        read_version=table.version,
+        storage_options=options,
+    ).version
+    newest = cat.db.open_table(name)
+    newest.checkout(versions[-1])
+    if has_vector_index(newest):
+        build_vector_index(latest := cat.db.open_table(name))
+        union_version = latest.version
+    moved: dict[int, int] = {}
+    for bit, old in enumerate(versions):
+        new = lance.dataset(uri, version=union_version, storage_options=options)
+        new.restore()
+        new = lance.dataset(uri, storage_options=options)
+        unread = [f.fragment_id for f in new.get_fragments() if not written[f.data_files()[0].path] & (1 << bit)]
+        if unread:
+            new.delete(" OR ".join(f"(_rowaddr >= {f << 32} AND _rowaddr < {(f + 1) << 32})" for f in unread))
+        new = lance.dataset(uri, storage_options=options)
+        if new.count_rows() != olds[bit].count_rows():
+            raise RuntimeError(f"rewriting {name}'s history changed v{old}'s rows: the snapshots kept as they were")
+        moved[old] = new.version
+    return moved, dropped
