@@ -204,3 +204,35 @@ def test_a_rewritten_tables_vector_index_is_kept_and_a_read_of_its_old_version_i
     # a reader holding the version gc replaced: a clear, retryable error, not an internal one
     with pytest.raises(SnapshotGone, match="rewritten by `strata gc`"), removed_meanwhile(cat, 2, old["tables"]):
         cat.read("entities", snap=old)
+
+
+def test_gc_stopped_before_the_pins_move_leaves_every_snapshot_as_it_was(tmp_path, monkeypatch):
+    import pytest
+
+    import tasks.store.gc as gc
+    from tasks.store.rows import TableDelta
+    from tests.helpers import DIM, _to_table, vec
+
+    cat = _three_snapshots(tmp_path / "idx")
+    before, pinned = {v: _rows(cat, v) for v in (2, 3)}, {v: cat.snapshot(v)["tables"] for v in (2, 3)}
+    rewrite = gc.rewrite_history
+
+    def killed(*args, **kwargs):
+        rewrite(*args, **kwargs)  # the new versions written, the snapshots not yet pinned to them
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(gc, "rewrite_history", killed)
+    with pytest.raises(KeyboardInterrupt):
+        cat.gc(keep=2)
+    monkeypatch.undo()
+    cat = Catalog(tmp_path / "idx")
+    assert {v: cat.snapshot(v)["tables"] for v in (2, 3)} == pinned
+    assert {v: _rows(cat, v) for v in (2, 3)} == before
+    # the next update writes on the pinned version (not on the unpinned rewrite), the next gc rewrites
+    cat.publish({"entities": TableDelta("id", ["ent-08"], _to_table("entities", [_entity(8, "d", vec)], DIM, 4))},
+                "run-4", "incremental", 8)  # fmt: skip
+    assert dict(zip(*(cat.read("entities").column(c).to_pylist() for c in ("id", "name"))))["ent-08"] == "d"
+    assert len(cat.read("entities")) == 10
+    time.sleep(1.1)
+    assert cat.gc(keep=2)["compacted"] == {"entities": 5}  # a0..a3 and a9: no kept snapshot (v3, v4) reads them
+    assert _rows(cat, 3) == before[3]
