@@ -30,9 +30,10 @@ COMPACT_SHARE = 0.05
 
 def collect_garbage(cat: Any, keep: int, compact_share: float | None = COMPACT_SHARE) -> dict[str, Any]:
     """Keep the newest ``keep`` snapshots; drop the older ones. Then the history of each table whose files hold
-    more than ``compact_share`` rows no kept snapshot reads is written again (``compact``; None: never), and every
-    table version older than the oldest one a kept snapshot pins goes, with the files only those use (a pinned
-    version is never removed; Lance keeps each table's latest). The log tables (``_snapshots``, ``runs``) lose
+    more than ``compact_share`` rows no kept snapshot reads is written again (``compact``; None: never), and the
+    table versions no kept snapshot pins go, with the files only those use: under a real writer lock every one
+    (``_keep_only_pinned``), else those older than the oldest pinned one (a pinned version is never removed;
+    Lance keeps each table's latest). The log tables (``_snapshots``, ``runs``) lose
     their versions older than the oldest kept snapshot. Under the writer lock, the work folders of killed runs
     (``<index>/_work``, the cache's ``spill``) are removed."""
     snaps = cat.snapshots()
@@ -42,16 +43,14 @@ def collect_garbage(cat: Any, keep: int, compact_share: float | None = COMPACT_S
     removed: dict[str, int] = {}
     freed = 0
 
-    def cleanup(name: str, since: datetime, unverified: bool = False) -> None:
+    def cleanup(name: str, since: datetime) -> None:
         nonlocal freed
         since = since if since.tzinfo else since.replace(tzinfo=UTC)
         # a margin of a second: a version written just before the oldest kept one survives, never the reverse.
         # The age is Lance's, from when it cleans: measured now, not when gc began (each table takes a second
         # on object storage, which would move the cut past the pinned version)
         tbl = cat.db.open_table(name)
-        stats = tbl.cleanup_old_versions(
-            older_than=datetime.now(UTC) - since + timedelta(seconds=1), delete_unverified=unverified
-        )
+        stats = tbl.cleanup_old_versions(older_than=datetime.now(UTC) - since + timedelta(seconds=1))
         removed[name] = int(stats.old_versions)
         freed += int(stats.bytes_removed)
 
@@ -63,10 +62,11 @@ def collect_garbage(cat: Any, keep: int, compact_share: float | None = COMPACT_S
         pinned = [s["tables"][name] for s in kept if name in s["tables"]]
         if not pinned or not cat.has_table(name):
             continue
+        if lock_held(cat):  # no write is in progress: every version no kept snapshot pins goes
+            freed += _keep_only_pinned(cat, name, set(pinned), removed)
+            continue
         stamps = {v["version"]: v["timestamp"] for v in cat.db.open_table(name).list_versions()}
-        # under the writer lock no write is in progress, so the files no version references (the fragments of a
-        # run killed before its commit) go too, not only those a week old (Lance's default)
-        cleanup(name, stamps[min(pinned)], unverified=lock_held(cat))
+        cleanup(name, stamps[min(pinned)])
     for name in (SNAPSHOTS, *LOG_TABLES):
         if cat.has_table(name):
             cleanup(name, kept[0]["created_at"])
@@ -80,6 +80,26 @@ def collect_garbage(cat: Any, keep: int, compact_share: float | None = COMPACT_S
         "versions_removed": removed,
         "bytes_removed": freed,
     }
+
+
+def _keep_only_pinned(cat: Any, name: str, pinned: set[int], removed: dict[str, int]) -> int:
+    """Remove every version of table ``name`` but those in ``pinned`` (tagged ``pin-N``, the tags of versions no
+    longer pinned deleted) and its latest, with the files only they use, and the files no version references
+    (the fragments of a run killed before its commit; the caller holds the writer lock, so none is being
+    written). By tag, not by age: the versions a history rewrite made for snapshots gc later drops were written
+    within milliseconds of those still pinned. Returns the bytes freed."""
+    dataset = cat.db.open_table(name).to_lance()
+    tags = {t: info["version"] for t, info in dataset.tags.list().items() if t.startswith("pin-")}
+    for tag, version in tags.items():
+        if version not in pinned:
+            dataset.tags.delete(tag)
+    for version in sorted(pinned - set(tags.values())):
+        dataset.tags.create(f"pin-{version}", version)
+    stats = dataset.cleanup_old_versions(
+        older_than=timedelta(0), delete_unverified=True, error_if_tagged_old_versions=False
+    )
+    removed[name] = int(stats.old_versions)
+    return int(stats.bytes_removed)
 
 
 def compact(cat: Any, share: float) -> dict[str, int]:
@@ -117,6 +137,10 @@ def compact(cat: Any, share: float) -> dict[str, int]:
                     where=f"version = {s['version']}", values={"tables": json.dumps(pins[s["version"]], sort_keys=True)}
                 )
     return removed
+
+
+#: rows read at a time while a table's history is written again (16k entity rows with their vectors: ~32 MB)
+TAKE_ROWS = 16_384
 
 
 def _live_offsets(fragment: Any) -> Any:
@@ -162,8 +186,8 @@ def rewrite_history(cat: Any, name: str, versions: list[int], share: float) -> t
         def batches(group: int = group, source: Any = source) -> Iterator[pa.RecordBatch]:
             for fid in sorted(masks):
                 offsets = np.flatnonzero(masks[fid] == group).astype(np.uint64)
-                for start in range(0, len(offsets), 65_536):
-                    addresses = (np.uint64(fid) << np.uint64(32)) | offsets[start : start + 65_536]
+                for start in range(0, len(offsets), TAKE_ROWS):
+                    addresses = (np.uint64(fid) << np.uint64(32)) | offsets[start : start + TAKE_ROWS]
                     yield from source._take_rows(addresses.tolist()).to_batches()
 
         reader = pa.RecordBatchReader.from_batches(dataset.schema, batches())
