@@ -9,7 +9,7 @@ answer step and ``strata inspect`` all read the registry.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -80,6 +80,10 @@ class Layer0:
     def ids(self) -> set[str]:
         """Every layer-0 entity's id (an update's: those it writes and those it keeps)."""
         return {e["id"] for e in self.entities} | (self.kept or set())
+
+    def layer_of(self, summaries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+        """Every entity id after an update, with its layer: layer 0's ids, then the ``summaries``'."""
+        return {**dict.fromkeys(sorted(self.ids()), 0), **{s["id"]: s["layer"] for s in summaries}}
 
     def rows_of(self, ctx: MethodContext, ids: Iterable[str]) -> list[EntityRow]:
         """Layer-0 entities ``ids``' rows (of those that are live), in id order: this run's, or the snapshot's for

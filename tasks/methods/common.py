@@ -314,7 +314,7 @@ def update_tree(
     )
     layers = restate_layers(
         plain_rows(ctx.previous("layers")),
-        {**dict.fromkeys(sorted(layer0.ids()), 0), **{s["id"]: s["layer"] for s in summaries}},
+        layer0.layer_of(summaries),
         [(r["source_id"], r["target_id"]) for r in links if r["kind"] == "summary_of"],
     )
     return Hierarchy(summaries, vectors, links + extra, comms, reports, vecs, layers, fallbacks(summarizer, failures))

@@ -89,7 +89,7 @@ class HiRAG:
         # the summary links as a table from here on (358k at 100k chunks: 254 MB as rows, 45 MB as a table)
         links = relation_table(att.relations)
         att = replace(att, relations=[])
-        layer_of = {**dict.fromkeys(sorted(layer0.ids()), 0), **{s["id"]: s["layer"] for s in att.entities}}
+        layer_of = layer0.layer_of(att.entities)
         made = update_graph(layer0, links)  # with the snapshot's kept rows, the graph after the update
         with ctx.stage("communities") as st:
             comms, grown, forced = st.run(
