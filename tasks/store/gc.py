@@ -24,7 +24,7 @@ def lock_held(cat: Any) -> bool:
 #: again. An update deletes the rows it replaces (``Catalog._apply_delta``); they stay in their files while a kept
 #: snapshot reads them, and after that for as long as a live row shares their file. Written again, the table holds
 #: exactly the rows its kept snapshots read (each once), so the index is its live rows plus the ``--keep``
-#: snapshots' history. 30 MuSiQue nights at 1 % churn: 1.4x night 1 against 2.2x with per-fragment compaction
+#: snapshots' history. 30 MuSiQue nights at 1 % churn: night 30 at 1.30x night 1 (2.16x compacting fragments)
 COMPACT_SHARE = 0.05
 
 
