@@ -33,12 +33,8 @@ VOLATILE = {"documents": ["ingested_at"], "layers": ["seconds"]}
 
 
 def _sets(overrides: dict) -> list[str]:
-    return [
-        a
-        for section, values in overrides.items()
-        for k, v in values.items()
-        for a in ("--set", f"{section}.{k}={json.dumps(v)}")
-    ]
+    return [a for section, values in overrides.items() for k, v in values.items()
+            for a in ("--set", f"{section}.{k}={json.dumps(v)}")]
 
 
 def _invoke(*args: str):
@@ -142,17 +138,14 @@ def test_update_validate_export_rollback_and_gc_on_s3(built, small_corpus, tmp_p
     shutil.copytree(small_corpus, corpus)
     (corpus / "notes" / "fezziwig.md").write_text(
         "# Fezziwig\n\nOld Fezziwig kept a warehouse in London where young Ebenezer Scrooge was apprenticed. "
-        "Fezziwig gave a Christmas Eve ball for his apprentices, Dick Wilkins and Scrooge.\n",
-        encoding="utf-8",
-    )
+        "Fezziwig gave a Christmas Eve ball for his apprentices, Dick Wilkins and Scrooge.\n", encoding="utf-8")
     faults = built["server"].faults
     faults.injected.clear()
     for where in ("uri", "local"):
         faults.every, faults.kinds = (7, ("503", "drop", "lost")) if where == "uri" else (0, faults.kinds)
         try:
-            res = _invoke(
-                "update", corpus, "--index", built[where], "--replace-root", small_corpus, "--quiet", *_sets(OVERRIDES)
-            )
+            res = _invoke("update", corpus, "--index", built[where], "--replace-root", small_corpus, "--quiet",
+                          *_sets(OVERRIDES))
         finally:
             faults.off()
         assert res.exit_code == 0, res.output
@@ -166,10 +159,7 @@ def test_update_validate_export_rollback_and_gc_on_s3(built, small_corpus, tmp_p
         res = _invoke("export", "--index", built[where], "--out", tmp_path / where)
         assert res.exit_code == 0, res.output
     for name in ("documents", "entities", "relations", "communities"):
-        a, b = (
-            pq.read_table(tmp_path / "uri" / f"{name}.parquet"),
-            pq.read_table(tmp_path / "local" / f"{name}.parquet"),
-        )
+        a, b = pq.read_table(tmp_path / "uri" / f"{name}.parquet"), pq.read_table(tmp_path / "local" / f"{name}.parquet")
         drop = VOLATILE.get(name, [])
         assert a.drop(drop).equals(b.drop(drop)), name
     res = _invoke("rollback", "--index", built["uri"], "--to", "1")
@@ -200,8 +190,7 @@ def test_an_update_in_child_processes_reads_the_index_on_s3(s3_env, small_corpus
         assert _invoke("index", corpus, "--index", index, "--quiet", *_sets(OVERRIDES)).exit_code == 0
     (corpus / "notes" / "fezziwig.md").write_text(
         "# Fezziwig\n\nOld Fezziwig kept a warehouse in London where young Ebenezer Scrooge was apprenticed.\n",
-        encoding="utf-8",
-    )
+        encoding="utf-8")
     with (
         mock.patch("tasks.index.merge.MERGE_IN_CHILD_ROWS", 0),
         mock.patch("tasks.runtime.parallel.in_child_process", wraps=parallel.in_child_process) as in_child,
@@ -360,31 +349,14 @@ def test_a_store_that_keeps_failing_stops_the_publish_with_a_clear_error_and_the
 
 # ---------------------------------------------------------------------------------------------- settings
 def test_endpoint_region_and_credentials_come_from_settings_else_the_usual_variables():
-    env = {
-        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
-        "AWS_DEFAULT_REGION": "eu-west-3",
-        "AWS_ACCESS_KEY_ID": "env-id",
-        "AWS_SECRET_ACCESS_KEY": "env-secret",
-        "AWS_SESSION_TOKEN": "env-token",
-    }
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_DEFAULT_REGION": "eu-west-3", "AWS_ACCESS_KEY_ID": "env-id",
+           "AWS_SECRET_ACCESS_KEY": "env-secret", "AWS_SESSION_TOKEN": "env-token"}
     opts = storage_options("s3://b/p", StorageConfig(), env)
-    assert opts == {
-        "client_max_retries": "10",
-        "client_retry_timeout": "180",
-        "aws_endpoint": "http://127.0.0.1:9",
-        "aws_region": "eu-west-3",
-        "aws_access_key_id": "env-id",
-        "aws_secret_access_key": "env-secret",
-        "aws_session_token": "env-token",
-        "allow_http": "true",
-    }
-    cfg = load_config(
-        environ={
-            "STRATA_STORAGE__ENDPOINT": "https://minio.example:9000",
-            "STRATA_STORAGE__SECRET_ACCESS_KEY": "cfg-secret",
-            "STRATA_STORAGE__MAX_RETRIES": "3",
-        }
-    )
+    assert opts == {"client_max_retries": "10", "client_retry_timeout": "180", "aws_endpoint": "http://127.0.0.1:9",
+                    "aws_region": "eu-west-3", "aws_access_key_id": "env-id", "aws_secret_access_key": "env-secret",
+                    "aws_session_token": "env-token", "allow_http": "true"}
+    cfg = load_config(environ={"STRATA_STORAGE__ENDPOINT": "https://minio.example:9000",
+                               "STRATA_STORAGE__SECRET_ACCESS_KEY": "cfg-secret", "STRATA_STORAGE__MAX_RETRIES": "3"})
     opts = storage_options("s3://b/p", cfg.storage, {**env, "AWS_REGION": "us-west-2"})
     assert opts["aws_endpoint"] == "https://minio.example:9000" and "allow_http" not in opts
     assert opts["aws_secret_access_key"] == "cfg-secret" and opts["aws_region"] == "us-west-2"
