@@ -285,22 +285,25 @@ def load_view(catalog: Catalog, as_of: int | None = None) -> IndexView:
     snap = catalog.require_snapshot(as_of)  # the copy on disk look older than it is
     version = snap["version"]
     with removed_meanwhile(catalog, version, snap["tables"]):
-        view = _cached(catalog.uri, version, lambda: IndexView.load(catalog, version))
+        view = _cached(catalog.uri, version, lambda: IndexView.load(catalog, version), snap["tables"])
     if as_of is None and view.lance_version is None:
         view.lance_version = seen
     return view
 
 
 @overload
-def _cached(uri: str, version: int, load: Callable[[], IndexView]) -> IndexView: ...
+def _cached(uri: str, version: int, load: Callable[[], IndexView], tables: Any = None) -> IndexView: ...
 @overload
-def _cached(uri: str, version: int, load: Callable[[], IndexView | None]) -> IndexView | None: ...
-def _cached(uri: str, version: int, load: Callable[[], IndexView | None]) -> IndexView | None:
+def _cached(uri: str, version: int, load: Callable[[], IndexView | None], tables: Any = None) -> IndexView | None: ...
+def _cached(uri: str, version: int, load: Callable[[], IndexView | None], tables: Any = None) -> IndexView | None:
+    """The view of (index, version) held in memory, or ``load``'s; with ``tables`` (the snapshot's pins) one of
+    other pins is loaded again: ``strata gc`` wrote the snapshot's tables again and removed those it read."""
     key = (uri, version)
     with _VIEWS_LOCK:
-        if key in _VIEWS:
+        held = _VIEWS.get(key)
+        if held is not None and (tables is None or held.snap is None or held.snap.get("tables") == tables):
             _VIEWS.move_to_end(key)
-            return _VIEWS[key]
+            return held
     view = load()
     if view is None:
         return None
