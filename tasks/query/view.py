@@ -292,10 +292,16 @@ def load_view(catalog: Catalog, as_of: int | None = None) -> IndexView:
 
 
 @overload
-def _cached(uri: str, version: int, load: Callable[[], IndexView], tables: Any = None) -> IndexView: ...
+def _cached(
+    uri: str, version: int, load: Callable[[], IndexView], tables: dict[str, int] | None = None
+) -> IndexView: ...
 @overload
-def _cached(uri: str, version: int, load: Callable[[], IndexView | None], tables: Any = None) -> IndexView | None: ...
-def _cached(uri: str, version: int, load: Callable[[], IndexView | None], tables: Any = None) -> IndexView | None:
+def _cached(
+    uri: str, version: int, load: Callable[[], IndexView | None], tables: dict[str, int] | None = None
+) -> IndexView | None: ...
+def _cached(
+    uri: str, version: int, load: Callable[[], IndexView | None], tables: dict[str, int] | None = None
+) -> IndexView | None:
     """The view of (index, version) held in memory, or ``load``'s; with ``tables`` (the snapshot's pins) one of
     other pins is loaded again: ``strata gc`` wrote the snapshot's tables again and removed those it read."""
     key = (uri, version)

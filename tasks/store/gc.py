@@ -33,9 +33,9 @@ def collect_garbage(cat: Any, keep: int, compact_share: float | None = COMPACT_S
     more than ``compact_share`` rows no kept snapshot reads is written again (``compact``; None: never), and the
     table versions no kept snapshot pins go, with the files only those use: under a real writer lock every one
     (``_keep_only_pinned``), else those older than the oldest pinned one (a pinned version is never removed;
-    Lance keeps each table's latest). The log tables (``_snapshots``, ``runs``) lose
-    their versions older than the oldest kept snapshot. Under the writer lock, the work folders of killed runs
-    (``<index>/_work``, the cache's ``spill``) are removed."""
+    Lance keeps each table's latest). The log tables (``_snapshots``, ``runs``) lose their versions older than
+    the oldest kept snapshot. Under the writer lock, the work folders of killed runs (``<index>/_work``, the
+    cache's ``spill``) are removed."""
     snaps = cat.snapshots()
     if keep < 1:
         raise UsageError("gc --keep must be at least 1: the latest snapshot is always kept")
