@@ -105,17 +105,18 @@ class Service:
         self.reader, self.ready = reader, True
 
     def warm_sentences(self, reader: Reader) -> None:
-        """The offline answer's sentence vectors, before the service reports ready: those the last process left
+        """The offline answer's sentence pieces (``answer.TokenVectors``), before the service reports ready: those the last process left
         (``views/sentences.pkl``), then the snapshot's sources' up to ``serve.warm_sentences``; saved again (one
         worker at a time: ``answer.warm_saved``)."""
         from tasks.query.answer import warm_saved
 
         path = self.catalog.cache_dir / "views" / "sentences.pkl"
-        model = getattr(reader.embedder, "cache_name", reader.embedder.name)
+        embedder = reader.sentences.embedder
+        model = f"{getattr(embedder, 'cache_name', embedder.name)} pieces"
         started = time.perf_counter()
         held, had = warm_saved(reader.view, reader.sentences, self.cfg.serve.warm_sentences, path, model)
         logging.getLogger("strata.serve").warning(  # one line at start-up, before the service reports ready
-            "offline answers: %d source sentences ready in %.1f s (%d vectors read from %s)",
+            "offline answers: %d source sentences ready in %.1f s (%d read from %s)",
             held,
             time.perf_counter() - started,
             had,

@@ -412,9 +412,9 @@ class ServeConfig(_Section):
     )
     log_questions: bool = Field(False, description="Include the question in the access log (never the key).")
     warm_sentences: int = Field(
-        20000,
+        10000,
         ge=0,
-        description="Offline answers: source sentences embedded before the service reports ready (the snapshot's "
+        description="Offline answers: source sentences embedded (their word pieces, ~7 KB each) before the service reports ready (the snapshot's "
         "chunks in order, up to this many; kept beside the view cache for the next start). A query that is first to "
         "see a source otherwise embeds its sentences (~0.2 s of CPU). 0: none.",
     )

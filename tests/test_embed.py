@@ -37,6 +37,13 @@ def test_onnx_runtime_matches_torch(tmp_path, monkeypatch):
     assert np.allclose(questions.embed(TEXTS), a, atol=1e-6)
     assert questions._onnx().get_session_options().intra_op_num_threads == 1
     assert onnx._onnx().get_session_options().intra_op_num_threads != 1
+    # word pieces (the offline answer's): the tokenizer's ids without [CLS] and [SEP], unit vectors, either runtime
+    pieces, again = onnx.token_vectors(TEXTS), torch.token_vectors(TEXTS)
+    vocab = onnx.vocabulary()
+    assert [vocab[w] for w in ("jacob", "marley")] == pieces[1][0].tolist() == again[1][0].tolist()
+    assert [len(ids) for ids, _ in pieces] == [len(ids) for ids, _ in again] and len(pieces[4][0]) == 254
+    assert pieces[3][1].shape == (0, 384) and np.allclose(np.linalg.norm(pieces[2][1], axis=1), 1.0, atol=1e-5)
+    assert min((p[1] * q[1]).sum(axis=1).min() for p, q in zip(pieces, again) if len(p[0])) > 0.999
 
 
 def test_a_large_call_moves_the_model_to_a_child_process_for_the_rest_of_the_run(monkeypatch):

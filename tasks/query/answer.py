@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,14 +30,14 @@ def answer_messages(ctx: Context) -> list[dict[str, str]]:
     ]
 
 
-def answer(ctx: Context, client=None, embed=None) -> dict[str, str]:
+def answer(ctx: Context, client=None, tokens=None) -> dict[str, str]:
     """``{"kind": "llm"|"extractive", "text": ..., "note": ...}``; falls back to extractive when the LLM fails
-    (``embed``: the question's embedder, which ranks the extractive answer's sentences). The method that owns the
+    (``tokens``: a ``TokenVectors``, which ranks the extractive answer's sentences). The method that owns the
     mode first ``refine``s the context with the LLM (ArchRAG's adaptive filtering)."""
     from tasks.methods.registry import method_of_mode
 
     if client is None or ctx.empty:
-        return {"kind": "extractive", "text": extractive_answer(ctx, embed)}
+        return {"kind": "extractive", "text": extractive_answer(ctx, tokens)}
     note = None
     method = method_of_mode(ctx.mode)
     if method is not None:
@@ -50,7 +51,7 @@ def answer(ctx: Context, client=None, embed=None) -> dict[str, str]:
     except Exception as exc:  # noqa: BLE001
         return {
             "kind": "extractive",
-            "text": extractive_answer(ctx, embed),
+            "text": extractive_answer(ctx, tokens),
             "note": f"LLM answer failed: {type(exc).__name__}: {exc}",
         }
 
@@ -110,9 +111,10 @@ CHAIN_BONUS = 0.6
 MAX_WORDS = 60
 
 
-#: below this cosine between the question and its best sentence, the index holds no answer (``NOT_FOUND``). Chosen
-#: on MuSiQue's subset: its answerable questions' best sentences score 0.38 at least; its questions asked of the
-#: Christmas Carol index (nothing to find there) 0.14 at the median, 0.30 or more for 13 of 200 (two budgets)
+#: below this score between the question and its best sentence (``late_scores``), or between what the question names
+#: and every candidate and title (``names_found``), the index holds no answer (``NOT_FOUND``). Chosen on MuSiQue's
+#: subset: its answerable questions' best sentences score 0.357 at least, and 2 of 200 miss the names; its questions
+#: asked of the Christmas Carol index score 0.20 at the median, and 9 of 215 pass both (docs/benchmarks.md)
 NO_ANSWER_BELOW = 0.30
 
 
@@ -163,95 +165,174 @@ def _names(text: str) -> set[str]:
     return {n.lower() for n in _NAME.findall(text)} - _NOT_NAMES
 
 
-def _scores(question: str, texts: list[str], vecs: np.ndarray | None, embed) -> np.ndarray:
-    """Cosine of each text's vector (``vecs``, unit rows) to ``question``'s; without an embedder the share of the
-    question's words (stop words aside) each text holds."""
-    if vecs is not None:
-        q = np.asarray(embed([question])[0], dtype=np.float32)
-        return vecs @ (q / max(float(np.linalg.norm(q)), 1e-12))
+#: added to the second sentence's score: this share of its score against the whole question (the first hop's names
+#: stay in view of the second)
+QUESTION_SHARE = 0.5
+
+
+#: where two sentences pass ``MAX_WORDS``, the first keeps at least this many words (a window of it; the second
+#: takes the rest)
+MIN_FIRST_WORDS = 20
+
+
+#: word pieces a question and a sentence are not compared on, with punctuation: stop words and the words questions
+#: are phrased with ("what is the name / term / kind of")
+_SKIP = _STOP | set("name called term kind type".split())
+
+
+Pieces = tuple[np.ndarray, np.ndarray, np.ndarray]  # word-piece ids, their vectors as int8, each one's scale
+
+
+def late_scores(query: Pieces, texts: list[Pieces]) -> np.ndarray:
+    """Each text's late-interaction score against ``query`` (ColBERT's MaxSim on MiniLM's word pieces): for each
+    of the query's pieces its closest piece in the text (cosine), averaged with weights by rarity among ``texts``
+    (ln((n + 1) / (df + 1)) + 1). Pieces keep what a mean-pooled sentence vector blurs — the relation a question
+    asks for beside the name it asks about: on MuSiQue's subset the sentence holding the answer was the best
+    sentence for 0.14 of the questions against 0.12 by cosine, one of the best two for 0.30 against 0.17."""
+    ids, qv, qs = query
+    lens = np.asarray([len(t[0]) for t in texts], dtype=np.int64)
+    out = np.zeros(len(texts))
+    if not len(ids) or not lens.any():
+        return out
+    df = Counter(i for t in texts for i in set(t[0].tolist()))
+    weight = np.log((len(texts) + 1) / (np.asarray([df[i] for i in ids.tolist()]) + 1.0)) + 1.0
+    pieces = np.concatenate([t[1] for t in texts]).astype(np.float32) * np.concatenate([t[2] for t in texts])[:, None]
+    sims = (qv.astype(np.float32) * qs[:, None]) @ pieces.T
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    held = lens > 0
+    out[held] = (weight / weight.sum()) @ np.maximum.reduceat(sims, starts[held], axis=1)
+    return out
+
+
+def _word_share(question: str, texts: list[str]) -> np.ndarray:
+    """Without a model: the share of the question's words (stop words aside) each text holds."""
     qwords = {w for w in _WORD.findall(question.lower()) if w not in _STOP}
     return np.asarray([len(qwords & set(_WORD.findall(t.lower()))) / max(len(qwords), 1) for t in texts])
 
 
+def names_found(question: str, cands: list[tuple[str, str]], pieces: list[Pieces], tokens) -> bool:
+    """Whether the candidates or their sources' titles come close (``NO_ANSWER_BELOW``) to what the question names
+    (its capitalised names; True where it names none): a sentence that shares only the relation asked about ("the
+    capital" of a face) answers nothing."""
+    named = " ".join(sorted(_names(question)))
+    query = tokens([named])[0] if named else None
+    if query is None or not len(query[0]):
+        return True
+    titles = tokens(sorted({label for _, label in cands if label}))
+    return bool(late_scores(query, pieces + titles).max() >= NO_ANSWER_BELOW)
+
+
+def window(text: str, keys: set[str], words: int) -> str:
+    """``text`` cut to ``words`` words where it holds the most of ``keys`` (a word counts when its first five letters
+    are a key's), earliest first; each cut marked with an ellipsis."""
+    ws = text.split()
+    if len(ws) <= words:
+        return text
+    stems = {k[:5] for k in keys}
+    hits = np.cumsum([0] + [re.sub(r"\W", "", w.lower())[:5] in stems for w in ws])
+    start = int(np.argmax(hits[words:] - hits[: len(ws) - words + 1]))
+    return ("… " if start else "") + " ".join(ws[start : start + words]) + (" …" if start + words < len(ws) else "")
+
+
 def best_sentences(
-    ctx: Context, embed: Callable[[list[str]], np.ndarray] | None = None, k: int = 2, max_words: int = MAX_WORDS
+    ctx: Context, tokens: Callable[[list[str]], list[Pieces]] | None = None, k: int = 2, max_words: int = MAX_WORDS
 ) -> list[tuple[str, str]]:
     """The sentences, with their sources, that answer the question; empty when none is close enough
     (``NO_ANSWER_BELOW``). Of the first ``MAX_CANDIDATES`` candidates (``answer_candidates``):
 
-    1. the first: the most similar to the question (cosine with ``embed``, the question's embedder; without it,
-       the share of the question's words each holds), plus ``KIND_BONUS`` where it holds something of the kind the
+    1. the first: the best by ``late_scores`` against the question (``tokens``: ``TokenVectors``; without it, the
+       share of the question's words each holds), plus ``KIND_BONUS`` where it holds something of the kind the
        question asks for that the question does not name (``answer_kind``);
-    2. the second, a multi-hop answer's next step: the most similar to what the first leaves open — the question's
-       words the first does not hold, with the names the first adds (one more text embedded) — plus
-       ``CHAIN_BONUS`` where it names what the first names beyond the question, and ``KIND_BONUS`` for an answer
-       of the asked kind that neither names. It is taken only where both fit in ``max_words``; a longer first
-       sentence is cut there.
+    2. the second, a multi-hop answer's next step: the best against what the first leaves open — the question's
+       words the first does not hold, with the names the first adds — plus ``QUESTION_SHARE`` of its score against
+       the question, ``CHAIN_BONUS`` where it names what the first names beyond the question, and ``KIND_BONUS``
+       for an answer of the asked kind that neither names.
 
-    Ties: earlier first. Chosen on MuSiQue's subset (docs/benchmarks.md, "The offline answer"): the second hop's own query
-    raised the gold answer's share 0.28 -> 0.33 at 1,000 tokens; the kind bonus kept it (0.36 -> 0.37 at 4,000);
-    several first sentences tried in pairs, or weighting names by rarity, did not help."""
+    Where the two pass ``max_words``, each is cut to a window (``window``) holding the most of the words it was
+    chosen for: the first keeps at least ``MIN_FIRST_WORDS``, the second the rest. Ties: earlier first. Chosen on
+    MuSiQue's subset (docs/benchmarks.md, "The offline answer"): late interaction and the windows raised the gold
+    answer's share from 0.32 / 0.35 to 0.37 / 0.41 (1,000 / 4,000 tokens)."""
     cands = answer_candidates(ctx, MAX_CANDIDATES)
     question = ctx.question
-    if not cands or not {w for w in _WORD.findall(question.lower()) if w not in _STOP}:
+    qwords = {w for w in _WORD.findall(question.lower()) if w not in _STOP}
+    if not cands or not qwords:
         return []
     texts = [s for s, _ in cands]
-    vecs = None
-    if embed is not None and ctx.query_vector is not None:
-        vecs = np.asarray(embed(texts), dtype=np.float32)
-        vecs /= np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
-        q = np.asarray(ctx.query_vector, dtype=np.float32)
-        similarity = vecs @ (q / max(float(np.linalg.norm(q)), 1e-12))
+    if tokens is not None:
+        pieces = tokens(texts)
+        similarity = late_scores(tokens([question])[0], pieces)
+        if similarity.max() < NO_ANSWER_BELOW or not names_found(question, cands, pieces, tokens):
+            return []
     else:
-        similarity = _scores(question, texts, None, None)
-    if similarity.max() < (NO_ANSWER_BELOW if vecs is not None else 1e-9):
-        return []
+        similarity = _word_share(question, texts)
+        if similarity.max() <= 0:
+            return []
     kind = answer_kind(question)
     seen = known_words(question)
     score = similarity + KIND_BONUS * np.asarray([holds_new(t, kind, seen) for t in texts])
     order = np.arange(len(cands))
     first = int(np.lexsort((order, -score))[0])
     words = [len(t.split()) for t in texts]
-    chosen = [first]
+    chosen, rest = [first], question
     if k > 1:
         held = {w.lower() for w in _TOKEN.findall(texts[first])}
         hop = _names(texts[first]) - _names(question)
-        rest = " ".join([w for w in _TOKEN.findall(question) if w.lower() not in held] + sorted(hop))
-        nxt = _scores(rest.strip() or question, texts, vecs, embed)
+        rest = " ".join([w for w in _TOKEN.findall(question) if w.lower() not in held] + sorted(hop)).strip() or rest
+        nxt = late_scores(tokens([rest])[0], pieces) if tokens is not None else _word_share(rest, texts)
         seen = known_words(f"{question} {texts[first]}")
-        nxt = nxt + np.asarray(
-            [CHAIN_BONUS * bool(hop & _names(t)) + KIND_BONUS * holds_new(t, kind, seen) for t in texts]
-        )
+        nxt = nxt + QUESTION_SHARE * similarity
+        nxt += np.asarray([CHAIN_BONUS * bool(hop & _names(t)) + KIND_BONUS * holds_new(t, kind, seen) for t in texts])
         nxt[first] = -np.inf
-        fits = [int(i) for i in np.lexsort((order, -nxt)) if i != first and words[first] + words[i] <= max_words]
-        chosen += [i for i in fits[: k - 1] if nxt[i] > 0]
-    out = [cands[i] for i in chosen]
-    if words[first] > max_words:
-        out[0] = (" ".join(texts[first].split()[:max_words]) + " …", out[0][1])
-    return out
+        chosen += [int(i) for i in np.lexsort((order, -nxt))[: k - 1] if int(i) != first and nxt[i] > 0]
+    keys = [{w.lower() for w in _TOKEN.findall(q)} - _STOP for q in (question, rest)]
+    if sum(words[i] for i in chosen) <= max_words:
+        return [cands[i] for i in chosen]
+    if len(chosen) == 1:
+        return [(window(texts[first], keys[0], max_words), cands[first][1])]
+    a, b = words[first], words[chosen[1]]
+    head = min(a, max(max_words - b, MIN_FIRST_WORDS))
+    return [
+        (window(texts[first], keys[0], head), cands[first][1]),
+        (window(texts[chosen[1]], keys[1], max_words - head), cands[chosen[1]][1]),
+    ]
 
 
-#: the offline answer's sentence vectors a reader remembers at least (``SentenceVectors``)
-SENTENCE_CACHE = 20_000
+#: the offline answer's sentences whose word pieces a reader remembers at least (``TokenVectors``)
+SENTENCE_CACHE = 10_000
 
 
-class SentenceVectors:
-    """``embed`` remembering the vectors of the last ``size`` texts it embedded (least recently used first out;
-    None: all of them), safe across threads: the offline answer's candidates come from the same sources question
-    after question, and embedding them was most of a query's CPU (~0.3 s of ~0.33 s on two cores)."""
+class TokenVectors:
+    """The content word pieces of texts with their vectors (``LocalEmbedder.token_vectors``; stop words and
+    punctuation left out, ``_SKIP``; int8 with a scale per piece: a quarter of float32's memory, cosines within
+    ~0.01), remembering the last ``size`` texts (least recently used first out; None: all of them), safe across
+    threads: the offline answer's candidates come from the same sources question after question, and embedding them
+    was most of a query's CPU (~0.3 s of ~0.33 s on two cores). ~7 KB a sentence."""
 
-    def __init__(self, embed: Callable[[list[str]], np.ndarray], size: int | None = SENTENCE_CACHE):
+    def __init__(self, embedder, size: int | None = SENTENCE_CACHE):
         from collections import OrderedDict
         from threading import Lock
 
-        self.embed, self.size = embed, size
-        self.seen: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.embedder, self.size = embedder, size
+        vocab = embedder.vocabulary()
+        self.skip = np.asarray(
+            sorted(i for w, i in vocab.items() if w in _SKIP or not any(c.isalnum() for c in w)), dtype=np.int32
+        )
+        self.seen: OrderedDict[str, Pieces] = OrderedDict()
         self.lock = Lock()
 
-    def __call__(self, texts: list[str]) -> np.ndarray:
+    def _pieces(self, texts: list[str]) -> list[Pieces]:
+        out = []
+        for ids, vectors in self.embedder.token_vectors(texts):
+            keep = ~np.isin(ids, self.skip)
+            ids, vectors = ids[keep], vectors[keep]
+            scale = (np.abs(vectors).max(axis=1) / 127).astype(np.float32)
+            out.append((ids, np.round(vectors / np.maximum(scale, 1e-12)[:, None]).astype(np.int8), scale))
+        return out
+
+    def __call__(self, texts: list[str]) -> list[Pieces]:
         with self.lock:
             new = [t for t in dict.fromkeys(texts) if t not in self.seen]
-        found = dict(zip(new, self.embed(new))) if new else {}  # the model runs outside the lock
+        found = dict(zip(new, self._pieces(new))) if new else {}  # the model runs outside the lock
         with self.lock:
             for t in texts:
                 if t in self.seen:
@@ -260,19 +341,17 @@ class SentenceVectors:
             self.seen.update(found)
             while self.size is not None and len(self.seen) > self.size:
                 self.seen.popitem(last=False)
-        return np.stack([found[t] for t in texts]) if texts else np.zeros((0, 0), np.float32)
+        return [found[t] for t in texts]
 
     def save(self, path: Path, model: str) -> None:
-        """Write the vectors held (for ``load`` by the next process), aside and moved into place (``write_aside``); a
+        """Write the pieces held (for ``load`` by the next process), aside and moved into place (``write_aside``); a
         read-only or full disk leaves the previous file."""
         import pickle
 
         from tasks.query.view import write_aside
 
         with self.lock:
-            texts = list(self.seen)
-            matrix = np.stack([self.seen[t] for t in texts]) if texts else np.zeros((0, 0), np.float32)
-        saved = {"model": model, "texts": texts, "vectors": matrix}
+            saved = {"model": model, "texts": list(self.seen), "pieces": list(self.seen.values())}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_aside(path, lambda fh: pickle.dump(saved, fh, protocol=pickle.HIGHEST_PROTOCOL))
@@ -280,25 +359,36 @@ class SentenceVectors:
             pass
 
     def load(self, path: Path, model: str) -> int:
-        """Take the vectors a previous process saved with the same ``model`` (none from a missing, damaged or other
+        """Take the pieces a previous process saved with the same ``model`` (none from a missing, damaged or other
         model's file); returns how many."""
         import pickle
 
         try:
             with open(path, "rb") as fh:
                 saved = pickle.load(fh)
-            texts, matrix = saved["texts"], np.asarray(saved["vectors"], dtype=np.float32)
-            if saved.get("model") != model or len(texts) != len(matrix):
+            texts, pieces = saved["texts"], saved["pieces"]
+            if saved.get("model") != model or len(texts) != len(pieces):
                 return 0
-        except Exception:  # noqa: BLE001 - a damaged or partial file: embedded again
+        except Exception:  # noqa: BLE001 - a damaged, partial or older file: embedded again
             return 0
+        keep = slice(-self.size, None) if self.size else slice(None)
         with self.lock:
-            for t, v in zip(texts[-self.size :] if self.size else texts, matrix[-self.size :] if self.size else matrix):
-                self.seen[t] = v
+            self.seen.update(zip(texts[keep], pieces[keep]))
         return len(texts)
 
 
-def warm_sentences(view, vectors: SentenceVectors, limit: int, batch: int = 256) -> int:
+def answer_embedder(embedder=None):
+    """What the offline answer compares texts with: ``embedder`` where it gives word-piece vectors (the packaged
+    model), else the packaged model on ONNX Runtime (an index embedded by an API model answers offline too)."""
+    if embedder is not None and hasattr(embedder, "token_vectors"):
+        return embedder
+    from schemas.config import EmbeddingConfig
+    from tasks.index.embed import question_embedder
+
+    return question_embedder(EmbeddingConfig())
+
+
+def warm_sentences(view, vectors: TokenVectors, limit: int, batch: int = 256) -> int:
     """The candidate sentences of the snapshot's sources (``chunk_sentences``, the chunks in the view's order) into
     ``vectors``, up to ``limit`` sentences, ``batch`` at a time: a question's first sight of a source then costs no
     embedding (~0.2 s of CPU on two cores for a cold query's 32 candidates). Returns the sentences held."""
@@ -320,7 +410,7 @@ def warm_sentences(view, vectors: SentenceVectors, limit: int, batch: int = 256)
     return len(seen)
 
 
-def warm_saved(view, vectors: SentenceVectors, limit: int, path: Path, model: str) -> tuple[int, int]:
+def warm_saved(view, vectors: TokenVectors, limit: int, path: Path, model: str) -> tuple[int, int]:
     """``warm_sentences`` starting from the vectors saved at ``path`` (for ``model``), saved again when it added
     any; one process at a time (a service's workers start together: the first embeds, the others read what it
     saved). Returns (the sentences held, the vectors read)."""
@@ -334,11 +424,11 @@ def warm_saved(view, vectors: SentenceVectors, limit: int, path: Path, model: st
     return held, had
 
 
-def extractive_answer(ctx: Context, embed: Callable[[list[str]], np.ndarray] | None = None, k: int = 2) -> str:
+def extractive_answer(ctx: Context, tokens: Callable[[list[str]], list[Pieces]] | None = None, k: int = 2) -> str:
     """Without an LLM: the sentences of the sources that answer the question (``best_sentences``), each with its
     source; ``NOT_FOUND`` when the context holds something but no sentence close to the question, and nothing for
     an empty context (its message says why)."""
-    found = best_sentences(ctx, embed, k)
+    found = best_sentences(ctx, tokens, k)
     if not found:
         return "" if ctx.empty else NOT_FOUND
     return " ".join(f"{s} ({label})" if label else s for s, label in found)

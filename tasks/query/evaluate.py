@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from schemas.config import RetrievalConfig
-from tasks.query.answer import SentenceVectors, best_sentences
+from tasks.query.answer import TokenVectors, answer_embedder, best_sentences
 from tasks.query.context import Context
 from tasks.query.retrieve import retrieve
 from tasks.query.view import IndexView
@@ -219,7 +219,7 @@ def evaluate(
     per-(budget, mode) summaries, budget by budget in mode order, and the per-question rows."""
     rows: list[dict[str, Any]] = []
     summaries: list[ModeResult] = []
-    sentences = SentenceVectors(embed, None)  # the offline answer's candidates: the modes share most sentences
+    sentences = TokenVectors(answer_embedder(), None)  # the offline answer's candidates: the modes share most sentences
     embed(["warm-up"])  # load the model before timing anything
     passage_chunk_counts(view)
     for budget in dict.fromkeys(budgets or [cfg.token_budget]):

@@ -47,7 +47,7 @@ class Reader:
     view: Any  # tasks.query.view.IndexView of the snapshot read
     embedder: Any
     client: Any  # LiteLLMClient, or None: offline (extractive) answers
-    sentences: Any = None  # the offline answer's sentence vectors, remembered (``answer.SentenceVectors``)
+    sentences: Any = None  # the offline answer's sentence pieces, remembered (``answer.TokenVectors``)
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -77,7 +77,7 @@ class Reader:
         with removed_meanwhile(self.catalog, view.version, (view.snap or {}).get("tables")):  # read on first use
             ctx = retrieve(view, question, self.embedder.embed([question])[0], mode, cfg)
         ms = (time.perf_counter() - t0) * 1000
-        return ctx, answer(ctx, self.client, self.sentences or self.embedder.embed), ms
+        return ctx, answer(ctx, self.client, self.sentences), ms
 
 
 def open_reader(
@@ -103,9 +103,9 @@ def open_reader(
     check_mode(view.method, mode)
     check_dimension(embedder, view.dim)
     client = LiteLLMClient(cfg.llm, catalog.cache_dir) if cfg.llm.model else None
-    from tasks.query.answer import SENTENCE_CACHE, SentenceVectors
+    from tasks.query.answer import SENTENCE_CACHE, TokenVectors, answer_embedder
 
-    sentences = SentenceVectors(embedder.embed, max(SENTENCE_CACHE, cfg.serve.warm_sentences))
+    sentences = TokenVectors(answer_embedder(embedder), max(SENTENCE_CACHE, cfg.serve.warm_sentences))
     return Reader(cfg, catalog, view, embedder, client, sentences)
 
 

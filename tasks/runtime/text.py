@@ -22,7 +22,8 @@ def split_sentences(text: str) -> list[str]:
     """``text`` as sentences, whitespace folded, a blank line always ending one: pySBD's rule-based segmenter, which
     keeps abbreviations, initials and quotations whole ("Mrs. Cratchit", "Michael S. Hart", "the U.S. Army",
     ``"Bah!" said Scrooge.``) and imports in milliseconds (spaCy's sentencizer would load spaCy and, through thinc,
-    PyTorch: ~3 s on every cold query). A piece that starts in lower case continues the sentence before it."""
+    PyTorch: ~3 s on every cold query). A piece that starts in lower case, or follows a title pySBD does not know
+    ("Hon. Winnie Kiiza", "Fr. Brown"), continues the sentence before it."""
     import pysbd
 
     segmenter = pysbd.Segmenter(language="en", clean=False)  # a fresh one per call: nothing shared across threads
@@ -32,7 +33,7 @@ def split_sentences(text: str) -> list[str]:
             piece = piece.strip()
             if not piece:
                 continue
-            if out and (piece[0].islower() or not any(ch.isalnum() for ch in piece)):
+            if out and (piece[0].islower() or not any(ch.isalnum() for ch in piece) or _TITLE_END.search(out[-1])):
                 out[-1] = f"{out[-1]} {piece}"
             else:
                 out.append(piece)
@@ -40,3 +41,4 @@ def split_sentences(text: str) -> list[str]:
 
 
 _PARAGRAPH = re.compile(r"\n\s*\n")
+_TITLE_END = re.compile(r"\b(?:Hon|Rt|Fr|Msgr|Revd|Pres|Ft|Insp|Pvt|Amb|Cdr|Comdr|Mme|Mlle|Atty)\.$")

@@ -1,0 +1,120 @@
+"""The offline answer (``tasks.query.answer``) against hand-computed cases: late interaction, the two sentences, the
+windows that keep it to sixty words, "no answer", and the remembered word pieces."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+import pytest
+
+from tasks.query.answer import (
+    NOT_FOUND,
+    TokenVectors,
+    best_sentences,
+    extractive_answer,
+    late_scores,
+    window,
+)
+from tasks.query.context import Context
+
+
+class WordPieces:
+    """A word-piece model for tests: one piece per word or punctuation mark, lower-cased, each word its own one-hot
+    vector (cosine 1 to itself, 0 to any other word). Counts its calls; ``delay`` makes each one slow."""
+
+    def __init__(self, delay: float = 0.0, dim: int = 512):
+        from tasks.query.answer import _SKIP
+
+        self.ids = {w: i for i, w in enumerate(sorted(_SKIP) + [".", "?"])}
+        self.delay, self.dim, self.calls = delay, dim, []
+
+    def vocabulary(self) -> dict[str, int]:
+        return dict(self.ids)
+
+    def token_vectors(self, texts):
+        self.calls.append(list(texts))
+        time.sleep(self.delay)
+        out = []
+        for t in texts:
+            ids = np.asarray([self.ids.setdefault(w, len(self.ids)) for w in re.findall(r"\w+|[^\w\s]", t.lower())])
+            out.append((ids.astype(np.int32), np.eye(self.dim, dtype=np.float32)[ids]))
+        return out
+
+
+def pieces(ids, vectors):
+    """Pieces as ``TokenVectors`` keeps them: int8 with a scale per piece."""
+    v = np.asarray(vectors, dtype=np.float32)
+    scale = (np.abs(v).max(axis=1) / 127).astype(np.float32)
+    return np.asarray(ids, dtype=np.int32), np.round(v / scale[:, None]).astype(np.int8), scale
+
+
+def context(question, texts):
+    return Context(question=question, mode="naive", version=1,
+                   chunks=[{"title": title, "text": f"[{title}] {text}"} for title, text in texts],
+                   entities=[{"text": "- Bob (person): Scrooge paid Bob fifteen shillings a week."}])
+
+
+def test_late_scores_by_hand():
+    query = pieces([1, 2], [[1, 0], [0, 1]])
+    t1, t2, t3 = pieces([1], [[1, 0]]), pieces([3, 2], [[0.6, 0.8], [0, 1]]), pieces([2], [[0, 1]])
+    # two texts, each query piece in one: equal weights; t1 finds piece 1 (1.0) but not 2 (0.0); t2 finds 0.6 and 1.0
+    assert late_scores(query, [t1, t2]) == pytest.approx([0.5, 0.8], abs=0.01)
+    # piece 2 now in two of three texts: weights ln(4/2) + 1 = 1.693 and ln(4/3) + 1 = 1.288, i.e. .568 and .432
+    assert late_scores(query, [t1, t2, t3]) == pytest.approx([0.568, 0.568 * 0.6 + 0.432, 0.432], abs=0.01)
+    empty = pieces([], np.zeros((0, 2)))
+    assert late_scores(query, [empty, t1]).tolist()[0] == 0.0 and late_scores(empty, [t1]).tolist() == [0.0]
+
+
+def test_a_window_keeps_the_words_asked_about():
+    assert window("a b c d key e f", {"key"}, 3) == "… c d key …"
+    assert window("key a b c", {"key"}, 2) == "key a …"
+    assert window("a b", {"key"}, 3) == "a b"
+    assert window("x y z the employer, then w", {"employed"}, 2) == "… the employer, …"  # the same first five letters
+
+
+def test_the_first_sentence_is_the_closest_the_second_what_it_leaves_open():
+    ctx = context("Where was the clerk of Scrooge born?", [("T", "Bob Cratchit was the clerk of Scrooge. "
+                                                                "Bob Cratchit was born in Camden Town. Scrooge was born in London.")])
+    model = WordPieces()
+    # pieces asked: clerk (in 1 of 3 sentences: weight 1.693), scrooge and born (in 2: 1.288); the clerk sentence
+    # .698 (+.1: names Bob, whom the question does not), London .603 (+.1), Camden .302 (+.1)
+    # then what the first leaves open, "Where born bob cratchit" (equal weights): Camden 1.0 + .5 x .302 + .6 (names
+    # Bob Cratchit, as the first does) + .1 = 1.85; London .333 + .5 x .603 + .1 = .735
+    assert best_sentences(ctx, TokenVectors(model)) == [
+        ("Bob Cratchit was the clerk of Scrooge.", "T"), ("Bob Cratchit was born in Camden Town.", "T")]
+    # the question, what it names (found: the first sentence names Scrooge), the sources' titles, what is left open
+    assert model.calls[1:] == [["Where was the clerk of Scrooge born?"], ["scrooge"], ["T"], ["Where born bob cratchit"]]
+    # without the model, the share of {clerk, scrooge, born}: the clerk and London 2/3 (+.1 each), the earliest wins
+    assert best_sentences(ctx, None, k=1) == [("Bob Cratchit was the clerk of Scrooge.", "T")]
+    assert best_sentences(context("the of", [("T", "Bob had but fifteen bob.")]), TokenVectors(model)) == []
+
+
+def test_the_offline_answer_keeps_to_sixty_words_and_says_when_the_index_holds_no_answer():
+    long = "Marley was dead " + "and buried " * 40 + "to begin with."  # 86 words
+    ctx = context("Who was dead?", [("Stave 1", f"{long} Scrooge signed it with his name.")])
+    first, second = best_sentences(ctx, TokenVectors(WordPieces()))
+    # the second (6 words, +.1 for naming Scrooge) leaves the first 54 words: a window where it says "dead"
+    assert first[0] == " ".join(long.split()[:54]) + " …" and second == ("Scrooge signed it with his name.", "Stave 1")
+    assert len([w for w in f"{first[0]} {second[0]}".split() if w != "…"]) == 60
+    absent = context("Who was dead?", [("Stave 1", "Scrooge signed it. Bob had a very small fire.")])
+    assert best_sentences(absent, TokenVectors(WordPieces())) == []
+    assert extractive_answer(absent, TokenVectors(WordPieces())) == NOT_FOUND
+    # the relation asked about alone: "capital" (weight 1 of 2.69: .37), but nothing near France in a sentence or title
+    face = context("What is the capital of France?", [("Stave 3", "She had a capital face and a ripe little mouth.")])
+    assert best_sentences(face, TokenVectors(WordPieces())) == []
+    in_title = context("What is the capital of France?", [("France", "Its capital is Paris, on the Seine.")])
+    assert best_sentences(in_title, TokenVectors(WordPieces())) == [("Its capital is Paris, on the Seine.", "France")]
+
+
+def test_word_pieces_are_embedded_once_without_stop_words_and_the_most_recent_kept():
+    model = WordPieces()
+    vectors = TokenVectors(model, size=2)
+    ((ids, q, scale),), again = vectors(["Bob met the clerk."]), vectors(["Bob met the clerk."])
+    assert ids.tolist() == [model.ids[w] for w in ("bob", "met", "clerk")] and q.dtype == np.int8  # no "the", no "."
+    assert np.allclose(q * scale[:, None], np.eye(model.dim)[ids], atol=0.01) and again[0][0].tolist() == ids.tolist()
+    vectors(["Tim."])
+    vectors(["Bob met the clerk.", "Fan."])  # over the size: "Tim.", used least recently, goes
+    assert list(vectors.seen) == ["Bob met the clerk.", "Fan."]
+    assert model.calls == [["Bob met the clerk."], ["Tim."], ["Fan."]] and vectors([]) == []
