@@ -38,7 +38,7 @@ class WordPieces:
         time.sleep(self.delay)
         out = []
         for t in texts:
-            ids = np.asarray([self.ids.setdefault(w, len(self.ids)) for w in re.findall(r"\w+|[^\w\s]", t.lower())])
+            ids = np.asarray([self.ids.setdefault(w, len(self.ids)) for w in re.findall(r"\w+|[^\w\s]", t.lower())], int)
             out.append((ids.astype(np.int32), np.eye(self.dim, dtype=np.float32)[ids]))
         return out
 

@@ -267,13 +267,14 @@ def test_the_sources_sentences_are_embedded_before_a_question_and_kept_for_the_n
     model = WordPieces()
     calls = model.calls
     vectors = TokenVectors(model)
-    assert warm_sentences(view, vectors, limit=1) == 1 and calls == [["Alpha met Beta in Paris."]]
-    assert warm_sentences(view, vectors, limit=10) == 2 and calls[-1] == ["Delta married Epsilon."]  # not again
+    # each source's title (what a question names is looked for there too), then its sentences
+    assert warm_sentences(view, vectors, limit=2) == 2 and calls == [["Doc 1", "Alpha met Beta in Paris."]]
+    assert warm_sentences(view, vectors, limit=10) == 4 and calls[-1] == ["Doc 2", "Delta married Epsilon."]  # once
     vectors.save(tmp_path / "views" / "sentences.pkl", "model-a")
     again = TokenVectors(model)
     assert again.load(tmp_path / "views" / "sentences.pkl", "model-b") == 0 and not again.seen  # another model's
-    assert again.load(tmp_path / "views" / "sentences.pkl", "model-a") == 2
-    assert warm_sentences(view, again, limit=10) == 2 and len(calls) == 2  # nothing embedded again
+    assert again.load(tmp_path / "views" / "sentences.pkl", "model-a") == 4
+    assert warm_sentences(view, again, limit=10) == 4 and len(calls) == 2  # nothing embedded again
     assert again(["Delta married Epsilon."])[0][0].tolist() == [model.ids[w] for w in ("delta", "married", "epsilon")]
     (tmp_path / "views" / "sentences.pkl").write_bytes(b"damaged")
     assert TokenVectors(model).load(tmp_path / "views" / "sentences.pkl", "model-a") == 0
@@ -299,5 +300,5 @@ def test_workers_starting_together_embed_the_sources_sentences_once(tmp_path):
         w.start()
     for w in workers:
         w.join()
-    assert calls == [["Alpha met Beta in Paris.", "Delta married Epsilon."]]
-    assert sorted(got) == [(2, 0), (2, 2), (2, 2)]  # one embedded both sentences, two read them
+    assert calls == [["Doc 1", "Alpha met Beta in Paris.", "Doc 2", "Delta married Epsilon."]]
+    assert sorted(got) == [(4, 0), (4, 4), (4, 4)]  # one embedded both sources' texts, two read them

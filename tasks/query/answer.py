@@ -197,7 +197,9 @@ def late_scores(query: Pieces, texts: list[Pieces]) -> np.ndarray:
     df = Counter(i for t in texts for i in set(t[0].tolist()))
     weight = np.log((len(texts) + 1) / (np.asarray([df[i] for i in ids.tolist()]) + 1.0)) + 1.0
     pieces = np.concatenate([t[1] for t in texts]).astype(np.float32) * np.concatenate([t[2] for t in texts])[:, None]
-    sims = (qv.astype(np.float32) * qs[:, None]) @ pieces.T
+    # einsum, not a BLAS product: OpenBLAS would run this small product on every core and then keep them spinning
+    # (a cold question's CPU 185 -> 293 ms on two cores, the extra time on threads that only wait)
+    sims = np.einsum("ij,kj->ik", qv.astype(np.float32) * qs[:, None], pieces)
     starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
     held = lens > 0
     out[held] = (weight / weight.sum()) @ np.maximum.reduceat(sims, starts[held], axis=1)
@@ -210,16 +212,11 @@ def _word_share(question: str, texts: list[str]) -> np.ndarray:
     return np.asarray([len(qwords & set(_WORD.findall(t.lower()))) / max(len(qwords), 1) for t in texts])
 
 
-def names_found(question: str, cands: list[tuple[str, str]], pieces: list[Pieces], tokens) -> bool:
-    """Whether the candidates or their sources' titles come close (``NO_ANSWER_BELOW``) to what the question names
-    (its capitalised names; True where it names none): a sentence that shares only the relation asked about ("the
-    capital" of a face) answers nothing."""
-    named = " ".join(sorted(_names(question)))
-    query = tokens([named])[0] if named else None
-    if query is None or not len(query[0]):
-        return True
-    titles = tokens(sorted({label for _, label in cands if label}))
-    return bool(late_scores(query, pieces + titles).max() >= NO_ANSWER_BELOW)
+def names_found(named: Pieces, texts: list[Pieces]) -> bool:
+    """Whether ``texts`` (the candidates and their sources' titles) come close (``NO_ANSWER_BELOW``) to what the
+    question names (``named``: the pieces of its capitalised names; True where it names none): a sentence that shares
+    only the relation asked about ("the capital" of a face) answers nothing."""
+    return not len(named[0]) or bool(late_scores(named, texts).max() >= NO_ANSWER_BELOW)
 
 
 def window(text: str, keys: set[str], words: int) -> str:
@@ -261,7 +258,9 @@ def best_sentences(
     if tokens is not None:
         pieces = tokens(texts)
         similarity = late_scores(tokens([question])[0], pieces)
-        if similarity.max() < NO_ANSWER_BELOW or not names_found(question, cands, pieces, tokens):
+        named = tokens([" ".join(sorted(_names(question)))])[0]
+        titles = tokens(sorted({label for _, label in cands if label}))
+        if similarity.max() < NO_ANSWER_BELOW or not names_found(named, pieces + titles):
             return []
     else:
         similarity = _word_share(question, texts)
@@ -389,13 +388,15 @@ def answer_embedder(embedder=None):
 
 
 def warm_sentences(view, vectors: TokenVectors, limit: int, batch: int = 256) -> int:
-    """The candidate sentences of the snapshot's sources (``chunk_sentences``, the chunks in the view's order) into
-    ``vectors``, up to ``limit`` sentences, ``batch`` at a time: a question's first sight of a source then costs no
-    embedding (~0.2 s of CPU on two cores for a cold query's 32 candidates). Returns the sentences held."""
+    """The candidate sentences of the snapshot's sources (``chunk_sentences``, the chunks in the view's order) and
+    their documents' titles (``names_found`` reads them) into ``vectors``, up to ``limit`` texts, ``batch`` at a
+    time: a question's first sight of a source then costs no embedding (~0.2 s of CPU on two cores for a cold
+    query's 32 candidates). Returns the texts held."""
     todo: list[str] = []
     seen: set[str] = set()
     for text, doc in zip(view.chunk_text, view.chunk_doc):
-        for s in chunk_sentences(text, view.doc_title.get(doc)):
+        title = view.doc_title.get(doc)
+        for s in ([title] if title else []) + chunk_sentences(text, title):
             if len(seen) >= limit:
                 break
             if s not in seen:
