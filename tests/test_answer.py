@@ -33,14 +33,14 @@ class WordPieces:
     def vocabulary(self) -> dict[str, int]:
         return dict(self.ids)
 
+    def piece_ids(self, texts):
+        return [[self.ids.setdefault(w, len(self.ids)) for w in re.findall(r"\w+|[^\w\s]", t.lower())] for t in texts]
+
     def token_vectors(self, texts):
         self.calls.append(list(texts))
         time.sleep(self.delay)
-        out = []
-        for t in texts:
-            ids = np.asarray([self.ids.setdefault(w, len(self.ids)) for w in re.findall(r"\w+|[^\w\s]", t.lower())], int)
-            out.append((ids.astype(np.int32), np.eye(self.dim, dtype=np.float32)[ids]))
-        return out
+        ids = [np.asarray(i, dtype=np.int32) for i in self.piece_ids(texts)]
+        return [(i, np.eye(self.dim, dtype=np.float32)[i]) for i in ids]
 
 
 def pieces(ids, vectors):
@@ -84,8 +84,9 @@ def test_the_first_sentence_is_the_closest_the_second_what_it_leaves_open():
     # Bob Cratchit, as the first does) + .1 = 1.85; London .333 + .5 x .603 + .1 = .735
     assert best_sentences(ctx, TokenVectors(model)) == [
         ("Bob Cratchit was the clerk of Scrooge.", "T"), ("Bob Cratchit was born in Camden Town.", "T")]
-    # the question, what it names (found: the first sentence names Scrooge), the sources' titles, what is left open
-    assert model.calls[1:] == [["Where was the clerk of Scrooge born?"], ["scrooge"], ["T"], ["Where born bob cratchit"]]
+    # the question (its pieces of what it names, Scrooge, are found in the first sentence), the sources' titles, then
+    # what the first sentence leaves open
+    assert model.calls[1:] == [["Where was the clerk of Scrooge born?"], ["T"], ["Where born bob cratchit"]]
     # without the model, the share of {clerk, scrooge, born}: the clerk and London 2/3 (+.1 each), the earliest wins
     assert best_sentences(ctx, None, k=1) == [("Bob Cratchit was the clerk of Scrooge.", "T")]
     assert best_sentences(context("the of", [("T", "Bob had but fifteen bob.")]), TokenVectors(model)) == []

@@ -145,10 +145,9 @@ class LocalEmbedder:
 
     def embed(self, texts: list[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        if texts:
-            with self._lock:
-                for idx, hidden, mask, _ in self._hidden(texts):
-                    out[idx] = _mean_pooled(hidden, mask)
+        with self._lock:
+            for idx, hidden, mask, _ in self._hidden(texts) if texts else ():
+                out[idx] = _mean_pooled(hidden, mask)
         return out
 
     def token_vectors(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -163,15 +162,17 @@ class LocalEmbedder:
                     out.append((i, ids[r, 1 : n - 1].astype(np.int32), v / np.linalg.norm(v, axis=1, keepdims=True)))
         return [(ids, v) for _, ids, v in sorted(out, key=lambda x: x[0])]
 
-    def vocabulary(self) -> dict[str, int]:
-        """The tokenizer's word pieces and their ids."""
+    def vocabulary(self) -> dict[str, int]:  # the tokenizer's word pieces and their ids
         return self._tokenizer().get_vocab()
 
+    def piece_ids(self, texts: list[str]) -> list[list[int]]:
+        """Each text's word-piece ids, [CLS] and [SEP] left out (the tokenizer alone: no model run)."""
+        return [e.ids[1:-1] for e in self._tokenizer().encode_batch(texts)]
+
     def _hidden(self, texts: list[str]):
-        """(row indices, the last layer's states as float32, attention mask, input ids) per batch. On PyTorch the
-        batches hold at most 4,096 padded tokens and are a multiple of 16 wide: a bounded, small set of shapes, so it
-        keeps few kernels and buffers (5k generated chunks and 700 long texts: peak 1,339 -> 907 MB, 163 -> 178
-        texts/s; cosine to ``SentenceTransformer.encode``'s vectors >= 0.99997)."""
+        """(row indices, the last layer's states as float32, attention mask, input ids) per batch. On PyTorch, batches
+        of at most 4,096 padded tokens, a multiple of 16 wide: few shapes, so few kernels and buffers (5k chunks and
+        700 long texts: peak 1,339 -> 907 MB, 163 -> 178 texts/s; cosine to sentence-transformers' >= 0.99997)."""
         if self.runtime == "onnx":
             session = self._onnx()
             for idx, input_ids, mask in self._batches(texts, budget=self.batch_tokens):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import re
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -212,6 +211,12 @@ def _word_share(question: str, texts: list[str]) -> np.ndarray:
     return np.asarray([len(qwords & set(_WORD.findall(t.lower()))) / max(len(qwords), 1) for t in texts])
 
 
+def only(pieces: Pieces, ids: np.ndarray) -> Pieces:
+    """The pieces whose ids are among ``ids``."""
+    keep = np.isin(pieces[0], ids)
+    return pieces[0][keep], pieces[1][keep], pieces[2][keep]
+
+
 def names_found(named: Pieces, texts: list[Pieces]) -> bool:
     """Whether ``texts`` (the candidates and their sources' titles) come close (``NO_ANSWER_BELOW``) to what the
     question names (``named``: the pieces of its capitalised names; True where it names none): a sentence that shares
@@ -232,7 +237,7 @@ def window(text: str, keys: set[str], words: int) -> str:
 
 
 def best_sentences(
-    ctx: Context, tokens: Callable[[list[str]], list[Pieces]] | None = None, k: int = 2, max_words: int = MAX_WORDS
+    ctx: Context, tokens: TokenVectors | None = None, k: int = 2, max_words: int = MAX_WORDS
 ) -> list[tuple[str, str]]:
     """The sentences, with their sources, that answer the question; empty when none is close enough
     (``NO_ANSWER_BELOW``). Of the first ``MAX_CANDIDATES`` candidates (``answer_candidates``):
@@ -257,8 +262,9 @@ def best_sentences(
     texts = [s for s, _ in cands]
     if tokens is not None:
         pieces = tokens(texts)
-        similarity = late_scores(tokens([question])[0], pieces)
-        named = tokens([" ".join(sorted(_names(question)))])[0]
+        asked = tokens([question])[0]
+        similarity = late_scores(asked, pieces)
+        named = only(asked, tokens.ids_of(" ".join(sorted(_names(question)))))
         titles = tokens(sorted({label for _, label in cands if label}))
         if similarity.max() < NO_ANSWER_BELOW or not names_found(named, pieces + titles):
             return []
@@ -277,6 +283,8 @@ def best_sentences(
         held = {w.lower() for w in _TOKEN.findall(texts[first])}
         hop = _names(texts[first]) - _names(question)
         rest = " ".join([w for w in _TOKEN.findall(question) if w.lower() not in held] + sorted(hop)).strip() or rest
+        # embedded as a text of its own: the question's and the first sentence's pieces of those words, taken from
+        # them, found the gold answer less often (0.37 against 0.40 on MuSiQue's subset, `hi` at 1,000 tokens)
         nxt = late_scores(tokens([rest])[0], pieces) if tokens is not None else _word_share(rest, texts)
         seen = known_words(f"{question} {texts[first]}")
         nxt = nxt + QUESTION_SHARE * similarity
@@ -327,6 +335,11 @@ class TokenVectors:
             scale = (np.abs(vectors).max(axis=1) / 127).astype(np.float32)
             out.append((ids, np.round(vectors / np.maximum(scale, 1e-12)[:, None]).astype(np.int8), scale))
         return out
+
+    def ids_of(self, text: str) -> np.ndarray:
+        """The content piece ids of ``text`` (the tokenizer alone)."""
+        ids = np.asarray(self.embedder.piece_ids([text])[0], dtype=np.int32)
+        return ids[~np.isin(ids, self.skip)]
 
     def __call__(self, texts: list[str]) -> list[Pieces]:
         with self.lock:
@@ -425,7 +438,7 @@ def warm_saved(view, vectors: TokenVectors, limit: int, path: Path, model: str) 
     return held, had
 
 
-def extractive_answer(ctx: Context, tokens: Callable[[list[str]], list[Pieces]] | None = None, k: int = 2) -> str:
+def extractive_answer(ctx: Context, tokens: TokenVectors | None = None, k: int = 2) -> str:
     """Without an LLM: the sentences of the sources that answer the question (``best_sentences``), each with its
     source; ``NOT_FOUND`` when the context holds something but no sentence close to the question, and nothing for
     an empty context (its message says why)."""
