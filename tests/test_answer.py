@@ -40,7 +40,7 @@ class WordPieces:
         self.calls.append(list(texts))
         time.sleep(self.delay)
         ids = [np.asarray(i, dtype=np.int32) for i in self.piece_ids(texts)]
-        return [(i, np.eye(self.dim, dtype=np.float32)[i]) for i in ids]
+        return [(i, np.eye(self.dim, dtype=np.float32)[i], np.eye(self.dim, dtype=np.float32)[i].mean(0)) for i in ids]
 
 
 def pieces(ids, vectors):
@@ -119,3 +119,6 @@ def test_word_pieces_are_embedded_once_without_stop_words_and_the_most_recent_ke
     vectors(["Bob met the clerk.", "Fan."])  # over the size: "Tim.", used least recently, goes
     assert list(vectors.seen) == ["Bob met the clerk.", "Fan."]
     assert model.calls == [["Bob met the clerk."], ["Tim."], ["Fan."]] and vectors([]) == []
+    # a question: its vector for the retrieval and its pieces for the answer from one model call
+    assert vectors.question("Who met Bob?").shape == (model.dim,) and "Who met Bob?" in vectors.seen
+    assert vectors(["Who met Bob?"])[0][0].tolist() == [model.ids["met"], model.ids["bob"]] and len(model.calls) == 4

@@ -41,9 +41,11 @@ def test_onnx_runtime_matches_torch(tmp_path, monkeypatch):
     pieces, again = onnx.token_vectors(TEXTS), torch.token_vectors(TEXTS)
     vocab = onnx.vocabulary()
     assert [vocab[w] for w in ("jacob", "marley")] == pieces[1][0].tolist() == again[1][0].tolist()
-    assert [len(ids) for ids, _ in pieces] == [len(ids) for ids, _ in again] and len(pieces[4][0]) == 254
+    assert onnx.piece_ids(TEXTS[1:2]) == [pieces[1][0].tolist()]  # the tokenizer alone
+    assert [len(p[0]) for p in pieces] == [len(p[0]) for p in again] and len(pieces[4][0]) == 254
     assert pieces[3][1].shape == (0, 384) and np.allclose(np.linalg.norm(pieces[2][1], axis=1), 1.0, atol=1e-5)
     assert min((p[1] * q[1]).sum(axis=1).min() for p, q in zip(pieces, again) if len(p[0])) > 0.999
+    assert np.allclose(np.stack([p[2] for p in pieces]), a, atol=1e-6)  # and the text's vector, as embed gives it
 
 
 def test_a_large_call_moves_the_model_to_a_child_process_for_the_rest_of_the_run(monkeypatch):

@@ -150,23 +150,22 @@ class LocalEmbedder:
                 out[idx] = _mean_pooled(hidden, mask)
         return out
 
-    def token_vectors(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Each text's word-piece ids and their vectors (the transformer's last layer, unit length, [CLS] and [SEP]
-        left out) — what the offline answer compares piece by piece (``answer.TokenVectors``)."""
-        out: list[tuple[int, np.ndarray, np.ndarray]] = []
+    def token_vectors(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Each text's word-piece ids and their vectors (the last layer, unit length, [CLS] and [SEP] left out: what
+        the offline answer compares piece by piece, ``answer.TokenVectors``), and its vector as ``embed`` gives it."""
+        out: list[Any] = [None] * len(texts)
         with self._lock:
             for idx, hidden, mask, ids in self._hidden(texts) if texts else ():
+                pooled, n = _mean_pooled(hidden, mask), mask.sum(1)
                 for r, i in enumerate(idx):
-                    n = int(mask[r].sum())
-                    v = hidden[r, 1 : n - 1]
-                    out.append((i, ids[r, 1 : n - 1].astype(np.int32), v / np.linalg.norm(v, axis=1, keepdims=True)))
-        return [(ids, v) for _, ids, v in sorted(out, key=lambda x: x[0])]
+                    v = hidden[r, 1 : n[r] - 1]
+                    out[i] = ids[r, 1 : n[r] - 1].astype(np.int32), v / np.linalg.norm(v, axis=1)[:, None], pooled[r]
+        return out
 
     def vocabulary(self) -> dict[str, int]:  # the tokenizer's word pieces and their ids
         return self._tokenizer().get_vocab()
 
-    def piece_ids(self, texts: list[str]) -> list[list[int]]:
-        """Each text's word-piece ids, [CLS] and [SEP] left out (the tokenizer alone: no model run)."""
+    def piece_ids(self, texts: list[str]) -> list[list[int]]:  # word-piece ids by the tokenizer alone, as above
         return [e.ids[1:-1] for e in self._tokenizer().encode_batch(texts)]
 
     def _hidden(self, texts: list[str]):

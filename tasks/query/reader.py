@@ -74,8 +74,12 @@ class Reader:
         mode = check_mode(view.method, mode)
         cfg = self.cfg.retrieval if budget is None else self.cfg.retrieval.model_copy(update={"token_budget": budget})
         t0 = time.perf_counter()
+        if self.client is None and self.sentences is not None and self.sentences.embedder is self.embedder:
+            vector = self.sentences.question(question)  # one model pass: the retrieval's vector, the answer's pieces
+        else:
+            vector = self.embedder.embed([question])[0]
         with removed_meanwhile(self.catalog, view.version, (view.snap or {}).get("tables")):  # read on first use
-            ctx = retrieve(view, question, self.embedder.embed([question])[0], mode, cfg)
+            ctx = retrieve(view, question, vector, mode, cfg)
         ms = (time.perf_counter() - t0) * 1000
         return ctx, answer(ctx, self.client, self.sentences), ms
 
