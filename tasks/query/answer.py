@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import re
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -182,20 +181,34 @@ _SKIP = _STOP | set("name called term kind type".split())
 Pieces = tuple[np.ndarray, np.ndarray, np.ndarray]  # word-piece ids, their vectors as int8, each one's scale
 
 
-def late_scores(query: Pieces, texts: list[Pieces]) -> np.ndarray:
+Stack = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # lengths, float32 pieces, piece ids, texts holding each
+
+
+def stacked(texts: list[Pieces]) -> Stack:
+    """``texts``' pieces as one float32 matrix with each text's length, and how many texts hold each piece id: what
+    ``late_scores`` needs of them, computed once for several queries."""
+    lens = np.asarray([len(t[0]) for t in texts], dtype=np.int64)
+    if not lens.any():
+        return lens, np.zeros((0, 0), np.float32), np.zeros(0, np.int32), np.zeros(0, np.int64)
+    pieces = np.concatenate([t[1] for t in texts]).astype(np.float32) * np.concatenate([t[2] for t in texts])[:, None]
+    ids, df = np.unique(np.concatenate([np.unique(t[0]) for t in texts]), return_counts=True)
+    return lens, pieces, ids, df
+
+
+def late_scores(query: Pieces, texts: list[Pieces], stack: Stack | None = None) -> np.ndarray:
     """Each text's late-interaction score against ``query`` (ColBERT's MaxSim on MiniLM's word pieces): for each
     of the query's pieces its closest piece in the text (cosine), averaged with weights by rarity among ``texts``
-    (ln((n + 1) / (df + 1)) + 1). Pieces keep what a mean-pooled sentence vector blurs — the relation a question
-    asks for beside the name it asks about: on MuSiQue's subset the sentence holding the answer was the best
-    sentence for 0.14 of the questions against 0.12 by cosine, one of the best two for 0.30 against 0.17."""
-    ids, qv, qs = query
-    lens = np.asarray([len(t[0]) for t in texts], dtype=np.int64)
-    out = np.zeros(len(texts))
-    if not len(ids) or not lens.any():
+    (ln((n + 1) / (df + 1)) + 1; ``stack``: ``stacked(texts)``, when it is at hand). Pieces keep what a mean-pooled
+    sentence vector blurs — the relation a question asks for beside the name it asks about: on MuSiQue's subset the
+    sentence holding the answer was the best sentence for 0.14 of the questions against 0.12 by cosine, one of the
+    best two for 0.30 against 0.17."""
+    lens, pieces, ids, df = stack if stack is not None else stacked(texts)
+    qids, qv, qs = query
+    out = np.zeros(len(lens))
+    if not len(qids) or not lens.any():
         return out
-    df = Counter(i for t in texts for i in set(t[0].tolist()))
-    weight = np.log((len(texts) + 1) / (np.asarray([df[i] for i in ids.tolist()]) + 1.0)) + 1.0
-    pieces = np.concatenate([t[1] for t in texts]).astype(np.float32) * np.concatenate([t[2] for t in texts])[:, None]
+    at = np.minimum(np.searchsorted(ids, qids), len(ids) - 1)
+    weight = np.log((len(lens) + 1) / (np.where(ids[at] == qids, df[at], 0) + 1.0)) + 1.0
     # einsum, not a BLAS product: OpenBLAS would run this small product on every core and then keep them spinning
     # (a cold question's CPU 185 -> 293 ms on two cores, the extra time on threads that only wait)
     sims = np.einsum("ij,kj->ik", qv.astype(np.float32) * qs[:, None], pieces)
@@ -262,8 +275,8 @@ def best_sentences(
     texts = [s for s, _ in cands]
     if tokens is not None:
         pieces = tokens(texts)
-        asked = tokens([question])[0]
-        similarity = late_scores(asked, pieces)
+        asked, stack = tokens([question])[0], stacked(pieces)
+        similarity = late_scores(asked, pieces, stack)
         named = only(asked, tokens.ids_of(" ".join(sorted(_names(question)))))
         titles = tokens(sorted({label for _, label in cands if label}))
         if similarity.max() < NO_ANSWER_BELOW or not names_found(named, pieces + titles):
@@ -285,7 +298,7 @@ def best_sentences(
         rest = " ".join([w for w in _TOKEN.findall(question) if w.lower() not in held] + sorted(hop)).strip() or rest
         # embedded as a text of its own: the question's and the first sentence's pieces of those words, taken from
         # them, found the gold answer less often (0.37 against 0.40 on MuSiQue's subset, `hi` at 1,000 tokens)
-        nxt = late_scores(tokens([rest])[0], pieces) if tokens is not None else _word_share(rest, texts)
+        nxt = late_scores(tokens([rest])[0], pieces, stack) if tokens is not None else _word_share(rest, texts)
         seen = known_words(f"{question} {texts[first]}")
         nxt = nxt + QUESTION_SHARE * similarity
         nxt += np.asarray([CHAIN_BONUS * bool(hop & _names(t)) + KIND_BONUS * holds_new(t, kind, seen) for t in texts])
