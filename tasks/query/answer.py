@@ -112,7 +112,7 @@ MAX_WORDS = 60
 #: below this score between the question and its best sentence (``late_scores``), or between what the question names
 #: and every candidate and title (``names_found``), the index holds no answer (``NOT_FOUND``). Chosen on MuSiQue's
 #: subset: its answerable questions' best sentences score 0.357 at least, and 2 of 200 miss the names; its questions
-#: asked of the Christmas Carol index score 0.20 at the median, and 9 of 215 pass both (docs/benchmarks.md)
+#: asked of the Christmas Carol index score 0.20 at the median, and 10 of 215 pass both (docs/benchmarks.md)
 NO_ANSWER_BELOW = 0.30
 
 
@@ -191,7 +191,10 @@ def stacked(texts: list[Pieces]) -> Stack:
     if not lens.any():
         return lens, np.zeros((0, 0), np.float32), np.zeros(0, np.int32), np.zeros(0, np.int64)
     pieces = np.concatenate([t[1] for t in texts]).astype(np.float32) * np.concatenate([t[2] for t in texts])[:, None]
-    ids, df = np.unique(np.concatenate([np.unique(t[0]) for t in texts]), return_counts=True)
+    each = np.unique(
+        np.repeat(np.arange(len(texts), dtype=np.int64), lens) << 32 | np.concatenate([t[0] for t in texts])
+    )
+    ids, df = np.unique(each & 0xFFFFFFFF, return_counts=True)  # (text, piece) pairs once each, then per piece
     return lens, pieces, ids, df
 
 
@@ -265,8 +268,8 @@ def best_sentences(
 
     Where the two pass ``max_words``, each is cut to a window (``window``) holding the most of the words it was
     chosen for: the first keeps at least ``MIN_FIRST_WORDS``, the second the rest. Ties: earlier first. Chosen on
-    MuSiQue's subset (docs/benchmarks.md, "The offline answer"): late interaction and the windows raised the gold
-    answer's share from 0.32 / 0.35 to 0.37 / 0.41 (1,000 / 4,000 tokens)."""
+    MuSiQue's subset (docs/benchmarks.md, "The offline answer, third version"): late interaction and the windows
+    raised the gold answer's share from 0.32 / 0.35 to 0.40 / 0.41 (`hi`, 1,000 / 4,000 tokens)."""
     cands = answer_candidates(ctx, MAX_CANDIDATES)
     question = ctx.question
     qwords = {w for w in _WORD.findall(question.lower()) if w not in _STOP}
