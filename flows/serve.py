@@ -105,9 +105,9 @@ class Service:
         self.reader, self.ready = reader, True
 
     def warm_sentences(self, reader: Reader) -> None:
-        """The offline answer's sentence pieces (``answer.TokenVectors``), before the service reports ready: those the last process left
-        (``views/sentences.pkl``), then the snapshot's sources' up to ``serve.warm_sentences``; saved again (one
-        worker at a time: ``answer.warm_saved``)."""
+        """The offline answer's sentence pieces (``answer.TokenVectors``), before the service reports ready: those the
+        last process left (``views/sentences.pkl``), then the snapshot's sources' up to ``serve.warm_sentences``; saved
+        again (one worker at a time: ``answer.warm_saved``)."""
         from tasks.query.answer import warm_saved
 
         path = self.catalog.cache_dir / "views" / "sentences.pkl"

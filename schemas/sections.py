@@ -414,9 +414,9 @@ class ServeConfig(_Section):
     warm_sentences: int = Field(
         10000,
         ge=0,
-        description="Offline answers: source sentences embedded (their word pieces, ~7 KB each) before the service reports ready (the snapshot's "
-        "chunks in order, up to this many; kept beside the view cache for the next start). A query that is first to "
-        "see a source otherwise embeds its sentences (~0.2 s of CPU). 0: none.",
+        description="Offline answers: source sentences and titles embedded (their word pieces, ~7 KB each) before the "
+        "service reports ready (the snapshot's chunks in order, up to this many; kept beside the view cache for the next "
+        "start). A query that is first to see a source otherwise embeds its sentences (~0.2 s of CPU). 0: none.",
     )
     snapshot_check_s: float = Field(
         1.0,

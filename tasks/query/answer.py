@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -233,13 +234,15 @@ def only(pieces: Pieces, ids: np.ndarray) -> Pieces:
     return pieces[0][keep], pieces[1][keep], pieces[2][keep]
 
 
-def names_found(named: Pieces, pieces: list[Pieces], stack: Stack, titles: list[Pieces]) -> bool:
-    """Whether the candidates (``pieces``, ``stack``: ``stacked(pieces)``) or their sources' titles come close
-    (``NO_ANSWER_BELOW``) to what the question names (``named``: the pieces of its capitalised names; True where it
-    names none): a sentence that shares only the relation asked about ("the capital" of a face) answers nothing."""
+def names_found(named: Pieces, pieces: list[Pieces], stack: Stack, titles: Callable[[], list[Pieces]]) -> bool:
+    """Whether the candidates (``pieces``, ``stack``: ``stacked(pieces)``) or their sources' titles (``titles()``,
+    asked for only when no candidate does) come close (``NO_ANSWER_BELOW``) to what the question names (``named``:
+    the pieces of its capitalised names; True where it names none): a sentence that shares only the relation asked
+    about ("the capital" of a face) answers nothing."""
     if not len(named[0]) or late_scores(named, pieces, stack).max() >= NO_ANSWER_BELOW:
         return True
-    return bool(titles) and bool(late_scores(named, titles).max() >= NO_ANSWER_BELOW)
+    found = titles()
+    return bool(found) and bool(late_scores(named, found).max() >= NO_ANSWER_BELOW)
 
 
 def window(text: str, keys: set[str], words: int) -> str:
@@ -283,8 +286,8 @@ def best_sentences(
         asked, stack = tokens([question])[0], stacked(pieces)
         similarity = late_scores(asked, pieces, stack)
         named = only(asked, tokens.ids_of(" ".join(sorted(_names(question)))))
-        titles = tokens(sorted({label for _, label in cands if label}))
-        if similarity.max() < NO_ANSWER_BELOW or not names_found(named, pieces, stack, titles):
+        titles = sorted({label for _, label in cands if label})
+        if similarity.max() < NO_ANSWER_BELOW or not names_found(named, pieces, stack, lambda: tokens(titles)):
             return []
     else:
         similarity = _word_share(question, texts)
