@@ -398,10 +398,8 @@ def app_from_env() -> FastAPI:
     """The app of one worker process of ``strata serve`` (uvicorn's factory): the index and the settings (file and
     overrides) the command resolved, from ``APP_ENV``; each process loads the snapshot and the model itself."""
     from schemas.config import load_config
-    from tasks.runtime.parallel import one_blas_thread
 
     spec = json.loads(os.environ[APP_ENV])
-    one_blas_thread()
     configure_access_log()
     return create_app(spec["index"], load_config(spec["config"], spec["overrides"]))
 

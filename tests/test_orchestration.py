@@ -260,12 +260,13 @@ def test_an_update_runs_at_a_lower_cpu_priority_set_once(monkeypatch):
     assert seen == [7]
 
 
-def test_a_service_process_and_its_workers_run_blas_on_one_thread(monkeypatch):
-    """``strata serve`` (and each worker process it starts) limits BLAS to one thread: a query's products are small,
-    and a second BLAS thread spun beside the other requests (Reader.ask on MuSiQue: 57-62 -> 25 ms of CPU)."""
-    import json
-
-    import flows.serve as serve
+def test_a_reader_runs_blas_on_one_thread(monkeypatch, tmp_path):
+    """Opening a reader (``strata query``, ``shell``, ``eval``, each ``serve`` worker) limits BLAS to one thread in
+    its process and the processes it starts: a query's products are small, and a second BLAS thread only spun
+    (Reader.ask on MuSiQue: 57-62 -> 25 ms of CPU; ``strata eval`` on the subset: 41 -> 28 s)."""
+    from schemas.config import load_config
+    from tasks.errors import IndexNotFound
+    from tasks.query.reader import open_reader
 
     code = (
         "import subprocess, sys, numpy; from threadpoolctl import threadpool_info; "
@@ -279,9 +280,9 @@ def test_a_service_process_and_its_workers_run_blas_on_one_thread(monkeypatch):
     assert out.stdout.strip() == "[1] [1]", out.stdout  # this process's BLAS, and a child's
     seen: list[str] = []
     monkeypatch.setattr("tasks.runtime.parallel.one_blas_thread", lambda: seen.append("blas"))
-    monkeypatch.setattr(serve, "create_app", lambda index, cfg: index)
-    monkeypatch.setenv(serve.APP_ENV, json.dumps({"index": "somewhere", "config": None, "overrides": {}}))
-    assert serve.app_from_env() == "somewhere" and seen == ["blas"]
+    with pytest.raises(IndexNotFound):  # the limit is set first: cheap, and harmless where opening fails
+        open_reader(str(tmp_path / "none"), load_config())
+    assert seen == ["blas"]
 
 
 def _plus_len(batch: int, rows: list[int]) -> int:

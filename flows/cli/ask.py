@@ -214,13 +214,11 @@ def serve(
     import uvicorn
 
     from flows.serve import api_key, configure_access_log, create_app
-    from tasks.runtime.parallel import one_blas_thread
     from tasks.store.catalog import Catalog
 
     cfg = config(config_path, set_)
     Catalog(index, create=False, storage=cfg.storage).require_snapshot()
     key = api_key(cfg)  # refuses before anything binds
-    one_blas_thread()  # here and in the worker processes (``app_from_env``)
     host, port = host or cfg.serve.host, port or cfg.serve.port
     sock = bind(host, port)
     auth = f"bearer token from ${cfg.serve.api_key_env}" if key else "none"
