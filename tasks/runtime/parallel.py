@@ -440,10 +440,11 @@ def lower_priority(niceness: int) -> None:
 
 
 def one_blas_thread() -> None:
-    """BLAS (OpenBLAS under numpy and scipy) on one thread in this process and in the processes it starts: a
-    query's products are small (a question against MuSiQue's 21,888 entity vectors: 1.3 ms of CPU on one thread),
-    and in a busy service a second BLAS thread only spins beside the other requests (7 ms of CPU, 30 ms of wall)."""
+    """BLAS (OpenBLAS under numpy and scipy) on one thread in this process: a query's products are small (a question
+    against MuSiQue's 21,888 entity vectors: 1.3 ms of CPU on one thread), and in a busy service a second BLAS thread
+    only spins beside the other requests (7 ms of CPU, 30 ms of wall). The processes it starts keep their own
+    defaults: no environment variable is set (``OPENBLAS_NUM_THREADS`` / ``MKL_NUM_THREADS`` = 1 inherited by a
+    build changed the last bits of its entity vectors)."""
     from threadpoolctl import threadpool_limits
 
-    os.environ["OPENBLAS_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     threadpool_limits(1, user_api="blas")
