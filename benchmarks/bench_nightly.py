@@ -231,7 +231,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped benchmark stops its service (finally below)
     log = (args.work / "serve.log").open("w")
     server = subprocess.Popen(
-        [str(STRATA), "serve", "--index", str(index), "--port", str(port)],
+        [str(STRATA), "serve", "--index", str(index), "--port", str(port), "--set", "serve.auth=none"],  # loopback
         env=ENV,
         stdout=subprocess.DEVNULL,
         stderr=log,

@@ -185,7 +185,7 @@ def main() -> None:
     body_timeout_s = 2.0
     log = args.log.open("w")
     server = subprocess.Popen([str(STRATA), "serve", "--index", args.index, "--port", str(port),
-                               "--set", f"serve.body_timeout_s={body_timeout_s}",
+                               "--set", f"serve.body_timeout_s={body_timeout_s}", "--set", "serve.auth=none",
                                *(x for kv in args.set for x in ("--set", kv))], env=env,
                               stdout=subprocess.DEVNULL, stderr=log, text=True)
     base = f"http://127.0.0.1:{port}"

@@ -7,9 +7,11 @@ process. At most ``serve.max_concurrency`` queries run at once; the next ``serve
 ``serve.request_timeout_s``; only a full queue or a passed deadline gets 503 with ``Retry-After``. ``/metrics``
 (``flows.serve_metrics``) counts all of it for Prometheus.
 
-Closed by default: with ``serve.api_key_env`` set, the variable it names must hold a key (or the service refuses
-to start), and every route but the health checks, the explorer page and the API docs (which hold no data)
-needs ``Authorization: Bearer <key>``. Every request body passes one guard (``RequestGuard``): at most
+Closed by default: every route but the health checks, the explorer page, the favicon and the API docs (which hold
+no data) needs ``Authorization: Bearer <key>``. The key is the one in the variable ``serve.api_key_env`` names (the
+service refuses to start when it is unset), else a random token made once per ``strata serve`` (``TOKEN_ENV``,
+shared by its worker processes through their environment, never a file); only ``serve.auth = "none"`` serves
+without a key, and only on a loopback interface. Every request body passes one guard (``RequestGuard``): at most
 ``serve.max_request_bytes``, chunked or not, arriving within ``serve.body_timeout_s``. Error responses never
 echo what was sent. One access-log line per request (``serve.log_format``), never the key, and the question
 only with ``serve.log_questions``.
@@ -18,9 +20,11 @@ only with ``serve.log_questions``.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 from pathlib import Path
@@ -37,7 +41,7 @@ from flows.serve_browse import PREFIXES, add_browse_routes
 from flows.serve_guard import OPEN_ROUTES, STATIC, VENDOR, RequestGuard, configure_access_log
 from flows.serve_metrics import Metrics
 from schemas.config import StrataConfig
-from tasks.errors import RefusedError
+from tasks.errors import RefusedError, UsageError
 
 if TYPE_CHECKING:
     from tasks.query.reader import Reader
@@ -59,19 +63,55 @@ ROUTES = {
 ECHO_LIMIT = 200  # no error response carries more than this many characters of anything the client sent
 
 
-def api_key(cfg: StrataConfig) -> str | None:
-    """The bearer key the service requires, or None when ``serve.api_key_env`` is empty (no auth).
-    A named variable that is unset or empty is a refusal, never an open service."""
+#: where ``strata serve`` keeps the token it made (no ``serve.api_key_env``): its worker processes inherit it from
+#: the environment, so every worker accepts the one token printed; it is never written to a file or a log
+TOKEN_ENV = "STRATA_SERVE_TOKEN"
+
+
+def api_key(cfg: StrataConfig, fresh: bool = False) -> str | None:
+    """The bearer key the service requires: the one in the variable ``serve.api_key_env`` names, else this process's
+    token (``TOKEN_ENV``: made by the first call, or by every ``fresh`` one, with ``secrets.token_urlsafe``; a
+    worker process finds its parent's); None only with ``serve.auth = "none"``. A named variable that is unset or
+    empty is a refusal, never an open service."""
     name = cfg.serve.api_key_env
-    if not name:
+    if name:
+        if cfg.serve.auth == "none":
+            raise UsageError(
+                f'serve.auth = "none" and serve.api_key_env = "{name}" contradict each other: keep one of them'
+            )
+        key = os.environ.get(name, "")
+        if not key.strip():
+            raise RefusedError(
+                f"serve.api_key_env names ${name}, which is not set (or empty): refusing to serve the index "
+                f'without the key. Export {name}=<key>, or set serve.api_key_env = "" for a token made at start'
+            )
+        return key
+    if cfg.serve.auth == "none":
         return None
-    key = os.environ.get(name, "")
-    if not key.strip():
+    if fresh or not os.environ.get(TOKEN_ENV, "").strip():
+        os.environ[TOKEN_ENV] = secrets.token_urlsafe(32)
+    return os.environ[TOKEN_ENV]
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` names this machine alone: ``localhost``, 127.0.0.0/8 or ::1."""
+    if host.strip().lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def refuse_open_network(cfg: StrataConfig, host: str) -> None:
+    """No key (``serve.auth = "none"``) is allowed on a loopback interface alone: elsewhere the whole index would
+    be open to the network."""
+    if not cfg.serve.api_key_env and cfg.serve.auth == "none" and not is_loopback(host):
         raise RefusedError(
-            f"serve.api_key_env names ${name}, which is not set (or empty): refusing to serve the index "
-            f'without the key. Export {name}=<key>, or set serve.api_key_env = "" to serve without auth'
+            f'serve.auth = "none" serves without a key, allowed on a loopback interface only (127.0.0.1, ::1, '
+            f'localhost), not on {host}: refusing. Leave serve.auth = "token" (a token made at start) or set '
+            "serve.api_key_env"
         )
-    return key
 
 
 def _short(text: Any) -> str:
@@ -178,7 +218,18 @@ class Service:
             self.metrics.rejected.labels("snapshot_gone").inc()
             raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from exc
         state["mode"] = ctx.mode
-        return ctx.as_dict() | {"answer": answer, "retrieval_ms": round(ms, 1)}
+        return _placed(ctx.as_dict(), view) | {"answer": answer, "retrieval_ms": round(ms, 1)}
+
+
+def _placed(context: dict[str, Any], view: IndexView) -> dict[str, Any]:
+    """The context with each source's place in its document (``chunk_number`` of ``document_chunks``)."""
+    from tasks.query.browse import chunk_place
+
+    for chunk in context.get("chunks") or []:
+        j = view.chunk_index.get(chunk.get("id"))
+        if j is not None:
+            chunk["chunk_number"], chunk["document_chunks"] = chunk_place(view, j)
+    return context
 
 
 def _validation_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -196,7 +247,8 @@ def _validation_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------- the app
 def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
     """The service over the index at ``index``; ``load``: load the latest snapshot and the model at startup.
-    Refuses (``RefusedError``) when ``serve.api_key_env`` names a variable that holds no key."""
+    Refuses (``RefusedError``) when ``serve.api_key_env`` names a variable that holds no key; without one (and
+    without ``serve.auth = "none"``) it requires this process's token (``api_key``)."""
     from contextlib import asynccontextmanager
 
     from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
@@ -216,8 +268,8 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
 
     app = FastAPI(
         title="Strata",
-        description="Queries over a Strata index's published snapshots. With auth on, use "
-        "**Authorize** with the service's key.",
+        description="Queries over a Strata index's published snapshots. Use **Authorize** with the service's key: "
+        "the one in the variable serve.api_key_env names, else the token `strata serve` printed at start.",
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
@@ -228,7 +280,15 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
     app.mount(STATIC.rstrip("/"), StaticFiles(directory=_docs_assets()), name="static")
     app.mount(VENDOR.rstrip("/"), StaticFiles(directory=PAGE.parent / "vendor"), name="vendor")
     bearer = (
-        [Depends(HTTPBearer(auto_error=False, description="The key in the variable serve.api_key_env names"))]
+        [
+            Depends(
+                HTTPBearer(
+                    auto_error=False,
+                    description="The key in the variable serve.api_key_env names, else the token strata serve "
+                    "printed at start (the ?token= of its explorer URL)",
+                )
+            )
+        ]
         if key
         else []
     )
@@ -365,6 +425,10 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def explorer() -> str:
         return PAGE.read_text(encoding="utf-8")
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> Response:  # no icon, and no 401 in a browser's console
+        return Response(status_code=204)
 
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:

@@ -52,6 +52,8 @@ class ChunkItem(_Item):
     document_id: str | None = None
     source_id: str | None = Field(None, description="The document's id in its corpus (file path or record id).")
     title: str | None = None
+    chunk_number: int | None = Field(None, description="Its place in its document, from 1 (the service adds it).")
+    document_chunks: int | None = Field(None, description="How many chunks its document has (the service adds it).")
     score: float | None = None
 
 
@@ -94,6 +96,8 @@ class GraphNode(BaseModel):
     type: str | None = Field(None, description="An entity's type.")
     layer: int | None = Field(None, description="An entity's layer: 0 extracted, 1 and up summaries.")
     document_id: str | None = Field(None, description="A source chunk's document.")
+    chunk_number: int | None = Field(None, description="A source chunk's place in its document, from 1.")
+    document_chunks: int | None = Field(None, description="How many chunks a source chunk's document has.")
 
 
 class GraphEdge(BaseModel):
@@ -211,7 +215,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": Problem, "description": what}
     for code, what in (
         (400, "Malformed request (bad Content-Length, a body that does not parse)"),
-        (401, "Missing or wrong bearer key (with serve.api_key_env)"),
+        (401, "Missing or wrong bearer key (serve.api_key_env's, or the token printed at start)"),
         (404, "No such snapshot"),
         (408, "The body did not arrive within serve.body_timeout_s"),
         (413, "The body is over serve.max_request_bytes"),

@@ -15,8 +15,9 @@ from typing import Any
 from flows.serve_metrics import Metrics
 from schemas.config import StrataConfig
 
-#: routes that hold no data: the health checks, the explorer page (its calls carry the key) and the API docs
-OPEN_ROUTES = {"/healthz", "/readyz", "/", "/docs", "/redoc", "/openapi.json"}
+#: routes that hold no data: the health checks, the explorer page (its calls carry the key), its favicon and the API
+#: docs
+OPEN_ROUTES = {"/healthz", "/readyz", "/", "/favicon.ico", "/docs", "/redoc", "/openapi.json"}
 STATIC = "/static/"  # Swagger UI and ReDoc from a packaged copy (fastapi-offline), never a CDN
 VENDOR = "/vendor/"  # the explorer's graph library (cytoscape.js), vendored with its licence: no data, no CDN
 

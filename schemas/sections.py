@@ -384,7 +384,7 @@ class ServeConfig(_Section):
     """``strata serve``: the HTTP query service."""
 
     host: str = Field("127.0.0.1", description="Interface to bind (127.0.0.1: this machine only).")
-    port: int = Field(8000, ge=1, le=65535)
+    port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on (--port).")
     workers: int = Field(
         1,
         ge=1,
@@ -402,9 +402,16 @@ class ServeConfig(_Section):
     max_request_bytes: int = Field(65536, gt=0, description="Largest request body (larger: 413).")
     api_key_env: str = Field(
         "",
-        description="Name of an environment variable holding a bearer token: every route "
-        "but /healthz, /readyz, / and the API docs then requires it, and the service "
-        "refuses to start if the variable is unset. Empty: no auth.",
+        description="Name of an environment variable holding the bearer key every route but /healthz, /readyz, /, "
+        "/favicon.ico and the API docs requires (Authorization: Bearer <key>); the service refuses to start if the "
+        "variable is unset. Empty: a random token made at each start, printed once in the explorer URL "
+        "(http://127.0.0.1:8000/?token=...), never logged or written.",
+    )
+    auth: Literal["token", "none"] = Field(
+        "token",
+        description='"token": a key is required (serve.api_key_env, else the token made at start). "none": no key '
+        "at all, allowed on a loopback interface only (127.0.0.0/8, ::1, localhost; elsewhere the service refuses "
+        "to start).",
     )
     body_timeout_s: float = Field(10.0, gt=0, description="Seconds a request body may take to arrive (then 408).")
     log_format: Literal["text", "json"] = Field(

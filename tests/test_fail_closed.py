@@ -30,7 +30,8 @@ KEY_ENV = "STRATA_TEST_FAIL_CLOSED_KEY"
 
 
 def _cfg(**serve):
-    return load_config(overrides={**OVERRIDES, "serve": serve})
+    """Without a key variable: no auth (``serve.auth = "none"``), as these tests of bodies and logs need."""
+    return load_config(overrides={**OVERRIDES, "serve": serve if "api_key_env" in serve else {"auth": "none", **serve}})
 
 
 def _free_port() -> int:

@@ -126,7 +126,7 @@ def test_query_and_serve_on_s3_answer_as_on_local_disk(built):
 def create_app(index: str):
     from flows.serve import create_app as make
 
-    return make(index, load_config(overrides=OVERRIDES))
+    return make(index, load_config(overrides={**OVERRIDES, "serve": {"auth": "none"}}))
 
 
 @pytest.mark.slow

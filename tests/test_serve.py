@@ -26,6 +26,8 @@ def served_index(small_corpus, tmp_path_factory) -> Path:
 
 
 def _client(index: Path, **serve) -> TestClient:
+    """The app in process; without a key variable, with ``serve.auth = "none"`` (the tests of auth say otherwise)."""
+    serve = serve if "api_key_env" in serve or "auth" in serve else {"auth": "none", **serve}
     return TestClient(create_app(str(index), load_config(overrides={**OVERRIDES, "serve": serve})))
 
 
@@ -80,7 +82,7 @@ def test_auth_guards_every_route_but_the_health_checks_and_the_docs(served_index
         assert client.post("/query", json={"question": "Who was Scrooge's clerk?"}, headers=right).status_code == 200
         assert client.get("/snapshots", headers=right).status_code == 200
     assert "s3cret-token" not in caplog.text
-    with _client(served_index) as client:  # no api_key_env: open
+    with _client(served_index, auth="none") as client:  # no key only when asked for
         assert client.get("/snapshots").status_code == 200
 
 
@@ -283,8 +285,9 @@ def test_serve_refuses_an_index_that_is_not_there(tmp_path):
     assert res.exit_code == 3 and "no published index" in res.output
 
 
-def test_serve_workers_share_the_port_and_one_scrape_sums_their_metrics(served_index):
+def test_serve_workers_share_the_port_the_token_and_one_scrape_sums_their_metrics(served_index, tmp_path):
     import os
+    import re
     import signal
     import socket
     import subprocess
@@ -297,14 +300,17 @@ def test_serve_workers_share_the_port_and_one_scrape_sums_their_metrics(served_i
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    from flows.serve import TOKEN_ENV
+
     strata = Path(sys.executable).parent / "strata"
-    server = subprocess.Popen(
-        [str(strata), "serve", "--index", str(served_index), "--port", str(port), "--set", "serve.workers=2"],
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    log = tmp_path / "serve.log"
+    with log.open("w") as stream:  # no key configured: the token it prints is every worker's
+        server = subprocess.Popen(
+            [str(strata), "serve", "--index", str(served_index), "--port", str(port), "--set", "serve.workers=2"],
+            env={k: v for k, v in os.environ.items() if k != TOKEN_ENV} | {"HF_HUB_OFFLINE": "1"},
+            stdout=stream,
+            stderr=subprocess.STDOUT,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -314,15 +320,20 @@ def test_serve_workers_share_the_port_and_one_scrape_sums_their_metrics(served_i
                     break
             except httpx.TransportError:
                 pass
-            assert server.poll() is None, server.stderr.read() if server.stderr else ""
+            assert server.poll() is None, log.read_text()
             time.sleep(0.5)
+        found = re.search(r"/\?token=([A-Za-z0-9_-]+)", log.read_text())
+        assert found, log.read_text()
+        right = {"Authorization": f"Bearer {found.group(1)}"}
         workers = [p for p in psutil.Process(server.pid).children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
         assert len(workers) == 2, [p.cmdline() for p in workers]
         with httpx.Client(timeout=60) as client:
             for _ in range(6):
-                res = client.post(f"{base}/query", json={"question": "Who was Scrooge's clerk?", "mode": "naive"})
+                question = {"question": "Who was Scrooge's clerk?", "mode": "naive"}
+                assert client.post(f"{base}/query", json=question).status_code == 401
+                res = client.post(f"{base}/query", json=question, headers=right)
                 assert res.status_code == 200 and res.json()["version"] == 1
-            text = client.get(f"{base}/metrics").text
+            text = client.get(f"{base}/metrics", headers=right).text
         from prometheus_client.parser import text_string_to_metric_families
 
         answered = sum(

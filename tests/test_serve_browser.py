@@ -1,6 +1,8 @@
 """The query explorer page in a real browser: headless Chromium (Debian's ``chromium`` + ``chromium-driver``,
 driven by Selenium) opens ``strata serve``'s page over HTTP, asks a question and reads the rendered sections, then
 drives the graph view: the context's graph, a node's panel, its expansion, a search, a community and a document.
+The service is closed as ``strata serve`` starts it by default (a token made at start): the page is opened from the
+URL it prints, with the token, and works with no token typed.
 
 Screenshots go to ``test-output/`` at the repository root (or ``$STRATA_TEST_OUTPUT``): explorer.png, graph.png,
 community.png, document.png.
@@ -11,6 +13,7 @@ community.png, document.png.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import threading
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.serve import create_app
+from flows.serve import TOKEN_ENV, create_app
 from schemas.config import load_config
 from tests.test_serve import OVERRIDES, served_index  # noqa: F401  (the module's index fixture)
 
@@ -48,9 +51,11 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def server(served_index):  # noqa: F811
+def server(served_index, monkeypatch):  # noqa: F811
+    """The service as ``strata serve`` runs it by default, and the URL it prints: ``http://127.0.0.1:PORT/?token=…``."""
     import uvicorn
 
+    monkeypatch.setenv(TOKEN_ENV, "")  # the app makes its token (unset again afterwards)
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(str(served_index), load_config(overrides=OVERRIDES)),
                                         host="127.0.0.1", port=port, log_level="warning"))
@@ -60,12 +65,13 @@ def server(served_index):  # noqa: F811
     while not srv.started and time.monotonic() < deadline:
         time.sleep(0.1)
     assert srv.started, "strata serve did not start"
-    yield f"http://127.0.0.1:{port}"
+    yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/?token={os.environ[TOKEN_ENV]}"
     srv.should_exit = True
     thread.join(30)
 
 
 def test_the_explorer_page_asks_a_question_and_renders_each_section_in_chromium(server, tmp_path):
+    base, printed = server
     _browser_or_skip()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -82,8 +88,13 @@ def test_the_explorer_page_asks_a_question_and_renders_each_section_in_chromium(
     driver = webdriver.Chrome(service=Service(DRIVER), options=opts)  # an explicit driver: nothing is downloaded
     try:
         wait = WebDriverWait(driver, 60)
-        driver.get(server + "/")
+        driver.get(base + "/")  # without the token: the page says where the key comes from
+        wait.until(lambda d: "needs its key" in d.find_element(By.ID, "meta").text)
+        driver.get(printed)  # the URL strata serve printed: nothing typed
         # the index summary, the modes of the index and the layer chart come from GET /index
+        wait.until(lambda d: "hirag index, snapshot v1" in d.find_element(By.ID, "meta").text)
+        assert "token" not in driver.current_url and driver.find_element(By.ID, "token").get_attribute("value") == ""
+        driver.refresh()  # kept for the tab, gone from the address bar
         wait.until(lambda d: "hirag index, snapshot v1" in d.find_element(By.ID, "meta").text)
         modes = [o.get_attribute("value") for o in Select(driver.find_element(By.ID, "mode")).options]
         assert modes[0] == "hi" and {"naive", "ppr"} <= set(modes)
@@ -103,6 +114,7 @@ def test_the_explorer_page_asks_a_question_and_renders_each_section_in_chromium(
         assert sections["answer"].find_element(By.CLASS_NAME, "item").text.strip() not in ("", "(no answer)")
         sources = sections["sources"].find_elements(By.CLASS_NAME, "item")
         assert sources and any("Cratchit" in s.text for s in sources)
+        assert all(re.search(r" · chunk \d+ of \d+", s.text) for s in sources)  # each source's place in its document
         marks = sections["sources"].find_elements(By.TAG_NAME, "mark")  # the answer's sentences, in their source
         assert marks and all(m.text in sections["answer"].text for m in marks)
         assert sections["entities"].find_elements(By.CLASS_NAME, "item")
@@ -120,6 +132,12 @@ def test_the_explorer_page_asks_a_question_and_renders_each_section_in_chromium(
         driver.find_element(By.ID, "show-graph").click()
         wait.until(lambda d: d.execute_script("return cy.nodes('[kind = \"chunk\"]').length") > 0)
         assert driver.execute_script("return cy.nodes('[kind = \"entity\"]').length") > 0
+        # laid out in the visible container and fitted: the nodes spread over it, none outside it
+        box, width, height = driver.execute_script(
+            "const b = cy.nodes().renderedBoundingBox(); return [[b.x1, b.y1, b.x2, b.y2], cy.width(), cy.height()]")
+        assert width > 300 and height > 300 and box[0] >= -1 and box[1] >= -1 and box[2] <= width + 1 and box[3] <= height + 1
+        assert box[2] - box[0] > width / 2 or box[3] - box[1] > height / 2, (box, width, height)
+        assert re.search(r" · chunk \d+ of \d+$", driver.execute_script("return cy.nodes('[kind = \"chunk\"]')[0].data('label')"))
         # a search opens an entity's neighbourhood without a query; clicking a node shows its panel
         driver.find_element(By.ID, "entity-search").send_keys("Scrooge")
         driver.find_element(By.CSS_SELECTOR, "#search button").click()

@@ -193,7 +193,8 @@ def _shell_command(line: str, state: dict[str, Any], modes: tuple[str, ...]) -> 
 def serve(
     index: str = ReadIndexOpt,
     host: Optional[str] = typer.Option(
-        None, help="Interface to bind (default serve.host: 127.0.0.1, this machine only)."
+        None,
+        help="Interface to bind (default serve.host: 127.0.0.1, this machine only; serve.auth = none: loopback only).",
     ),
     port: Optional[int] = typer.Option(None, min=1, max=65535, help="Port, 1-65535 (default serve.port: 8000)."),
     config_path: Optional[Path] = ConfigOpt,
@@ -206,29 +207,58 @@ def serve(
     CDN); a query explorer page at /. A newly published snapshot is found within serve.snapshot_check_s and used,
     without a restart, once the request that found it has loaded it (the others answer from the one before
     meanwhile); each response names its version. One access-log line per request on stderr. Settings under
-    \\[serve]: api_key_env (bearer-token auth; the service refuses to start when the variable it names is unset),
-    workers (processes: one per core), max_concurrency (queries at once per worker), queue_size and
-    request_timeout_s (how many wait for a slot, and how long, before a 503 + Retry-After), max_budget,
-    max_request_bytes (413), body_timeout_s (408), log_format (text | json), log_questions, warm_sentences (the
-    offline answer's source sentences embedded before /readyz says ready)."""
+    \\[serve]: api_key_env and auth (below), workers (processes: one per core), max_concurrency (queries at once
+    per worker), queue_size and request_timeout_s (how many wait for a slot, and how long, before a 503 +
+    Retry-After), max_budget, max_request_bytes (413), body_timeout_s (408), log_format (text | json),
+    log_questions, warm_sentences (the offline answer's source sentences embedded before /readyz says ready).
+
+    Closed by default: every route but /healthz, /readyz, the explorer page, /favicon.ico and the docs needs `Authorization:
+    Bearer <key>`. The key: the variable serve.api_key_env names (the service refuses to start when it is unset),
+    else a random token made at this start, printed once in the explorer's URL (http://127.0.0.1:8000/?token=...),
+    shared by all workers, never logged or written to a file. serve.auth = "none" serves without a key, on a
+    loopback interface only (--host 127.0.0.1, ::1 or localhost; elsewhere exit 5). Ctrl-C or SIGTERM stops it."""
+    import signal
+
     import uvicorn
 
-    from flows.serve import api_key, configure_access_log, create_app
+    from flows.serve import api_key, configure_access_log, create_app, refuse_open_network
     from tasks.store.catalog import Catalog
 
     cfg = config(config_path, set_)
-    Catalog(index, create=False, storage=cfg.storage).require_snapshot()
-    key = api_key(cfg)  # refuses before anything binds
     host, port = host or cfg.serve.host, port or cfg.serve.port
+    refuse_open_network(cfg, host)
+    Catalog(index, create=False, storage=cfg.storage).require_snapshot()
+    key = api_key(cfg, fresh=True)  # refuses before anything binds; the token made here is the workers' too
     sock = bind(host, port)
-    auth = f"bearer token from ${cfg.serve.api_key_env}" if key else "none"
+    base = f"http://{_url_host(host)}:{sock.getsockname()[1]}"
+    if cfg.serve.api_key_env:
+        auth = f"bearer key from ${cfg.serve.api_key_env}"
+    else:
+        auth = "token made at start" if key else "none (serve.auth = none, this machine only)"
     configure_access_log()
-    console.print(f"serving {index} on http://{host}:{sock.getsockname()[1]}  (docs /docs, explorer /, auth: {auth})")
-    if cfg.serve.workers == 1:
-        server = uvicorn.Server(uvicorn.Config(create_app(index, cfg), log_level="warning", access_log=False))
-        server.run(sockets=[sock])
-        return
-    serve_workers(index, config_path, overrides(set_), cfg.serve.workers, sock)
+    console.print(f"serving {index} on {base}  (docs /docs, explorer /, auth: {auth})", soft_wrap=True)
+    if key and not cfg.serve.api_key_env:  # printed once, here alone (the way notebook servers do)
+        console.print(f"open the explorer: {base}/?token={key}", soft_wrap=True, highlight=False)
+        console.print(f"API calls: -H 'Authorization: Bearer {key}'", soft_wrap=True, highlight=False)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stopped as by Ctrl-C: no writer's message
+    try:
+        if cfg.serve.workers == 1:
+            server = uvicorn.Server(uvicorn.Config(create_app(index, cfg), log_level="warning", access_log=False))
+            server.run(sockets=[sock])
+        else:
+            serve_workers(index, config_path, overrides(set_), cfg.serve.workers, sock)
+    except KeyboardInterrupt:
+        pass
+    console.print("stopped")
+
+
+def _url_host(host: str) -> str:
+    """``host`` as a URL writes it: an IPv6 address in brackets, the wildcard as this machine's loopback name."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def serve_workers(index: str, config_path: Path | None, settings: dict, workers: int, sock: socket.socket) -> None:
@@ -286,7 +316,10 @@ def eval_(
         ...,
         "--index",
         "-i",
-        help="The index: a folder or an s3:// URI (built from the dataset's corpus.jsonl if it holds no index yet).",
+        help="An existing index: a folder or an s3:// URI (never created by this command, unless --build).",
+    ),
+    build: bool = typer.Option(
+        False, "--build", help="Where --index holds no index yet, build it first from the dataset's corpus.jsonl."
     ),
     modes: Optional[list[str]] = typer.Option(
         None, "--modes", "-m", help="Modes to compare, repeatable (default: all)."
@@ -300,7 +333,8 @@ def eval_(
     set_: Optional[list[str]] = SetOpt,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Context recall of each retrieval mode on a QA dataset; builds the index from its corpus.jsonl if needed.
+    """Context recall of each retrieval mode on a QA dataset (an index missing at --index: exit 3, or built from the
+    dataset's corpus.jsonl with --build).
 
     Per budget and mode: supporting-passage recall (whole passages only), its paired difference to
     naive with a bootstrap 95 % interval and wins/losses, recall@2/5/10 of the ranking, answer-in-context
@@ -319,9 +353,9 @@ def eval_(
         raise UsageError(f"token budget(s) {small} too small: at least 100 tokens")
     cfg = config(config_path, set_)
     queries = load_queries(dataset)[:limit]
-    if Catalog(index, storage=cfg.storage).snapshot() is None:
+    if build and Catalog(index, storage=cfg.storage).snapshot() is None:
         corpus = dataset / "corpus.jsonl"
-        console.print(f"no index at {index}: building it from {corpus}")
+        console.print(f"--build: no index at {index}, building it from {corpus}")
         from flows.index_flow import index_flow
 
         index_flow(str(corpus), index, str(config_path) if config_path else None, overrides(set_))

@@ -36,12 +36,30 @@ def entity_node(view: IndexView, i: int) -> dict[str, Any]:
 
 def chunk_node(view: IndexView, j: int) -> dict[str, Any]:
     doc = view.chunk_doc[j]
+    number, of = chunk_place(view, j)
     return {
         "id": view.chunk_ids[j],
-        "label": view.doc_title.get(doc) or view.doc_source.get(doc, doc),
+        "label": f"{view.doc_title.get(doc) or view.doc_source.get(doc, doc)} · chunk {number} of {of}",
         "kind": "chunk",
         "document_id": doc,
+        "chunk_number": number,
+        "document_chunks": of,
     }
+
+
+def chunk_place(view: IndexView, j: int) -> tuple[int, int]:
+    """Where chunk ``j`` sits in its document: (its number from 1, the document's chunks), numbered in the view's
+    order as ``document_card`` lists them; counted once per view."""
+
+    def build() -> tuple[list[int], dict[str, int]]:
+        numbers, seen = [], dict[str, int]()
+        for doc in view.chunk_doc:
+            seen[doc] = seen.get(doc, 0) + 1
+            numbers.append(seen[doc])
+        return numbers, seen
+
+    numbers, counts = view._once("chunk_places", build)
+    return numbers[j], counts[view.chunk_doc[j]]
 
 
 def _edges(view: IndexView, members: set[int]) -> list[dict[str, Any]]:
