@@ -17,8 +17,28 @@ from schemas.tables import LayerRow
 from tasks.store.catalog import Catalog
 
 
+def run_flow(name: str, *args: Any) -> Any:
+    """The flow ``name`` of this module as a Prefect flow run when Prefect has an API to report to (``PREFECT_API_URL``
+    or its profile's ``api.url``: a server, Prefect Cloud), else its function in this process: the same stages, run
+    record and tables, without the temporary Prefect server a flow run starts when none is configured (seconds per
+    command, for a flow run nobody can see once the command ends). The CLI's writing commands run through here."""
+    from prefect.settings import get_current_settings
+
+    flow_ = globals()[name]
+    return flow_(*args) if get_current_settings().api.url else flow_.fn(*args)
+
+
+def _in_flow_run() -> bool:
+    from prefect.context import FlowRunContext
+
+    return FlowRunContext.get() is not None
+
+
 def prefect_runner(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run one stage as a Prefect task. Arguments are quoted: Prefect must not walk 100k-row inputs."""
+    """Run one stage as a Prefect task inside a flow run (called outside one, by ``run_flow``: the stage itself).
+    Arguments are quoted: Prefect must not walk 100k-row inputs."""
+    if not _in_flow_run():
+        return fn(*args, **kwargs)
     # task(**options)(fn): what task(fn, **options) does, in the form prefect's overloads declare
     stage = task(name=name, cache_policy=NO_CACHE, persist_result=False, retries=0)(fn)
     return stage(*[quote(a) for a in args], **{k: quote(v) for k, v in kwargs.items()})
@@ -60,7 +80,7 @@ def publish_layer_artifacts(layers: list[LayerRow], plot: str | None) -> None:
 
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-    if not layers:
+    if not layers or not _in_flow_run():
         return
     create_table_artifact(
         key="strata-layers",

@@ -83,8 +83,9 @@ def run_stages(run: PipelineRun) -> BuildResult:
     if delta.empty:
         return run.result("nothing-to-do", delta)
     run.open_embedder()  # an update with an embedding model of another dimension stops here, before extraction
-    run.mapper.start()  # the Dask cluster comes up while the run chunks
+    choose_mapper(run, len(delta.incoming), final=False)  # a large run's Dask cluster comes up while the run chunks
     documents, chunks, places = chunk(run, delta)
+    choose_mapper(run, chunks.num_rows, final=True)
     # the documents' and chunks' texts are in parts now: what later stages read of a document is where it comes from
     delta = replace(
         delta, incoming=[document_place(d) for d in delta.incoming], kept=[document_place(d) for d in delta.kept]
@@ -111,6 +112,21 @@ def run_stages(run: PipelineRun) -> BuildResult:
     release_memory()  # before validation reads the spilled mentions part by part
     tables = validate(run, tables)
     return publish(run, delta, tables, layer0, hierarchy)
+
+
+def choose_mapper(run: PipelineRun, least_chunks: int, final: bool) -> None:
+    """Start the run's local Dask cluster once the run extracts at least ``dask.min_chunks`` chunks (``least_chunks``:
+    as many as it surely extracts: its documents before chunking, a chunk or more each; ``final``: its chunks), or,
+    once they are counted and fewer, run its tasks in this process (``LocalMapper``): a cluster's start costs a small
+    run more than its workers win back. Either mapper publishes the same tables. An external cluster
+    (``dask.address``) is used whatever the size."""
+    pool = run.mapper
+    if not isinstance(pool, DaskPool) or pool.started:
+        return
+    if not pool.local or least_chunks >= run.cfg.dask.min_chunks:
+        pool.start()
+    elif final:
+        run.mapper = LocalMapper()
 
 
 def what_publish_reads(layer0: Layer0, hierarchy: Hierarchy) -> tuple[Layer0, Hierarchy]:

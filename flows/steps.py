@@ -437,10 +437,32 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: SpilledTable, quarantined: s
             vectors=n,
             cache_hits=run.embedder.hits,
         )
+    prepare_query_model(run)
     if entity_parts is not None:
         return replace(layer0, chunks=new_chunks, entity_parts=entity_parts)
     empty = np.zeros((0, run.embedder.dim), np.float32)
     return replace(layer0, vectors=empty, fresh=dict(zip([e["id"] for e in fresh], vectors)), chunks=new_chunks)
+
+
+def prepare_query_model(run: PipelineRun) -> None:
+    """The ONNX export of the packaged model that questions are embedded with, made by the build that first needs
+    it on this machine, with a line on screen: with the PyTorch model the run embedded with when it holds one, else
+    in a child process (the model's memory goes with it)."""
+    from tasks.index.embed import LocalEmbedder, export_query_model, query_model_missing
+    from tasks.runtime.parallel import in_child_process
+    from tasks.runtime.progress import reporter
+
+    if not query_model_missing(run.cfg.embedding):
+        return
+    name = "query model"
+    reporter().start(name, None)
+    inner = getattr(run.embedder, "inner", None)
+    if isinstance(inner, LocalEmbedder) and inner._model is not None:
+        path = export_query_model(inner)
+    else:
+        with tempfile.TemporaryDirectory(prefix="strata-export-") as child:
+            path = in_child_process(export_query_model, workdir=child)
+    reporter().finish(name, f"the embedding model exported to ONNX for questions, once per machine: {path}")
 
 
 def chunk_part_rows(cfg: StrataConfig) -> int:

@@ -104,7 +104,8 @@ def test_tables_are_the_same_in_process_on_the_local_cluster_and_on_an_external_
     tmp_path, small_corpus, in_process, cluster
 ):
     local, external = tmp_path / "local", tmp_path / "external"
-    res = _strata("index", str(small_corpus), "--index", str(local), *SETS)
+    # dask.min_chunks=0: the small corpus on a local cluster (it would run in the CLI's process otherwise)
+    res = _strata("index", str(small_corpus), "--index", str(local), *SETS, "--set", "dask.min_chunks=0")
     assert res.returncode == 0, res.stderr
     res = _strata("index", str(small_corpus), "--index", str(external), *SETS, "--set", f"dask.address={cluster}")
     assert res.returncode == 0, res.stderr

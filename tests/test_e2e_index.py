@@ -32,9 +32,11 @@ def _sets(overrides: dict) -> list[str]:
 
 @pytest.fixture(scope="module")
 def built(small_corpus, tmp_path_factory) -> Path:
-    """The small corpus indexed through the CLI (Prefect flow, Dask local cluster of processes)."""
+    """The small corpus indexed through the CLI (no Prefect API configured: in its process; a Dask local cluster of
+    processes)."""
     index = tmp_path_factory.mktemp("idx") / "index"
-    overrides = {"chunking": SMALL["chunking"], "extract": SMALL["extract"]}  # default Dask: 2 worker processes
+    # default Dask: 2 worker processes; dask.min_chunks=0: the small corpus would run in the CLI's process otherwise
+    overrides = {"chunking": SMALL["chunking"], "extract": SMALL["extract"], "dask": {"min_chunks": 0}}
     res = runner.invoke(app, ["index", str(small_corpus), "--index", str(index), "--quiet", *_sets(overrides)])
     assert res.exit_code == 0, res.output
     assert "published snapshot v1" in res.output

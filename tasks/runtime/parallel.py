@@ -54,9 +54,23 @@ def dask_client(cfg: DaskConfig, threads_per_worker: int = 1) -> Iterator[Any]:
     try:
         yield client
     finally:
-        with _environ_kept(_nanny_environ()):  # a worker restarted meanwhile set them again
+        with _environ_kept(_nanny_environ()), _nanny_kills_unlogged():  # a worker restarted meanwhile set them again
             client.close()
             cluster.close()
+
+
+@contextlib.contextmanager
+def _nanny_kills_unlogged() -> Iterator[None]:
+    """No "Worker process still alive after 4.0 seconds, killing" warning while the run's own cluster closes: the run
+    has fetched every result by then, and a worker that loaded spaCy or torch can take longer than the nanny's 4 s
+    to tear its interpreter down on a busy machine; the nanny then kills it, which loses nothing. Errors still show."""
+    nanny = logging.getLogger("distributed.nanny")
+    level = nanny.level
+    nanny.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        nanny.setLevel(level)
 
 
 def _nanny_environ() -> tuple[str, ...]:
@@ -228,6 +242,15 @@ class DaskPool:
         self.warm = warm
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="strata-dask-start")
         self._started: Future | None = None
+
+    @property
+    def local(self) -> bool:
+        """Whether the pool starts a cluster of its own (no ``dask.address``)."""
+        return not self.cfg.address
+
+    @property
+    def started(self) -> bool:
+        return self._started is not None
 
     def start(self) -> DaskPool:
         if self._started is None:

@@ -1,0 +1,134 @@
+"""Small jobs: what `strata index`, a one-file `strata update`, a CLI `strata query` and `strata validate` cost on a
+five-file corpus (and, with ``--demo``, on the demo corpus data/), wall time and peak RSS of the command's process
+tree, for this checkout and for a base commit in the same run.
+
+    python benchmarks/bench_small.py --base 58b44b7 [--demo] [--work /tmp/bench-small]
+
+The base commit is checked out as a git worktree (``--base-tree``, created when missing) and its CLI runs with
+PYTHONPATH pointing there and this virtualenv (same packages, the base's code). A step that fails prints
+"failed: exit N" and the steps that need its index print "skipped"; the benchmark goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+QUESTION = "Who founded Firm 1?"
+DEMO_QUESTION = "Who employed Bob Cratchit?"
+CLI = "import sys; from flows.cli import main; sys.argv[0] = 'strata'; sys.exit(main())"
+
+
+def five_files(root: Path) -> Path:
+    """Five short Markdown files, each naming two firms, two people and two cities."""
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(1, 6):
+        (root / f"note_{i}.md").write_text(
+            f"# Note {i}\n\nFirm {i} was founded by Person {i} in Oslo. It supplies sensors to Firm {i + 1}, whose "
+            f"chief engineer is Person {i + 1}. In 2019 Firm {i} opened an office in Bergen.\n",
+            encoding="utf-8",
+        )
+    return root
+
+
+def measure(argv: list[str], code: Path, log: Path) -> tuple[float, float, int]:
+    """Run the CLI of ``code`` with ``argv``: (wall seconds, peak RSS of its process tree in MB, exit code)."""
+    env = dict(os.environ, PYTHONPATH=str(code), COLUMNS="120")
+    env.pop("PREFECT_API_URL", None)
+    started = time.perf_counter()
+    with log.open("a") as out:
+        out.write(f"$ strata {' '.join(argv)}\n")
+        out.flush()
+        proc = subprocess.Popen([sys.executable, "-c", CLI, *argv], env=env, stdout=out, stderr=subprocess.STDOUT)
+        peak = 0
+        watched = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            peak = max(peak, _tree_rss(watched))
+            time.sleep(0.05)
+    return time.perf_counter() - started, peak / 2**20, proc.returncode
+
+
+def _tree_rss(proc: psutil.Process) -> int:
+    total = 0
+    try:
+        for p in [proc, *proc.children(recursive=True)]:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+    except psutil.Error:
+        pass
+    return total
+
+
+def run_steps(name: str, corpus: Path, changed: str, question: str, code: Path, work: Path) -> dict[str, str]:
+    """index, a one-file update, the first query after the build and a later one, validate: one cell each."""
+    here = work / name
+    shutil.rmtree(here, ignore_errors=True)
+    here.mkdir(parents=True)
+    docs = here / "corpus"
+    shutil.copytree(corpus, docs)
+    index, log = str(here / "index"), here / "log.txt"
+    cells: dict[str, str] = {}
+    built = False
+
+    def step(label: str, argv: list[str], needs_index: bool = True) -> bool:
+        if needs_index and not built:
+            cells[label] = "skipped (no index)"
+            return False
+        wall, peak, rc = measure(argv, code, log)
+        cells[label] = f"{wall:.1f} s, {peak:.0f} MB" if rc == 0 else f"failed: exit {rc} ({wall:.1f} s)"
+        print(f"  {name:>14} {label:<12} {cells[label]}", flush=True)
+        return rc == 0
+
+    built = step("index", ["index", str(docs), "--index", index], needs_index=False)
+    step("query first", ["query", question, "--index", index])
+    step("query later", ["query", question, "--index", index])
+    with (docs / changed).open("a", encoding="utf-8") as fh:
+        fh.write("\nIn 2021 the company opened a second office in Trondheim.\n")
+    step("update", ["update", str(docs), "--index", index])
+    step("validate", ["validate", "--index", index])
+    return cells
+
+
+def base_tree(rev: str, tree: Path) -> Path:
+    if not (tree / "flows").is_dir():
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), rev], check=True)
+    return tree
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, help="the commit to compare with (e.g. the one before a change)")
+    ap.add_argument("--base-tree", type=Path, default=Path("/tmp/strata-base"), help="its git worktree")
+    ap.add_argument("--demo", action="store_true", help="also the demo corpus data/ (minutes on two cores)")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/bench-small"))
+    args = ap.parse_args()
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    versions = {f"base {args.base}": base_tree(args.base, args.base_tree), f"this ({head.stdout.strip()}+)": REPO}
+    corpora = [("five files", five_files(args.work / "five"), "note_1.md", QUESTION)]
+    if args.demo:
+        corpora.append(("demo (data/)", REPO / "data", "README.md", DEMO_QUESTION))
+    print(f"{psutil.cpu_count()} cores, load {os.getloadavg()[0]:.1f}", flush=True)
+    table: dict[tuple[str, str], dict[str, str]] = {}
+    for corpus_name, corpus, changed, question in corpora:
+        for version, code in versions.items():
+            slug = f"{corpus_name.split()[0]}-{'base' if code != REPO else 'this'}"
+            table[(corpus_name, version)] = run_steps(slug, corpus, changed, question, code, args.work)
+    labels = ["index", "update", "query first", "query later", "validate"]
+    print("\n| corpus | code | " + " | ".join(labels) + " |")
+    print("|---|---|" + "---:|" * len(labels))
+    for (corpus_name, version), cells in table.items():
+        print(f"| {corpus_name} | {version} | " + " | ".join(cells.get(k, "") for k in labels) + " |")
+
+
+if __name__ == "__main__":
+    main()
