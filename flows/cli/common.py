@@ -28,7 +28,43 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from schemas.config import StrataConfig, load_config, parse_overrides
 from tasks.errors import EXIT_CODES, exit_code
 
+
+class OneLineUsageErrors(typer.core.TyperGroup):
+    """The ``strata`` group: a usage error of any command (an unknown command or flag, a value out of range, a
+    missing argument), found while parsing, ends as one ``error:`` line and its exit code (2), not typer's boxed
+    panel. The one place that formats them: every command's arguments are parsed in this group's ``invoke``.
+    ``--help``, and the help shown for no arguments, stay typer's."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with usage_errors_in_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with usage_errors_in_one_line():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def usage_errors_in_one_line() -> Iterator[None]:
+    """A parser error (typer's own click: its exceptions derive from ``typer.TyperException``) as one line naming
+    the command's ``--help``."""
+    from typer._click.exceptions import NoArgsIsHelpError
+
+    try:
+        yield
+    except NoArgsIsHelpError:
+        raise
+    except typer.TyperException as exc:
+        text = " ".join(exc.format_message().split())
+        ctx = getattr(exc, "ctx", None)
+        if ctx is not None:
+            text += f" (see {ctx.command_path} --help)"
+        error_line(text)
+        raise typer.Exit(exc.exit_code) from None
+
+
 app = typer.Typer(
+    cls=OneLineUsageErrors,
     name="strata",
     help=(
         "Strata builds and serves a hierarchical knowledge-graph index (HiRAG) for graph RAG.\n\n"
@@ -62,7 +98,9 @@ AsOfOpt = typer.Option(
     None, "--as-of", help="This snapshot version instead of the latest (see `strata inspect --versions`)."
 )
 LockOpt = typer.Option(0.0, help="Seconds to wait if another run is writing this index (then exit 5).")
-QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bars: one log line per stage.")
+QuietOpt = typer.Option(
+    False, "--quiet", "-q", help="No progress bars: one line per stage on stderr (its name, what it did, seconds)."
+)
 
 
 def command(*args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -93,8 +131,13 @@ def fail(exc: BaseException) -> None:
         if os.environ.get("STRATA_DEBUG"):
             console.print_exception()
         text = f"{type(exc).__name__}: {text}\n(an internal error: STRATA_DEBUG=1 prints its traceback)"
-    console.print(f"[bold red]error:[/] {escape(text)}", highlight=False)
+    error_line(text)
     raise typer.Exit(code)
+
+
+def error_line(text: str) -> None:
+    """``text`` after ``error:`` on stderr."""
+    console.print(f"[bold red]error:[/] {escape(text)}", highlight=False)
 
 
 def overrides(pairs: list[str] | None) -> dict[str, Any]:
@@ -153,11 +196,15 @@ class _NoRunTracebacks(logging.Filter):
         return record.exc_info is None or bool(os.environ.get("STRATA_DEBUG"))
 
 
+def stage_line(line: str) -> None:
+    console.print(line, markup=False, highlight=False)
+
+
 @contextlib.contextmanager
 def progress(quiet: bool) -> Iterator[None]:
-    """Progress bars per stage on the console (a log line per stage with ``--quiet``); Prefect's run loggers
+    """Progress bars per stage on the console (one line per stage with ``--quiet``); Prefect's run loggers
     without tracebacks."""
-    from tasks.runtime.progress import LogReporter, use_reporter
+    from tasks.runtime.progress import LineReporter, use_reporter
 
     quiet_runs = _NoRunTracebacks()
     loggers = [logging.getLogger(name) for name in ("prefect.flow_runs", "prefect.task_runs")]
@@ -173,7 +220,7 @@ def progress(quiet: bool) -> Iterator[None]:
         disable=quiet,
     )
     try:
-        with bars, use_reporter(LogReporter() if quiet else RichReporter(bars)):
+        with bars, use_reporter(LineReporter(stage_line) if quiet else RichReporter(bars)):
             yield
     finally:
         for logger in loggers:
