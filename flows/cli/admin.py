@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.markup import escape
@@ -38,9 +38,10 @@ def inspect(
 ) -> None:
     """Row counts of the published snapshot, its version, the layer statistics and the last runs (exit 4 when a
     table of the snapshot cannot be read)."""
-    from tasks.query.inspect import inspect_data
+    from tasks.query.inspect import inspect_data, quarantine_lines
 
-    data = inspect_data(open_catalog(index, config_path, set_), as_of, runs)
+    cat = open_catalog(index, config_path, set_)
+    data = inspect_data(cat, as_of, runs)
     damaged = typer.Exit(EXIT_CODES["damaged"]) if data["problems"] else None
     if as_json:
         out.print_json(json.dumps(data, default=str))
@@ -54,6 +55,9 @@ def inspect(
     for problem in data["problems"]:
         out.print(f"[bold red]damaged:[/] {escape(problem)}", highlight=False)
     out.print(_table("tables", ("table", "rows"), [[k, str(v)] for k, v in data["tables"].items()]))
+    if "quarantine" not in " ".join(data["problems"]):  # a damaged quarantine table is reported above
+        for line in quarantine_lines(cat, cat.require_snapshot(data["version"])):
+            out.print(line, markup=False, highlight=False)
     cols = ("layer", "n_entities", "n_clusters", "cluster_sparsity", "change_rate", "stop_reason")
     if data["layers"]:
         out.print(
@@ -185,12 +189,35 @@ def gc(
     cat = open_catalog(index, config_path, set_)
     with cat.writer_lock(lock_timeout):
         done = cat.gc(keep, compact_share=compact_share if compact_share < 1 else None)
+    out.print(gc_summary(done), highlight=False)
+
+
+def gc_summary(done: dict[str, Any]) -> str:
+    """What ``strata gc`` removed and what the index's files lost, as measured (``tasks.store.gc``)."""
     compacted = ", ".join(f"{t} ({n} rows no snapshot reads dropped)" for t, n in done["compacted"].items())
-    out.print(
-        f"kept snapshots {done['kept']}, dropped {done['dropped'] or 'none'}; table versions removed: "
-        f"{sum(done['versions_removed'].values())} ({done['bytes_removed'] / 1e6:.1f} MB freed)"
-        + (f"; compacted: {compacted}" if compacted else "")
+    files = done["files_removed"]
+    deleted = ", ".join(f"{n} {kind}" for kind, n in files.items()) or "none"
+    versions = sum(done["versions_removed"].values())
+    shared = (
+        "; no data file deleted: the kept snapshots still read every one"
+        if versions and not files.get("data files")
+        else ""
     )
+    return (
+        f"kept snapshots {done['kept']}, dropped {done['dropped'] or 'none'}; table versions removed: {versions}; "
+        f"files deleted: {deleted}{shared}"
+        + (f"; compacted: {compacted}" if compacted else "")
+        + f"; freed {size(done['bytes_removed'])} (the index: {size(done['bytes_before'])} -> "
+        f"{size(done['bytes_after'])})"
+    )
+
+
+def size(n: int) -> str:
+    """Bytes in the largest unit that keeps a figure >= 1 (B, kB, MB, GB; powers of 1000)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 @command()

@@ -50,6 +50,7 @@ def index(
     """Full build: ingest, chunk, extract (Dask), merge, embed, validate and publish one snapshot."""
     result, seconds = run_writer("index_flow", corpus, index, config_path, set_, quiet, lock_timeout)
     print_summary(result, seconds)
+    print_quarantine(index, result, config_path, set_)
 
 
 def check_corpus(corpus: Path) -> None:
@@ -73,8 +74,8 @@ def run_writer(
     check_corpus(corpus)
     started = time.perf_counter()
     with progress(quiet):
-        result = index_flows.run_flow(
-            flow, str(corpus), index, str(config_path) if config_path else None, overrides(set_), *args
+        result = getattr(index_flows, flow)(
+            str(corpus), index, str(config_path) if config_path else None, overrides(set_), *args
         )
     return result, time.perf_counter() - started
 
@@ -115,6 +116,7 @@ def update(
         out.print(f"nothing changed under {corpus}: snapshot v{result['version']} stays published, nothing written")
         return
     print_summary(result, seconds)
+    print_quarantine(index, result, config_path, set_)
 
 
 def date_partitions(pattern: str, start: str, end: str) -> list[str]:
@@ -194,3 +196,13 @@ def print_summary(result: dict[str, Any], seconds: float) -> None:
     for name, n in result["counts"].items():
         rows.add_row(name, str(n))
     out.print(rows)
+
+
+def print_quarantine(index: str, result: dict[str, Any], config_path: Path | None, set_: list[str] | None) -> None:
+    """What the published snapshot quarantined, with the reasons (``tasks.query.inspect.quarantine_lines``)."""
+    from tasks.query.inspect import quarantine_lines
+    from tasks.store.catalog import Catalog
+
+    cat = Catalog(index, create=False, storage=config(config_path, set_).storage)
+    for line in quarantine_lines(cat, cat.require_snapshot(result["version"])):
+        out.print(line, markup=False, highlight=False)

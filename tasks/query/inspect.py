@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, cast
 
 from tasks.methods.registry import all_methods, get_method
@@ -85,3 +86,51 @@ def node_counts(cat: Catalog, snap: dict[str, Any], kinds: tuple[str, ...]) -> l
         )
         per = per.join(links, on="layer", how="left").fill_null(0)
     return per.sort("layer").to_dicts()
+
+
+#: quarantine rows ``index``, ``update`` and ``inspect`` list at most; the others are counted
+QUARANTINE_SHOWN = 10
+#: a reason longer than this is cut (the whole one: ``strata export --table quarantine``)
+REASON_CHARS = 160
+_CHUNK_ID = re.compile(r"^chunk-[0-9a-f]{24}$")
+
+
+def quarantine_lines(cat: Catalog, snap: dict[str, Any], limit: int = QUARANTINE_SHOWN) -> list[str]:
+    """What the snapshot quarantined, one line a row (path, stage, reason; a chunk by its document's path and
+    place), at most ``limit``, then how many more and where to read them all. Empty when nothing is. The one
+    report of the quarantine that ``strata index``, ``update`` and ``inspect`` print."""
+    rows = sorted(
+        cat.read("quarantine", snap=snap, columns=["item", "stage", "error"]).to_pylist(),
+        key=lambda r: (r["item"], r["stage"]),
+    )
+    if not rows:
+        return []
+    shown = rows[:limit]
+    places = _chunk_places(cat, snap, [r["item"] for r in shown if _CHUNK_ID.match(r["item"])])
+    lines = [f"quarantined ({len(rows)}):"]
+    for r in shown:
+        reason = " ".join(str(r["error"]).split())
+        reason = reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 1] + "…"
+        lines.append(f"  {places.get(r['item'], r['item'])} [{r['stage']}]: {reason}")
+    if len(rows) > limit:
+        lines.append(f"  … and {len(rows) - limit} more: strata export --table quarantine")
+    return lines
+
+
+def _chunk_places(cat: Catalog, snap: dict[str, Any], ids: list[str]) -> dict[str, str]:
+    """``<document path> (chunk N)`` for each chunk id of ``ids`` the snapshot holds."""
+    if not ids:
+        return {}
+    listed = ", ".join(f"'{i}'" for i in ids)
+    chunks = cat.read("chunks", snap=snap, columns=["id", "document_id", "chunk_index"], where=f"id IN ({listed})")
+    docs = {r["document_id"] for r in chunks.to_pylist()}
+    uris = {}
+    if docs:
+        where = "id IN ({})".format(", ".join(f"'{d}'" for d in sorted(docs)))
+        uris = {
+            r["id"]: r["uri"] for r in cat.read("documents", snap=snap, columns=["id", "uri"], where=where).to_pylist()
+        }
+    return {
+        r["id"]: f"{uris.get(r['document_id'], r['document_id'])} (chunk {r['chunk_index']})"
+        for r in chunks.to_pylist()
+    }

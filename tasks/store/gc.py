@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from schemas.tables import LOG_TABLES, SNAPSHOT_TABLES, SNAPSHOTS
 from tasks.errors import UsageError
@@ -35,10 +36,23 @@ def collect_garbage(cat: Any, keep: int, compact_share: float | None = COMPACT_S
     (``_keep_only_pinned``), else those older than the oldest pinned one (a pinned version is never removed;
     Lance keeps each table's latest). The log tables (``_snapshots``, ``runs``) lose their versions older than
     the oldest kept snapshot. Under the writer lock, the work folders of killed runs (``<index>/_work``, the
-    cache's ``spill``) are removed."""
-    snaps = cat.snapshots()
+    cache's ``spill``) are removed. ``bytes_removed`` is what the index's files lost (listed before and after:
+    a rewrite's new files and the tags written are counted against what was deleted), ``files_removed`` the
+    deleted files by kind."""
     if keep < 1:
         raise UsageError("gc --keep must be at least 1: the latest snapshot is always kept")
+    before = index_files(cat.uri)
+    done = _collect(cat, keep, compact_share)
+    after = index_files(cat.uri)
+    gone = [path for path in before if path not in after]
+    done["files_removed"] = file_kinds(gone)
+    done["bytes_before"], done["bytes_after"] = sum(before.values()), sum(after.values())
+    done["bytes_removed"] = done["bytes_before"] - done["bytes_after"]
+    return done
+
+
+def _collect(cat: Any, keep: int, compact_share: float | None) -> dict[str, Any]:
+    snaps = cat.snapshots()
     kept, dropped = snaps[-keep:], snaps[:-keep]
     removed: dict[str, int] = {}
     freed = 0
@@ -78,8 +92,39 @@ def collect_garbage(cat: Any, keep: int, compact_share: float | None = COMPACT_S
         "kept": [s["version"] for s in kept],
         "dropped": [s["version"] for s in dropped],
         "versions_removed": removed,
-        "bytes_removed": freed,
+        "lance_bytes_removed": freed,
     }
+
+
+def index_files(uri: str) -> dict[str, int]:
+    """Every file under the index at ``uri`` (a folder or an object-store prefix), by its path under it, with its
+    size in bytes: what gc freed is what these lost, measured, not a figure the table format reports."""
+    fs, path = workfs.resolve(uri)
+    fs = fs or pafs.LocalFileSystem()
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    base = len(path.rstrip("/")) + 1
+    return {info.path[base:]: int(info.size or 0) for info in infos if info.type == pafs.FileType.File}
+
+
+#: what a file of a Lance table is, by the folder it lies in (anything else: a run's work files)
+FILE_KINDS = {
+    "_versions": "manifests",
+    "_transactions": "transaction files",
+    "data": "data files",
+    "_deletions": "deletion files",
+    "_indices": "vector index files",
+    "_refs": "tags",
+}
+
+
+def file_kinds(paths: list[str]) -> dict[str, int]:
+    """How many of ``paths`` are of each kind (``FILE_KINDS``), in that order; work files last."""
+    counts = dict.fromkeys([*FILE_KINDS.values(), "work files"], 0)
+    for path in paths:
+        parts = path.split("/")
+        kind = next((FILE_KINDS[p] for p in reversed(parts[:-1]) if p in FILE_KINDS), "work files")
+        counts[kind] += 1
+    return {kind: n for kind, n in counts.items() if n}
 
 
 def _keep_only_pinned(cat: Any, name: str, pinned: set[int], removed: dict[str, int]) -> int:
