@@ -213,10 +213,14 @@ def test_serve_refuses_a_bad_port_and_a_port_in_use_in_one_line(served_index):
 
 # ---------------------------------------------------------------------------- the commands
 @pytest.mark.parametrize("command", [["query", "Who?"], ["inspect"], ["validate"], ["export", "--out", "OUT"],
-                                     ["serve"], ["gc", "--keep", "1"], ["rollback", "--to", "1"], ["shell"]])
+                                     ["serve"], ["gc", "--keep", "1"], ["rollback", "--to", "1"], ["shell"],
+                                     ["eval", "--dataset", "DATASET"]])
 def test_read_commands_never_create_an_index(tmp_path, command):
     missing = tmp_path / "typo"
-    args = [a.replace("OUT", str(tmp_path / "out")) for a in command]
+    (tmp_path / "ds").mkdir()  # eval's dataset: a corpus it could build from, only with --build
+    (tmp_path / "ds" / "queries.jsonl").write_text('{"question": "Who?"}\n')
+    (tmp_path / "ds" / "corpus.jsonl").write_text('{"id": "p1", "title": "A", "text": "Scrooge."}\n')
+    args = [a.replace("OUT", str(tmp_path / "out")).replace("DATASET", str(tmp_path / "ds")) for a in command]
     res = runner.invoke(app, [*args, "--index", str(missing)])
     assert res.exit_code == EXIT_CODES["not_found"] and "no index at" in res.output, res.output
     assert not missing.exists() and not (tmp_path / "out").exists()
