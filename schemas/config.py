@@ -65,7 +65,11 @@ class ConfigError(ValueError):
 
 
 class StrataConfig(_Section):
-    seed: int = 42
+    seed: int = Field(
+        42,
+        description="Seed of every seeded step (samples, PCA/UMAP, GMMs, Leiden): the same corpus, config and "
+        "seed give the same tables.",
+    )
     index: IndexConfig = Field(default_factory=IndexConfig)
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
@@ -189,10 +193,11 @@ def default_toml() -> str:
     lines = [
         "# Strata configuration. Every key is optional; these are the defaults.",
         "# Environment overrides: STRATA_<SECTION>__<KEY>=value (e.g. STRATA_LLM__MODEL=openai/gpt-4o-mini).",
-        "",
-        f"seed = {StrataConfig().seed}",
     ]
     cfg = StrataConfig()
+    for key, field in StrataConfig.model_fields.items():  # the top-level settings (seed) first, each with its comment
+        if not isinstance(getattr(cfg, key), BaseModel):
+            lines += ["", f"# {field.description}", f"{key} = {_toml_value(getattr(cfg, key))}"]
     for section_name in StrataConfig.model_fields:
         section = getattr(cfg, section_name)
         if not isinstance(section, BaseModel):

