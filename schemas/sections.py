@@ -136,6 +136,13 @@ class DaskConfig(_Section):
         "'local' otherwise. A folder index keeps it in <index>/_cache/spill.",
     )
     processes: bool = Field(True, description="Local cluster of processes (true) or threads (false).")
+    min_chunks: int = Field(
+        200,
+        ge=0,
+        description="A run that extracts fewer chunks than this runs its tasks in its own process, without a local "
+        "cluster: starting one and loading the extractor in its workers costs seconds that a small run does not win "
+        "back (the same tables either way). 0 = always a cluster. An external cluster (dask.address) is always used.",
+    )
     part_rows: int = Field(
         200_000,
         gt=0,

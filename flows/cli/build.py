@@ -74,8 +74,8 @@ def run_writer(
     check_corpus(corpus)
     started = time.perf_counter()
     with progress(quiet):
-        result = getattr(index_flows, flow)(
-            str(corpus), index, str(config_path) if config_path else None, overrides(set_), *args
+        result = index_flows.run_flow(
+            flow, str(corpus), index, str(config_path) if config_path else None, overrides(set_), *args
         )
     return result, time.perf_counter() - started
 
