@@ -5,7 +5,14 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.methods.report_parts import COMMUNITY_COLUMNS, REPORT_COLUMNS, plan_task, split_task
+from tasks.methods.report_parts import (
+    COMMUNITY_COLUMNS,
+    COMMUNITY_SCHEMA,
+    RELATION_SCHEMA,
+    REPORT_COLUMNS,
+    plan_task,
+    split_task,
+)
 from tasks.store.spill import read_split
 
 
@@ -35,7 +42,7 @@ def _communities(path):
 def test_community_trees_go_to_the_least_loaded_part_largest_first(tmp_path):
     # 11 members, parts of 6: two parts. A (5) -> 0; B (3) -> 1; C (2) -> 1 (3 < 5); D (1) -> 0 (5 = 5: lower part)
     assert plan_task(str(tmp_path), [str(_communities(tmp_path / "c.parquet"))], part_entities=6) == 2
-    parts = [read_split([str(tmp_path / "communities.parquet")], p).column("id").to_pylist() for p in (0, 1)]
+    parts = [read_split([str(tmp_path / "communities.parquet")], p, COMMUNITY_SCHEMA).column("id").to_pylist() for p in (0, 1)]
     assert parts == [["A", "D", "A1", "A2"], ["B", "C"]]  # each part in the communities' order
     members = pq.read_table(tmp_path / "members.parquet").to_pylist()
     assert {m["id"]: m["part"] for m in members} == {
@@ -65,5 +72,5 @@ def test_a_relation_goes_to_the_part_of_both_its_ends_and_nowhere_across_parts(t
     members = str(tmp_path / "members.parquet")
     # a1-b1 joins two parts (no report reads it); c1-x9 has an end in no community
     assert split_task(job, REPORT_COLUMNS, ["source_id", "target_id"], members) == 3
-    got = [read_split([job[1]], p).column("id").to_pylist() for p in (0, 1)]
+    got = [read_split([job[1]], p, RELATION_SCHEMA).column("id").to_pylist() for p in (0, 1)]
     assert got == [["r0", "r3"], ["r2"]]

@@ -1,12 +1,13 @@
 """The spill that holds a run's mentions on disk: every row once, every key in one part, the same table
 whatever order the tasks that wrote them end in; the uniqueness check that reads a column piece by piece."""
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
 from tasks.index.merge import graph_from_mentions, in_chunk_order, mention_rows
 from tasks.runtime.parallel import LocalMapper
-from tasks.store.spill import gather, write_split
+from tasks.store.spill import gather, plain_schema, read_split, write_parts, write_split
 from tasks.index.validate import unique_mask, validate_tables
 from tests.helpers import DIM, tiny_tables
 
@@ -62,6 +63,16 @@ def test_every_row_lands_once_with_each_key_in_one_part_and_arrival_order_does_n
     for part in forward.parts():  # each part in canonical (chunk id, seq) order
         assert part.equals(in_chunk_order(part))
     assert forward.reader().read_all().equals(forward.read_all())
+
+
+def test_an_empty_split_reads_as_a_table_of_no_rows_with_its_columns(tmp_path):
+    table = _mentions(6)
+    schema = plain_schema(table.schema)
+    assert read_split([], 0, table.schema).schema == schema  # no unit wrote a file (a graph without relations)
+    assert read_split([], 3, table.schema, ["id", "key"]).column_names == ["id", "key"]
+    write_parts(table.cast(schema), np.zeros(table.num_rows, np.int32), tmp_path / "unit.parquet")
+    assert read_split([str(tmp_path / "unit.parquet")], 1, table.schema).num_rows == 0  # a part no row went to
+    assert read_split([str(tmp_path / "unit.parquet")], 0, table.schema).num_rows == table.num_rows
 
 
 def test_one_part_reads_back_the_whole_table_in_canonical_order(tmp_path):

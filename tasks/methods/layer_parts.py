@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from tasks.store import workfs
 from tasks.store.rows import relation_table, stamped, vector_matrix
-from tasks.store.spill import SpilledTable, key_hash, read_split, write_parts, write_whole
+from tasks.store.spill import SpilledTable, key_hash, plain_schema, read_split, write_parts, write_whole
 
 COLUMNS = ["id", "name", "type", "description", "vector"]
 #: a cluster's (``j``) class-document term counts
@@ -56,6 +56,7 @@ class LayerOne:
         self.globals: list[int] = []  # the non-empty global components, in order (``gi`` numbers them)
         self.largest = 0
         self.assigned: list[str] = []  # each part's rows by global component (``assign_task``)
+        self.schema = assigned_schema(layer0.schema)  # the columns of the ``assigned`` files
         self.buckets = len(self.files)  # term buckets of the idf round
         self.order: list[tuple[int, int, int, int, int]] = []  # (first, size, gi, j, terms) of each cluster kept
 
@@ -99,7 +100,9 @@ class LayerOne:
         self.globals = [int(k) for k in np.flatnonzero(sizes)]  # soft_assign drops empty components
         self.largest = int(sizes.max())  # what one local task holds, in entities
         jobs = [(gi, k, self._out(f"layer1-local-{gi:03d}")) for gi, k in enumerate(self.globals)]
-        found = mapper(local_task, jobs, assigned=self.assigned, cfg=cfg, seed=seed, buckets=self.buckets)
+        found = mapper(
+            local_task, jobs, assigned=self.assigned, schema=self.schema, cfg=cfg, seed=seed, buckets=self.buckets
+        )
         unique: dict[str, tuple[int, int, int, int, int]] = {}
         for gi, clusters in enumerate(found):
             for j, (key, first, size, terms) in enumerate(clusters):
@@ -124,6 +127,7 @@ class LayerOne:
             summary_task,
             [(gi, k, links[gi]) for gi, k in enumerate(self.globals)],
             assigned=self.assigned,
+            schema=self.schema,
             totals=totals,
             kept=kept,
             avg=total_terms / len(self.order),
@@ -199,14 +203,19 @@ def assign_task(job: tuple[str, str, int], model: str, threshold: float) -> np.n
     return member.sum(axis=0)
 
 
-def _component(assigned: list[str], k: int) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
-    """Global cluster ``k``'s entities, in ``g`` order: their numbers, vectors and rows."""
-    table = read_split(assigned, k)
+def assigned_schema(layer0: pa.Schema) -> pa.Schema:
+    """The columns of an ``assign_task`` file (but its part's): layer 0's ``COLUMNS`` and the row's number ``g``."""
+    return pa.schema([*(plain_schema(layer0).field(c) for c in COLUMNS), pa.field("g", pa.int64())])
+
+
+def _component(assigned: list[str], k: int, schema: pa.Schema) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    """Global cluster ``k``'s entities, in ``g`` order: their numbers, vectors and rows (``assigned``' ``schema``)."""
+    table = read_split(assigned, k, schema)
     return table.column("g").to_numpy(), vector_matrix(table), table.drop(["vector", "g"]).to_pylist()
 
 
 def local_task(
-    job: tuple[int, int, str], assigned: list[str], cfg: Any, seed: int, buckets: int
+    job: tuple[int, int, str], assigned: list[str], schema: pa.Schema, cfg: Any, seed: int, buckets: int
 ) -> list[tuple[str, int, int, int]]:
     """Global cluster ``job[1]`` (the ``job[0]``-th non-empty one) split by its local GMM (a task): writes its
     clusters (``job[2]``.clusters) and their class documents' term counts (``job[2]``.terms, a row group per term
@@ -215,7 +224,7 @@ def local_task(
     from tasks.methods.summarize import Cluster, class_documents, over_documents
 
     gi, k, out = job
-    g, x, rows = _component(assigned, k)
+    g, x, rows = _component(assigned, k, schema)
     clusters = local_clusters(x, gi, cfg, seed)
     write_whole(
         pa.table({"rows": pa.array([c.astype(np.int32) for c in clusters], pa.list_(pa.int32()))}),
@@ -248,7 +257,7 @@ def totals_task(job: tuple[int, str], local: list[str], kept: list[list[int]]) -
     b, out = job
     parts = [TERMS.empty_table()]
     for base, js in zip(local, kept):
-        t = read_split([f"{base}.terms"], b)
+        t = read_split([f"{base}.terms"], b, TERMS)
         parts.append(t.filter(pc.is_in(t.column("j"), pa.array(js, pa.int32()))))
     table = pa.concat_tables(parts).group_by("term").aggregate([("count", "sum")])
     write_whole(table.rename_columns(["term", "total"]), out)
@@ -282,6 +291,7 @@ def _phrases(base: str, js: list[int], totals: list[str], avg: float, firsts: li
 def summary_task(
     job: tuple[int, int, str],
     assigned: list[str],
+    schema: pa.Schema,
     totals: list[str],
     kept: list[list[int]],
     avg: float,
@@ -304,7 +314,7 @@ def summary_task(
 
     gi, k, out = job
     js = kept[gi]
-    _, x, rows = _component(assigned, k)
+    _, x, rows = _component(assigned, k, schema)
     base = workfs.join(os.path.dirname(out), f"layer1-local-{gi:03d}")
     members = workfs.read_table(f"{base}.clusters").column("rows").to_pylist()
     clusters = [Cluster([rows[i] for i in members[j]], x, np.array(members[j], np.int64)) for j in js]

@@ -32,6 +32,9 @@ from tasks.store.spill import SpilledTable, plain_schema, read_split, write_part
 ENTITY_COLUMNS = ["id", "name", "type", "description", "layer"]
 ENTITY_SCHEMA = pa.schema([schema_for("entities", 0).field(c) for c in ENTITY_COLUMNS])
 COMMUNITY_COLUMNS = ["id", "level", "parent_id", "entity_ids", "size"]
+COMMUNITY_SCHEMA = pa.schema([schema_for("communities", 0).field(c) for c in COMMUNITY_COLUMNS])
+#: what a report reads of a relation
+RELATION_SCHEMA = pa.schema([schema_for("relations", 0).field(c) for c in REPORT_COLUMNS])
 
 #: reports read, embedded and written at a time by the run (a report is ~20 times a chunk's text: 2,048 of them
 #: were the run's largest transient at 100k chunks); a multiple of the embedder's batch, as ``EMBED_STEP``
@@ -170,14 +173,15 @@ def split_task(job: tuple[str, str], columns: list[str], keys: list[str], member
 
 
 def _part(p: int, communities: str, relations: list[str], entities: list[str]):
-    """Part ``p``'s communities and entities (rows) and relations (a table); every member among the entities."""
-    comms = read_split([communities], p).to_pylist()
-    ents = read_split(entities, p).to_pylist()
+    """Part ``p``'s communities and entities (rows) and relations (a table); every member among the entities.
+    A graph with no relations (no file of them, or none inside the part) reads as a table of none."""
+    comms = read_split([communities], p, COMMUNITY_SCHEMA).to_pylist()
+    ents = read_split(entities, p, ENTITY_SCHEMA).to_pylist()
     known = {e["id"] for e in ents}
     for c in comms:
         if not known.issuperset(c["entity_ids"]):
             raise RuntimeError(f"community {c['id']} has members outside its top-level community (reports part {p})")
-    return comms, ents, read_split(relations, p)
+    return comms, ents, read_split(relations, p, RELATION_SCHEMA)
 
 
 def weights_task(p: int, communities: str, relations: list[str], entities: list[str]) -> dict[int, float]:

@@ -148,17 +148,21 @@ def write_parts(table: pa.Table, part: np.ndarray, out: Loc) -> int:
     return table.num_rows
 
 
-def read_split(files: list[str], p: int, columns: list[str] | None = None) -> pa.Table:
-    """Part ``p``'s rows of the units' files (``write_parts``), in unit order: ``columns`` only (None: all)."""
+def read_split(files: list[str], p: int, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table:
+    """Part ``p``'s rows of the units' files (``write_parts``), in unit order: ``columns`` only (None: all).
+    ``schema``: the files' columns (as ``plain_schema`` writes them), which an empty split reads as: no unit, or
+    no unit with a row in part ``p`` (a graph without relations), is a table of no rows, never an error."""
     read = None if columns is None else [*columns, PART]
-    return pa.concat_tables([workfs.read_table(f, columns=read, filters=[(PART, "=", p)]).drop([PART]) for f in files])
+    empty = plain_schema(schema).empty_table()
+    tables = [workfs.read_table(f, columns=read, filters=[(PART, "=", p)]).drop([PART]) for f in files]
+    return pa.concat_tables(tables) if tables else empty if columns is None else empty.select(columns)
 
 
-def gather_part(job: tuple[int, str], files: list[str]) -> int:
+def gather_part(job: tuple[int, str], files: list[str], schema: pa.Schema) -> int:
     """One part (a task): its row group from every unit's file, in unit order, as the part file ``job[1]``.
     Returns its rows (no file for none)."""
     p, out = job
-    table = read_split(files, p)
+    table = read_split(files, p, schema)
     if table.num_rows:
         write_whole(table, out)
     return table.num_rows
@@ -178,7 +182,7 @@ def gather(
     depend on which unit finished first."""
     workfs.mkdirs(directory)
     jobs = [(p, workfs.join(directory, f"part-{p:05d}.parquet")) for p in range(max(1, n_parts))]
-    rows = mapper(gather_part, jobs, files=files) if files else [0] * len(jobs)
+    rows = mapper(gather_part, jobs, files=files, schema=schema) if files else [0] * len(jobs)
     kept = [out for (_, out), n in zip(jobs, rows) if n]
     return SpilledTable(kept, plain_schema(schema), sum(rows), order, order_by)
 
