@@ -470,13 +470,14 @@ def warm_saved(view, vectors: TokenVectors, limit: int, path: Path, model: str) 
 def extractive_answer(ctx: Context, tokens: TokenVectors | None = None, k: int = 2) -> str:
     """Without an LLM: the sentences of the sources that answer the question (``best_sentences``), each with its
     source; ``NOT_FOUND`` when the context holds something but no sentence close to the question, and nothing for
-    an empty context (its message says why). A context with no source at all (the budget left no room for one: the
-    message says so) is answered by that cause, not by ``NOT_FOUND``: the answer quotes sources only."""
+    an empty context (its message says why). When the best-ranked related source did not fit the budget (the
+    message of a context that holds something says so), that cause is the answer, not ``NOT_FOUND``: the answer
+    quotes sources only, so a sentence of the entities section is never one."""
     found = best_sentences(ctx, tokens, k)
     if not found:
         if ctx.empty:
             return ""
         return (
-            f"No source in the context to answer from: {ctx.message}." if not ctx.chunks and ctx.message else NOT_FOUND
+            f"The context holds no source sentence close to the question: {ctx.message}." if ctx.message else NOT_FOUND
         )
     return " ".join(f"{s} ({label})" if label else s for s, label in found)

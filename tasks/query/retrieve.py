@@ -124,24 +124,25 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
     if seeds:
         graph = view.passage_graph(RankParams.from_config(cfg))
         ctx.seeds = {k: [view.ent_name[graph.ent_view[e]] for e in v] for k, v in seeds.items()}
-    if ctx.empty or (chunk_order and not ctx.chunks):
+    best_left_out = bool(chunk_order) and ctx.ranked_chunk_ids[0] not in {c["id"] for c in ctx.chunks}
+    if ctx.empty or best_left_out:
         ctx.message = _empty_reason(view, q, chunk_order, cfg, ctx)
     return ctx
 
 
 def _empty_reason(view: IndexView, q: np.ndarray, chunk_order: list[int], cfg: RetrievalConfig, ctx: Context) -> str:
     """Why a context came out empty: an empty index, nothing related to the question, or no whole source
-    small enough for the budget (sources are never cut); or, for one that holds entities or reports but no
-    source, that the budget left no room for one (the offline answer quotes sources only)."""
+    small enough for the budget (sources are never cut); or, for one that holds something, that the best-ranked
+    related source did not fit in what the budget left (the offline answer quotes sources only)."""
     if not view.ent_ids and not view.chunk_ids:
         return "the index is empty: nothing to retrieve"
     if not ctx.empty:
-        smallest = min(view.tokens(j, view.chunk_text[j]) for j in chunk_order[:MAX_SOURCES])
-        used = sum(ctx.tokens.values())
+        best = chunk_order[0]
+        size = view.tokens(best, f"[{view.doc_title.get(view.chunk_doc[best])}] {view.chunk_text[best]}")
         return (
-            f"no source fits in what the token budget of {cfg.token_budget} left ({used} tokens went to the other "
-            f"sections; sources are whole chunks, the smallest related one has {smallest} tokens): raise the "
-            "budget (--budget) or index with smaller chunks (chunking.size)"
+            f"the best-ranked related source ({size} tokens) does not fit in the token budget of {cfg.token_budget} "
+            f"({sum(ctx.tokens.values())} tokens used; sources are whole chunks): raise the budget (--budget) or "
+            "index with smaller chunks (chunking.size)"
         )
     best = float(max(view.similarity("entities", q, 1), default=-1.0)) if len(view.ent_ids) else -1.0
     if chunk_order:
