@@ -302,6 +302,13 @@ class RetrievalConfig(_Section):
     share_chunks: float = Field(
         0.7, ge=0, description="Budget share of the source-chunk section (it also takes what others leave)."
     )
+    level_budget: Literal["shares", "after_sources", "after_prefix"] = Field(
+        "after_sources",
+        description="How a method's levels (entities, reports, bridge paths) and the sources share the budget: "
+        "shares (each level its share_* of the budget, the sources the rest), after_sources (the sources packed "
+        "first over the whole budget, the levels in what no whole source fits), after_prefix (the sources in rank "
+        "order until one does not fit, then the levels, then smaller sources in what is left).",
+    )
     min_similarity: float = Field(
         0.15, description="Entities and chunks less similar than this to the question are ignored."
     )

@@ -107,6 +107,20 @@ def test_budget_is_respected_and_output_is_deterministic(tmp_path):
     assert sum(a.tokens.values()) <= 100
 
 
+def test_the_levels_take_only_what_no_whole_source_fits_unless_shares_are_asked_for(tmp_path):
+    view = build(tmp_path)
+    cfg = RetrievalConfig(top_n=3, top_m=2, token_budget=100)
+    hi, ppr = retrieve(view, "q", Q, "hi", cfg), retrieve(view, "q", Q, "ppr", cfg)
+    # the sources are packed as ppr packs them; the levels get what is left, within the budget
+    assert [c["id"] for c in hi.chunks] == [c["id"] for c in ppr.chunks] == ["ch1", "ch2"]
+    assert hi.tokens["chunks"] == ppr.tokens["chunks"] and hi.entities
+    left = cfg.token_budget - hi.tokens["chunks"]
+    assert sum(v for k, v in hi.tokens.items() if k != "chunks") <= left
+    # fixed shares give the levels 30 % of the budget whatever the sources need
+    shared = retrieve(view, "q", Q, "hi", cfg.model_copy(update={"level_budget": "shares"}))
+    assert shared.tokens["chunks"] <= 70 and shared.tokens.get("entities", 0) <= 10
+
+
 def test_empty_and_unrelated_index_give_an_empty_context_with_a_message(tmp_path):
     view = build(tmp_path / "full")
     far = unit([0, -1, -1, -1])
