@@ -65,9 +65,10 @@ def source_ranking(
 
 
 def _pack_sources(
-    view: IndexView, order: list[int], scores: np.ndarray, budget: int, min_tokens: int = 20
+    view: IndexView, order: list[int], scores: np.ndarray, budget: int, min_tokens: int = 20, prefix: bool = False
 ) -> tuple[list[dict[str, Any]], int]:
-    """Whole chunks in rank order; one that does not fit the budget left is skipped, never cut."""
+    """Whole chunks in rank order; one that does not fit the budget left is skipped, never cut (with ``prefix``,
+    packing stops there instead)."""
     out, used = [], 0
     for j in order:
         if budget - used < min_tokens:
@@ -75,6 +76,8 @@ def _pack_sources(
         doc = view.chunk_doc[j]
         text = f"[{view.doc_title.get(doc)}] {view.chunk_text[j]}"
         n = view.tokens(j, text)
+        if used + n > budget and prefix:
+            break
         if used + n <= budget:
             out.append(
                 {
@@ -88,6 +91,13 @@ def _pack_sources(
             )
             used += n
     return out, used
+
+
+def _level_shares(shares: dict[str, int], left: int) -> dict[str, int]:
+    """The levels' budgets within ``left`` tokens, in the ratio of their shares (the sources' share aside)."""
+    levels = {s: v for s, v in shares.items() if s != "chunks"}
+    total = sum(levels.values()) or 1
+    return {s: int(left * v / total) for s, v in levels.items()} | {"chunks": 0}
 
 
 def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: RetrievalConfig) -> Context:
@@ -110,10 +120,14 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
     )
     chunk_order, seeds = source_ranking(view, question, chunk_scores, ent_scores, ranking, cfg)
 
-    # sources first, in their share; then the method's levels, which skip what only repeats a source;
-    # then the sources take whatever budget the levels left
-    ctx.chunks, ctx.tokens["chunks"] = _pack_sources(view, chunk_order, chunk_scores, shares["chunks"])
+    # sources first (in their share, over the whole budget, or while they fit in rank order); then the method's
+    # levels, which skip what only repeats a source; then the sources take whatever budget the levels left
+    first = {"shares": shares["chunks"], "after_sources": cfg.token_budget}.get(cfg.level_budget, cfg.token_budget)
+    prefix = cfg.level_budget == "after_prefix" and mode in method.modes
+    ctx.chunks, ctx.tokens["chunks"] = _pack_sources(view, chunk_order, chunk_scores, first, prefix=prefix)
     if mode in method.modes:
+        if cfg.level_budget != "shares":
+            shares = _level_shares(shares, cfg.token_budget - ctx.tokens["chunks"])
         method.levels(view, ctx, ent_scores, shares, cfg)
         packed = {c["id"] for c in ctx.chunks}
         rest = [j for j in chunk_order if view.chunk_ids[j] not in packed]
