@@ -418,6 +418,7 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: SpilledTable, quarantined: s
     from tasks.index.embed import entity_text
     from tasks.index.embed_table import embed_table
 
+    prepare_query_model(run)  # before the stage: where the build embeds on ONNX Runtime, the export it needs too
     entity_parts = layer0.entity_parts  # a build's: every entity is new
     fresh = [e for e in layer0.entities if e["id"] in layer0.added | layer0.changed]
     n = (entity_parts.num_rows if entity_parts else len(fresh)) + chunks.num_rows
@@ -437,7 +438,6 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: SpilledTable, quarantined: s
             vectors=n,
             cache_hits=run.embedder.hits,
         )
-    prepare_query_model(run)
     if entity_parts is not None:
         return replace(layer0, chunks=new_chunks, entity_parts=entity_parts)
     empty = np.zeros((0, run.embedder.dim), np.float32)
@@ -445,9 +445,9 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: SpilledTable, quarantined: s
 
 
 def prepare_query_model(run: PipelineRun) -> None:
-    """The ONNX export of the packaged model that questions are embedded with, made by the build that first needs
-    it on this machine, with a line on screen: with the PyTorch model the run embedded with when it holds one, else
-    in a child process (the model's memory goes with it)."""
+    """The ONNX export of the packaged model that questions (and a build on ONNX Runtime) are embedded with, made by
+    the build that first needs it on this machine, with a line on screen: from the PyTorch model the run holds when
+    it holds one, else in a child process (the model's memory goes with it)."""
     from tasks.index.embed import LocalEmbedder, export_query_model, query_model_missing
     from tasks.runtime.parallel import in_child_process
     from tasks.runtime.progress import reporter
