@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import socket
 from pathlib import Path
@@ -424,19 +425,23 @@ def _eval_table(name: str, n: int, budget: int, results: list[Any]) -> Table:
     )
     for col in cols:
         t.add_column(col, justify="right" if col != "mode" else "left", no_wrap=True)
+
+    def share(x: float) -> str:  # NaN: no question of the dataset measures it (no supporting passages, no answer)
+        return "—" if math.isnan(x) else f"{x:.3f}"
+
     for r in results:
-        v = r.vs_naive
+        v = r.vs_naive if r.vs_naive and not math.isnan(r.vs_naive["mean_diff"]) else None
         delta = f"{v['mean_diff']:+.3f} [{v['ci_low']:+.3f}, {v['ci_high']:+.3f}]" if v else "—"
         t.add_row(
             r.mode,
-            f"{r.passage_recall:.3f}",
+            share(r.passage_recall),
             delta,
             f"{v['wins']}/{v['losses']}" if v else "—",
-            f"{r.recall_at_2:.3f}",
-            f"{r.recall_at_5:.3f}",
-            f"{r.recall_at_10:.3f}",
-            f"{r.answer_in_context:.3f}",
-            f"{r.answer_in_extractive:.3f}",
+            share(r.recall_at_2),
+            share(r.recall_at_5),
+            share(r.recall_at_10),
+            share(r.answer_in_context),
+            share(r.answer_in_extractive),
             f"{r.mean_context_tokens:.0f}",
             f"{r.latency_p50_ms:.1f}",
             f"{r.latency_p95_ms:.1f}",
