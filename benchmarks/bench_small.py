@@ -108,7 +108,7 @@ def run_steps(
         return cells | {k: "skipped (no index)" for k in ("query first", "query later", "update", "validate")}
     step("query first", ["query", question, "--index", str(index)])
     step("query later", ["query", question, "--index", str(index)])
-    with (docs / changed).open("a", encoding="utf-8") as fh:
+    with (docs / changed).open("a", encoding="utf-8") as fh:  # a file changed or added
         fh.write("\nIn 2021 the company opened a second office in Trondheim.\n")
     step("update", ["update", str(docs), "--index", str(index)])
     step("validate", ["validate", "--index", str(index)])
@@ -133,7 +133,8 @@ def main() -> None:
     versions = {f"this ({head.stdout.strip()}+)": REPO, f"base {args.base}": base_tree(args.base, args.base_tree)}
     corpora = [("five files", five_files(args.work / "five"), "note_1.md", QUESTION)]
     if args.demo:
-        corpora.append(("demo (data/)", REPO / "data", "README.md", DEMO_QUESTION))
+        # data/README.md is left out by data/.strataignore: the demo's one-file update adds a file
+        corpora.append(("demo (data/)", REPO / "data", "fezziwig.md", DEMO_QUESTION))
     print(f"{psutil.cpu_count()} cores, load {os.getloadavg()[0]:.1f}", flush=True)
     table: dict[tuple[str, str], dict[str, str]] = {}
     for corpus_name, corpus, changed, question in corpora:
