@@ -6,7 +6,7 @@ reports whole-passage recall of ``ppr`` and ``hi`` at 1,000 and 4,000 tokens, ne
 
     .venv/bin/python benchmarks/sweep_retrieval.py --index ./mq-sub-index --dataset ../shared/datasets/musique/subset100
 
-The index is the one ``strata eval --dataset DIR --index DIR`` builds (from a shuffled copy of
+The index is the one ``strata eval --dataset DIR --index DIR --build`` builds (from a shuffled copy of
 ``corpus.jsonl`` if you want to be sure file order cannot matter).
 """
 

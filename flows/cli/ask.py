@@ -357,9 +357,9 @@ def eval_(
     if build and Catalog(index, storage=cfg.storage).snapshot() is None:
         corpus = dataset / "corpus.jsonl"
         console.print(f"--build: no index at {index}, building it from {corpus}")
-        from flows.index_flow import index_flow
+        from flows.index_flow import run_flow
 
-        index_flow(str(corpus), index, str(config_path) if config_path else None, overrides(set_))
+        run_flow("index_flow", str(corpus), index, str(config_path) if config_path else None, overrides(set_))
     reader = open_reader(index, cfg, warm=False)
     view = reader.view
     for m in modes or []:
