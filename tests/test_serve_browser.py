@@ -26,6 +26,10 @@ from flows.serve import TOKEN_ENV, create_app
 from schemas.config import load_config
 from tests.test_serve import OVERRIDES, served_index  # noqa: F401  (the module's index fixture)
 
+#: fixed level shares, so that a question's context fills every section the page renders (by default the small
+#: chunks of this index fill the budget and leave the levels nothing)
+EXPLORER = OVERRIDES | {"retrieval": {"level_budget": "shares"}}
+
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM, DRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
@@ -57,7 +61,7 @@ def server(served_index, monkeypatch):  # noqa: F811
 
     monkeypatch.setenv(TOKEN_ENV, "")  # the app makes its token (unset again afterwards)
     port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(str(served_index), load_config(overrides=OVERRIDES)),
+    srv = uvicorn.Server(uvicorn.Config(create_app(str(served_index), load_config(overrides=EXPLORER)),
                                         host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()

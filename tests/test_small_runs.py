@@ -94,7 +94,7 @@ def test_closing_the_runs_cluster_logs_no_nanny_kill_and_keeps_errors():
 def test_the_build_that_first_needs_the_query_model_exports_it_with_a_line(tmp_path, monkeypatch):
     from flows.steps import prepare_query_model
     from schemas.config import load_config
-    from tasks.index import embed
+    from tasks.index import embed, query_model
     from tasks.runtime.progress import LineReporter, use_reporter
 
     monkeypatch.setenv("STRATA_MODEL_CACHE", str(tmp_path))
@@ -114,4 +114,4 @@ def test_the_build_that_first_needs_the_query_model_exports_it_with_a_line(tmp_p
         prepare_query_model(run)  # made: the next build does nothing
     assert exported == ["the run's PyTorch model"]
     assert len(lines) == 1 and "exported to ONNX" in lines[0] and str(tmp_path) in lines[0]
-    assert not embed.query_model_missing(run.cfg.embedding)
+    assert not query_model.query_model_missing(run.cfg.embedding)

@@ -476,25 +476,6 @@ def question_embedder(cfg: EmbeddingConfig, llm: LLMConfig | None = None) -> Emb
     return get_embedder(cfg, llm)
 
 
-def query_model_missing(cfg: EmbeddingConfig) -> bool:
-    """Whether questions on this machine would first have to export the packaged model to ONNX
-    (``question_embedder``: ONNX Runtime even where the build embedded with PyTorch)."""
-    return cfg.model == LOCAL_MODEL and cfg.runtime == "auto" and not _local(32, "fp32", "onnx").onnx_path().exists()
-
-
-def export_query_model(built_with: Any = None) -> Path:
-    """The ONNX export questions are embedded with, made now: from ``built_with`` (a ``LocalEmbedder`` whose PyTorch
-    model the build loaded) when given, else from the packaged weights loaded for it. The build that first needs
-    the model makes it, so that the first query after a build does not (an export costs seconds and ~1 GB)."""
-    onnx = _local(32, "fp32", "onnx")
-    path = onnx.onnx_path()
-    if not path.exists():
-        model = getattr(built_with, "_model", None)
-        export_onnx(model if model is not None else onnx._load(), path)
-        onnx._model = None
-    return path
-
-
 def check_dimension(embedder: Embedder, index_dim: int) -> None:
     """An index answers only to the embedding model it was built with: same vector dimension, or a clear error."""
     if embedder.dim != index_dim:
