@@ -4,6 +4,7 @@ and arrival time, one access-log line and the metrics of every request."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -66,12 +67,16 @@ class RequestGuard:
 
     async def _guarded(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         path, headers = scope["path"], dict(scope["headers"])
-        if (
+        # an unauthorized request is answered once its (bounded) body is read: a server that closes a connection
+        # holding unread bytes resets it, and the client would see a reset instead of the 401
+        unauthorized = (
             self.key is not None
             and path not in OPEN_ROUTES
             and not path.startswith((STATIC, VENDOR))
             and not _authorized(headers, self.key)
-        ):
+        )
+        if unauthorized:
+            await self._drain(receive)
             await _send_json(send, 401, {"detail": "missing or wrong bearer token"}, {"WWW-Authenticate": "Bearer"})
             return
         too_large = {"detail": f"request body over {self.max_bytes} bytes"}
@@ -111,6 +116,18 @@ class RequestGuard:
             return await receive()  # after the body: wait for the disconnect, as the server would say it
 
         await self.app(scope, replay, send)
+
+    async def _drain(self, receive: Any) -> None:
+        """Read and drop a request's body, at most ``max_bytes`` within ``timeout_s`` (past either, the connection
+        may reset: the client sent more than any route takes)."""
+        size = 0
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.timeout_s):
+                while size <= self.max_bytes:
+                    message = await receive()
+                    size += len(message.get("body", b""))
+                    if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                        return
 
     def _log(self, scope: dict[str, Any], state: dict[str, Any], status: int, ms: float) -> None:
         record: dict[str, Any] = {
