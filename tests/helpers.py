@@ -99,3 +99,14 @@ def run_killed_during_publish(entry: str, corpus, index, overrides: dict, after:
     script = KILL_DURING_PUBLISH.format(repo=repo, after=after, entry=entry, corpus=str(corpus), index=str(index),
                                         overrides=overrides)
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+
+
+def stop_server(server, sig) -> None:
+    """Send ``sig`` to a server process and wait for it; killed if it has not exited within 30 s."""
+    import subprocess
+
+    server.send_signal(sig)
+    try:
+        server.wait(30)
+    except subprocess.TimeoutExpired:
+        server.kill()

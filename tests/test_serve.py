@@ -297,6 +297,8 @@ def test_serve_workers_share_the_port_the_token_and_one_scrape_sums_their_metric
     import httpx
     import psutil
 
+    from tests.helpers import stop_server
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -344,8 +346,4 @@ def test_serve_workers_share_the_port_the_token_and_one_scrape_sums_their_metric
         )
         assert answered == 6  # whichever worker answered each, one scrape counts them all
     finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server, signal.SIGINT)

@@ -22,6 +22,7 @@ from flows.serve import TOKEN_ENV, create_app, refuse_open_network
 from schemas.config import load_config
 from tasks.errors import EXIT_CODES, RefusedError
 from tests.test_serve import OVERRIDES, served_index  # noqa: F401  (the module's index fixture)
+from tests.helpers import stop_server
 
 STRATA = Path(sys.executable).parent / "strata"
 
@@ -103,11 +104,7 @@ def test_serve_prints_a_token_once_requires_it_and_stops_without_a_writers_messa
         assert httpx.post(f"{base}/query", json=question, headers=right, timeout=60).status_code == 200
         assert httpx.get(f"{base}/snapshots", headers=right, timeout=10).status_code == 200
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server, signal.SIGTERM)
     text = log.read_text()
     # the token: on the two lines that print it, in no access-log line, in no file under the index
     assert [line for line in text.splitlines() if token in line] == [

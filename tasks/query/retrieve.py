@@ -97,7 +97,7 @@ def _level_shares(shares: dict[str, int], left: int) -> dict[str, int]:
     """The levels' budgets within ``left`` tokens, in the ratio of their shares (the sources' share aside)."""
     levels = {s: v for s, v in shares.items() if s != "chunks"}
     total = sum(levels.values()) or 1
-    return {s: int(left * v / total) for s, v in levels.items()} | {"chunks": 0}
+    return {s: int(left * v / total) for s, v in levels.items()}
 
 
 def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: RetrievalConfig) -> Context:
