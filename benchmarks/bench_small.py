@@ -25,7 +25,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 QUESTION = "Who founded Firm 1?"
 DEMO_QUESTION = "Who employed Bob Cratchit?"
-CLI = "import sys; from flows.cli import main; sys.argv[0] = 'strata'; sys.exit(main())"
+CLI = "import sys; import flows.cli as c; sys.argv[0] = 'strata'; sys.exit(getattr(c, 'script', c.main)())"
 
 
 def five_files(root: Path) -> Path:

@@ -31,8 +31,9 @@ from flows.steps import (
     merge,
 )
 from schemas.config import StrataConfig
+from tasks.index.validate import warm as warm_validation
 from tasks.methods.base import Hierarchy, Layer0
-from tasks.runtime.parallel import DaskPool, LocalMapper, Mapper
+from tasks.runtime.parallel import DaskPool, LocalMapper, Mapper, ProcessMapper
 from tasks.runtime.stages import TaskRunner, direct_task, limit_malloc_arenas, release_memory
 from tasks.store.catalog import Catalog
 from tasks.store.rows import relation_table
@@ -125,8 +126,27 @@ def choose_mapper(run: PipelineRun, least_chunks: int, final: bool) -> None:
         return
     if not pool.local or least_chunks >= run.cfg.dask.min_chunks:
         pool.start()
+        release_prewarmed()  # the cluster's workers validate
     elif final:
         run.mapper = LocalMapper()
+        run.validator = _PREWARMED.pop() if _PREWARMED else ProcessMapper().start(warm=warm_validation)
+
+
+#: a validation child started ahead of a run (``prewarm_validator``), for the run to take if it is small
+_PREWARMED: list[ProcessMapper] = []
+
+
+def prewarm_validator() -> None:
+    """Start a validation child now: great-expectations (~2 s of imports) loads in it while this process imports
+    the rest and runs the first stages (``strata index``/``update``/``backfill`` call it first). A small run takes
+    it as its ``validator``; a large one's cluster validates, and it is released (``release_prewarmed``)."""
+    if not _PREWARMED:
+        _PREWARMED.append(ProcessMapper().start(warm=warm_validation))
+
+
+def release_prewarmed() -> None:
+    while _PREWARMED:
+        _PREWARMED.pop().release()
 
 
 def what_publish_reads(layer0: Layer0, hierarchy: Hierarchy) -> tuple[Layer0, Hierarchy]:
@@ -151,6 +171,8 @@ def _execute(corpus, catalog, cfg, task, mapper, run_id, flow_name, snap, replac
             result = run_stages(run)
         finally:
             run.release_embedder()
+            if run.validator is not None:
+                run.validator.release()
             remove_tree(run.work_root)
             # the run's calls and tokens: the LLM client's and, for a litellm embedding model, the embedder's
             for client in (run.llm, run._embedder.inner.client if run._embedder else None):

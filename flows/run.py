@@ -19,7 +19,7 @@ from schemas.config import StrataConfig
 from schemas.tables import DocumentRow, LayerRow, QuarantineRow, schema_for
 from tasks.methods.registry import get_method
 from tasks.runtime.llm_client import LiteLLMClient, Usage
-from tasks.runtime.parallel import DaskPool, Mapper
+from tasks.runtime.parallel import DaskPool, Mapper, ProcessMapper
 from tasks.runtime.progress import reporter
 from tasks.runtime.stages import Stages, TaskRunner, direct_task
 from tasks.store import workfs
@@ -83,6 +83,8 @@ class PipelineRun:
         self.location = str(Path(corpus).expanduser().resolve())
         self.root = self.location  # the corpus root the documents belong to (see corpus_root)
         self._embedder = None
+        #: a small run's validation child, started once the run is known to be small (``choose_mapper``)
+        self.validator: ProcessMapper | None = None
         self._previous: dict[tuple[str, tuple[str, ...] | None, str | None], pa.Table] = {}
         workfs.use_storage(cfg.storage)  # the work folder of an index on object storage, as the catalog reaches it
 

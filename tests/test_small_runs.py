@@ -4,7 +4,11 @@ server for a CLI run when no Prefect API is configured, no nanny warning when th
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -20,15 +24,44 @@ def _pool(**dask):
     return SimpleNamespace(mapper=pool, cfg=cfg), pool
 
 
-def test_a_run_below_dask_min_chunks_runs_in_its_own_process():
-    from flows.pipeline import choose_mapper
+class FakeChild:
+    """A ``ProcessMapper`` that starts no process: what was started, warmed and released."""
+
+    def __init__(self):
+        self.warm, self.released = None, False
+
+    def start(self, warm=None):
+        self.warm = warm
+        return self
+
+    def release(self):
+        self.released = True
+
+
+def test_a_run_below_dask_min_chunks_runs_in_its_own_process_and_validates_in_a_warm_child(monkeypatch):
+    from flows import pipeline
+    from tasks.index.validate import warm
     from tasks.runtime.parallel import LocalMapper
 
+    monkeypatch.setattr(pipeline, "ProcessMapper", FakeChild)
     run, pool = _pool()
-    choose_mapper(run, 3, final=False)  # 3 documents: maybe more chunks, so nothing decided yet
-    assert run.mapper is pool and not pool.started
-    choose_mapper(run, 9, final=True)
+    pipeline.choose_mapper(run, 3, final=False)  # 3 documents: maybe more chunks, so nothing decided yet
+    assert run.mapper is pool and not pool.started and not hasattr(run, "validator")
+    pipeline.choose_mapper(run, 9, final=True)
     assert isinstance(run.mapper, LocalMapper) and not pool.started
+    assert isinstance(run.validator, FakeChild) and run.validator.warm is warm
+    pool.close()
+    # the CLI's child, started before the run: a small run takes it, a large one's cluster validates instead
+    pipeline.prewarm_validator()
+    ahead = pipeline._PREWARMED[0]
+    run, pool = _pool()
+    pipeline.choose_mapper(run, 9, final=True)
+    assert run.validator is ahead and not pipeline._PREWARMED
+    pipeline.prewarm_validator()
+    ahead = pipeline._PREWARMED[0]
+    run, pool = _pool()
+    pipeline.choose_mapper(run, 10, final=True)
+    assert pool.started and ahead.released and not pipeline._PREWARMED
     pool.close()
 
 
@@ -115,3 +148,82 @@ def test_the_build_that_first_needs_the_query_model_exports_it_with_a_line(tmp_p
     assert exported == ["the run's PyTorch model"]
     assert len(lines) == 1 and "exported to ONNX" in lines[0] and str(tmp_path) in lines[0]
     assert not query_model.query_model_missing(run.cfg.embedding)
+
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def _python(code: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=600, cwd=REPO
+    )
+
+
+BUILD = """
+import json, sys
+from flows.pipeline import build_index, dask_pool, prewarm_validator, release_prewarmed
+from schemas.config import load_config
+from tasks.store.catalog import Catalog
+prewarm_validator()  # as the CLI does; the run's pool as the flow gives it
+cfg = load_config()
+with dask_pool(cfg) as pool:
+    result = build_index(sys.argv[1], Catalog(sys.argv[2]), cfg, mapper=pool)
+release_prewarmed()
+print(json.dumps({"status": result.status, "gx": "great_expectations" in sys.modules}))
+"""
+
+QUERY = """
+import json, sys
+from schemas.config import load_config
+from tasks.query.reader import open_reader
+reader = open_reader(sys.argv[1], load_config())
+ctx, answer, _ = reader.ask("Who founded Firm 2?")
+print(json.dumps({"from_disk": reader.view.from_disk, "lancedb": "lancedb" in sys.modules, "answer": answer["text"]}))
+"""
+
+
+def test_a_small_build_validates_in_its_child_and_leaves_the_view_its_first_query_starts_from(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(1, 6):
+        (corpus / f"note_{i}.md").write_text(
+            f"# Note {i}\n\nFirm {i} was founded by Person {i} in Oslo. It supplies sensors to Firm {i + 1}, whose "
+            f"chief engineer is Person {i + 1}. In 2019 Firm {i} opened an office in Bergen.\n",
+            encoding="utf-8",
+        )
+    built = _python(BUILD, str(corpus), str(tmp_path / "index"))
+    assert built.returncode == 0, built.stderr
+    # published, and great-expectations loaded only in the validation child
+    assert json.loads(built.stdout.splitlines()[-1]) == {"status": "published", "gx": False}
+    assert (tmp_path / "index" / "_cache" / "views" / "head.json").is_file()
+    asked = _python(QUERY, str(tmp_path / "index"))
+    assert asked.returncode == 0, asked.stderr
+    said = json.loads(asked.stdout.splitlines()[-1])
+    # the first query reads the build's view: no table read, LanceDB never imported; the note's body was indexed
+    # (paragraphs that differ in more numbers than a footer's are not boilerplate)
+    assert said["from_disk"] and not said["lancedb"] and "Person 2" in said["answer"], said
+
+
+def test_spacy_loads_without_pytorch_which_stays_importable():
+    code = (
+        "import sys; from schemas.config import load_config; from tasks.index.extract import load_nlp; "
+        "nlp = load_nlp(load_config().extract.spacy_model); assert 'torch' not in sys.modules; "
+        "assert [e.text for e in nlp('Ada Lovelace was born in London.').ents]; import torch; print(torch.tensor([1]).sum().item())"
+    )
+    done = _python(code)
+    assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr
+
+
+def test_the_console_script_ends_at_once_with_its_exit_code_after_the_exit_handlers(tmp_path):
+    code = (
+        "import atexit, sys; from pathlib import Path; marker = Path(sys.argv[1]); "
+        "atexit.register(lambda: marker.write_text('ran')); "
+        "sys.argv = ['strata', 'query', 'Who?', '--index', sys.argv[2]]; from flows.cli import script; script()"
+    )
+    done = _python(code, str(tmp_path / "marker"), str(tmp_path / "no-index"))
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.strip().startswith("error: no index at") and len(done.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "marker").read_text() == "ran"
+    usage = _python("import sys; sys.argv = ['strata', 'query']; from flows.cli import script; script()")
+    assert usage.returncode == 2 and usage.stderr.startswith("error:"), usage.stderr

@@ -7,6 +7,6 @@ line and the exit code of its kind (``tasks.errors``); reads resolve one publish
 
 from flows.cli import build, admin, ask  # noqa: F401, I001  (each registers its commands, in this order in --help)
 from flows.cli.build import date_partitions
-from flows.cli.common import app, main, spread_multi_values
+from flows.cli.common import app, main, script, spread_multi_values
 
-__all__ = ["app", "date_partitions", "main", "spread_multi_values"]
+__all__ = ["app", "date_partitions", "main", "script", "spread_multi_values"]

@@ -1,7 +1,9 @@
 """Boilerplate: paragraphs repeated across a corpus's documents (licences, headers, footers, navigation).
 
-A paragraph is a blank-line separated block of a document; its key is a hash of its text with case, digits and
-punctuation aside ("Copyright 2019" and "copyright 2020." are one key). A key found in at least
+A paragraph is a blank-line separated block of a document; its key is a hash of its text with case and
+punctuation aside, and its digits too when it holds at most ``MAX_NUMBERS`` numbers ("Copyright 2019" and
+"copyright 2020." are one key). A paragraph with more numbers keeps them: templated text that differs only in its
+figures ("Firm 1 was founded by Person 1 ... Firm 2", a quarterly report's sentences) is content, not a footer. A key found in at least
 ``corpus.boilerplate_min_documents`` documents is boilerplate: its paragraphs are left out of the chunks
 (``chunk.chunk_document`` chunks what lies between them), unless that would leave a document nothing (a
 document that is all boilerplate, such as the same file twice, is kept whole).
@@ -25,6 +27,10 @@ MIN_CHARS = 40
 _BREAK = re.compile(r"\n[ \t\r\f\v]*\n")
 _NOT_WORD = re.compile(r"[\W_]+")
 _DIGIT = re.compile(r"\d")
+_NUMBER = re.compile(r"\d+")
+
+#: a paragraph with more numbers than this keeps its digits in its key (a footer has a year, a version, a page)
+MAX_NUMBERS = 2
 
 
 def paragraphs(text: str) -> list[tuple[int, int, int]]:
@@ -36,7 +42,10 @@ def paragraphs(text: str) -> list[tuple[int, int, int]]:
         block = text[at:stop]
         lead = len(block) - len(block.lstrip())
         start, end = at + lead, at + len(block.rstrip())
-        norm = _NOT_WORD.sub(" ", _DIGIT.sub("0", text[start:end].lower())).strip()
+        block = text[start:end].lower()
+        if len(_NUMBER.findall(block)) <= MAX_NUMBERS:
+            block = _DIGIT.sub("0", block)
+        norm = _NOT_WORD.sub(" ", block).strip()
         if len(norm) >= MIN_CHARS:
             out.append((start, end, key(norm)))
         at = nxt

@@ -93,8 +93,6 @@ def open_reader(
     products are small, and a second OpenBLAS thread only spins (``strata eval`` on MuSiQue's subset: 41 s of CPU
     with it, 28 s without, the same wall time and figures)."""
     from tasks.index.embed import check_dimension, question_embedder
-    from tasks.query.view import load_view
-    from tasks.runtime.llm_client import LiteLLMClient
     from tasks.runtime.parallel import one_blas_thread
 
     one_blas_thread()
@@ -103,8 +101,14 @@ def open_reader(
         check_modes([mode])
     catalog = Catalog(index, create=False, storage=cfg.storage)
     embedder = question_embedder(cfg.embedding, cfg.llm)
-    loading = _warm_up(embedder) if warm else None  # the model and token tables load while the snapshot is read
+    # the model and token tables load while the query's modules import and the snapshot is read
+    loading = _warm_up(embedder) if warm else None
     try:
+        import tasks.query.retrieve  # noqa: F401  (imported here to overlap the loading; ``ask`` uses it)
+        from tasks.query.answer import SENTENCE_CACHE, TokenVectors, answer_embedder
+        from tasks.query.view import load_view
+        from tasks.runtime.llm_client import LiteLLMClient
+
         view = load_view(catalog, as_of)
     finally:  # a native library still loading when the process exits aborts it: wait, whatever happened
         if loading is not None:
@@ -112,8 +116,6 @@ def open_reader(
     check_mode(view.method, mode)
     check_dimension(embedder, view.dim)
     client = LiteLLMClient(cfg.llm, catalog.cache_dir) if cfg.llm.model else None
-    from tasks.query.answer import SENTENCE_CACHE, TokenVectors, answer_embedder
-
     sentences = TokenVectors(answer_embedder(embedder), max(SENTENCE_CACHE, cfg.serve.warm_sentences))
     return Reader(cfg, catalog, view, embedder, client, sentences)
 

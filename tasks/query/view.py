@@ -132,6 +132,12 @@ class IndexView:
 
         return self._once("bm25", build)
 
+    def warm(self, cfg: Any) -> None:
+        """Build now what a query with retrieval settings ``cfg`` builds on first use (the BM25 index, the passage
+        graph), so that a copy left on disk (``remember_view``) spares the next process reading any table."""
+        self.lexical()
+        self.passage_graph(RankParams.from_config(cfg))
+
     def passage_graph(self, params: RankParams) -> PassageGraph:
         """The entity–chunk graph for Personalized PageRank, built on first use from ``mentions`` and ``relations``."""
         key = ("graph", params.relation_share, params.damping, params.max_df)

@@ -166,13 +166,17 @@ class ProcessMapper:
     def started(self) -> bool:
         return self._pool is not None
 
-    def start(self) -> ProcessMapper:
+    def start(self, warm: Callable[[], Any] | None = None) -> ProcessMapper:
+        """The child, started now; ``warm`` (imports, loads) runs in it first, while this process goes on (the
+        first map waits for it; a failure in it shows again where a task needs what it loads)."""
         if self._pool is None:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
             self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
             _LIVE.add(self)
+            if warm is not None:
+                self._pool.submit(warm)
         return self
 
     def ready(self) -> None:

@@ -19,14 +19,15 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-from sklearn.decomposition import PCA
-from sklearn.mixture import GaussianMixture
 
 from schemas.config import HierarchyConfig
 from schemas.tables import LayerRow
+
+if TYPE_CHECKING:
+    from sklearn.mixture import GaussianMixture
 
 STOP_CONVERGED = "cs_change_rate<=epsilon"
 STOP_MAX_LAYERS = "max_layers"
@@ -143,6 +144,8 @@ def reduce_dims(x: np.ndarray, cfg: HierarchyConfig, seed: int) -> np.ndarray:
             .fit_transform(x)
             .astype(np.float64)
         )
+    from sklearn.decomposition import PCA  # here: an update that attaches (no fit) never pays scikit-learn's import
+
     return PCA(n_components=dim, random_state=seed, svd_solver="auto").fit_transform(x).astype(np.float64)
 
 
@@ -185,6 +188,8 @@ def fit_gmm_model(
     sample: np.ndarray, candidates: list[int], cfg: HierarchyConfig, seed: int
 ) -> tuple[GaussianMixture, int, dict[int, float]]:
     """One GMM per candidate size fitted on ``sample``: the lowest BIC's, its size, and every size's BIC."""
+    from sklearn.mixture import GaussianMixture  # here, as ``reduce_dims``'s PCA
+
     best: tuple[float, int, GaussianMixture] | None = None
     bics: dict[int, float] = {}
     for k in candidates:
