@@ -328,7 +328,8 @@ class RetrievalConfig(_Section):
         0.05,
         gt=0,
         le=1,
-        description="PPR seeds: entities found in more than this share of chunks are too generic to seed.",
+        description="PPR seeds: entities found in more than this share of chunks are too generic to seed by "
+        "similarity or as a bridge; an entity the question names seeds whatever its share, weighted by it.",
     )
     ppr_vector_seeds: int = Field(
         5, ge=0, description="PPR seeds: also the N entities nearest to the question vector..."

@@ -49,17 +49,17 @@ def _mentions(rows: list[tuple[str, str, str]]) -> pl.DataFrame:
     return pl.DataFrame({"chunk_id": [r[0] for r in rows], "key": [r[1] for r in rows], "description": [r[2] for r in rows]})
 
 
-def _graph(chunks: int, names: list[str], rows, relations=(), params=RankParams()):
+def _graph(chunks: int, names: list[str], rows, relations=(), params=RankParams(), types=None):
     chunk_index = {f"c{i}": i for i in range(chunks)}
-    return build_passage_graph(chunk_index, names, ["concept"] * len(names), np.zeros(len(names), dtype=np.int64),
-                               _mentions(rows), list(relations), params)
+    return build_passage_graph(chunk_index, names, types or ["concept"] * len(names),
+                               np.zeros(len(names), dtype=np.int64), _mentions(rows), list(relations), params)
 
 
 def test_seed_specificity_divides_by_chunk_count():
     # "Rare" occurs in one chunk, "common" in four: named together, Rare weighs four times as much
     rows = [("c0", "rare", "Rare and common."), *[(f"c{i}", "common", f"Common {i}.") for i in range(4)]]
     params = RankParams(prior_weight=0.0, chain_chunks=0, max_df=1.0)
-    g = _graph(20, ["Rare", "common"], rows, params=params)
+    g = _graph(20, ["Rare", "Common"], rows, params=params)
     assert question_entities(g, "Is the rare thing common?") == [0, 1]
     s, seeds = personalization(g, "Is the rare thing common?", np.zeros(20), params)
     ents = s[g.n_chunks:]
@@ -67,12 +67,39 @@ def test_seed_specificity_divides_by_chunk_count():
     assert ents.sum() == pytest.approx(1.0)
 
 
-def test_generic_and_numeric_entities_do_not_seed():
+def test_common_nouns_and_numbers_are_not_names():
     rows = [(f"c{i}", "album", "An album.") for i in range(10)] + [("c0", "1990", "In 1990."), ("c1", "beatles", "Beatles.")]
     params = RankParams(prior_weight=0.0, chain_chunks=0, max_df=0.2)  # 0.2 x 20 chunks: at most 4 chunks
     g = _graph(20, ["album", "1990", "Beatles"], rows, params=params)
     s, seeds = personalization(g, "Which Beatles album came out in 1990?", np.zeros(20), params)
-    assert seeds["named"] == [2]  # album is in 10 of 20 chunks, 1990 is a number
+    assert seeds["named"] == [2]  # "album" is one lowercase word (a common noun, not a name), 1990 is a number
+
+
+def test_a_name_in_every_chunk_still_seeds_weakly_and_a_verb_is_not_a_name():
+    # a 10-chunk book: Scrooge is in every chunk (past any max_df share), "visit" is a noun phrase elsewhere
+    rows = [(f"c{i}", "scrooge", f"Scrooge {i}.") for i in range(10)] + [("c3", "visit", "A visit."), ("c4", "fog", "Fog.")]
+    params = RankParams(prior_weight=0.0, chain_chunks=0, max_df=0.05)
+    g = _graph(10, ["Scrooge", "visit", "fog"], rows, params=params, types=["person", "concept", "concept"])
+    s, seeds = personalization(g, "How many spirits visit Scrooge in the fog?", np.zeros(10), params)
+    assert seeds["named"] == [0]  # "visit" (a verb here) and "fog" (a common noun) are no names
+    assert not g.seedable[0] and s[g.n_chunks:][0] == pytest.approx(1.0)  # alone, so all the entity mass
+
+
+def test_a_possessive_and_a_partial_name_resolve_to_the_entities_they_name():
+    names = ["Jacob Marley", "Ebenezer Scrooge", "Bob Cratchit", "Marley's Ghost"]
+    rows = [("c0", "jacob marley", "Jacob Marley was dead."), ("c1", "ebenezer scrooge", "Ebenezer Scrooge."),
+            ("c2", "bob cratchit", "Bob Cratchit."), ("c3", "marley ghost", "Marley's Ghost spoke."),
+            ("c4", "ebenezer scrooge", "Scrooge again.")]
+    params = RankParams(prior_weight=0.0, chain_chunks=0)
+    g = _graph(5, names, rows, params=params, types=["person", "person", "person", "person"])
+    s, seeds = personalization(g, "What did Marley's ghost warn Scrooge about?", np.zeros(5), params)
+    # "Marley's ghost" is the ghost's own name (the possessive dropped); "Scrooge" is one word of a longer name
+    assert seeds["named"] == [3, 1]
+    ents = s[g.n_chunks:]
+    assert ents[3] == pytest.approx(2 * ents[1]) and ents[0] == ents[2] == 0  # Scrooge's name is in 2 chunks
+    # "Marley's" alone is a word of two names: each gets half of a seed
+    s, seeds = personalization(g, "What did Marley's partner say?", np.zeros(5), params)
+    assert seeds["named"] == [0, 3] and s[g.n_chunks:][0] == pytest.approx(s[g.n_chunks:][3])
 
 
 def test_longest_name_wins():
