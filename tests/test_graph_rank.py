@@ -60,8 +60,8 @@ def test_seed_specificity_divides_by_chunk_count():
     rows = [("c0", "rare", "Rare and common."), *[(f"c{i}", "common", f"Common {i}.") for i in range(4)]]
     params = RankParams(prior_weight=0.0, chain_chunks=0, max_df=1.0)
     g = _graph(20, ["Rare", "Common"], rows, params=params)
-    assert question_entities(g, "Is the rare thing common?") == [0, 1]
-    s, seeds = personalization(g, "Is the rare thing common?", np.zeros(20), params)
+    assert question_entities(g, "Is the Rare thing Common?") == [0, 1]
+    s, seeds = personalization(g, "Is the Rare thing Common?", np.zeros(20), params)
     ents = s[g.n_chunks:]
     assert ents[0] / ents[1] == pytest.approx(4.0)
     assert ents.sum() == pytest.approx(1.0)
@@ -82,6 +82,11 @@ def test_a_name_in_every_chunk_still_seeds_weakly_and_a_verb_is_not_a_name():
     g = _graph(10, ["Scrooge", "visit", "fog"], rows, params=params, types=["person", "concept", "concept"])
     s, seeds = personalization(g, "How many spirits visit Scrooge in the fog?", np.zeros(10), params)
     assert seeds["named"] == [0]  # "visit" (a verb here) and "fog" (a common noun) are no names
+    # a one-word concept the book capitalises (at the head of a sentence) is a name only where the question does too
+    rows += [("c5", "bring", "Bring down the box.")]
+    g = _graph(10, ["Scrooge", "visit", "fog", "Bring"], rows, params=params, types=["person", *["concept"] * 3])
+    assert personalization(g, "Who came to bring him home?", np.zeros(10), params)[1]["named"] == []
+    assert personalization(g, "What did Bring say?", np.zeros(10), params)[1]["named"] == [3]
     assert not g.seedable[0] and s[g.n_chunks:][0] == pytest.approx(1.0)  # alone, so all the entity mass
 
 

@@ -87,6 +87,7 @@ class PassageGraph:
     df: np.ndarray  # chunks each entity node occurs in
     seedable: np.ndarray  # bool: may be a vector or chain seed (not a date/number, not in too many chunks)
     nameable: np.ndarray  # bool: seeds when the question names it (not a date/number; a name or several words)
+    sure: np.ndarray  # bool: nameable whatever the question's case (typed other than concept, or several words)
     parts: dict[str, list[int]]  # a word of a name of several words -> the entity nodes whose name holds it
     sent_chunk: np.ndarray  # chunk of each sentence (sorted)
     sent_ent: sp.csr_matrix  # sentences x entity nodes (1 where the sentence mentions the entity)
@@ -137,6 +138,7 @@ def build_passage_graph(
     proper = np.array([ent_types[v] != "concept" or ent_names[v][:1].isupper() for v in ent_view], dtype=bool)
     several = np.array([len(w) > 1 for w in words], dtype=bool)
     nameable = ~numeric & (df >= 1) & (proper | several)
+    sure = nameable & (several | np.array([ent_types[v] != "concept" for v in ent_view], dtype=bool))
     parts: dict[str, list[int]] = {}
     for node in np.flatnonzero(nameable & proper & several):
         for w in sorted(set(words[node]) - _NOT_NAME_PARTS):
@@ -161,6 +163,7 @@ def build_passage_graph(
         df,
         seedable,
         nameable,
+        sure,
         parts,
         sent_chunk,
         sent_ent,
@@ -199,10 +202,12 @@ def question_entities(graph: PassageGraph, question: str, max_ngram: int = 6) ->
     return _full_names(graph, _WORD.findall(question), max_ngram)[0]
 
 
-def _full_names(graph: PassageGraph, words: list[str], max_ngram: int) -> tuple[list[int], list[str]]:
-    """``question_entities`` of the question's ``words``, and the words no name took."""
+def _full_names(graph: PassageGraph, words: list[str], max_ngram: int) -> tuple[list[int], list[list[str]], list[str]]:
+    """``question_entities`` of the question's ``words``, the words that named each ("the Beatles"), and the words
+    no name took."""
     taken = np.zeros(len(words), dtype=bool)
     found: list[int] = []
+    spans: list[list[str]] = []
     for n in range(min(max_ngram, len(words)), 0, -1):
         for i in range(len(words) - n + 1):
             if taken[i : i + n].any():
@@ -212,7 +217,8 @@ def _full_names(graph: PassageGraph, words: list[str], max_ngram: int) -> tuple[
                 taken[i : i + n] = True
                 if node not in found:
                     found.append(node)
-    return found, [w for w, t in zip(words, taken) if not t]
+                    spans.append(words[i : i + n])
+    return found, spans, [w for w, t in zip(words, taken) if not t]
 
 
 def name_parts(graph: PassageGraph, words: list[str]) -> dict[int, float]:
@@ -236,8 +242,12 @@ def personalization(
     n = graph.n_chunks
     spec = 1.0 / np.maximum(graph.df, 1)
     ent = np.zeros(graph.n_entities)
-    full, left = _full_names(graph, _WORD.findall(question), params.max_ngram)
-    named = [e for e in full if graph.nameable[e]]
+    full, spans, left = _full_names(graph, _WORD.findall(question), params.max_ngram)
+    # a one-word concept written capitalised in the corpus is a name where the question capitalises it too ("Bring"
+    # at the head of a sentence of the book is not named by "came to bring him home")
+    named = [
+        e for e, span in zip(full, spans) if graph.nameable[e] and (graph.sure[e] or any(w[:1].isupper() for w in span))
+    ]
     ent[named] += spec[named]
     # a word a full name took is not also a partial one ("Marley's" of "Marley's ghost": subset100, recall 0.885
     # when it is, 0.914 when it is not; 0.907 with no partial names at all)
