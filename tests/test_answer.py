@@ -122,3 +122,20 @@ def test_word_pieces_are_embedded_once_without_stop_words_and_the_most_recent_ke
     # a question: its vector for the retrieval and its pieces for the answer from one model call
     assert vectors.question("Who met Bob?").shape == (model.dim,) and "Who met Bob?" in vectors.seen
     assert vectors(["Who met Bob?"])[0][0].tolist() == [model.ids["met"], model.ids["bob"]] and len(model.calls) == 4
+
+
+def test_preselect_keeps_the_ranked_head_and_reaches_past_it_by_the_questions_rare_words():
+    from tasks.query.answer import preselect
+
+    filler = [(f"The fog came down on day {i} and the city was quiet.", "book") for i in range(10)]
+    cands = [
+        *filler[:3],
+        ("Scrooge's clerk works in a dismal little cell.", "book"),  # "clerk", "works": both rare
+        *filler[3:],
+        ("Bob Cratchit was the clerk.", "book"),  # "clerk"
+        ("The city lay in fog again.", "book"),  # "city" is in every filler: common, no question word anyway
+    ]
+    picked = preselect("Who is the clerk that works for Scrooge in the city?", cands, 4)
+    # the first two as ranked, then the two of the rest holding the rarest question words, all in context order
+    assert picked == [cands[0], cands[1], cands[3], cands[11]]
+    assert preselect("Who?", cands[:3], 4) == cands[:3]  # at most k: all of them
