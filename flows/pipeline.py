@@ -33,7 +33,7 @@ from flows.steps import (
 from schemas.config import StrataConfig
 from tasks.index.validate import warm as warm_validation
 from tasks.methods.base import Hierarchy, Layer0
-from tasks.runtime.parallel import DaskPool, LocalMapper, Mapper, ProcessMapper
+from tasks.runtime.parallel import DaskPool, LocalMapper, Mapper, ProcessMapper, blas_on_one_thread
 from tasks.runtime.stages import TaskRunner, direct_task, limit_malloc_arenas, release_memory
 from tasks.store.catalog import Catalog
 from tasks.store.rows import relation_table
@@ -160,6 +160,11 @@ def what_publish_reads(layer0: Layer0, hierarchy: Hierarchy) -> tuple[Layer0, Hi
 
 
 def _execute(corpus, catalog, cfg, task, mapper, run_id, flow_name, snap, replace_root) -> BuildResult:
+    with blas_on_one_thread():  # the tables' bits whatever the thread setting (``one_blas_thread``)
+        return _execute_run(corpus, catalog, cfg, task, mapper, run_id, flow_name, snap, replace_root)
+
+
+def _execute_run(corpus, catalog, cfg, task, mapper, run_id, flow_name, snap, replace_root) -> BuildResult:
     limit_malloc_arenas()
     latest = catalog.snapshot()
     version = latest["version"] + 1 if latest else 1

@@ -110,3 +110,10 @@ def stop_server(server, sig) -> None:
         server.wait(30)
     except subprocess.TimeoutExpired:
         server.kill()
+
+
+def blas_threads(_: object = None) -> list[int]:
+    """The thread counts of the BLAS libraries loaded in this process (a ``ProcessMapper`` task: one argument)."""
+    from threadpoolctl import threadpool_info
+
+    return sorted({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})

@@ -227,3 +227,37 @@ def test_the_console_script_ends_at_once_with_its_exit_code_after_the_exit_handl
     assert (tmp_path / "marker").read_text() == "ran"
     usage = _python("import sys; sys.argv = ['strata', 'query']; from flows.cli import script; script()")
     assert usage.returncode == 2 and usage.stderr.startswith("error:"), usage.stderr
+
+
+def test_a_run_and_its_children_compute_on_one_blas_thread(tmp_path, monkeypatch):
+    """A float32 product's last bits follow BLAS's thread count: every process of a run uses one thread, so the
+    tables are the same whatever the machine's cores or ``OPENBLAS_NUM_THREADS`` (``one_blas_thread``)."""
+    from threadpoolctl import threadpool_limits
+
+    from flows import pipeline
+    from schemas.config import load_config
+    from tasks.runtime.parallel import ProcessMapper
+    from tasks.store.catalog import Catalog
+    from tests.helpers import blas_threads
+
+    seen = {}
+    stages = pipeline.run_stages
+
+    def recorded(run):
+        seen["run"] = blas_threads()
+        child = ProcessMapper()
+        try:
+            seen["child"] = child(blas_threads, [None])[0]
+        finally:
+            child.release()
+        return stages(run)
+
+    monkeypatch.setattr(pipeline, "run_stages", recorded)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.md").write_text("Ada Lovelace was born in London. She wrote the first program.\n", encoding="utf-8")
+    with threadpool_limits(2, user_api="blas"):
+        before = blas_threads()
+        pipeline.build_index(str(corpus), Catalog(tmp_path / "index"), load_config())
+        assert blas_threads() == before  # the caller's setting is back after the run
+    assert seen == {"run": [1], "child": [1]}

@@ -173,7 +173,9 @@ class ProcessMapper:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn"), initializer=one_blas_thread
+            )
             _LIVE.add(self)
             if warm is not None:
                 self._pool.submit(warm)
@@ -264,6 +266,7 @@ class DaskPool:
     def _open(self) -> tuple[contextlib.ExitStack, Any]:
         stack = contextlib.ExitStack()
         client = stack.enter_context(dask_client(self.cfg, self.threads_per_worker))
+        client.run(one_blas_thread)  # an external cluster's workers too: the tables' bits (``one_blas_thread``)
         if self.warm is not None:
             try:
                 client.run(self.warm)
@@ -415,6 +418,7 @@ def _child_main(call: str, result: str) -> None:
     from tasks.runtime.stages import limit_malloc_arenas
 
     limit_malloc_arenas()  # as in the run's process (an update's merge: 2,162 -> 2,092 MB at 100k chunks)
+    one_blas_thread()  # as every process of a run: the same bits (``one_blas_thread``)
 
     with open(call, "rb") as fh:
         fn, args = pickle.load(fh)
@@ -467,11 +471,23 @@ def lower_priority(niceness: int) -> None:
 
 
 def one_blas_thread() -> None:
-    """BLAS (OpenBLAS under numpy and scipy) on one thread in this process: a query's products are small (a question
-    against MuSiQue's 21,888 entity vectors: 1.3 ms of CPU on one thread), and in a busy service a second BLAS thread
-    only spins beside the other requests (7 ms of CPU, 30 ms of wall). The processes it starts keep their own
-    defaults: no environment variable is set (``OPENBLAS_NUM_THREADS`` / ``MKL_NUM_THREADS`` = 1 inherited by a
-    build changed the last bits of its entity vectors)."""
+    """BLAS (OpenBLAS under numpy and scipy) on one thread in this process. In a build's processes (the run's, its
+    children, its Dask workers, an external cluster's included) so that its tables are the same bits whatever the
+    machine's cores or the environment's ``OPENBLAS_NUM_THREADS``: a float32 product's sums are split by thread, so
+    their last bits follow the thread count (``archrag``'s similarity edges, and the communities and reports they
+    shape, differed on 400 MuSiQue passages between 1 and 2 threads). Dask's own workers already ran so
+    (``distributed.nanny.pre-spawn-environ``). In a query's: its products are small (a question against MuSiQue's
+    21,888 entity vectors: 1.3 ms of CPU on one thread), and in a busy service a second BLAS thread only spins
+    beside the other requests (7 ms of CPU, 30 ms of wall). No environment variable is set."""
+    blas_on_one_thread()
+
+
+def blas_on_one_thread() -> Any:
+    """``one_blas_thread``'s limit (a ``threadpoolctl`` limiter: as a context manager, the previous setting comes
+    back at its end). numpy's and scipy's BLAS (scipy ships its own copy) are loaded first: a limit holds only for
+    the libraries loaded when it is set."""
+    import numpy  # noqa: F401
+    import scipy.linalg  # noqa: F401
     from threadpoolctl import threadpool_limits
 
-    threadpool_limits(1, user_api="blas")
+    return threadpool_limits(1, user_api="blas")
