@@ -125,7 +125,7 @@ def test_word_pieces_are_embedded_once_without_stop_words_and_the_most_recent_ke
 
 
 def test_preselect_keeps_the_ranked_head_and_reaches_past_it_by_the_questions_rare_words():
-    from tasks.query.answer import preselect
+    from tasks.query.candidates import preselect
 
     filler = [(f"The fog came down on day {i} and the city was quiet.", "book") for i in range(10)]
     cands = [

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from tasks.query.candidates import MAX_CANDIDATES, STOP_WORDS, WORD, answer_candidates, chunk_sentences, preselect
 from tasks.query.context import Context
 from tasks.runtime.llm import run_sync
 
@@ -56,50 +56,7 @@ def answer(ctx: Context, client=None, tokens=None) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------- extractive answer
-_WORD = re.compile(r"[a-z0-9]+")
-
-
 _TOKEN = re.compile(r"[A-Za-z0-9][\w'-]*")
-
-
-_STOP = set(
-    "the a an of in on at to for and or is was were are be by with from as that this which who what when where how why did does do".split()
-)
-
-
-def answer_candidates(ctx: Context, limit: int | None = None) -> list[tuple[str, str]]:
-    """(sentence, its source's title) for every sentence of the context's sources (``split_sentences``: whole
-    sentences, abbreviations and initials kept), in context order, without repeats. Entity descriptions, reports
-    and reasoning paths are left out: they are stitched from many places (a path's "X belongs to Y / Z" answers
-    nothing; taking them lowered the hit rate from 0.28 to 0.23 on MuSiQue's subset, docs/benchmarks.md, "The offline answer").
-    With ``limit``, the sources are split only until that many are found (segmentation is the costly part)."""
-    out: dict[str, str] = {}
-    for c in ctx.chunks:
-        if limit is not None and len(out) >= limit:
-            break
-        label = c.get("title") or c.get("document_id") or ""
-        for s in chunk_sentences(c["text"], c.get("title")):
-            out.setdefault(s, label)
-    return list(out.items())[:limit]
-
-
-def chunk_sentences(text: str, title: str | None) -> list[str]:
-    """A source's candidate sentences: those of its text past its title line, longer than 20 characters."""
-    return [s for s in source_sentences(text.removeprefix(f"[{title}] ")) if len(s) > 20]
-
-
-@functools.lru_cache(maxsize=2048)
-def source_sentences(text: str) -> tuple[str, ...]:
-    """``split_sentences`` of a source, kept for the next question it answers: pySBD builds a regular expression per
-    abbreviation it meets, past what Python's pattern cache holds, so a warm query spent half its time (~45 ms of
-    ~90 on MuSiQue) splitting the same sources again."""
-    from tasks.runtime.text import split_sentences
-
-    return tuple(split_sentences(text))
-
-
-#: candidates scored (``preselect``): embedding them is the answer's cost
-MAX_CANDIDATES = 32
 
 
 #: added to a second sentence that names something the first names and the question does not (the next hop)
@@ -157,7 +114,7 @@ def holds_new(sentence: str, kind: re.Pattern[str], seen: set[str]) -> bool:
 _NAME = re.compile(r"\b[A-Z][\w'-]*(?:\s+(?:of|the|de|van|von)?\s*[A-Z][\w'-]*)*")
 
 
-_NOT_NAMES = _STOP | set("he she it they his her its their there these those i we you but if then".split())
+_NOT_NAMES = STOP_WORDS | set("he she it they his her its their there these those i we you but if then".split())
 
 
 def _names(text: str) -> set[str]:
@@ -176,7 +133,7 @@ MIN_FIRST_WORDS = 20
 
 #: word pieces a question and a sentence are not compared on, with punctuation: stop words and the words questions
 #: are phrased with ("what is the name / term / kind of")
-_SKIP = _STOP | set("name called term kind type".split())
+_SKIP = STOP_WORDS | set("name called term kind type".split())
 
 
 Pieces = tuple[np.ndarray, np.ndarray, np.ndarray]  # word-piece ids, their vectors as int8, each one's scale
@@ -222,38 +179,10 @@ def late_scores(query: Pieces, texts: list[Pieces], stack: Stack | None = None) 
     return out
 
 
-def _stem(word: str) -> str:
-    """A crude stem for matching words across inflections ("works" / "work", "apprenticeship" / "apprentice")."""
-    return word[:6] if len(word) > 6 else word.removesuffix("s")
-
-
-def preselect(question: str, cands: list[tuple[str, str]], k: int) -> list[tuple[str, str]]:
-    """The ``k`` candidates compared piece by piece (embedding them is the answer's cost), in context order: the
-    first ``k / 2``, then those of the rest that share the most of the question's words (stop words aside, crudely
-    stemmed), each weighted by its rarity among the candidates (idf); all of them when there are at most ``k``. A
-    context of long narrative chunks holds hundreds of sentences, and its first ``k`` are one chunk's opening (the
-    book's 20 questions at 4,000 tokens: the answer in the offline answer for 0.20 of them with the first ``k``,
-    0.30 with this, 0.25 with all ``k`` by shared words; MuSiQue's subset 0.40 / 0.39 at 1,000 / 4,000 tokens
-    with this and with the first ``k``, 0.40 / 0.36 with all ``k`` by shared words)."""
-    if len(cands) <= k:
-        return cands
-    asked = {_stem(w) for w in _WORD.findall(question.lower()) if w not in _STOP}
-    held = [asked & {_stem(w) for w in _WORD.findall(t.lower())} for t, _ in cands]
-    df: dict[str, int] = {}
-    for words in held:
-        for w in words:
-            df[w] = df.get(w, 0) + 1
-    score = np.asarray([sum(np.log1p(len(cands) / df[w]) for w in words) for words in held])
-    score[: k // 2] = np.inf  # the first half: the best-ranked sources' sentences, as before
-    order = np.arange(len(cands))
-    keep = np.sort(np.lexsort((order, -score))[:k])
-    return [cands[i] for i in keep]
-
-
 def _word_share(question: str, texts: list[str]) -> np.ndarray:
     """Without a model: the share of the question's words (stop words aside) each text holds."""
-    qwords = {w for w in _WORD.findall(question.lower()) if w not in _STOP}
-    return np.asarray([len(qwords & set(_WORD.findall(t.lower()))) / max(len(qwords), 1) for t in texts])
+    qwords = {w for w in WORD.findall(question.lower()) if w not in STOP_WORDS}
+    return np.asarray([len(qwords & set(WORD.findall(t.lower()))) / max(len(qwords), 1) for t in texts])
 
 
 def only(pieces: Pieces, ids: np.ndarray) -> Pieces:
@@ -305,7 +234,7 @@ def best_sentences(
     raised the gold answer's share from 0.32 / 0.35 to 0.40 / 0.41 (`hi`, 1,000 / 4,000 tokens)."""
     question = ctx.question
     cands = preselect(question, answer_candidates(ctx), MAX_CANDIDATES)
-    qwords = {w for w in _WORD.findall(question.lower()) if w not in _STOP}
+    qwords = {w for w in WORD.findall(question.lower()) if w not in STOP_WORDS}
     if not cands or not qwords:
         return []
     texts = [s for s, _ in cands]
@@ -340,7 +269,7 @@ def best_sentences(
         nxt += np.asarray([CHAIN_BONUS * bool(hop & _names(t)) + KIND_BONUS * holds_new(t, kind, seen) for t in texts])
         nxt[first] = -np.inf
         chosen += [int(i) for i in np.lexsort((order, -nxt))[: k - 1] if int(i) != first and nxt[i] > 0]
-    keys = [{w.lower() for w in _TOKEN.findall(q)} - _STOP for q in (question, rest)]
+    keys = [{w.lower() for w in _TOKEN.findall(q)} - STOP_WORDS for q in (question, rest)]
     if sum(words[i] for i in chosen) <= max_words:
         return [cands[i] for i in chosen]
     if len(chosen) == 1:
