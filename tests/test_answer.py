@@ -139,3 +139,10 @@ def test_preselect_keeps_the_ranked_head_and_reaches_past_it_by_the_questions_ra
     # the first two as ranked, then the two of the rest holding the rarest question words, all in context order
     assert picked == [cands[0], cands[1], cands[3], cands[11]]
     assert preselect("Who?", cands[:3], 4) == cands[:3]  # at most k: all of them
+
+
+def test_preselect_of_candidates_sharing_no_word_with_the_question_keeps_context_order():
+    from tasks.query.candidates import preselect
+
+    cands = [(f"Sentence number {i} says nothing.", "doc") for i in range(6)]
+    assert preselect("Who founded Acme?", cands, 4) == cands[:4]  # no shared word: the first four, as ranked

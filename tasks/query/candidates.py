@@ -72,7 +72,7 @@ def preselect(question: str, cands: list[tuple[str, str]], k: int) -> list[tuple
     for words in held:
         for w in words:
             df[w] = df.get(w, 0) + 1
-    score = np.asarray([sum(np.log1p(len(cands) / df[w]) for w in words) for words in held])
+    score = np.asarray([sum(np.log1p(len(cands) / df[w]) for w in words) for words in held], dtype=np.float64)
     score[: k // 2] = np.inf  # the first half: the best-ranked sources' sentences, as before
     order = np.arange(len(cands))
     keep = np.sort(np.lexsort((order, -score))[:k])
