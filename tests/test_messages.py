@@ -3,6 +3,8 @@ reasons, the comments ``strata init`` writes and the answer when the budget left
 
 from __future__ import annotations
 
+import json
+
 import re
 import time
 import tomllib
@@ -175,6 +177,12 @@ def test_inspect_lists_the_quarantine_bounded(tmp_path):
     res = runner.invoke(app, ["inspect", "--index", str(tmp_path / "idx")])
     assert res.exit_code == 0 and "/c/bad_09.bin [ingest]: binary file 9" in res.output, res.output
     assert "/c/bad_10.bin" not in res.output and "and 3 more" in res.output
+    # --json: the same rows, the reasons whole, and the count of all of them
+    res = runner.invoke(app, ["inspect", "--index", str(tmp_path / "idx"), "--json"])
+    listed = json.loads(res.output)["quarantine"]
+    assert listed["count"] == QUARANTINE_SHOWN + 3 and len(listed["rows"]) == QUARANTINE_SHOWN
+    assert listed["rows"][0] == {"item": "/c/bad_00.bin", "place": "/c/bad_00.bin", "stage": "ingest",
+                                 "reason": "binary file\n0"}
 
 
 def test_index_lists_what_it_quarantined(tmp_path, monkeypatch):

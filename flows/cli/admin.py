@@ -38,12 +38,16 @@ def inspect(
 ) -> None:
     """Row counts of the published snapshot, its version, the layer statistics and the last runs (exit 4 when a
     table of the snapshot cannot be read)."""
-    from tasks.query.inspect import inspect_data, quarantine_lines
+    from tasks.query.inspect import inspect_data, quarantine_lines, quarantined
 
     cat = open_catalog(index, config_path, set_)
     data = inspect_data(cat, as_of, runs)
     damaged = typer.Exit(EXIT_CODES["damaged"]) if data["problems"] else None
+    readable = "quarantine" not in " ".join(data["problems"])  # a damaged quarantine table is reported as such
     if as_json:
+        if readable:
+            count, rows = quarantined(cat, cat.require_snapshot(data["version"]))
+            data["quarantine"] = {"count": count, "rows": rows}
         out.print_json(json.dumps(data, default=str))
         if damaged:
             raise damaged
@@ -55,7 +59,7 @@ def inspect(
     for problem in data["problems"]:
         out.print(f"[bold red]damaged:[/] {escape(problem)}", highlight=False)
     out.print(_table("tables", ("table", "rows"), [[k, str(v)] for k, v in data["tables"].items()]))
-    if "quarantine" not in " ".join(data["problems"]):  # a damaged quarantine table is reported above
+    if readable:
         for line in quarantine_lines(cat, cat.require_snapshot(data["version"])):
             out.print(line, markup=False, highlight=False)
     cols = ("layer", "n_entities", "n_clusters", "cluster_sparsity", "change_rate", "stop_reason")

@@ -95,25 +95,35 @@ REASON_CHARS = 160
 _CHUNK_ID = re.compile(r"^chunk-[0-9a-f]{24}$")
 
 
-def quarantine_lines(cat: Catalog, snap: dict[str, Any], limit: int = QUARANTINE_SHOWN) -> list[str]:
-    """What the snapshot quarantined, one line a row (path, stage, reason; a chunk by its document's path and
-    place), at most ``limit``, then how many more and where to read them all. Empty when nothing is. The one
-    report of the quarantine that ``strata index``, ``update`` and ``inspect`` print."""
+def quarantined(cat: Catalog, snap: dict[str, Any], limit: int = QUARANTINE_SHOWN) -> tuple[int, list[dict[str, str]]]:
+    """What the snapshot quarantined: the number of rows, and the first ``limit`` (by item, then stage) as
+    ``{item, place, stage, reason}``, ``place`` the item's path (a chunk by its document's path and place). The one
+    reading of the quarantine that ``strata index``, ``update`` and ``inspect`` (text and ``--json``) report."""
     rows = sorted(
         cat.read("quarantine", snap=snap, columns=["item", "stage", "error"]).to_pylist(),
         key=lambda r: (r["item"], r["stage"]),
     )
-    if not rows:
-        return []
     shown = rows[:limit]
     places = _chunk_places(cat, snap, [r["item"] for r in shown if _CHUNK_ID.match(r["item"])])
-    lines = [f"quarantined ({len(rows)}):"]
-    for r in shown:
-        reason = " ".join(str(r["error"]).split())
+    return len(rows), [
+        {"item": r["item"], "place": places.get(r["item"], r["item"]), "stage": r["stage"], "reason": r["error"]}
+        for r in shown
+    ]
+
+
+def quarantine_lines(cat: Catalog, snap: dict[str, Any], limit: int = QUARANTINE_SHOWN) -> list[str]:
+    """``quarantined`` as lines: a line a row (path, stage, reason on one line, clipped), at most ``limit``, then how
+    many more and where to read them all. Empty when nothing is quarantined."""
+    total, rows = quarantined(cat, snap, limit)
+    if not total:
+        return []
+    lines = [f"quarantined ({total}):"]
+    for r in rows:
+        reason = " ".join(str(r["reason"]).split())
         reason = reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 1] + "…"
-        lines.append(f"  {places.get(r['item'], r['item'])} [{r['stage']}]: {reason}")
-    if len(rows) > limit:
-        lines.append(f"  … and {len(rows) - limit} more: strata export --table quarantine")
+        lines.append(f"  {r['place']} [{r['stage']}]: {reason}")
+    if total > limit:
+        lines.append(f"  … and {total - limit} more: strata export --table quarantine")
     return lines
 
 
