@@ -60,10 +60,8 @@ def preselect(question: str, cands: list[tuple[str, str]], k: int) -> list[tuple
     """The ``k`` candidates compared piece by piece (embedding them is the answer's cost), in context order: the
     first ``k / 2``, then those of the rest that share the most of the question's words (stop words aside, crudely
     stemmed), each weighted by its rarity among the candidates (idf); all of them when there are at most ``k``. A
-    context of long narrative chunks holds hundreds of sentences, and its first ``k`` are one chunk's opening (the
-    book's 20 questions at 4,000 tokens: the answer in the offline answer for 0.20 of them with the first ``k``,
-    0.30 with this, 0.25 with all ``k`` by shared words; MuSiQue's subset 0.40 / 0.39 at 1,000 / 4,000 tokens
-    with this and with the first ``k``, 0.40 / 0.36 with all ``k`` by shared words)."""
+    context of long narrative chunks holds hundreds of sentences, and its first ``k`` are one chunk's opening
+    (figures: docs/benchmarks.md, "The offline answer's candidates")."""
     if len(cands) <= k:
         return cands
     asked = {_stem(w) for w in WORD.findall(question.lower()) if w not in STOP_WORDS}

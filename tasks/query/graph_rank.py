@@ -15,7 +15,8 @@ question, never from file order or ids:
 * the entities the question names, whatever their frequency: every word n-gram of the question is
   normalised the way entity names are resolved at merge (possessives dropped) and looked up, longest
   matches first, a one-word match only where it is a name (an entity typed other than ``concept``,
-  or written capitalised: "visit" in "How many spirits visit Scrooge?" is not one); a capitalised
+  or a concept written capitalised in the corpus and in the question: "visit" in "How many spirits
+  visit Scrooge?" is not one); a capitalised
   word of the question that is one word of longer names ("Scrooge" of "Ebenezer Scrooge", "Marley"
   of "Jacob Marley"), where no full name took it, names those entities too, sharing one seed's weight; and the
   ``vector_seeds`` entities nearest to the question vector, if at least ``vector_threshold``
@@ -135,10 +136,11 @@ def build_passage_graph(
     seedable = ~numeric & (df >= 1) & (df <= max(2, params.max_df * n_chunks))
     words = [normalize_name(ent_names[v]).split() for v in ent_view]
     # a name: typed other than ``concept``, or written capitalised; a one-word lowercase concept is a common noun
-    proper = np.array([ent_types[v] != "concept" or ent_names[v][:1].isupper() for v in ent_view], dtype=bool)
+    typed = np.array([ent_types[v] != "concept" for v in ent_view], dtype=bool)
+    proper = typed | np.array([ent_names[v][:1].isupper() for v in ent_view], dtype=bool)
     several = np.array([len(w) > 1 for w in words], dtype=bool)
     nameable = ~numeric & (df >= 1) & (proper | several)
-    sure = nameable & (several | np.array([ent_types[v] != "concept" for v in ent_view], dtype=bool))
+    sure = nameable & (several | typed)
     parts: dict[str, list[int]] = {}
     for node in np.flatnonzero(nameable & proper & several):
         for w in sorted(set(words[node]) - _NOT_NAME_PARTS):
@@ -249,8 +251,8 @@ def personalization(
         e for e, span in zip(full, spans) if graph.nameable[e] and (graph.sure[e] or any(w[:1].isupper() for w in span))
     ]
     ent[named] += spec[named]
-    # a word a full name took is not also a partial one ("Marley's" of "Marley's ghost": subset100, recall 0.885
-    # when it is, 0.914 when it is not; 0.907 with no partial names at all)
+    # a word a full name took is not also a partial one ("Marley's" of "Marley's ghost"; the sweep that chose this:
+    # docs/benchmarks.md, "Seeds that find what the question names")
     partial = {e: share for e, share in name_parts(graph, left).items() if e not in named}
     for e, share in partial.items():
         ent[e] += share * spec[e]
