@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from flows.lineage import BuildResult
-from flows.publish_steps import assemble, publish, validate
+from flows.publish_steps import assemble, draw_layers, publish, validate
 from flows.run import PipelineRun, recorded_run
 from flows.steps import (
     chunk,
@@ -31,6 +31,7 @@ from flows.steps import (
     merge,
 )
 from schemas.config import StrataConfig
+from tasks.index.extract import warm as warm_extraction
 from tasks.index.validate import warm as warm_validation
 from tasks.methods.base import Hierarchy, Layer0
 from tasks.runtime.parallel import DaskPool, LocalMapper, Mapper, ProcessMapper, blas_on_one_thread
@@ -111,8 +112,9 @@ def run_stages(run: PipelineRun) -> BuildResult:
     layer0, hierarchy = what_publish_reads(layer0, hierarchy)
     run.forget_previous()
     release_memory()  # before validation reads the spilled mentions part by part
+    drawn = draw_layers(run, hierarchy)  # the layers' figure, drawn while the run validates
     tables = validate(run, tables)
-    return publish(run, delta, tables, layer0, hierarchy)
+    return publish(run, delta, tables, layer0, hierarchy, drawn)
 
 
 def choose_mapper(run: PipelineRun, least_chunks: int, final: bool) -> None:
@@ -129,19 +131,29 @@ def choose_mapper(run: PipelineRun, least_chunks: int, final: bool) -> None:
         release_prewarmed()  # the cluster's workers validate
     elif final:
         run.mapper = LocalMapper()
-        run.validator = _PREWARMED.pop() if _PREWARMED else ProcessMapper().start(warm=warm_validation)
+        run.small_child = _PREWARMED.pop() if _PREWARMED else start_child(run.cfg)
 
 
-#: a validation child started ahead of a run (``prewarm_validator``), for the run to take if it is small
+#: a small run's child started ahead of the run (``prewarm_child``), for the run to take if it is small
 _PREWARMED: list[ProcessMapper] = []
 
 
-def prewarm_validator() -> None:
-    """Start a validation child now: great-expectations (~2 s of imports) loads in it while this process imports
-    the rest and runs the first stages (``strata index``/``update``/``backfill`` call it first). A small run takes
-    it as its ``validator``; a large one's cluster validates, and it is released (``release_prewarmed``)."""
+def start_child(cfg: StrataConfig) -> ProcessMapper:
+    """A small run's child, started now. Where extraction is NLP it extracts there: the spaCy pipeline loads
+    first, great-expectations (it validates there) once the extraction's tasks are queued."""
+    if extraction_method(cfg) == "nlp":
+        spacy = functools.partial(warm_extraction, cfg.extract.spacy_model)
+        return ProcessMapper().start(warm=spacy, then=warm_validation)
+    return ProcessMapper().start(warm=warm_validation)
+
+
+def prewarm_child(cfg: StrataConfig) -> None:
+    """Start a small run's child now: spaCy (~1 s) and great-expectations (~2 s of imports) load in it while this
+    process imports the rest and runs the first stages (``strata index``/``update``/``backfill`` call it first). A
+    small run takes it as its ``validator``, and extracts in it too; a large one's cluster extracts and validates,
+    and it is released (``release_prewarmed``)."""
     if not _PREWARMED:
-        _PREWARMED.append(ProcessMapper().start(warm=warm_validation))
+        _PREWARMED.append(start_child(cfg))
 
 
 def release_prewarmed() -> None:
@@ -176,8 +188,8 @@ def _execute_run(corpus, catalog, cfg, task, mapper, run_id, flow_name, snap, re
             result = run_stages(run)
         finally:
             run.release_embedder()
-            if run.validator is not None:
-                run.validator.release()
+            if run.small_child is not None:
+                run.small_child.release()
             remove_tree(run.work_root)
             # the run's calls and tokens: the LLM client's and, for a litellm embedding model, the embedder's
             for client in (run.llm, run._embedder.inner.client if run._embedder else None):

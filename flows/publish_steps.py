@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from concurrent.futures import Future
 from typing import Any, cast
 
 import numpy as np
@@ -222,8 +224,8 @@ def validation_mapper(run: PipelineRun, tables: dict[str, Any]) -> Mapper:
     from tasks.runtime.parallel import LocalMapper, ProcessMapper, release_idle_children
 
     mapper, mentions = parts_mapper(run, tables), tables.get("mentions")
-    if isinstance(mapper, LocalMapper) and run.validator is not None:
-        return run.validator  # a small run's child, great-expectations loaded while the run went on
+    if isinstance(mapper, LocalMapper) and run.small_child is not None:
+        return run.small_child  # a small run's child, great-expectations loaded while the run went on
     new = mentions.add.num_rows if isinstance(mentions, TableDelta) else getattr(mentions, "num_rows", 0)
     if not isinstance(mapper, LocalMapper) or not run.large(new):
         return mapper
@@ -268,11 +270,35 @@ def validate(run: PipelineRun, tables: dict[str, Any]) -> dict[str, Any]:
     return tables
 
 
-def publish(
-    run: PipelineRun, delta: Delta, tables: dict[str, Any], layer0: Layer0, hierarchy: Hierarchy
-) -> BuildResult:
-    from tasks.index.plots import plot_layers
+def draw_layers(run: PipelineRun, hierarchy: Hierarchy) -> Future[bytes | None] | None:
+    """The layers' figure (``layers_png``), drawn on a thread of its own from now on: while this process waits on
+    validation (a small run's child validates; matplotlib's import and the drawing take ~0.8 s). None for an index
+    without a local folder or without layers."""
+    rows = hierarchy.layers
+    if not rows or run.catalog.root is None:
+        return None
+    from tasks.index.plots import layers_png
 
+    drawn: Future[bytes | None] = Future()
+
+    def draw() -> None:
+        try:
+            drawn.set_result(layers_png(rows, run.cfg.hierarchy.epsilon))
+        except BaseException as exc:  # noqa: BLE001 - shown where publish reads the result
+            drawn.set_exception(exc)
+
+    threading.Thread(target=draw, name="strata-layers-plot", daemon=True).start()
+    return drawn
+
+
+def publish(
+    run: PipelineRun,
+    delta: Delta,
+    tables: dict[str, Any],
+    layer0: Layer0,
+    hierarchy: Hierarchy,
+    drawn: Future[bytes | None] | None = None,
+) -> BuildResult:
     cfg, dim = run.cfg, (run.snap or {}).get("dim") or run.embedder.dim
     note: dict[str, Any] = {"method": run.method.name}
     roots = dict(run.note.get("roots", {}), **({run.location: run.root} if run.location != run.root else {}))
@@ -309,13 +335,13 @@ def publish(
             else ""
         )
         st.done(f"snapshot v{version}{hint}", tables=len(tables), drift=drift)
-    plot = None
-    if hierarchy.layers and run.catalog.root is not None:
-        plot = str(
-            plot_layers(
-                hierarchy.layers, run.catalog.root / "reports" / f"layers-v{version}.png", cfg.hierarchy.epsilon
-            )
-        )
+    plot, drawn = None, drawn or draw_layers(run, hierarchy)
+    png = drawn.result() if drawn is not None else None
+    if png is not None and run.catalog.root is not None:
+        path = run.catalog.root / "reports" / f"layers-v{version}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(png)
+        plot = str(path)
     snap = run.catalog.snapshot(version)
     counts = {
         k: run.catalog.open_table(k, snap=snap).count_rows() if isinstance(t, TableDelta) else t.num_rows

@@ -83,8 +83,8 @@ class PipelineRun:
         self.location = str(Path(corpus).expanduser().resolve())
         self.root = self.location  # the corpus root the documents belong to (see corpus_root)
         self._embedder = None
-        #: a small run's validation child, started once the run is known to be small (``choose_mapper``)
-        self.validator: ProcessMapper | None = None
+        #: a small run's child (it extracts with spaCy and validates), once the run is known small (``choose_mapper``)
+        self.small_child: ProcessMapper | None = None
         self._previous: dict[tuple[str, tuple[str, ...] | None, str | None], pa.Table] = {}
         workfs.use_storage(cfg.storage)  # the work folder of an index on object storage, as the catalog reaches it
 

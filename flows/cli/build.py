@@ -67,15 +67,15 @@ def run_writer(
     flow: str, corpus: Path, index: str, config_path: Path | None, set_: list[str] | None, quiet: bool, *args: Any
 ) -> tuple[dict[str, Any], float]:
     """Check the config and the corpus first, then run a writing flow with progress bars."""
-    from flows.pipeline import prewarm_validator, release_prewarmed
+    from flows.pipeline import prewarm_child, release_prewarmed
     from tasks.methods.registry import get_method
 
     cfg = config(config_path, set_)
     get_method(cfg.index.method)  # fail fast on a bad config, before Prefect starts
     check_corpus(corpus)
     started = time.perf_counter()
-    if not cfg.dask.address:  # a run on this machine: its validation child starts loading now
-        prewarm_validator()
+    if not cfg.dask.address:  # a run on this machine: a small run's child starts loading now
+        prewarm_child(cfg)
     try:
         import flows.index_flow as index_flows  # Prefect: ~1 s of imports, beside the child's
 

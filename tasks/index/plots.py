@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import io
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from schemas.tables import LayerRow
 
 
-def plot_layers(rows: list[LayerRow], path: Path, epsilon: float) -> Path | None:
-    """CS_i and the change rate per clustering; the stopping clustering is marked. None when nothing to plot."""
+def layers_png(rows: list[LayerRow], epsilon: float) -> bytes | None:
+    """CS_i and the change rate per clustering, the stopping clustering marked, as PNG bytes; None when nothing to
+    plot. Drawn on a ``Figure`` of its own (no pyplot state), so a thread may draw it while the run validates."""
     pts = [r for r in rows if r["cluster_sparsity"] is not None]
     if not pts:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     layers = [r["layer"] for r in pts]
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    fig = Figure(figsize=(6, 3.6), dpi=120)
+    ax = fig.subplots()
     sparsity = cast("list[float]", [r["cluster_sparsity"] for r in pts])  # pts: the rows where it is not None
     ax.plot(layers, sparsity, "o-", color="tab:blue", label="cluster sparsity CS$_i$")
     ax.set_xlabel("layer i (clustering of layer i-1)")
@@ -46,7 +45,6 @@ def plot_layers(rows: list[LayerRow], path: Path, epsilon: float) -> Path | None
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="lower right")
     ax.set_title("HiIndex layers: cluster sparsity and change rate")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    return out.getvalue()
