@@ -247,13 +247,13 @@ def test_an_update_runs_at_a_lower_cpu_priority_set_once(monkeypatch):
     from schemas.config import load_config
 
     code = (
-        "import os; from tasks.runtime.parallel import lower_priority; b = os.nice(0); lower_priority(b + 3); "
+        "import os; from tasks.runtime.process import lower_priority; b = os.nice(0); lower_priority(b + 3); "
         "lower_priority(b + 3); a = os.nice(0); lower_priority(b + 1); print(a - b, os.nice(0) - b)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["3", "3"]
     seen: list[int] = []
-    monkeypatch.setattr("tasks.runtime.parallel.lower_priority", seen.append)
+    monkeypatch.setattr("tasks.runtime.process.lower_priority", seen.append)
     monkeypatch.setattr(pipeline, "_execute", lambda *_a, **_k: "ran")
     cfg = load_config(overrides={"incremental": {"nice": 7}})
     assert pipeline.update_index("corpus", SimpleNamespace(snapshot=lambda: None), cfg) == "ran"
@@ -271,7 +271,7 @@ def test_a_reader_runs_blas_on_one_thread_and_leaves_its_children_theirs(monkeyp
 
     code = (
         "import os, subprocess, sys, numpy; from threadpoolctl import threadpool_info; "
-        "from tasks.runtime.parallel import one_blas_thread; one_blas_thread(); "
+        "from tasks.runtime.process import one_blas_thread; one_blas_thread(); "
         "blas = lambda: sorted({i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas'}); "
         "child = 'import os; print(os.environ.get(\"OPENBLAS_NUM_THREADS\"), os.environ.get(\"MKL_NUM_THREADS\"))'; "
         "print(blas(), subprocess.run([sys.executable, '-c', child], capture_output=True, text=True).stdout.strip())"
@@ -280,7 +280,7 @@ def test_a_reader_runs_blas_on_one_thread_and_leaves_its_children_theirs(monkeyp
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[1] None None", out.stdout  # this process's BLAS; nothing a child inherits
     seen: list[str] = []
-    monkeypatch.setattr("tasks.runtime.parallel.one_blas_thread", lambda: seen.append("blas"))
+    monkeypatch.setattr("tasks.runtime.process.one_blas_thread", lambda: seen.append("blas"))
     with pytest.raises(IndexNotFound):  # the limit is set first: cheap, and harmless where opening fails
         open_reader(str(tmp_path / "none"), load_config())
     assert seen == ["blas"]

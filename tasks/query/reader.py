@@ -93,7 +93,7 @@ def open_reader(
     products are small, and a second OpenBLAS thread only spins (``strata eval`` on MuSiQue's subset: 41 s of CPU
     with it, 28 s without, the same wall time and figures)."""
     from tasks.index.embed import check_dimension, question_embedder
-    from tasks.runtime.parallel import one_blas_thread
+    from tasks.runtime.process import one_blas_thread
 
     one_blas_thread()
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from schemas.config import DaskConfig
+from tasks.runtime.process import one_blas_thread
 
 R = TypeVar("R")
 
@@ -470,14 +471,6 @@ def _from_stream(path: str, table: bool) -> Any:
     return pa.RecordBatch.from_arrays([c.combine_chunks() for c in whole.columns], schema=whole.schema)
 
 
-def lower_priority(niceness: int) -> None:
-    """Run this process, and the processes it starts from now on, at a niceness of at least ``niceness`` (a
-    process cannot raise its own priority back, so it is never lowered twice)."""
-    current = os.nice(0)
-    if niceness > current:
-        os.nice(niceness - current)
-
-
 def _child_setup() -> None:
     """A ``ProcessMapper`` child's start: BLAS on one thread (``one_blas_thread``), and an end without the
     interpreter's teardown. The child ends only when its parent releases it, every result returned; tearing down
@@ -493,26 +486,3 @@ def _end_now() -> None:
         if stream is not None:
             stream.flush()
     os._exit(0)
-
-
-def one_blas_thread() -> None:
-    """BLAS (OpenBLAS under numpy and scipy) on one thread in this process. In a build's processes (the run's, its
-    children, its Dask workers, an external cluster's included) so that its tables are the same bits whatever the
-    machine's cores or the environment's ``OPENBLAS_NUM_THREADS``: a float32 product's sums are split by thread, so
-    their last bits follow the thread count (``archrag``'s similarity edges, and the communities and reports they
-    shape, differed on 400 MuSiQue passages between 1 and 2 threads). Dask's own workers already ran so
-    (``distributed.nanny.pre-spawn-environ``). In a query's: its products are small (a question against MuSiQue's
-    21,888 entity vectors: 1.3 ms of CPU on one thread), and in a busy service a second BLAS thread only spins
-    beside the other requests (7 ms of CPU, 30 ms of wall). No environment variable is set."""
-    blas_on_one_thread()
-
-
-def blas_on_one_thread() -> Any:
-    """``one_blas_thread``'s limit (a ``threadpoolctl`` limiter: as a context manager, the previous setting comes
-    back at its end). numpy's and scipy's BLAS (scipy ships its own copy) are loaded first: a limit holds only for
-    the libraries loaded when it is set."""
-    import numpy  # noqa: F401
-    import scipy.linalg  # noqa: F401
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(1, user_api="blas")
