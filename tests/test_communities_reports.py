@@ -80,8 +80,23 @@ def test_offline_report_names_named_entities_and_never_repeats_a_sentence():
     # each member's first sentence not yet said, most central first, round after round: each sentence once
     assert report["summary"] == f"{shared} Mrs. Cratchit cooked. The fire was small."
     assert report["findings"] == ["Bob Cratchit — Scrooge: Scrooge paid Bob fifteen shillings."]
-    (small,), _ = build_reports([comm], ents, rels, budget=30)  # 10 tokens: the first sentence, cut
-    assert small["summary"] and small["summary"] in shared and small["summary"] != shared
+    (small,), _ = build_reports([comm], ents, rels, budget=30)  # 10 tokens: the first sentence, cut at a word
+    assert small["summary"] == "Bob Cratchit, clerk to…"  # 9 tokens end inside "Ebenezer": back to its space
+
+
+def test_a_report_reads_a_long_first_sentence_whole_and_cuts_nothing_inside_a_word():
+    """A description whose first sentence runs past the 400 characters a report reads was cut there, inside a
+    word ("…to raise the Ghos"): it is read to its end now; and a text over its budget ends at a whole word, marked."""
+    from tasks.index.chunk import clip_tokens, count_tokens
+    from tasks.methods.reports import SENTENCE_PREFIX_CHARS, central_sentences
+
+    long = "Marley was dead, " + ", ".join(f"and the clerk signed it on day {i}" for i in range(40)) + "."
+    assert len(long) > SENTENCE_PREFIX_CHARS
+    assert central_sentences([f"{long} Scrooge signed it."], 1000) == [long]  # the first 400 characters: one sentence
+    assert central_sentences([long], 12) == ["Marley was dead, and the clerk signed it on…"]
+    assert clip_tokens("Scrooge signed it.", 50) == "Scrooge signed it."
+    clipped = clip_tokens("Scrooge's name was good upon 'Change, for anything he chose to put his hand to.", 9)
+    assert clipped == "Scrooge's name was good upon…" and count_tokens(clipped) <= 9
 
 
 class FakeLLM:
@@ -137,3 +152,15 @@ def test_llm_reports_use_the_answer_and_keep_offline_draft_on_failure():
     assert by["x"]["title"] == "The ABC group" and by["x"]["rating"] == 10.0
     assert by["y"]["title"] == "D, E and F"  # offline draft kept
     assert [f["item"] for f in failures] == ["y"]
+
+
+def test_the_quality_measures_on_hand_written_names_and_summaries():
+    from tasks.query.quality import named_by_members, one_lowercase_word, repeats_or_is_cut
+
+    assert one_lowercase_word("hand") and not one_lowercase_word("Scrooge") and not one_lowercase_word("old man")
+    assert named_by_members("Bob Cratchit / Tiny Tim", {"Bob Cratchit", "Tiny Tim", "Scrooge"})
+    assert not named_by_members("good / poor", {"Bob Cratchit", "good"})
+    assert not repeats_or_is_cut("Scrooge signed it. Marley was dead.")
+    assert not repeats_or_is_cut("'Bah!' said Scrooge. He went home, and…")
+    assert repeats_or_is_cut("Marley was dead. Scrooge signed it. Marley was dead.")
+    assert repeats_or_is_cut("Scrooge signed it. To raise the Ghos")

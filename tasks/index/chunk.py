@@ -56,6 +56,17 @@ def truncate_tokens(text: str, max_tokens: int) -> str:
     return enc.decode(tokens[:max_tokens])
 
 
+def clip_tokens(text: str, max_tokens: int) -> str:
+    """``text`` within ``max_tokens`` tokens for a person to read: when it is longer, cut back to its last whole
+    word and marked with "…" (never inside a word, as ``truncate_tokens`` cuts)."""
+    if count_tokens(text) <= max_tokens:
+        return text
+    cut = truncate_tokens(text, max(max_tokens - 1, 1))  # one token for the mark
+    if not (text.startswith(cut) and text[len(cut)].isspace()):  # the cut is inside a word: back to the last space
+        cut = cut.rsplit(None, 1)[0] if len(cut.split()) > 1 else cut
+    return cut.rstrip(" ,;:-\u2014") + "…"
+
+
 def _byte_to_char(text: str) -> np.ndarray:
     """Map every UTF-8 byte position (and the end) to the index of the character it belongs to."""
     lengths = np.fromiter((len(ch.encode("utf-8")) for ch in text), dtype=np.int64, count=len(text))

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.index.chunk import count_tokens, truncate_tokens
+from tasks.index.chunk import clip_tokens, count_tokens, truncate_tokens
 from tasks.runtime.llm import LLMClient, ParseError, parse_json, run_sync
 from tasks.store.ids import make_id
 from tasks.store.rows import REPORT_COLUMNS, relation_table
@@ -118,7 +118,7 @@ def _finding(r: dict[str, Any], ents: dict[str, dict[str, Any]]) -> str:
     a, b = ents[r["source_id"]]["name"], ents[r["target_id"]]["name"]
     if r["kind"] == "summary_of":
         return f"{a} belongs to {b}"
-    return f"{a} — {b}: {truncate_tokens(r['description'], 60)}"
+    return f"{a} — {b}: {clip_tokens(r['description'], 60)}"
 
 
 #: characters of a description read for its sentences (the summary takes a few of each member's first ones)
@@ -127,13 +127,17 @@ SENTENCE_PREFIX_CHARS = 400
 
 @functools.lru_cache(maxsize=1 << 15)
 def _sentences(text: str) -> tuple[str, ...]:
-    """The whole sentences in the first ``SENTENCE_PREFIX_CHARS`` of ``text`` (one cut there is dropped); kept
-    for the next report that reads the same description (an entity is a member at every level of the
-    community hierarchy: about half the splits of a build are repeats)."""
+    """The whole sentences in the first ``SENTENCE_PREFIX_CHARS`` of ``text`` (one cut there is dropped; a first
+    sentence longer than that is read to its end); kept for the next report that reads the same description (an
+    entity is a member at every level of the community hierarchy: about half the splits of a build are repeats)."""
     from tasks.runtime.text import split_sentences
 
     found = split_sentences(text[:SENTENCE_PREFIX_CHARS])
-    return tuple(found[:-1] if len(text) > SENTENCE_PREFIX_CHARS and len(found) > 1 else found)
+    if len(text) <= SENTENCE_PREFIX_CHARS:
+        return tuple(found)
+    if len(found) > 1:
+        return tuple(found[:-1])
+    return tuple(split_sentences(text)[:1])
 
 
 def _key(sentence: str) -> str:
@@ -160,7 +164,7 @@ def central_sentences(texts: list[str], budget: int) -> list[str]:
             n = count_tokens(sentence)
             if used + n > budget:
                 if not out:
-                    out.append(truncate_tokens(sentence, budget))
+                    out.append(clip_tokens(sentence, budget))
                 return out
             out.append(sentence)
             seen.add(_key(sentence))

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 from sklearn.feature_extraction.text import CountVectorizer
 
-from tasks.index.chunk import truncate_tokens
+from tasks.index.chunk import clip_tokens, truncate_tokens
 from tasks.runtime.llm import LLMClient, ParseError, parse_json, run_sync
 from tasks.store.ids import make_id
 
@@ -206,9 +206,7 @@ class OfflineSummarizer:
             # content first, no template words: the start of the description is what gets embedded
             head = f"{', '.join(shown) or name}: {', '.join(names)}{more}."
             body = " ".join(m["description"] for m in central)
-            out.append(
-                [{"name": name, "type": etype, "description": truncate_tokens(f"{head} {body}", self.max_tokens)}]
-            )
+            out.append([{"name": name, "type": etype, "description": clip_tokens(f"{head} {body}", self.max_tokens)}])
         return out
 
 
@@ -303,7 +301,7 @@ class LLMSummarizer:
                 {
                     "name": name[:200],
                     "type": etype if etype in self.meta else meta_type(cluster.members, self.meta),
-                    "description": truncate_tokens(str(item.get("description", "")).strip() or name, self.max_tokens),
+                    "description": clip_tokens(str(item.get("description", "")).strip() or name, self.max_tokens),
                 }
             )
         if not out:
