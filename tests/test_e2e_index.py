@@ -55,6 +55,25 @@ def test_inspect_json_contract(built):
     assert data["runs"][-1]["status"] == "published" and data["runs"][-1]["snapshot_version"] == 1
 
 
+def test_inspect_quality_measures_the_published_graph(built):
+    """``inspect --quality``: each measure recounted here from the tables it reads."""
+    from tasks.query.quality import one_lowercase_word, repeats_or_is_cut
+
+    data = json.loads(runner.invoke(app, ["inspect", "--index", str(built), "--json", "--quality"]).output)
+    q = data["quality"]
+    cat = Catalog(built)
+    ents = cat.read("entities").to_pylist()
+    top = sorted((e for e in ents if e["layer"] == 0), key=lambda e: (-e["degree"], e["id"]))[:100]
+    assert q["top_entities"] == len(top) > 0
+    assert q["top_entities_one_lowercase_word"] == round(sum(one_lowercase_word(e["name"]) for e in top) / len(top), 4)
+    assert q["summary_entities"] == sum(e["layer"] > 0 for e in ents)
+    assert q["reports"] == data["tables"]["community_reports"]
+    summaries = cat.read("community_reports").column("summary").to_pylist()
+    assert q["reports_repeating_or_cut"] == sum(repeats_or_is_cut(s) for s in summaries)
+    assert q["labelled_relations"] == 0.0 and q["layer0_relations"] > 0  # co-occurrence only, for now
+    assert "quality" not in json.loads(runner.invoke(app, ["inspect", "--index", str(built), "--json"]).output)
+
+
 def test_hierarchy_layers_communities_and_reports_are_published(built):
     data = json.loads(runner.invoke(app, ["inspect", "--index", str(built), "--json"]).output)
     layers = data["layers"]

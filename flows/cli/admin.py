@@ -33,6 +33,12 @@ def inspect(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     runs: int = typer.Option(5, help="How many recent runs to show."),
     versions: bool = typer.Option(False, "--versions", help="List every published snapshot."),
+    quality: bool = typer.Option(
+        False,
+        "--quality",
+        help="Also measure how readable the graph is (generic entity names, summary names, "
+        "labelled relations, reports that repeat a sentence or stop mid-sentence).",
+    ),
     config_path: Optional[Path] = ConfigOpt,
     set_: Optional[list[str]] = SetOpt,
 ) -> None:
@@ -42,6 +48,10 @@ def inspect(
 
     cat = open_catalog(index, config_path, set_)
     data = inspect_data(cat, as_of, runs)
+    if quality and not data["problems"]:
+        from tasks.query.quality import graph_quality
+
+        data["quality"] = graph_quality(cat, cat.require_snapshot(data["version"]))
     damaged = typer.Exit(EXIT_CODES["damaged"]) if data["problems"] else None
     readable = "quarantine" not in " ".join(data["problems"])  # a damaged quarantine table is reported as such
     if as_json:
@@ -86,6 +96,19 @@ def inspect(
         out.print(
             _table("communities per level", keys, [[str(c[k]) for k in keys] for c in data["communities"]], "right")
         )
+    if data.get("quality"):
+        q = data["quality"]
+        measures = {
+            "layer-0 entities of highest degree named by one lowercase word": (
+                "top_entities_one_lowercase_word",
+                "top_entities",
+            ),
+            "summary entities named by their members' names": ("summaries_named_by_members", "summary_entities"),
+            "layer-0 relations with a label (not co-occurrence)": ("labelled_relations", "layer0_relations"),
+            "reports whose summary repeats a sentence or stops mid-sentence": ("reports_repeating_or_cut", "reports"),
+        }
+        shown = [[m, str(q[v]), str(q[n])] for m, (v, n) in measures.items()]
+        out.print(_table("graph quality", ("measure", "value", "of"), shown))
     if versions:
         out.print(
             _table(

@@ -1,0 +1,77 @@
+"""How readable a snapshot's graph is (``strata inspect --quality``): measures of what a person browsing the
+entities, the summaries and the reports sees, each a plain count or share over the published tables.
+
+- ``top_entities_one_lowercase_word``: of the 100 layer-0 entities of highest degree, the share named by one
+  lowercase word ("hand", "door": a common noun, not a name a reader would look up);
+- ``summaries_named_by_members``: of the summary entities (layer ≥ 1), the share whose name is made of its
+  members' names only (each " / "-separated piece the name of an entity it summarises), not of key terms;
+- ``labelled_relations``: of the relations between layer-0 entities, the share with a label saying what links them
+  (a relation kind other than plain co-occurrence, ``extracted``);
+- ``reports_repeating_or_cut``: community reports whose summary holds one sentence twice, or ends without a
+  sentence's end (inside a word or a sentence; "…" after a whole word counts as an end).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tasks.store.catalog import Catalog
+
+TOP_ENTITIES = 100
+#: a summary's last characters that end it: a sentence's end, an ellipsis after a whole word, closing quotes
+_ENDED = re.compile(r"""[.!?…]["'”’)\]]*$""")
+
+
+def one_lowercase_word(name: str) -> bool:
+    return len(name.split()) == 1 and name.islower()
+
+
+def named_by_members(name: str, member_names: set[str]) -> bool:
+    pieces = [p.strip() for p in name.split(" / ")]
+    return bool(pieces) and all(p in member_names for p in pieces)
+
+
+def repeats_or_is_cut(summary: str) -> bool:
+    from tasks.runtime.text import split_sentences
+
+    text = summary.strip()
+    if not text:
+        return False
+    keys = [" ".join(s.lower().split()) for s in split_sentences(text)]
+    return len(keys) != len(set(keys)) or not _ENDED.search(text)
+
+
+def graph_quality(cat: Catalog, snap: dict[str, Any]) -> dict[str, Any]:
+    """The measures of the module docstring for one snapshot, with the counts behind each share."""
+    ents = cat.read("entities", snap=snap, columns=["id", "name", "layer", "degree"]).to_pylist()
+    rels = cat.read("relations", snap=snap, columns=["source_id", "target_id", "kind"]).to_pylist()
+    summaries = cat.read("community_reports", snap=snap, columns=["summary"]).column("summary").to_pylist()
+    layer = {e["id"]: e["layer"] for e in ents}
+    name = {e["id"]: e["name"] for e in ents}
+
+    base = sorted((e for e in ents if e["layer"] == 0), key=lambda e: (-e["degree"], e["id"]))[:TOP_ENTITIES]
+    members: dict[str, set[str]] = {}
+    for r in rels:
+        if r["kind"] == "summary_of" and r["target_id"] in name and r["source_id"] in name:
+            members.setdefault(r["target_id"], set()).add(name[r["source_id"]])
+    upper = [e for e in ents if e["layer"] > 0]
+    flat = [r for r in rels if layer.get(r["source_id"]) == 0 and layer.get(r["target_id"]) == 0]
+    labelled = [r for r in flat if r["kind"] not in ("extracted", "summary_of")]
+    bad = sum(repeats_or_is_cut(s or "") for s in summaries)
+
+    def share(part: int, whole: int) -> float | None:
+        return round(part / whole, 4) if whole else None
+
+    lower = sum(one_lowercase_word(e["name"]) for e in base)
+    by_members = sum(named_by_members(e["name"], members.get(e["id"], set())) for e in upper)
+    return {
+        "top_entities_one_lowercase_word": share(lower, len(base)),
+        "top_entities": len(base),
+        "summaries_named_by_members": share(by_members, len(upper)),
+        "summary_entities": len(upper),
+        "labelled_relations": share(len(labelled), len(flat)),
+        "layer0_relations": len(flat),
+        "reports_repeating_or_cut": bad,
+        "reports": len(summaries),
+    }
