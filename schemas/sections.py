@@ -294,14 +294,13 @@ class RetrievalConfig(_Section):
     share_entities: float = Field(0.1, ge=0, description="Budget share of the local (entity) section.")
     share_communities: float = Field(0.1, ge=0, description="Budget share of the global (community report) section.")
     share_bridge: float = Field(0.1, ge=0, description="Budget share of the bridge (path triple) section.")
-    share_chunks: float = Field(
-        0.7, ge=0, description="Budget share of the source-chunk section (it also takes what others leave)."
-    )
-    level_budget: Literal["shares", "after_sources", "after_prefix"] = Field(
-        "after_sources",
-        description="How the levels (entities, reports, paths) share the budget with the sources: after_sources (the "
-        "sources first, whole; the levels in what no source fits), shares (the share_* first), after_prefix (the "
-        "sources in rank order until one does not fit, then the levels, then smaller sources).",
+    share_chunks: float = Field(0.7, ge=0, description="Budget share of the sources (level_budget=shares).")
+    level_budget: Literal["value", "after_sources", "shares", "after_prefix"] = Field(
+        "value",
+        description="How the levels (entities, reports, paths) share the budget with the sources: value (the sources "
+        "in rank order while they fit, then the rest by relevance x novelty per token: docs/design.md), after_sources "
+        "(the levels in what no whole source fits), shares (the share_* first), after_prefix (the levels after the "
+        "sources' prefix, then smaller sources).",
     )
     min_similarity: float = Field(
         0.15, description="Entities and chunks less similar than this to the question are ignored."

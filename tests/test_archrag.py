@@ -98,11 +98,13 @@ def test_an_archrag_index_builds_searches_top_down_and_updates(small_corpus, tmp
     assert all(n["chnsw"] >= n["nodes"] for n in data["nodes"] if n["nodes"] > 1)  # each node links within its layer
     assert all(n["chnsw_down"] == n["nodes"] for layer, n in per_layer.items() if layer > 0)  # and, above 0, down
     assert sum(n["chnsw"] for n in data["nodes"]) == data["relations_by_kind"]["chnsw"]
-    out = runner.invoke(app, ["query", "Who was Scrooge's clerk?", "--index", str(tmp_path / "index"), "--json"])
+    # fixed shares: the method's level shows even where its items only repeat the sources (by value they get nothing)
+    query = ["query", "Who was Scrooge's clerk?", "--index", str(tmp_path / "index"), "--set", "retrieval.level_budget=shares"]
+    out = runner.invoke(app, [*query, "--json"])
     assert out.exit_code == 0, out.output
     answer = json.loads(out.stdout)
     assert answer["mode"] == "archrag" and answer["entities"] and answer["chunks"]
-    out = runner.invoke(app, ["query", "Who was Scrooge's clerk?", "--index", str(tmp_path / "index"), "--answer"])
+    out = runner.invoke(app, [*query, "--answer"])
     assert out.exit_code == 0 and out.stdout.strip() == answer["answer"]["text"], out.output  # the answer alone
     assert "Bob Cratchit" in out.stdout and len(out.stdout.split()) <= 60 + 2 * 3  # two sentences, their sources
     (corpus / "notes" / "fezziwig.md").write_text(

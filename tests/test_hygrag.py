@@ -165,8 +165,12 @@ def test_hygrag_mode_answers_from_communities_entities_relations_and_sources(hyg
     res = runner.invoke(app, ["query", "Who was Scrooge's clerk?", "--index", str(hygrag_index), "--json"])
     assert res.exit_code == 0, res.output
     data = _json.loads(res.stdout)
-    assert data["mode"] == "hygrag" and data["chunks"] and data["communities"] and data["entities"]
-    assert sum(data["tokens"].values()) <= 4000
+    assert data["mode"] == "hygrag" and data["chunks"] and sum(data["tokens"].values()) <= 4000
+    # by value (the default) a level item that only repeats the sources gets nothing; with fixed shares every level
+    # shows what the method found
+    args = ["query", "Who was Scrooge's clerk?", "--index", str(hygrag_index), "--json"]
+    shares = _json.loads(runner.invoke(app, [*args, "--set", "retrieval.level_budget=shares"]).stdout)
+    assert shares["chunks"] and shares["communities"] and shares["entities"]
     wrong = runner.invoke(app, ["query", "Who was Scrooge's clerk?", "--index", str(hygrag_index), "--mode", "hi"])
     assert wrong.exit_code == 2 and "this hygrag index; it offers hygrag, ppr, hybrid, naive" in wrong.output
 

@@ -62,7 +62,9 @@ def test_a_fourth_method_registered_in_one_line_builds_queries_and_inspects(smal
     build_index(str(small_corpus), Catalog(index), cfg)  # validation accepts its relation kind
 
     runner = CliRunner()
-    res = runner.invoke(app, ["query", "Who was Scrooge's clerk?", "--index", str(index), "--json"])
+    # fixed shares: the method's level shows even where its items only repeat the sources (by value they get nothing)
+    query = ["query", "Who was Scrooge's clerk?", "--index", str(index), "--json", "--set", "retrieval.level_budget=shares"]
+    res = runner.invoke(app, query)
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     assert data["mode"] == "nearest" and data["entities"] and data["chunks"]

@@ -35,7 +35,7 @@ EDGES = [("A", "B", "extracted"), ("B", "C", "extracted"), ("D", "E", "extracted
 COMMS = {"c1": ["A", "B", "C", "S1"], "c2": ["D", "E", "S2"], "c3": ["T"]}
 
 
-def build(tmp_path, empty=False, ann_min_rows=None) -> IndexView:
+def build(tmp_path, empty=False, ann_min_rows=None, reports_said=None) -> IndexView:
     now = datetime(2026, 1, 1, tzinfo=timezone.utc)
     docs = [{"id": f"doc{i}", "uri": f"/c#{i}", "root": "/c", "source_id": f"p{i}", "title": f"Doc {i}", "text": t,
              "content_hash": "0" * 64, "n_tokens": 5, "ingested_at": now}
@@ -51,6 +51,10 @@ def build(tmp_path, empty=False, ann_min_rows=None) -> IndexView:
     comms = [{"id": c, "level": 0, "parent_id": None, "entity_ids": m, "size": len(m)} for c, m in COMMS.items()]
     reports = [{"id": f"r-{c}", "community_id": c, "level": 0, "title": f"Report {c}", "summary": f"About {c}.",
                 "rating": 5.0, "findings": [f"{c} finding"], "full_text": "", "vector": VECS["T"]} for c in COMMS]
+    for r in reports:  # (title, summary) given by the test: the report says that and no finding
+        if r["community_id"] in (reports_said or {}):
+            r["title"], r["summary"] = reports_said[r["community_id"]]
+            r["findings"] = []
     if empty:
         docs, chunks, ents, rels, comms, reports = [], [], [], [], [], []
     tables = {
@@ -65,7 +69,7 @@ def build(tmp_path, empty=False, ann_min_rows=None) -> IndexView:
 
 
 Q = unit([1, 0, 0.5, 0])  # A .894, B .889, T .671, S1 .632, D .447, S2 .316, C 0, E 0
-CFG = RetrievalConfig(top_n=3, top_m=2, token_budget=2000)
+CFG = RetrievalConfig(top_n=3, top_m=2, token_budget=2000, level_budget="after_sources")  # each level whole: its own choice
 
 
 def test_local_global_bridge_by_hand(tmp_path):
@@ -119,6 +123,50 @@ def test_the_levels_take_only_what_no_whole_source_fits_unless_shares_are_asked_
     # fixed shares give the levels 30 % of the budget whatever the sources need
     shared = retrieve(view, "q", Q, "hi", cfg.model_copy(update={"level_budget": "shares"}))
     assert shared.tokens["chunks"] <= 70 and shared.tokens.get("entities", 0) <= 10
+
+
+def test_by_value_a_report_that_repeats_the_sources_gets_no_budget_and_one_with_a_new_fact_does(tmp_path):
+    view = build(
+        tmp_path,
+        reports_said={"c1": ("Alpha, Beta", "Alpha met Beta in Paris."), "c3": ("Tau", "Tau founded Rome in 753.")},
+    )
+    cfg = RetrievalConfig(top_n=3, top_m=2, token_budget=2000, level_budget="value")
+    ctx = retrieve(view, "q", Q, "hi", cfg)
+    assert [c["id"] for c in ctx.chunks] == ["ch1", "ch2"]  # the sources, whole, in ranking order first
+    assert [c["id"] for c in ctx.communities] == ["c3"]  # c1's report says only what ch1 says
+    # "A is here." first: B's and T's descriptions add no word to it (one-letter names are no words)
+    assert [e["id"] for e in ctx.entities] == ["A"]
+    assert sum(ctx.tokens.values()) <= cfg.token_budget
+    assert ctx.as_dict() == retrieve(view, "q", Q, "hi", cfg).as_dict()
+    # a tight budget: what the sources leave goes to the best value per token, never past the budget
+    tight = cfg.model_copy(update={"token_budget": 30})
+    small = retrieve(view, "q", Q, "hi", tight)
+    assert sum(small.tokens.values()) <= 30
+    # ch1 first (ranking order); then entity A (cosine .894, all new) is worth more than ch2 (.447), and ch2 no
+    # longer fits what A leaves
+    assert [c["id"] for c in small.chunks] == ["ch1"] and [e["id"] for e in small.entities] == ["A"]
+
+
+def test_by_value_takes_relevance_times_novelty_greedily_within_the_budget():
+    from tasks.query.packing import Candidate, by_value, content_words
+
+    def cand(section, order, text, relevance, tokens):
+        return Candidate(section, order, {"text": text}, relevance, tokens, content_words(text))
+
+    sources = content_words("Scrooge kept Marley's name above the warehouse door.")
+    repeat = cand("communities", 0, "Marley's name above the warehouse door", 0.9, 10)  # novelty 0
+    fact = cand("entities", 0, "Fezziwig threw a Christmas ball for his apprentices", 0.5, 10)
+    half = cand("entities", 1, "Scrooge kept a Christmas ball", 0.6, 10)  # new: christmas, ball (2 of 4 words)
+    big = cand("chunks", 0, "Fred invited Scrooge to Christmas dinner every year", 0.8, 50)  # does not fit
+    weak = cand("bridge", 0, "Topper courted the plump sister", 0.1, 5)  # under min_relevance
+    held = set(sources)
+    chosen = by_value([repeat, fact, half, big, weak], held, 30, min_relevance=0.15)
+    # fact (0.5 x 1) first; then half's new words are taken already (christmas, ball): 0.6 x 0 = nothing
+    assert chosen == [fact] and held == sources | fact.words  # what the context holds now
+    # half alone: 0.6 x 0.5 = 0.3 (christmas, ball new; scrooge, kept held): taken, then fact (0.5 x 4/6 new)
+    assert by_value([half, fact], set(sources), 15, 0.15) == [fact]  # one fits: fact's 0.5 beats half's 0.3
+    more = cand("entities", 1, "Scrooge kept a Christmas ball and a goose", 0.6, 10)  # christmas, ball, goose new
+    assert by_value([more, fact], set(sources), 30, 0.15) == [fact, more]  # then more's goose: 0.6 x 1/5
 
 
 def test_empty_and_unrelated_index_give_an_empty_context_with_a_message(tmp_path):

@@ -51,7 +51,7 @@ def source_sentences(text: str) -> tuple[str, ...]:
 MAX_CANDIDATES = 32
 
 
-def _stem(word: str) -> str:
+def stem(word: str) -> str:
     """A crude stem for matching words across inflections ("works" / "work", "apprenticeship" / "apprentice")."""
     return word[:6] if len(word) > 6 else word.removesuffix("s")
 
@@ -64,8 +64,8 @@ def preselect(question: str, cands: list[tuple[str, str]], k: int) -> list[tuple
     (figures: docs/benchmarks.md, "The offline answer's candidates")."""
     if len(cands) <= k:
         return cands
-    asked = {_stem(w) for w in WORD.findall(question.lower()) if w not in STOP_WORDS}
-    held = [asked & {_stem(w) for w in WORD.findall(t.lower())} for t, _ in cands]
+    asked = {stem(w) for w in WORD.findall(question.lower()) if w not in STOP_WORDS}
+    held = [asked & {stem(w) for w in WORD.findall(t.lower())} for t, _ in cands]
     df: dict[str, int] = {}
     for words in held:
         for w in words:

@@ -5,12 +5,15 @@ mode and method uses to fill it within a token budget (``budgets``, ``fill``, ``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from schemas.config import RetrievalConfig
 from tasks.index.chunk import count_tokens, truncate_tokens
+
+if TYPE_CHECKING:
+    from tasks.query.view import IndexView
 
 
 # ---------------------------------------------------------------------------- the three levels
@@ -80,6 +83,19 @@ class Context:
             "chunks": plain(self.chunks),
             "seeds": self.seeds,
         }
+
+
+def source_item(view: IndexView, j: int, scores: np.ndarray) -> dict[str, Any]:
+    """Chunk ``j`` as a sources item: whole, its document's title first."""
+    doc = view.chunk_doc[j]
+    return {
+        "id": view.chunk_ids[j],
+        "document_id": doc,
+        "source_id": view.doc_source.get(doc),
+        "title": view.doc_title.get(doc),
+        "score": round(float(scores[j]), 4),
+        "text": f"[{view.doc_title.get(doc)}] {view.chunk_text[j]}",
+    }
 
 
 def budgets(cfg: RetrievalConfig, sections: tuple[str, ...]) -> dict[str, int]:

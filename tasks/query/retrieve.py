@@ -27,9 +27,10 @@ import numpy as np
 from schemas.config import RetrievalConfig
 from tasks.errors import UsageError
 from tasks.methods.registry import SHARED_MODES, get_method, index_modes
-from tasks.query.context import Context, budgets, top_k
+from tasks.query.context import Context, budgets, source_item, top_k
 from tasks.query.graph_rank import RankParams, rank_chunks
 from tasks.query.lexical import rrf
+from tasks.query.packing import fill_by_value
 from tasks.query.view import IndexView
 
 MAX_SOURCES = 200  # candidates considered for the sources section
@@ -73,22 +74,12 @@ def _pack_sources(
     for j in order:
         if budget - used < min_tokens:
             break
-        doc = view.chunk_doc[j]
-        text = f"[{view.doc_title.get(doc)}] {view.chunk_text[j]}"
-        n = view.tokens(j, text)
+        item = source_item(view, j, scores)
+        n = view.tokens(j, item["text"])
         if used + n > budget and prefix:
             break
         if used + n <= budget:
-            out.append(
-                {
-                    "id": view.chunk_ids[j],
-                    "document_id": doc,
-                    "source_id": view.doc_source.get(doc),
-                    "title": view.doc_title.get(doc),
-                    "score": round(float(scores[j]), 4),
-                    "text": text,
-                }
-            )
+            out.append(item)
             used += n
     return out, used
 
@@ -121,19 +112,26 @@ def retrieve(view: IndexView, question: str, q: np.ndarray, mode: str, cfg: Retr
     chunk_order, seeds = source_ranking(view, question, chunk_scores, ent_scores, ranking, cfg)
 
     # sources first (in their share, over the whole budget, or while they fit in rank order); then the method's
-    # levels, which skip what only repeats a source; then the sources take whatever budget the levels left
+    # levels, which skip what only repeats a source; then what is left: by value per token to every candidate left,
+    # later sources and level items alike ("value": ``packing``), or to the later sources that fit
     first = {"shares": shares["chunks"], "after_sources": cfg.token_budget}.get(cfg.level_budget, cfg.token_budget)
-    prefix = cfg.level_budget == "after_prefix" and mode in method.modes
+    prefix = cfg.level_budget in ("after_prefix", "value") and mode in method.modes
     ctx.chunks, ctx.tokens["chunks"] = _pack_sources(view, chunk_order, chunk_scores, first, prefix=prefix)
     if mode in method.modes:
-        if cfg.level_budget != "shares":
-            shares = _level_shares(shares, cfg.token_budget - ctx.tokens["chunks"])
+        left = cfg.token_budget - ctx.tokens["chunks"]
+        if cfg.level_budget == "value":
+            shares = {s: left for s in shares if s != "chunks"}  # each level's candidates up to all that is left
+        elif cfg.level_budget != "shares":
+            shares = _level_shares(shares, left)
         method.levels(view, ctx, ent_scores, shares, cfg)
         packed = {c["id"] for c in ctx.chunks}
         rest = [j for j in chunk_order if view.chunk_ids[j] not in packed]
-        more, used = _pack_sources(view, rest, chunk_scores, cfg.token_budget - sum(ctx.tokens.values()))
-        ctx.chunks += more
-        ctx.tokens["chunks"] += used
+        if cfg.level_budget == "value":
+            fill_by_value(view, ctx, rest, chunk_scores, ent_scores, q, left, cfg)
+        else:
+            more, used = _pack_sources(view, rest, chunk_scores, cfg.token_budget - sum(ctx.tokens.values()))
+            ctx.chunks += more
+            ctx.tokens["chunks"] += used
     ctx.ranked_chunk_ids = [view.chunk_ids[j] for j in chunk_order]
     if seeds:
         graph = view.passage_graph(RankParams.from_config(cfg))

@@ -56,6 +56,9 @@ class IndexView:
     doc_source: dict[str, str]
     doc_title: dict[str, str]
     ent_index: dict[str, int] = field(default_factory=dict)
+    #: the reports' vectors (title and summary embedded), a row per ``report_row`` community id; None: not loaded
+    report_vecs: np.ndarray | None = None
+    report_row: dict[str, int] = field(default_factory=dict)
     flat_graph: nx.Graph = field(default=None)  # type: ignore[assignment]
     catalog: Catalog | None = None
     snap: dict[str, Any] | None = None
@@ -81,6 +84,7 @@ class IndexView:
     def __setstate__(self, state: dict[str, Any]) -> None:
         uri = state.pop("catalog_uri")
         self.__dict__.update(state)
+        self.__dict__.setdefault("report_row", {})  # a view left by a build before report vectors were kept
         self.catalog = Catalog(uri, create=False) if uri is not None else None  # LanceDB only if a table is read
         self.ann, self._lazy_lock = {}, threading.Lock()
 
@@ -106,6 +110,13 @@ class IndexView:
         found, sims = ann_search(self.ann[name], q, k)
         out[[index[i] for i in found]] = sims
         return out
+
+    def report_similarity(self, community_id: str, q: np.ndarray) -> float | None:
+        """Cosine of ``q`` to a community's report vector; None when the view holds none for it."""
+        row = self.report_row.get(community_id)
+        if row is None or self.report_vecs is None or row >= len(self.report_vecs):
+            return None
+        return float(self.report_vecs[row] @ q)
 
     def adjacency(self, flat: bool) -> list[list[int]]:
         """Sorted neighbour lists of G_k (or of its layer-0 part), for bridge-path search."""
@@ -182,11 +193,8 @@ class IndexView:
         ents = table("entities")
         rels = catalog.read("relations", snap=snap).drop(["version"]).to_pylist()
         comms = catalog.read("communities", snap=snap).to_pylist()
-        report_columns = [c for c in schema_for("community_reports", snap["dim"]).names if c != "vector"]
-        reports = {
-            r["community_id"]: r
-            for r in catalog.read("community_reports", snap=snap, columns=report_columns).to_pylist()
-        }
+        report_table = catalog.read("community_reports", snap=snap)
+        reports = {r["community_id"]: r for r in report_table.drop(["vector"]).to_pylist()}
         chunks = table("chunks")
         docs = catalog.read("documents", snap=snap, columns=["id", "source_id", "title"]).to_pylist()
         ids = ents.column("id").to_pylist()
@@ -238,6 +246,8 @@ class IndexView:
         )
         view.flat_graph = flat
         view.ent_index = index
+        view.report_vecs = vector_matrix(report_table)
+        view.report_row = {c: i for i, c in enumerate(report_table.column("community_id").to_pylist())}
         view.catalog, view.snap, view.ann = catalog, snap, ann
         view.method = snapshot_note(snap).get("method", "hirag")  # snapshots before index methods existed are hirag
         return view
