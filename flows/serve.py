@@ -38,6 +38,7 @@ from fastapi.security import HTTPBearer
 
 from flows.serve_api import ERRORS, IndexInfo, QueryRequest, QueryResponse, Snapshot, Status
 from flows.serve_browse import PREFIXES, add_browse_routes
+from flows.serve_conn import use as connection_limits
 from flows.serve_guard import OPEN_ROUTES, STATIC, VENDOR, RequestGuard, configure_access_log
 from flows.serve_metrics import Metrics
 from schemas.config import StrataConfig
@@ -256,6 +257,7 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
 
     key = api_key(cfg)
     metrics = Metrics(ROUTES, PREFIXES)
+    connection_limits(cfg.serve, metrics)  # this process's connections (``flows.serve_conn``)
     service = Service(index, cfg, metrics)
     slots = asyncio.Semaphore(cfg.serve.max_concurrency)
     waiting = [0]  # queries waiting for a slot (the event loop's thread alone counts them)

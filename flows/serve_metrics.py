@@ -8,6 +8,7 @@ strata_queries_in_flight / strata_queries_queued   queries running now / waiting
 strata_queries_rejected_total{reason}              503s: queue_full, deadline, loading, snapshot_gone
 strata_snapshot_version                            the snapshot the latest requests were answered from
 strata_view_load_seconds                           loading a snapshot's view (once per version)
+strata_connections_closed_total{reason}            connections closed: over_limit, header_timeout, head_too_large
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ class Metrics:
         self.snapshot = Gauge(
             "strata_snapshot_version", "Snapshot version of the latest answer", registry=r, multiprocess_mode="livemax"
         )
+        self.connections_closed = Counter(
+            "strata_connections_closed", "Connections closed before a request, by reason", ["reason"], registry=r
+        )
+        for reason in ("over_limit", "header_timeout", "head_too_large"):
+            self.connections_closed.labels(reason)
         self.view_load = Histogram(
             "strata_view_load_seconds", "Loading a snapshot's view", buckets=LATENCY_BUCKETS, registry=r
         )

@@ -402,12 +402,7 @@ class ServeConfig(_Section):
 
     host: str = Field("127.0.0.1", description="Interface to bind (127.0.0.1: this machine only).")
     port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on (--port).")
-    workers: int = Field(
-        1,
-        ge=1,
-        description="Worker processes sharing the port (one per core: a query's work holds Python's lock); each "
-        "loads the snapshot and the model, and has its own slots and queue.",
-    )
+    workers: int = Field(1, ge=1, description="Worker processes on the port, each with the snapshot, model and slots.")
     max_concurrency: int = Field(8, gt=0, description="Queries answered at once (per worker); more wait in the queue.")
     queue_size: int = Field(
         256, ge=0, description="Queries that may wait for a running slot; one more gets 503 with Retry-After."
@@ -431,6 +426,10 @@ class ServeConfig(_Section):
         "to start).",
     )
     body_timeout_s: float = Field(10.0, gt=0, description="Seconds a request body may take to arrive (then 408).")
+    header_timeout_s: float = Field(10.0, gt=0, description="Seconds a request head may take to arrive (then closed).")
+    max_connections: int = Field(1000, gt=0, description="Open connections per worker (one more: closed at once).")
+    keep_alive_s: float = Field(5.0, gt=0, description="Seconds an idle kept-alive connection stays open.")
+    max_head_bytes: int = Field(16384, ge=1024, description="Largest request line and headers (larger: 431).")
     log_format: Literal["text", "json"] = Field(
         "text", description="Access log: one line per request on stderr, as text or as a JSON object."
     )
@@ -443,10 +442,7 @@ class ServeConfig(_Section):
         "start). A query that is first to see a source otherwise embeds its sentences (~0.2 s of CPU). 0: none.",
     )
     snapshot_check_s: float = Field(
-        1.0,
-        ge=0,
-        description="Seconds a request may reuse the latest snapshot found by the one before it: a publish is "
-        "picked up within this time, and the index is checked at most this often (0: every request).",
+        1.0, ge=0, description="Seconds a request may reuse the snapshot the one before it found (0: check every time)."
     )
 
 

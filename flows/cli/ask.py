@@ -8,7 +8,7 @@ import math
 import os
 import socket
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.markup import escape
@@ -17,6 +17,9 @@ from rich.table import Table
 from flows.cli.common import AsOfOpt, ConfigOpt, ReadIndexOpt, SetOpt, command, config, console, out, overrides
 from tasks.errors import RefusedError, UsageError
 from tasks.methods.registry import modes_help
+
+if TYPE_CHECKING:
+    from schemas.config import ServeConfig
 
 ModeOpt = typer.Option(
     None,
@@ -223,6 +226,7 @@ def serve(
     import uvicorn
 
     from flows.serve import api_key, configure_access_log, create_app, refuse_open_network
+    from flows.serve_conn import uvicorn_options
     from tasks.store.catalog import Catalog
 
     cfg = config(config_path, set_)
@@ -244,10 +248,12 @@ def serve(
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stopped as by Ctrl-C: no writer's message
     try:
         if cfg.serve.workers == 1:
-            server = uvicorn.Server(uvicorn.Config(create_app(index, cfg), log_level="warning", access_log=False))
+            app = create_app(index, cfg)
+            ucfg = uvicorn.Config(app, log_level="warning", access_log=False, **uvicorn_options(cfg.serve))
+            server = uvicorn.Server(ucfg)
             server.run(sockets=[sock])
         else:
-            serve_workers(index, config_path, overrides(set_), cfg.serve.workers, sock)
+            serve_workers(index, config_path, overrides(set_), cfg.serve, sock)
     except KeyboardInterrupt:
         pass
     console.print("stopped")
@@ -262,8 +268,10 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def serve_workers(index: str, config_path: Path | None, settings: dict, workers: int, sock: socket.socket) -> None:
-    """``workers`` processes of the app on one listening socket (uvicorn's supervisor restarts one that dies),
+def serve_workers(
+    index: str, config_path: Path | None, settings: dict, limits: ServeConfig, sock: socket.socket
+) -> None:
+    """``limits.workers`` processes of the app on one listening socket (uvicorn's supervisor restarts one that dies),
     their metrics summed through a folder they share (``flows.serve_metrics``)."""
     import shutil
     import tempfile
@@ -272,6 +280,7 @@ def serve_workers(index: str, config_path: Path | None, settings: dict, workers:
     from uvicorn.supervisors import Multiprocess
 
     from flows.serve import APP_ENV
+    from flows.serve_conn import uvicorn_options
 
     metrics_dir = tempfile.mkdtemp(prefix="strata-serve-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
@@ -279,7 +288,12 @@ def serve_workers(index: str, config_path: Path | None, settings: dict, workers:
         {"index": index, "config": str(config_path) if config_path else None, "overrides": settings}
     )
     ucfg = uvicorn.Config(
-        "flows.serve:app_from_env", factory=True, workers=workers, log_level="warning", access_log=False
+        "flows.serve:app_from_env",
+        factory=True,
+        workers=limits.workers,
+        log_level="warning",
+        access_log=False,
+        **uvicorn_options(limits),
     )
     try:
         Multiprocess(ucfg, sockets=[sock]).run()
