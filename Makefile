@@ -29,7 +29,7 @@ demo: setup
 	$(BIN)/strata inspect --index $(INDEX)
 
 test: setup lint
-	$(BIN)/python -m pytest -q -ra tests
+	$(BIN)/python -m pytest -q -ra --durations=15 tests
 
 # ruff (lint + format check) and mypy over the package code, configured in pyproject.toml
 lint: setup

@@ -115,7 +115,7 @@ async def _raw(port: int, data: bytes, read_s: float) -> bytes:
         await writer.drain()
         try:
             return await asyncio.wait_for(reader.read(4096), read_s)
-        except (asyncio.TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError):
             return b""
     except ConnectionError:
         return b""
@@ -161,6 +161,86 @@ def run_hostile(base: str, port: int, pid: int, body_timeout_s: float) -> dict:
             "up": httpx.get(f"{base}/healthz", timeout=10).status_code == 200, "attack": attack}
 
 
+def open_sockets(pid: int) -> int:
+    """Sockets the process holds now (its file descriptors that are sockets)."""
+    fds = Path(f"/proc/{pid}/fd")
+    return sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith("socket:"))
+
+
+async def held(base: str, port: int, pid: int, n_heads: int, n_idle: int, seconds: float) -> dict:
+    """``n_heads`` connections whose head never ends (a byte a second) and ``n_idle`` kept-alive ones left idle after
+    one answer, all opened at once and held for ``seconds``; meanwhile one client asks questions on its own kept-alive
+    connection. Its latency against the same client's before the attack; the service's sockets, sampled."""
+    question = {"question": "Who was Scrooge's clerk?"}
+
+    async def ask(client: httpx.AsyncClient, n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            assert (await client.post(f"{base}/query", json=question, timeout=60)).status_code == 200
+            out.append((time.perf_counter() - t0) * 1000)
+        return out
+
+    closed = Counter()
+
+    async def endless() -> None:
+        with contextlib.suppress(OSError):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST /query HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            while True:
+                try:
+                    if await asyncio.wait_for(reader.read(1), 1.0) == b"":
+                        break
+                except TimeoutError:  # nothing back yet: one more byte of the head
+                    writer.write(b"a")
+                    await writer.drain()
+        closed["head: closed by the service"] += 1
+
+    async def idle() -> None:
+        with contextlib.suppress(OSError):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            while await reader.read(4096):  # the answer, then nothing until the service closes it
+                pass
+        closed["idle: closed by the service"] += 1
+
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=1)) as client:
+        await ask(client, 5)
+        before = await ask(client, 40)
+        sockets_before = open_sockets(pid)
+        attack = [asyncio.create_task(endless()) for _ in range(n_heads)]
+        attack += [asyncio.create_task(idle()) for _ in range(n_idle)]
+        during: list[float] = []
+        peak = 0
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            during += await ask(client, 5)
+            peak = max(peak, open_sockets(pid))
+        await asyncio.wait(attack, timeout=30)
+        for t in attack:
+            t.cancel()
+        sockets_after = open_sockets(pid)
+
+    def p(xs: list[float], q: float) -> float:
+        return round(sorted(xs)[min(len(xs) - 1, int(q * len(xs)))], 1)
+
+    return {"p50_ms_before": p(before, 0.5), "p99_ms_before": p(before, 0.99), "queries_during": len(during),
+            "p50_ms_during": p(during, 0.5), "p99_ms_during": p(during, 0.99),
+            "p99_ratio": round(p(during, 0.99) / p(before, 0.99), 2), "service_sockets_before": sockets_before,
+            "service_sockets_peak": peak, "service_sockets_after": sockets_after, "attackers": dict(closed)}
+
+
+def run_held(base: str, port: int, pid: int, n: int, seconds: float) -> dict:
+    idle_rss = rss_mb(pid)
+    out = asyncio.run(held(base, port, pid, n, n, seconds))
+    metrics = httpx.get(f"{base}/metrics", timeout=10).text
+    closed = {line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
+              for line in metrics.splitlines() if line.startswith("strata_connections_closed_total{")}
+    return {**out, "rss_mb_before": round(idle_rss, 1), "rss_mb_after": round(rss_mb(pid), 1),
+            "strata_connections_closed_total": closed}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--index", required=True)
@@ -176,6 +256,9 @@ def main() -> None:
                     help="seconds the last run waits for the two publishes; past them it stops the update still running "
                          "and prints its figures with publish_timed_out (default 1800)")
     ap.add_argument("--hostile", action="store_true", help="hostile and broken requests instead of questions")
+    ap.add_argument("--held", type=int, metavar="N",
+                    help="N endless heads and N idle kept-alive connections held while one client asks questions")
+    ap.add_argument("--held-seconds", type=float, default=20.0, help="how long --held holds them (default 20)")
     ap.add_argument("--log", type=Path, default=Path("bench-serve.log"), help="the service's stderr (access log)")
     args = ap.parse_args()
     questions = (["Who was Scrooge's clerk?", "What did Marley's ghost warn?", "Who is Tiny Tim?"] if not args.dataset else
@@ -201,6 +284,9 @@ def main() -> None:
             time.sleep(0.5)
         if args.hostile:
             print(json.dumps(run_hostile(base, port, server.pid, body_timeout_s), indent=1), flush=True)
+            return
+        if args.held:
+            print(json.dumps(run_held(base, port, server.pid, args.held, args.held_seconds), indent=1), flush=True)
             return
         before = httpx.get(f"{base}/snapshots").json()[0]["version"]
         runs = args.clients or [16, 64]
