@@ -1,21 +1,14 @@
-"""HiRetrieval (HiRAG §4.2, eq. 12-16, Algorithm 2) over one published snapshot.
+"""One context for a question within one token budget, from one published snapshot, for every mode.
 
-* local  (eq. 12): the top-n entities by cosine similarity to the question, over all layers;
-* global (eq. 13): the communities that contain any of them, with their reports;
-* bridge (eq. 14-16): from each retrieved community its top-m question-related entities, in a
-  deterministic order; shortest paths in G_k between consecutive key entities; the triples of
-  G_k whose two ends lie on those paths;
-* sources: whole chunks, ranked by Personalized PageRank over the entity–chunk graph
-  (``tasks.query.graph_rank``) with BM25 + dense as its prior, the dense top-3 always included. They
-  get the largest share of the budget: they are what a multi-hop answer needs, and the graph's
-  job is to find the passages dense search misses (the second hop).
+* sources: whole chunks, ranked by Personalized PageRank over the entity–chunk graph (``tasks.query.graph_rank``)
+  with BM25 + dense as its prior (``ppr``), by BM25 fused with dense (``hybrid``) or by dense search (``naive``);
+* the method's levels (HiRAG's local entities, global reports and bridge paths: ``tasks.methods.hirag.retrieval``;
+  HyGRAG's and ArchRAG's in their own modules), for the method's own modes only;
+* the budget: the sources in rank order while they fit, then what is left by value per token to the later sources
+  and the levels' items alike (``retrieval.level_budget``: ``tasks.query.packing``; the other rules below).
 
-Modes, all at the same token budget: ``hi`` (all of the above), ``hi-nobridge``, ``flat``
-(layer-0 KG only: no summary entities in the local level or on paths), ``ppr`` (graph-ranked
-sources only), ``hybrid`` (BM25 fused with dense by reciprocal rank, no graph) and ``naive``
-(dense chunk search only). Sources are packed whole: a chunk that does not fit the budget left
-is skipped, never cut. The snapshot is loaded once (vectors as in-memory matrices, G_k as a
-graph, the BM25 index and the passage graph on first use) and reused across questions.
+Sources are packed whole: a chunk that does not fit the budget left is skipped, never cut. The snapshot is loaded
+once (``tasks.query.view``) and reused across questions.
 """
 
 from __future__ import annotations
