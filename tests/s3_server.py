@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import itertools
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -35,6 +36,34 @@ def free_port() -> int:
 
 
 @dataclass
+class Fault:
+    """Fail requests by what they are: those of ``method`` whose path matches ``path`` (a regex searched in it),
+    the ``times`` of them after the first ``after``, with ``kind`` (as ``Faults.kinds``). Lance's paths:
+    ``/_versions/`` a manifest, ``/data/`` a data file, ``/_transactions/`` a transaction file; a GET of the bucket
+    itself (``^/[^/]+$``, query aside) is a listing."""
+
+    method: str
+    path: str
+    kind: str
+    times: int = 1
+    after: int = 0
+    seen: int = 0
+    fired: int = 0
+
+    def __post_init__(self) -> None:
+        self.pattern = re.compile(self.path)
+
+    def takes(self, method: str, path: str) -> bool:
+        if method != self.method or not self.pattern.search(path.split("?", 1)[0]):
+            return False
+        self.seen += 1
+        if self.after < self.seen <= self.after + self.times:
+            self.fired += 1
+            return True
+        return False
+
+
+@dataclass
 class Faults:
     """Every ``every``-th request (counting from ``skip`` requests on) fails, taking ``kinds`` in turn: "503" (a
     503 SlowDown answer, nothing done), "drop" (the connection reset before the request reaches the store) or "lost"
@@ -46,11 +75,16 @@ class Faults:
     kinds: tuple[str, ...] = ("503", "drop")
     methods: tuple[str, ...] = ("GET", "PUT", "POST", "HEAD", "DELETE")
     seen: int = 0
+    rules: list[Fault] = field(default_factory=list)  # tried first, in order: failures by what a request is
     injected: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def pick(self, method: str) -> str | None:
+    def pick(self, method: str, path: str = "") -> str | None:
         with self.lock:
+            for rule in self.rules:
+                if rule.takes(method, path):
+                    self.injected[rule.kind] = self.injected.get(rule.kind, 0) + 1
+                    return rule.kind
             if not self.every or method not in self.methods:
                 return None
             self.seen += 1
@@ -63,6 +97,7 @@ class Faults:
     def off(self) -> None:
         with self.lock:
             self.every = 0
+            self.rules = []
 
 
 @dataclass
@@ -119,7 +154,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body()
         if self.server.delay_s:
             time.sleep(self.server.delay_s)
-        fault = self.server.faults.pick(self.command)
+        fault = self.server.faults.pick(self.command, self.path)
         if fault == "drop":  # a reset: no status line, the socket closed at once
             self._reset()
             return

@@ -24,7 +24,7 @@ from tasks.store.remote import S3Lease, storage_options
 from tasks.errors import EXIT_CODES, UsageError
 from tests.conftest import SMALL
 from tests.helpers import tiny_tables
-from tests.s3_server import FAKE_CREDENTIALS, bucket_name
+from tests.s3_server import FAKE_CREDENTIALS, Fault, bucket_name
 
 runner = CliRunner()
 OVERRIDES = {"chunking": SMALL["chunking"], "extract": SMALL["extract"], "dask": SMALL["dask"]}
@@ -131,25 +131,30 @@ def create_app(index: str):
 
 @pytest.mark.slow
 def test_update_validate_export_rollback_and_gc_on_s3(built, small_corpus, tmp_path):
-    """``strata update`` on S3 while the store throttles (503 SlowDown) or drops the connection of every 7th request
-    (before or after doing it): retried, published, the same tables as the update on local disk; then validate,
-    export, rollback and gc."""
+    """``strata update`` on S3 while the store throttles (503 SlowDown) or drops the connection (before or after doing
+    it) of manifest, data-file and transaction writes, of reads and of a listing: retried, published, the same tables
+    as the update on local disk; then validate, export, rollback and gc."""
     corpus = tmp_path / "corpus"
     shutil.copytree(small_corpus, corpus)
     (corpus / "notes" / "fezziwig.md").write_text(
         "# Fezziwig\n\nOld Fezziwig kept a warehouse in London where young Ebenezer Scrooge was apprenticed. "
         "Fezziwig gave a Christmas Eve ball for his apprentices, Dick Wilkins and Scrooge.\n", encoding="utf-8")
     faults = built["server"].faults
-    faults.injected.clear()
+    rules = [  # by what each request is (``Fault``), not by its place in the stream
+        Fault("PUT", "/_versions/", "503", times=2), Fault("PUT", "/_versions/", "lost"),
+        Fault("PUT", "/data/", "drop", times=2), Fault("PUT", "/_transactions/", "lost"),
+        Fault("GET", "/data/", "503", times=2, after=1), Fault("GET", "/_versions/", "drop", times=2),
+        Fault("HEAD", "/_versions/", "503"), Fault("GET", r"^/[^/]+/?$", "drop"),
+    ]
     for where in ("uri", "local"):
-        faults.every, faults.kinds = (7, ("503", "drop", "lost")) if where == "uri" else (0, faults.kinds)
+        faults.rules = rules if where == "uri" else []
         try:
             res = _invoke("update", corpus, "--index", built[where], "--replace-root", small_corpus, "--quiet",
                           *_sets(OVERRIDES))
         finally:
             faults.off()
         assert res.exit_code == 0, res.output
-    assert all(faults.injected.get(k, 0) >= 3 for k in ("503", "drop", "lost")), faults.injected
+    assert [r.fired for r in rules] == [r.times for r in rules], [(r.method, r.path, r.seen) for r in rules]
     s3, local = Catalog(built["uri"]), Catalog(built["local"])
     assert [s["version"] for s in s3.snapshots()] == [1, 2]
     _assert_same_tables(s3, local)
@@ -311,7 +316,17 @@ def test_throttling_and_dropped_connections_during_a_publish_are_retried(s3_env)
     Catalog(uri).publish(tiny_tables(1, suffix="-1"), "run-1", "full", 8)
     faults = s3_env.faults
     faults.injected.clear()
-    faults.every, faults.skip, faults.kinds = 4, 0, ("503", "drop", "lost")
+    # by what each request is, not by its place in the stream (a read pattern that changes moves no fault)
+    faults.rules = rules = [
+        Fault("PUT", "/_versions/", "503"),  # a manifest, throttled
+        Fault("PUT", "/_versions/", "lost"),  # the next manifest written, its answer lost (the table written again)
+        Fault("PUT", "/data/", "drop"),  # a data file, its connection reset before the store has it
+        Fault("PUT", "/_transactions/", "lost"),  # a transaction file written, its answer lost
+        Fault("GET", "/_versions/", "drop"),  # a manifest read
+        Fault("GET", "/data/", "503", after=1),  # a data file read (not the first)
+        Fault("GET", r"^/[^/]+/?$", "drop"),  # a listing
+        Fault("PUT", r"\.writer\.lock", "503"),  # the writer lock's lease
+    ]
     try:
         cat = Catalog(uri)
         with cat.writer_lock():
@@ -319,7 +334,7 @@ def test_throttling_and_dropped_connections_during_a_publish_are_retried(s3_env)
     finally:
         faults.off()
     assert version == 2
-    assert faults.injected.get("503") and faults.injected.get("drop") and faults.injected.get("lost"), faults.injected
+    assert [r.fired for r in rules] == [1] * len(rules), [(r.method, r.path, r.seen) for r in rules]
     cat = Catalog(uri)
     assert [s["version"] for s in cat.snapshots()] == [1, 2]  # one row per publish: no commit twice
     assert cat.read("entities").column("name").to_pylist()[0] == "Scrooge-2"
