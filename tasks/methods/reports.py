@@ -140,7 +140,8 @@ def _sentences(text: str) -> tuple[str, ...]:
     return tuple(split_sentences(text)[:1])
 
 
-def _key(sentence: str) -> str:
+def sentence_key(sentence: str) -> str:
+    """What makes two sentences the same one: case and whitespace aside."""
     return " ".join(sentence.lower().split())
 
 
@@ -156,7 +157,7 @@ def central_sentences(texts: list[str], budget: int) -> list[str]:
         for i, queue in enumerate(pending):
             if queue is None:
                 queue = pending[i] = list(_sentences(texts[i]))
-            while queue and _key(queue[0]) in seen:
+            while queue and sentence_key(queue[0]) in seen:
                 queue.pop(0)
             if not queue:
                 continue
@@ -167,7 +168,7 @@ def central_sentences(texts: list[str], budget: int) -> list[str]:
                     out.append(clip_tokens(sentence, budget))
                 return out
             out.append(sentence)
-            seen.add(_key(sentence))
+            seen.add(sentence_key(sentence))
             used += n
     return out
 
@@ -187,9 +188,9 @@ def offline_report(comm, ents, index, child_reports: list[dict[str, Any]], budge
     else:
         sentences = central_sentences([ents[e]["description"] for e in ranked], budget // 3)
         candidates = [_finding(r, ents) for r in rels]
-    said, findings = [_key(s) for s in sentences], []
+    said, findings = [sentence_key(s) for s in sentences], []
     for f in candidates:
-        key = _key(f.split(": ", 1)[-1].removesuffix("…"))
+        key = sentence_key(f.split(": ", 1)[-1].removesuffix("…"))
         if key and not any(key.startswith(k) or k.startswith(key) for k in said):
             said.append(key)
             findings.append(f)

@@ -33,12 +33,13 @@ def named_by_members(name: str, member_names: set[str]) -> bool:
 
 
 def repeats_or_is_cut(summary: str) -> bool:
+    from tasks.methods.reports import sentence_key
     from tasks.runtime.text import split_sentences
 
     text = summary.strip()
     if not text:
         return False
-    keys = [" ".join(s.lower().split()) for s in split_sentences(text)]
+    keys = [sentence_key(s) for s in split_sentences(text)]
     return len(keys) != len(set(keys)) or not _ENDED.search(text)
 
 
