@@ -135,7 +135,7 @@ class PipelineRun:
             elif isinstance(inner, LocalEmbedder):
                 inner = ChildEmbedder(inner, self.cfg.embedding)  # a large run's model in a child process
                 if self.snap:  # an update holds the index's tables as its build did: the model goes where it went
-                    inner.expect(self.catalog.open_table("chunks", snap=self.snap).count_rows())
+                    inner.hold_like(self.catalog.open_table("chunks", snap=self.snap).count_rows())
             self._embedder = CachedEmbedder(inner, EmbeddingCache(self.catalog.cache_dir / "embeddings.sqlite"))
             if self.snap:
                 check_dimension(self._embedder, self.snap["dim"])

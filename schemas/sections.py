@@ -110,7 +110,8 @@ class EmbeddingConfig(_Section):
         "auto",
         description="Local model runtime: 'onnx' (ONNX Runtime over an export of the packaged weights made once "
         "per machine; ~1.3x faster on CPU, same vectors) or 'torch'; 'auto' = torch where bf16 is "
-        "native, onnx elsewhere.",
+        "native and a run embeds 5,000 texts or more (below, importing PyTorch costs more than it saves), "
+        "onnx elsewhere.",
     )
     api_base: str = Field(
         "", description="OpenAI-compatible embedding server for a litellm model; empty = provider default."

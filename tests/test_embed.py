@@ -54,7 +54,7 @@ def test_a_large_call_moves_the_model_to_a_child_process_for_the_rest_of_the_run
     from schemas.config import load_config
     from tasks.index import embed
 
-    cfg = load_config().embedding
+    cfg = load_config().embedding.model_copy(update={"runtime": "onnx", "precision": "fp32"})  # on any CPU
     local = embed.get_embedder(cfg)
     child = embed.ChildEmbedder(local, cfg)
     monkeypatch.setattr(embed, "EMBED_IN_CHILD_TEXTS", 3)
@@ -70,6 +70,37 @@ def test_a_large_call_moves_the_model_to_a_child_process_for_the_rest_of_the_run
     fresh.expect(3)
     assert np.array_equal(fresh.embed(TEXTS[:1]), local.embed(TEXTS[:1])) and fresh.mapper.started
     fresh.release()
+
+
+def test_auto_runtime_takes_pytorch_only_for_a_run_that_pays_for_its_import(monkeypatch):
+    """Where bf16 is native, 'auto' picks PyTorch, whose import and load (~7 s) a run of fewer than
+    ``TORCH_PAYS_TEXTS`` texts does not earn back: such a run embeds on ONNX Runtime, in process and in a child, with
+    its own cache entries; the choice is made once, before the run's first vector, and kept; a runtime set
+    explicitly is never changed."""
+    from schemas.config import load_config
+    from tasks.index import embed
+
+    monkeypatch.setattr(embed, "bf16_is_fast", lambda: True)
+    cfg = load_config().embedding
+    auto = embed.LocalEmbedder(runtime="auto", precision="auto")
+    assert auto.runtime == "torch" and auto.auto_torch
+    small = embed.ChildEmbedder(auto, cfg)
+    small.expect(embed.TORCH_PAYS_TEXTS - 1)
+    assert small.local.runtime == "onnx" and small.cfg.runtime == "onnx" and small.cfg.precision == "fp32"
+    assert small.cache_name == small.local.cache_name != auto.cache_name
+    small.expect(embed.TORCH_PAYS_TEXTS * 10)  # a later, larger stage of the same run keeps the choice
+    assert small.local.runtime == "onnx"
+    large = embed.ChildEmbedder(auto, cfg)
+    large.expect(embed.TORCH_PAYS_TEXTS)
+    assert large.local is auto and large.cfg.runtime == "auto" and large.cache_name == auto.cache_name
+    # the run's cache wrapper makes the choice before it computes its keys: a 2-text run reads ONNX's entries
+    cached = embed.CachedEmbedder(embed.ChildEmbedder(auto, cfg), None)
+    assert np.array_equal(cached.embed(TEXTS[:2]), cached.inner.local.embed(TEXTS[:2]))
+    assert cached.inner.local.runtime == "onnx"
+    explicit = embed.LocalEmbedder(runtime="torch", precision="auto")
+    fixed = embed.ChildEmbedder(explicit, cfg)
+    fixed.expect(1)
+    assert fixed.local is explicit and not explicit.auto_torch
 
 
 def test_a_table_is_embedded_a_step_at_a_time_one_file_a_part(tmp_path):

@@ -268,6 +268,9 @@ def script() -> None:
     import threading
 
     code: Any = 0
+    # a spawned child (``ProcessMapper``) runs the main script again to rebuild ``__main__``: this one would import
+    # every command (~0.8 s of the child's start); nothing a child runs is defined in it
+    vars(sys.modules["__main__"]).pop("__file__", None)
     try:
         main()
     except SystemExit as exc:

@@ -78,6 +78,8 @@ class LocalEmbedder:
         self.small_batches = small_batches  # questions and answer sentences, not a corpus (see ``_onnx``)
         self.bf16 = precision == "bf16" or (precision == "auto" and bf16_is_fast())
         self.runtime = runtime if runtime != "auto" else ("torch" if self.bf16 else "onnx")
+        # PyTorch chosen by 'auto' alone: a run too small to pay for importing it embeds on ONNX (``ChildEmbedder``)
+        self.auto_torch = runtime == "auto" and precision == "auto" and self.runtime == "torch"
         if self.runtime == "onnx" and self.bf16 and precision == "bf16":
             raise ValueError("embedding.precision = 'bf16' runs on the torch runtime: set embedding.runtime = 'torch'")
         # cached vectors are per runtime and precision
@@ -323,6 +325,8 @@ class CachedEmbedder:
 
     def embed(self, texts: list[str], progress: Callable[[int], None] | None = None, batch: int = 256) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        if isinstance(self.inner, ChildEmbedder):  # its runtime first: the cache keeps vectors per runtime
+            self.inner.choose_runtime(len(texts))
         keys = [EmbeddingCache.key(getattr(self.inner, "cache_name", self.name), t) for t in texts]
         found = self.cache.get_many(sorted(set(keys))) if self.cache else {}
         todo: dict[str, list[int]] = {}
@@ -377,6 +381,11 @@ class MappedEmbedder:
         self.mapper(embed_part, parts, on_done=on_done, keep=False, cfg=self.cfg)
 
 
+#: on a CPU with native bf16, PyTorch under bf16 autocast embeds ~1.25x (short entity texts) to 1.5x (passages) as
+#: fast as ONNX Runtime, but importing it and loading the model costs ~7 s against ONNX's 0.4 s: 'auto' takes it for
+#: a run that embeds this many texts or more (docs/benchmarks.md), ONNX below
+TORCH_PAYS_TEXTS = 5_000
+
 #: a call that brings this many texts or more to embed starts the packaged model in a child process, and the run's
 #: later calls go there too (``ChildEmbedder``); below it, a small corpus embeds in process (no start-up)
 EMBED_IN_CHILD_TEXTS = 20_000
@@ -396,10 +405,28 @@ class ChildEmbedder(MappedEmbedder):
         super().__init__(local, cfg, ProcessMapper())
         self.local = local
         self.large = False  # a call has been large: every later one goes to a child (started again if released)
+        self.runtime_chosen = not local.auto_torch
+
+    def hold_like(self, rows: int) -> None:
+        """An update of an index of ``rows`` chunks: the model goes where the build's went (a child, if large)."""
+        self.large = self.large or rows >= EMBED_IN_CHILD_TEXTS
+
+    def choose_runtime(self, texts: int) -> None:
+        """Once a run, before its first vector: where 'auto' picked PyTorch, ONNX Runtime for a run of fewer than
+        ``TORCH_PAYS_TEXTS`` texts (vectors within 1e-4 cosine: ``tests/test_embed.py``), so a one-file update
+        or a small corpus does not pay seconds for a faster model; every later call of the run keeps the choice."""
+        if self.runtime_chosen:
+            return
+        self.runtime_chosen = True
+        if texts < TORCH_PAYS_TEXTS:
+            self.local = _local(self.local.batch_size, "fp32", "onnx")
+            self.cfg = self.cfg.model_copy(update={"runtime": "onnx", "precision": "fp32"})  # a child's too
+            self.cache_name = self.local.cache_name
 
     def expect(self, texts: int) -> None:
         """A stage is about to embed ``texts`` texts over several calls (a table a step at a time): as large as
         one call with all of them."""
+        self.choose_runtime(texts)
         self.large = self.large or texts >= EMBED_IN_CHILD_TEXTS
 
     def embed_parts(self, parts: list[list[str]], on_done: Callable[[int, np.ndarray], None]) -> None:
