@@ -74,9 +74,9 @@ def test_a_large_call_moves_the_model_to_a_child_process_for_the_rest_of_the_run
 
 def test_auto_runtime_takes_pytorch_only_for_a_run_that_pays_for_its_import(monkeypatch):
     """Where bf16 is native, 'auto' picks PyTorch, whose import and load (~7 s) a run of fewer than
-    ``TORCH_PAYS_TEXTS`` texts does not earn back: such a run embeds on ONNX Runtime, in process and in a child, with
-    its own cache entries; the choice is made once, before the run's first vector, and kept; a runtime set
-    explicitly is never changed."""
+    ``TORCH_PAYS_TEXTS`` texts does not earn back: such a run embeds on ONNX Runtime, in process, in a child and on a
+    cluster's workers, with its own cache entries; the choice is made once, before the run's first vector, and
+    kept; a runtime set explicitly is never changed."""
     from schemas.config import load_config
     from tasks.index import embed
 
@@ -97,6 +97,12 @@ def test_auto_runtime_takes_pytorch_only_for_a_run_that_pays_for_its_import(monk
     cached = embed.CachedEmbedder(embed.ChildEmbedder(auto, cfg), None)
     assert np.array_equal(cached.embed(TEXTS[:2]), cached.inner.local.embed(TEXTS[:2]))
     assert cached.inner.local.runtime == "onnx"
+    # a cluster's workers are told the same choice (the CI failure this guards: a cluster run embedding on PyTorch
+    # beside an in-process run on ONNX gave other vectors, so another hierarchy)
+    sent: list = []
+    mapped = embed.MappedEmbedder(auto, cfg, lambda fn, parts, **kw: sent.append(kw["cfg"]))
+    mapped.embed_parts([TEXTS[:2]], on_done=lambda *_: None)
+    assert sent[0].runtime == "onnx" and mapped.cache_name == small.cache_name
     explicit = embed.LocalEmbedder(runtime="torch", precision="auto")
     fixed = embed.ChildEmbedder(explicit, cfg)
     fixed.expect(1)

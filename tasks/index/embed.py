@@ -325,7 +325,7 @@ class CachedEmbedder:
 
     def embed(self, texts: list[str], progress: Callable[[int], None] | None = None, batch: int = 256) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        if isinstance(self.inner, ChildEmbedder):  # its runtime first: the cache keeps vectors per runtime
+        if isinstance(self.inner, MappedEmbedder):  # its runtime first: the cache keeps vectors per runtime
             self.inner.choose_runtime(len(texts))
         keys = [EmbeddingCache.key(getattr(self.inner, "cache_name", self.name), t) for t in texts]
         found = self.cache.get_many(sorted(set(keys))) if self.cache else {}
@@ -369,7 +369,25 @@ class MappedEmbedder:
     def __init__(self, local: LocalEmbedder, cfg: EmbeddingConfig, mapper: Any):
         self.name, self.dim, self.cache_name = local.name, local.dim, local.cache_name
         self.client = None
-        self.cfg, self.mapper = cfg, mapper
+        self.local, self.cfg, self.mapper = local, cfg, mapper
+        self.runtime_chosen = not local.auto_torch
+
+    def choose_runtime(self, texts: int) -> None:
+        """Once a run, before its first vector: where 'auto' picked PyTorch, ONNX Runtime for a run of fewer than
+        ``TORCH_PAYS_TEXTS`` texts (vectors within 1e-4 cosine: ``tests/test_embed.py``), so a one-file update
+        or a small corpus does not pay seconds for a faster model; every later call of the run keeps the choice.
+        The same choice wherever the model runs (in process, a child, a cluster's workers), so the same tables."""
+        if self.runtime_chosen:
+            return
+        self.runtime_chosen = True
+        if texts < TORCH_PAYS_TEXTS:
+            self.local = _local(self.local.batch_size, "fp32", "onnx")
+            self.cfg = self.cfg.model_copy(update={"runtime": "onnx", "precision": "fp32"})  # the workers' too
+            self.cache_name = self.local.cache_name
+
+    def expect(self, texts: int) -> None:
+        """A stage is about to embed ``texts`` texts over several calls (a table a step at a time)."""
+        self.choose_runtime(texts)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         out: list[np.ndarray] = []
@@ -378,6 +396,7 @@ class MappedEmbedder:
 
     def embed_parts(self, parts: list[list[str]], on_done: Callable[[int, np.ndarray], None]) -> None:
         """Each part's vectors to ``on_done(i, vectors)`` as they come (not kept)."""
+        self.choose_runtime(sum(len(p) for p in parts))
         self.mapper(embed_part, parts, on_done=on_done, keep=False, cfg=self.cfg)
 
 
@@ -403,30 +422,16 @@ class ChildEmbedder(MappedEmbedder):
         from tasks.runtime.parallel import ProcessMapper
 
         super().__init__(local, cfg, ProcessMapper())
-        self.local = local
         self.large = False  # a call has been large: every later one goes to a child (started again if released)
-        self.runtime_chosen = not local.auto_torch
 
     def hold_like(self, rows: int) -> None:
         """An update of an index of ``rows`` chunks: the model goes where the build's went (a child, if large)."""
         self.large = self.large or rows >= EMBED_IN_CHILD_TEXTS
 
-    def choose_runtime(self, texts: int) -> None:
-        """Once a run, before its first vector: where 'auto' picked PyTorch, ONNX Runtime for a run of fewer than
-        ``TORCH_PAYS_TEXTS`` texts (vectors within 1e-4 cosine: ``tests/test_embed.py``), so a one-file update
-        or a small corpus does not pay seconds for a faster model; every later call of the run keeps the choice."""
-        if self.runtime_chosen:
-            return
-        self.runtime_chosen = True
-        if texts < TORCH_PAYS_TEXTS:
-            self.local = _local(self.local.batch_size, "fp32", "onnx")
-            self.cfg = self.cfg.model_copy(update={"runtime": "onnx", "precision": "fp32"})  # a child's too
-            self.cache_name = self.local.cache_name
-
     def expect(self, texts: int) -> None:
         """A stage is about to embed ``texts`` texts over several calls (a table a step at a time): as large as
         one call with all of them."""
-        self.choose_runtime(texts)
+        super().expect(texts)
         self.large = self.large or texts >= EMBED_IN_CHILD_TEXTS
 
     def embed_parts(self, parts: list[list[str]], on_done: Callable[[int, np.ndarray], None]) -> None:
