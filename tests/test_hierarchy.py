@@ -230,3 +230,39 @@ def test_key_phrases_of_a_large_layer_come_from_a_child_process_unchanged():
         there = key_phrases(clusters)
     assert run.call_count == 1 and there == here
     assert here[0] and here[2] == ["The"]
+
+
+def test_an_offline_summary_is_named_by_its_leading_members_and_described_in_whole_distinct_sentences():
+    """Names that read as names come first (a common noun of higher degree does not name the summary), then
+    degree; a layer-2 summary takes its member summaries' lead names; the description lists five names and a
+    count, then whole sentences of the central members, none twice."""
+    from tasks.methods.summarize import Cluster
+    from tasks.runtime.text import split_sentences
+
+    members = [
+        {"id": "a", "name": "hand", "type": "concept", "description": "A hand moved. A hand moved.", "degree": 90},
+        {"id": "b", "name": "Bob Cratchit", "type": "person", "description": "Bob Cratchit, clerk to Scrooge.", "degree": 12},
+        {"id": "c", "name": "Ebenezer Scrooge", "type": "person", "description": "Ebenezer Scrooge, a miser. He kept a counting-house.", "degree": 40},
+    ] + [
+        {"id": f"m{i}", "name": f"Person {i}", "type": "person", "description": f"Person {i} walked home.", "degree": 1}
+        for i in range(6)
+    ]
+    x = np.eye(len(members), 12, dtype=np.float32)
+    x[:3] += 1.0  # the first three are the cluster's centre
+    [[s]] = OfflineSummarizer(["person", "concept"]).summarize_layer(1, [Cluster(members, x)])
+    assert s["name"] == "Ebenezer Scrooge / Bob Cratchit" and s["type"] == "person"
+    head, _, body = s["description"].partition("\n")  # the head on a line of its own
+    assert head.startswith("Ebenezer Scrooge, Bob Cratchit, Person 0, Person 1, Person 2 and 4 more")
+    sentences = split_sentences(body)
+    assert "A hand moved." in sentences and len(sentences) == len({x.lower() for x in sentences})
+    assert {"Ebenezer Scrooge, a miser.", "Bob Cratchit, clerk to Scrooge."} <= set(sentences)
+
+    upper = [
+        {"id": "s1", "name": s["name"], "type": "person", "description": s["description"], "degree": 9, "layer": 1},
+        {"id": "s2", "name": "Fred / Topper", "type": "person", "description": "Fred and 2 more.\nFred laughed.",
+         "degree": 3, "layer": 1},
+    ]
+    [[t]] = OfflineSummarizer(["person", "concept"]).summarize_layer(2, [Cluster(upper, np.eye(2, 12, dtype=np.float32))])
+    assert t["name"] == "Ebenezer Scrooge / Fred"
+    assert t["description"].startswith("Ebenezer Scrooge, Fred (") and "Fred laughed." in t["description"]
+    assert "more" not in t["description"].partition("\n")[2]  # the members' own heads are not quoted

@@ -2,10 +2,12 @@
 
 Two implementations behind one interface, ``summarize_layer(layer, clusters) -> summaries``:
 
-* ``OfflineSummarizer`` (zero tokens): the name is the cluster's most distinctive key phrases
-  by class-based TF-IDF over member names and descriptions (all clusters of a layer are scored
-  in one matrix operation), the type is the meta summary entity most members map to, and the
-  description is extracted from the members closest to the cluster centroid.
+* ``OfflineSummarizer`` (zero tokens): the name is the names of the cluster's leading members
+  (``leading_members``: names a reader would look up first, then the best connected), the type is
+  the meta summary entity most members map to, and the description lists the leading members and
+  the cluster's most distinctive key phrases (class-based TF-IDF over member names and descriptions,
+  all clusters of a layer scored in one matrix operation), then whole, distinct sentences of the
+  members closest to the cluster centroid.
 * ``LLMSummarizer``: one prompt per cluster through the ``LLMClient``; all clusters of a layer
   run concurrently. An unusable answer falls back to the offline summary for that cluster and
   is reported, so nothing is lost.
@@ -23,7 +25,8 @@ from typing import Any, Protocol
 import numpy as np
 from sklearn.feature_extraction.text import CountVectorizer
 
-from tasks.index.chunk import clip_tokens, truncate_tokens
+from tasks.index.chunk import clip_tokens, count_tokens, truncate_tokens
+from tasks.methods.reports import central_sentences
 from tasks.runtime.llm import LLMClient, ParseError, parse_json, run_sync
 from tasks.store.ids import make_id
 
@@ -81,8 +84,10 @@ _TOKEN = r"(?u)\b[A-Za-z][A-Za-z0-9'\-]+\b"
 #: 1's 1,400 clusters hold 120k entities, whose unigram and bigram vocabulary is ~600 MB of Python strings and
 #: dict entries that a long-lived process would keep mapped after it is freed
 KEY_PHRASES_IN_CHILD_CHARS = 20_000_000
-#: key phrases a cluster's offline summary is named from
+#: key phrases of a cluster's offline summary (its description's head)
 TOP_PHRASES = 3
+#: members' names an offline summary is named by, and listed at the head of its description
+NAMED_BY, LISTED = 2, 5
 
 
 def key_phrases(clusters: list[Cluster], top: int = TOP_PHRASES) -> list[list[str]]:
@@ -175,13 +180,63 @@ def _display(term: str, members: list[dict[str, Any]]) -> str:
     return min(forms, key=lambda f: (-forms[f], f.isupper(), f))
 
 
-def _central(cluster: Cluster, k: int) -> list[int]:
-    if len(cluster.members) <= k:
-        return list(range(len(cluster.members)))
+def _centrality(cluster: Cluster) -> np.ndarray:
+    """Each member's closeness to the cluster's centroid (dot product with the mean vector)."""
     vectors = cluster.matrix()
-    centroid = vectors.mean(axis=0)
-    sims = vectors @ centroid
+    return vectors @ vectors.mean(axis=0) if len(vectors) else np.zeros(len(cluster.members))
+
+
+def _most(sims: np.ndarray, k: int) -> list[int]:
+    """The ``k`` highest of ``sims`` (earlier first among equals)."""
     return [int(i) for i in np.lexsort((np.arange(len(sims)), -sims))[:k]]
+
+
+#: a name as written by a reader: words of letters and digits joined by spaces, apostrophes, periods or single
+#: hyphens ("Mr. Fezziwig", "blind man's-buff"), not a span broken by punctuation ("me;--in life")
+_CLEAN_NAME = re.compile(r"[^\W_][\w'’.]*(?:(?: |-)[\w'’.]+)*")
+
+
+def name_rank(member: dict[str, Any]) -> int:
+    """How well a member's name names its summary, best first: 0 a named thing (typed other than ``concept``, or
+    written with a capital; a heading in capitals longer than an acronym is not one), 1 a phrase of several words,
+    2 one lowercase word ("hand", "door"), 3 a span broken by punctuation."""
+    name = lead_name(member["name"])
+    if not _CLEAN_NAME.fullmatch(name):
+        return 3
+    if (member.get("type") not in (None, "concept") or name != name.lower()) and not (name.isupper() and len(name) > 5):
+        return 0
+    return 1 if len(name.split()) > 1 else 2
+
+
+def lead_name(name: str) -> str:
+    """The first of a summary's " / "-separated names (a member's own name when it is not a summary)."""
+    return name.split(" / ", 1)[0].strip()
+
+
+def leading_members(members: list[dict[str, Any]], sims: np.ndarray) -> list[int]:
+    """The members in the order a summary is named and listed by: the best names first (``name_rank``), then the
+    best connected (``degree``: a layer-0 entity's relations, a summary's members),
+    then the closest to the centroid (``sims``), then by name (deterministic)."""
+    rank = lambda i: (name_rank(members[i]), -int(members[i].get("degree") or 0), -float(sims[i]), members[i]["name"])  # noqa: E731
+    return sorted(range(len(members)), key=rank)
+
+
+def own_text(member: dict[str, Any]) -> str:
+    """A member's description without the head line an offline summary starts with (its list of names)."""
+    text = member["description"]
+    return text.split("\n", 1)[1] if member.get("layer", 0) and "\n" in text else text
+
+
+def distinct_names(cluster: Cluster, order: list[int], k: int) -> list[str]:
+    """The first ``k`` distinct lead names (``lead_name``) of the members in ``order``."""
+    out: list[str] = []
+    for i in order:
+        name = lead_name(cluster.members[i]["name"])
+        if name and name not in out:
+            out.append(name)
+            if len(out) == k:
+                break
+    return out
 
 
 class OfflineSummarizer:
@@ -198,15 +253,17 @@ class OfflineSummarizer:
         out = []
         for cluster, terms in zip(clusters, phrases):
             shown = [_display(t, cluster.members) for t in terms]
-            name = " / ".join(shown[:2]) if shown else cluster.members[0]["name"]
-            etype = meta_type(cluster.members, self.meta)
-            central = [cluster.members[i] for i in _central(cluster, 3)]
-            names = [m["name"] for m in cluster.members[:8]]
-            more = f" and {len(cluster.members) - 8} more" if len(cluster.members) > 8 else ""
-            # content first, no template words: the start of the description is what gets embedded
-            head = f"{', '.join(shown) or name}: {', '.join(names)}{more}."
-            body = " ".join(m["description"] for m in central)
-            out.append([{"name": name, "type": etype, "description": clip_tokens(f"{head} {body}", self.max_tokens)}])
+            sims = _centrality(cluster)
+            order = leading_members(cluster.members, sims)
+            name = " / ".join(distinct_names(cluster, order, NAMED_BY))
+            listed = distinct_names(cluster, order, LISTED)
+            more = f" and {len(cluster.members) - len(listed)} more" if len(cluster.members) > len(listed) else ""
+            # content first (the start of the description is what gets embedded), the head on a line of its own
+            head = f"{', '.join(listed)}{more}" + (f" ({', '.join(shown)})." if shown else ".")
+            central = [own_text(cluster.members[i]) for i in _most(sims, 3)]
+            body = " ".join(central_sentences(central, max(self.max_tokens - count_tokens(head) - 1, 1)))
+            description = clip_tokens(f"{head}\n{body}".strip(), self.max_tokens)
+            out.append([{"name": name, "type": meta_type(cluster.members, self.meta), "description": description}])
         return out
 
 

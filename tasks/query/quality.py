@@ -4,7 +4,8 @@ entities, the summaries and the reports sees, each a plain count or share over t
 - ``top_entities_one_lowercase_word``: of the 100 layer-0 entities of highest degree, the share named by one
   lowercase word ("hand", "door": a common noun, not a name a reader would look up);
 - ``summaries_named_by_members``: of the summary entities (layer ≥ 1), the share whose name is made of its
-  members' names only (each " / "-separated piece the name of an entity it summarises), not of key terms;
+  members' names only (each " / "-separated piece the name of an entity it summarises, or a piece of a member
+  summary's name), not of key terms;
 - ``labelled_relations``: of the relations between layer-0 entities, the share with a label saying what links them
   (a relation kind other than plain co-occurrence, ``extracted``);
 - ``reports_repeating_or_cut``: community reports whose summary holds one sentence twice, or ends without a
@@ -55,7 +56,8 @@ def graph_quality(cat: Catalog, snap: dict[str, Any]) -> dict[str, Any]:
     members: dict[str, set[str]] = {}
     for r in rels:
         if r["kind"] == "summary_of" and r["target_id"] in name and r["source_id"] in name:
-            members.setdefault(r["target_id"], set()).add(name[r["source_id"]])
+            member = name[r["source_id"]]
+            members.setdefault(r["target_id"], set()).update([member, *(p.strip() for p in member.split(" / "))])
     upper = [e for e in ents if e["layer"] > 0]
     flat = [r for r in rels if layer.get(r["source_id"]) == 0 and layer.get(r["target_id"]) == 0]
     labelled = [r for r in flat if r["kind"] not in ("extracted", "summary_of")]
