@@ -57,7 +57,7 @@ def test_inspect_json_contract(built):
 
 def test_inspect_quality_measures_the_published_graph(built):
     """``inspect --quality``: each measure recounted here from the tables it reads."""
-    from tasks.query.quality import one_lowercase_word, repeats_or_is_cut
+    from tasks.query.quality import has_furniture, one_lowercase_word, repeats_or_is_cut
 
     data = json.loads(runner.invoke(app, ["inspect", "--index", str(built), "--json", "--quality"]).output)
     q = data["quality"]
@@ -70,6 +70,9 @@ def test_inspect_quality_measures_the_published_graph(built):
     assert q["reports"] == data["tables"]["community_reports"]
     summaries = cat.read("community_reports").column("summary").to_pylist()
     assert q["reports_repeating_or_cut"] == sum(repeats_or_is_cut(s) for s in summaries)
+    base = [e for e in ents if e["layer"] == 0]
+    assert q["layer0_entities"] == len(base)
+    assert q["descriptions_with_furniture"] == sum(has_furniture(e["description"]) for e in base)
     assert q["labelled_relations"] == 0.0 and q["layer0_relations"] > 0  # co-occurrence only, for now
     assert "quality" not in json.loads(runner.invoke(app, ["inspect", "--index", str(built), "--json"]).output)
 

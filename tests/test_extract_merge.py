@@ -132,3 +132,32 @@ def test_merge_in_parts_equals_merge_whole(tmp_path):
     assert task_entities.read_all().to_pylist() == [dict(e, staleness=0.0) for e in whole_entities]
     assert range_bounds(pl.Series(list("jihgfedcba")), 3) == ["d", "g"]
     assert range_bounds(pl.Series(["x", "x", "x"]), 3) == ["x"] and range_bounds(pl.Series([], dtype=pl.Utf8), 4) == []
+
+
+def test_page_furniture_is_blanked_in_place_and_never_named():
+    """``furniture.blank``: figure markers, page references after a run of spaces (a paragraph that ends in one, a
+    caption or a list entry, whole), heading lines and italics underscores become spaces, the text keeps its length
+    and its line breaks (every offset holds); a chunk all in capitals keeps its words, a table row keeps its own.
+    The extractor then names no heading and glues no page number or caption to a sentence."""
+    from tasks.index.furniture import blank
+
+    page = (
+        "STAVE ONE\n\n[Illustration: Marley's face,\n  in the knocker]\n\nMARLEY'S GHOST\n\n"
+        "  Bob Cratchit went down a slide on\n    Cornhill, in honour of Christmas Eve          16\n\n"
+        "  Nobody was under the bed.                             xi\n  Scrooge met Bob Cratchit in London.\n\n"
+        "  _December, 1843._\n1962, 1964, 1966\n| ACME | 12 |\nnot_a_marker stays."
+    )
+    out = blank(page)
+    assert len(out) == len(page) and out.count("\n") == page.count("\n")
+    assert " ".join(out.split()) == (
+        "Nobody was under the bed. Scrooge met Bob Cratchit in London. December, 1843. | ACME | 12 | not_a_marker stays."
+    )
+    assert blank("NASA AND ESA\n\nJOINT MISSION 2024") == "NASA AND ESA\n\nJOINT MISSION 2024"  # no prose: kept
+    assert blank("Revenue rose in 2023 to 16") == "Revenue rose in 2023 to 16"  # one space: not a page reference
+
+    res = extract_batch([{"id": "c1", "text": page}], ExtractConfig())
+    names = {e["name"] for e in res.entities}
+    assert {"Bob Cratchit", "London"} <= names and not any(w in n for n in names for w in ("STAVE", "GHOST", "Ill"))
+    descriptions = {e["description"] for e in res.entities}
+    assert any(d.startswith("Scrooge met Bob Cratchit in London.") for d in descriptions)
+    assert not any(w in d for d in descriptions for w in ("xi", "Cornhill", "Illustration"))

@@ -2,7 +2,8 @@
 
 Entities are spaCy named entities (typed) plus noun phrases (type ``concept``); relations
 join entities that share a sentence, each described by that sentence — the approach of
-GraphRAG's "fast" NLP graph. ``extract_batch`` is the unit of parallel work (one Dask task
+GraphRAG's "fast" NLP graph. A chunk is parsed with its page furniture blanked out
+(``tasks.index.furniture``). ``extract_batch`` is the unit of parallel work (one Dask task
 per batch of chunks); a chunk that fails is quarantined, never fatal.
 """
 
@@ -16,6 +17,7 @@ from typing import Any, TypedDict, cast
 
 from schemas.config import ExtractConfig
 from schemas.tables import QuarantineRow
+from tasks.index import furniture
 from tasks.runtime.parallel import Mapper
 from tasks.runtime.text import squash_clip
 from tasks.store.ids import quarantine_row
@@ -205,7 +207,8 @@ def extract_batch(chunks: list[dict[str, Any]], cfg: ExtractConfig) -> Extractio
     """The parallel unit: a batch of ``{id, text}`` chunks -> raw entities, raw relations, quarantine rows."""
     nlp = load_nlp(cfg.spacy_model)
     out = ExtractionResult()
-    texts = [c["text"] for c in chunks]
+    # the same offsets: the furniture is spaces (a text that is not one is quarantined by the parse)
+    texts = [furniture.blank(c["text"]) if isinstance(c["text"], str) else c["text"] for c in chunks]
     try:
         docs = list(nlp.pipe(texts, batch_size=len(texts) or 1))
     except Exception:  # one bad chunk must not sink the batch: retry one by one

@@ -8,6 +8,9 @@ entities, the summaries and the reports sees, each a plain count or share over t
   summary's name), not of key terms;
 - ``labelled_relations``: of the relations between layer-0 entities, the share with a label saying what links them
   (a relation kind other than plain co-occurrence, ``extracted``);
+- ``descriptions_with_furniture``: layer-0 entity descriptions that hold page furniture — a figure marker
+  ("[Illustration]"), a run of three words in capitals (a heading: "STAVE ONE--MARLEY'S GHOST"), or a page number
+  glued between two sentences' words ("…Christmas Eve 16 Nobody…");
 - ``reports_repeating_or_cut``: community reports whose summary holds one sentence twice, or ends without a
   sentence's end (inside a word or a sentence; "…" after a whole word counts as an end).
 """
@@ -22,6 +25,14 @@ from tasks.store.catalog import Catalog
 TOP_ENTITIES = 100
 #: a summary's last characters that end it: a sentence's end, an ellipsis after a whole word, closing quotes
 _ENDED = re.compile(r"""[.!?…]["'”’)\]]*$""")
+
+_FURNITURE = re.compile(
+    r"\[(?i:illustration|figure|plate|image)\b|\b[A-Z]{2,}(?:[\W\d]+[A-Z]{2,}){2,}\b|[a-z] \d{1,3}(?:-\d{1,3})? [A-Z]"
+)
+
+
+def has_furniture(description: str) -> bool:
+    return bool(_FURNITURE.search(description))
 
 
 def one_lowercase_word(name: str) -> bool:
@@ -46,7 +57,7 @@ def repeats_or_is_cut(summary: str) -> bool:
 
 def graph_quality(cat: Catalog, snap: dict[str, Any]) -> dict[str, Any]:
     """The measures of the module docstring for one snapshot, with the counts behind each share."""
-    ents = cat.read("entities", snap=snap, columns=["id", "name", "layer", "degree"]).to_pylist()
+    ents = cat.read("entities", snap=snap, columns=["id", "name", "layer", "degree", "description"]).to_pylist()
     rels = cat.read("relations", snap=snap, columns=["source_id", "target_id", "kind"]).to_pylist()
     summaries = cat.read("community_reports", snap=snap, columns=["summary"]).column("summary").to_pylist()
     layer = {e["id"]: e["layer"] for e in ents}
@@ -62,6 +73,7 @@ def graph_quality(cat: Catalog, snap: dict[str, Any]) -> dict[str, Any]:
     flat = [r for r in rels if layer.get(r["source_id"]) == 0 and layer.get(r["target_id"]) == 0]
     labelled = [r for r in flat if r["kind"] not in ("extracted", "summary_of")]
     bad = sum(repeats_or_is_cut(s or "") for s in summaries)
+    furnished = sum(has_furniture(e["description"] or "") for e in ents if e["layer"] == 0)
 
     def share(part: int, whole: int) -> float | None:
         return round(part / whole, 4) if whole else None
@@ -75,6 +87,8 @@ def graph_quality(cat: Catalog, snap: dict[str, Any]) -> dict[str, Any]:
         "summary_entities": len(upper),
         "labelled_relations": share(len(labelled), len(flat)),
         "layer0_relations": len(flat),
+        "descriptions_with_furniture": furnished,
+        "layer0_entities": sum(e["layer"] == 0 for e in ents),
         "reports_repeating_or_cut": bad,
         "reports": len(summaries),
     }
