@@ -69,6 +69,18 @@ def _cleanup_home():
 
 
 @pytest.fixture(scope="session")
+def azurite():
+    """Azurite's Blob service (npm ``azurite``, installed under ``$STRATA_TEST_CACHE`` or ~/.cache/strata-tests on
+    first use from the npm registry) on a free port of 127.0.0.1, in memory; started once per session, only by the
+    tests that ask for it. Yields its Blob endpoint for the well-known development account."""
+    from tests.azurite import start_azurite
+
+    server = start_azurite()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def s3_server():
     """moto's standalone S3 server on a free port of 127.0.0.1, behind a proxy that counts bytes and injects faults
     on demand (``tests/s3_server.py``); started once per session, only by the tests that ask for it."""

@@ -20,7 +20,8 @@ from schemas.config import StorageConfig, load_config
 from schemas.tables import SNAPSHOT_TABLES
 from tasks.errors import LockTimeout, StoreUnavailable
 from tasks.store.catalog import Catalog
-from tasks.store.remote import S3Lease, storage_options
+from tasks.store.leases import S3Lease
+from tasks.store.remote import storage_options
 from tasks.errors import EXIT_CODES, UsageError
 from tests.conftest import SMALL
 from tests.helpers import tiny_tables

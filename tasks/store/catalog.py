@@ -26,9 +26,9 @@ import pyarrow.compute as pc
 
 from schemas.tables import LOG_TABLES, SNAPSHOT_TABLES, SNAPSHOTS, schema_for
 from tasks.errors import DiskFull, IndexDamaged, IndexError_, IndexNotFound, StoreUnavailable, UsageError
+from tasks.store.leases import Lease
 from tasks.store.remote import (
     STORE_ATTEMPTS,
-    S3Lease,
     _default_storage,
     _disk_full,
     _s3_client,
@@ -73,7 +73,7 @@ class Catalog:
         ``$STRATA_CONFIG`` and the environment, read only for a remote index)."""
         self.uri = str(uri)
         self._storage = storage
-        self._lease: S3Lease | None = None
+        self._lease: Lease | None = None
         if is_local(self.uri):
             self.root: Path | None = Path(self.uri.removeprefix("file://")).expanduser().resolve()
             if self.root.exists() and not self.root.is_dir():

@@ -1,6 +1,6 @@
-"""One writer per index. A folder: an fcntl lock on ``<index>/.writer.lock`` naming its holder. s3://: a lease
-object written with a conditional put (``tasks.store.remote.S3Lease``), renewed while the run lasts and checked
-before the snapshot commit.
+"""One writer per index. A folder: an fcntl lock on ``<index>/.writer.lock`` naming its holder. s3://, az://,
+abfs[s]://: a lease object written with a conditional write (``tasks.store.leases``), renewed while the run lasts
+and checked before the snapshot commit.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from tasks.errors import LockTimeout, UsageError
-from tasks.store.remote import S3Lease
+from tasks.store.leases import Lease, lease_for
 
 if TYPE_CHECKING:
     from schemas.config import StorageConfig
@@ -32,9 +32,9 @@ class Catalog(Protocol):
 
 
 @contextlib.contextmanager
-def writer_lock(catalog: Catalog, timeout_s: float = 0.0) -> Iterator[S3Lease | None]:
+def writer_lock(catalog: Catalog, timeout_s: float = 0.0) -> Iterator[Lease | None]:
     """One writer per index: a second one waits up to ``timeout_s`` and then fails with a clear message.
-    A folder: an fcntl lock on ``<index>/.writer.lock``. s3://: a lock object (``S3Lease``)."""
+    A folder: an fcntl lock on ``<index>/.writer.lock``. Object storage: a lock object (``tasks.store.leases``)."""
     if catalog.root is None:
         yield from _remote_lock(catalog, timeout_s)
         return
@@ -78,17 +78,18 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _remote_lock(catalog: Catalog, timeout_s: float) -> Iterator[S3Lease | None]:
+def _remote_lock(catalog: Catalog, timeout_s: float) -> Iterator[Lease | None]:
     if catalog.storage.writer_lock == "off":
         yield None
         return
-    if not catalog.uri.startswith(("s3://", "s3a://")):
+    lease = lease_for(catalog.uri, catalog.storage)
+    if lease is None:
         raise UsageError(
-            f"no writer lock for {catalog.uri.split('://')[0]}:// indexes: point --index at the store's "
-            'S3-compatible endpoint (s3:// with storage.endpoint), or set storage.writer_lock = "off" '
-            "when your writers are serialised otherwise (one deployment, a concurrency limit of 1)"
+            f"no writer lock for {catalog.uri.split('://')[0]}:// indexes (there is one for s3://, az:// and "
+            "abfs[s]://): point --index at the store's S3-compatible endpoint (s3:// with storage.endpoint), or set "
+            'storage.writer_lock = "off" when your writers are serialised otherwise (one deployment, a concurrency '
+            "limit of 1)"
         )
-    lease = S3Lease(catalog.uri, catalog.storage)
     lease.acquire(timeout_s)
     try:
         yield lease

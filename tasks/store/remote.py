@@ -1,20 +1,11 @@
 """An index on object storage: LanceDB's storage options from ``storage.*`` settings and the usual environment,
-which store errors are transient (retried), and the writer lease — one writer per index, held by an object
-written with a conditional put and renewed while the run lasts.
+and which store errors are transient (retried). The writer lease is ``tasks.store.leases``.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import threading
-import time
-import uuid
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
-
-from tasks.errors import LockTimeout
 
 if TYPE_CHECKING:
     from schemas.config import StorageConfig
@@ -102,7 +93,7 @@ def _default_storage() -> StorageConfig:
     return load_config().storage
 
 
-# ---------------------------------------------------------------------------- the writer lock on S3
+# ---------------------------------------------------------------------------- an S3 client of the index's own
 def _s3_client(storage: StorageConfig) -> Any:
     """A boto3 S3 client for the lock object: the index's endpoint, region and credentials, and the same retries
     (standard mode: 503 SlowDown, 5xx and dropped connections, with backoff)."""
@@ -121,157 +112,3 @@ def _s3_client(storage: StorageConfig) -> Any:
             retries={"max_attempts": storage.max_retries + 1, "mode": "standard"}, connect_timeout=5, read_timeout=30
         ),
     )
-
-
-def _error_code(exc: BaseException) -> str:
-    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
-
-
-#: a conditional write that did not hold (412), or one racing another conditional write on the key (409)
-_CONFLICT = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
-
-
-_GONE = ("NoSuchKey", "404", "NotFound")
-
-
-class S3Lease:
-    """One writer per s3:// index: the object ``<prefix>/.writer.lock``, naming its holder. It is created with a
-    conditional put (``If-None-Match: *``: of two writers, exactly one creates it) and rewritten every third of
-    ``storage.lock_ttl_s`` (a heartbeat, ``If-Match`` its own ETag). A lock not rewritten for ``lock_ttl_s`` by the
-    store's clock is stale: the next writer takes it over with ``If-Match`` on the stale ETag (again one wins). It is
-    deleted at the end; a holder that lost it (stalled past the expiry) is refused at its commit."""
-
-    def __init__(self, uri: str, storage: StorageConfig, client: Any = None):
-        bucket, _, prefix = uri.split("://", 1)[1].partition("/")
-        self.uri, self.bucket, self.ttl = uri, bucket, storage.lock_ttl_s
-        self.key = (prefix.strip("/") + "/" if prefix.strip("/") else "") + ".writer.lock"
-        self.token = uuid.uuid4().hex
-        self.holder = f"pid {os.getpid()} on {socket.gethostname()}"
-        self.since = ""
-        self.etag: str | None = None
-        self.lost: str | None = None
-        self.renewed = 0.0
-        self.client = client or _s3_client(storage)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    @property
-    def location(self) -> str:
-        return f"s3://{self.bucket}/{self.key}"
-
-    def _put(self, **condition: str) -> str:
-        body = json.dumps({"holder": self.holder, "since": self.since, "token": self.token, "ttl_s": self.ttl})
-        etag = self.client.put_object(
-            Bucket=self.bucket, Key=self.key, Body=body.encode(), ContentType="application/json", **condition
-        )["ETag"]
-        self.renewed = time.monotonic()
-        return etag
-
-    def _read(self) -> tuple[str, dict[str, Any], float] | None:
-        """The lock's ETag, its content and its age (seconds since it was last written, by the store's clock)."""
-        from email.utils import parsedate_to_datetime
-
-        try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=self.key)
-        except Exception as exc:  # noqa: BLE001
-            if _error_code(exc) in _GONE:
-                return None
-            raise
-        try:
-            body = json.loads(resp["Body"].read() or b"{}")
-        except ValueError:
-            body = {}
-        date = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
-        now = parsedate_to_datetime(date) if date else datetime.now(UTC)
-        return resp["ETag"], body, (now - resp["LastModified"]).total_seconds()
-
-    def _try(self) -> str | None:
-        """Take the lock: None when taken, else who holds it ("" to try again at once)."""
-        try:
-            self.etag = self._put(IfNoneMatch="*")
-            return None
-        except Exception as exc:  # noqa: BLE001
-            if _error_code(exc) not in _CONFLICT:
-                raise
-        current = self._read()
-        if current is None:
-            return ""  # released meanwhile
-        etag, body, age = current
-        if body.get("token") == self.token:  # our own put, applied though its answer was lost and retried
-            self.etag = etag
-            return None
-        holder = f"{body.get('holder', 'another writer')} since {body.get('since', '?')}"
-        if age <= self.ttl:
-            return (
-                f"{holder} (lock {self.location}, renewed {max(age, 0):.0f}s ago; taken over once not renewed "
-                f"for {self.ttl:.0f}s)"
-            )
-        try:  # stale: take it over, unless another writer renewed it or took it over meanwhile
-            self.etag = self._put(IfMatch=etag)
-        except Exception as exc:  # noqa: BLE001
-            if _error_code(exc) not in _CONFLICT + _GONE:
-                raise
-            return ""
-        import logging
-
-        logging.getLogger(__name__).warning(
-            "took over the writer lock %s of %s: not renewed for %.0fs", self.location, holder, age
-        )
-        return None
-
-    def acquire(self, timeout_s: float = 0.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        self.since = datetime.now(UTC).isoformat(timespec="seconds")
-        while (holder := self._try()) is not None:
-            if holder and time.monotonic() >= deadline:
-                raise LockTimeout(
-                    f"index {self.uri} is being written by {holder}; waited {timeout_s:.0f}s "
-                    "(raise --lock-timeout to wait longer)"
-                )
-            time.sleep(0.05 if not holder else min(0.5, max(0.05, deadline - time.monotonic())))
-        self._thread = threading.Thread(target=self._heartbeat, name="strata-writer-lock", daemon=True)
-        self._thread.start()
-
-    def _heartbeat(self) -> None:
-        while not self._stop.wait(self.ttl / 3):
-            try:
-                self.etag = self._put(IfMatch=self.etag or "*")
-            except Exception as exc:  # noqa: BLE001
-                if _error_code(exc) not in _CONFLICT + _GONE:
-                    continue  # the store is unreachable beyond the client's retries: again at the next beat
-                current = self._read()
-                if current is not None and current[1].get("token") == self.token:
-                    self.etag = current[0]  # our own renewal, applied though its answer was lost
-                    continue
-                taker = current[1].get("holder", "another writer") if current else "nobody (deleted)"
-                self.lost = f"the lock {self.location} was taken over by {taker}"
-                return
-
-    def check(self) -> None:
-        """Refuse when the lock may no longer be ours: taken over, or not renewed for its whole lifetime."""
-        if self.lost is None and time.monotonic() - self.renewed > self.ttl:
-            self.lost = f"the lock {self.location} was not renewed for {time.monotonic() - self.renewed:.0f}s"
-        if self.lost is not None:
-            raise LockTimeout(
-                f"lost the writer lock of {self.uri}: {self.lost}; nothing was committed by this run, run it again"
-            )
-
-    def release(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-        if self.lost is not None:
-            return
-        try:
-            current = self._read()
-            if current is not None and current[1].get("token") == self.token:
-                self.client.delete_object(Bucket=self.bucket, Key=self.key, IfMatch=current[0])
-        except Exception as exc:  # noqa: BLE001 - it expires after lock_ttl_s anyway
-            import logging
-
-            logging.getLogger(__name__).warning(
-                "could not release the writer lock %s (%s): it expires after %.0fs",
-                self.location,
-                _error_code(exc) or type(exc).__name__,
-                self.ttl,
-            )
