@@ -6,7 +6,6 @@ reused; a machine without npm cannot run these tests and says so.
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -58,7 +57,7 @@ class Azurite:
 
 
 def _binary() -> Path:
-    cache = Path(os.environ.get("STRATA_TEST_CACHE") or Path.home() / ".cache" / "strata-tests") / "azurite"
+    cache = Path.home() / ".cache" / "strata-tests" / "azurite"
     binary = cache / "node_modules" / ".bin" / "azurite-blob"
     if binary.exists():
         return binary

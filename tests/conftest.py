@@ -70,8 +70,8 @@ def _cleanup_home():
 
 @pytest.fixture(scope="session")
 def azurite():
-    """Azurite's Blob service (npm ``azurite``, installed under ``$STRATA_TEST_CACHE`` or ~/.cache/strata-tests on
-    first use from the npm registry) on a free port of 127.0.0.1, in memory; started once per session, only by the
+    """Azurite's Blob service (npm ``azurite``, installed under ~/.cache/strata-tests on first use from the npm
+    registry) on a free port of 127.0.0.1, in memory; started once per session, only by the
     tests that ask for it. Yields its Blob endpoint for the well-known development account."""
     from tests.azurite import start_azurite
 
