@@ -24,13 +24,15 @@ KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr
 class Azurite:
     process: subprocess.Popen
     endpoint: str  # http://127.0.0.1:PORT/devstoreaccount1
+    port: int
 
-    def options(self) -> dict[str, str]:
-        """``storage.options`` for an az:// index on this emulator (what LanceDB and the writer lock both read)."""
+    def options(self, endpoint: str = "") -> dict[str, str]:
+        """``storage.options`` for an az:// index on this emulator (what LanceDB and the writer lock both read), or
+        on ``endpoint`` (a proxy in front of it)."""
         return {
             "azure_storage_account_name": ACCOUNT,
             "azure_storage_account_key": KEY,
-            "azure_storage_endpoint": self.endpoint,
+            "azure_storage_endpoint": endpoint or self.endpoint,
             "allow_http": "true",
         }
 
@@ -96,7 +98,7 @@ def start_azurite() -> Azurite:
     while time.monotonic() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return Azurite(process, f"http://127.0.0.1:{port}/{ACCOUNT}")
+            return Azurite(process, f"http://127.0.0.1:{port}/{ACCOUNT}", port)
         except OSError:
             if process.poll() is not None:
                 raise RuntimeError(f"Azurite exited with {process.returncode}")

@@ -165,7 +165,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(SLOW_DOWN)
             return
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("transfer-encoding", "connection")}
+        # the length of the body read (one Content-Length whatever its case: Azurite refuses a request with two)
+        hop = ("transfer-encoding", "connection", "content-length")
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in hop}
         headers["Content-Length"] = str(len(body))
         conn = http.client.HTTPConnection("127.0.0.1", self.server.upstream, timeout=120)
         try:

@@ -1,6 +1,7 @@
 """An index on Azure Blob Storage (``az://``) of Azurite, the Azure Storage emulator: real LanceDB writes over HTTP on
 127.0.0.1, and the writer lock on Azure's ETag preconditions — concurrent writers lose no commit, a second writer
-is refused or waits, a stale lock is taken over and its holder cannot commit, the heartbeat keeps a live one."""
+is refused or waits, a stale lock is taken over and its holder cannot commit, the heartbeat keeps a live one;
+throttling and dropped connections cost retries, not the snapshot."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tasks.errors import LockTimeout
 from tasks.store.catalog import Catalog
 from tasks.store.leases import AzureLease, azure_location
 from tests.helpers import tiny_tables
+from tests.s3_server import Fault, _Proxy, free_port
 
 
 def _index(azurite, **settings) -> tuple[str, StorageConfig]:
@@ -97,3 +99,34 @@ def test_the_heartbeat_keeps_a_live_azure_lock(azurite):
                 pass
         cat.publish(tiny_tables(1), "run-1", "full", 8)
     assert Catalog(uri, storage=storage).snapshot()["version"] == 1
+
+
+def test_throttling_and_dropped_connections_on_azure_cost_retries_not_the_snapshot(azurite):
+    """Through a proxy in front of Azurite that fails requests by what they are (``tests/s3_server.py``): a
+    manifest write throttled, a data file's connection reset before the store has it, a manifest read dropped, the
+    writer lock's lease throttled. The publish retries and lands: one snapshot, its own tables."""
+    proxy = _Proxy(free_port(), azurite.port)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        container = azurite.create_container(f"c{uuid.uuid4().hex[:12]}")
+        uri = f"az://{container}/idx"
+        storage = StorageConfig(options=azurite.options(f"http://127.0.0.1:{proxy.server_address[1]}/devstoreaccount1"))
+        Catalog(uri, storage=storage).publish(tiny_tables(1, suffix="-1"), "run-1", "full", 8)
+        proxy.faults.rules = rules = [
+            Fault("PUT", "/_versions/", "503"),
+            Fault("PUT", "/data/", "drop"),
+            Fault("GET", "/_versions/", "drop"),
+            Fault("PUT", r"\.writer\.lock", "503"),
+        ]
+        cat = Catalog(uri, storage=storage)
+        with cat.writer_lock():
+            version = cat.publish(tiny_tables(2, suffix="-2"), "run-2", "full", 8)
+        proxy.faults.off()
+        assert version == 2
+        assert [r.fired for r in rules] == [1] * len(rules), [(r.method, r.path, r.seen) for r in rules]
+        cat = Catalog(uri, storage=storage)
+        assert [s["version"] for s in cat.snapshots()] == [1, 2]
+        assert cat.read("entities").column("name").to_pylist()[0] == "Scrooge-2"
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
