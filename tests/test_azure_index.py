@@ -15,7 +15,7 @@ from schemas.config import StorageConfig
 from tasks.errors import LockTimeout
 from tasks.store.catalog import Catalog
 from tasks.store.leases import AzureLease, azure_location
-from tests.helpers import tiny_tables
+from tests.helpers import publish_concurrently, tiny_tables
 from tests.s3_server import Fault, _Proxy, free_port
 
 
@@ -34,29 +34,7 @@ def test_concurrent_writers_on_azure_lose_no_commit_and_mix_none(azurite):
     """Three writers publish two snapshots each through the lock: six snapshots, versions 1..6, each one's tables
     exactly those its writer wrote; the lock object is gone at the end."""
     uri, storage = _index(azurite, lock_ttl_s=10)
-    errors: list[BaseException] = []
-
-    def writer(w: int) -> None:
-        try:
-            for i in range(2):
-                cat = Catalog(uri, storage=storage)
-                with cat.writer_lock(timeout_s=120):
-                    cat.publish(tiny_tables(1, suffix=f"-w{w}-{i}"), f"run-w{w}-{i}", "full", 8)
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    threads = [threading.Thread(target=writer, args=(w,)) for w in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors, errors
-    cat = Catalog(uri, storage=storage)
-    snaps = cat.snapshots()
-    assert [s["version"] for s in snaps] == list(range(1, 7))
-    for s in snaps:
-        name = cat.read("entities", snap=s).column("name").to_pylist()[0]
-        assert name == "Scrooge" + s["run_id"].removeprefix("run"), (s["version"], name)
+    publish_concurrently(uri, storage)
     assert not azurite.blobs(uri.split("/")[2], "idx/.writer.lock")
 
 

@@ -24,7 +24,7 @@ from tasks.store.leases import S3Lease
 from tasks.store.remote import storage_options
 from tasks.errors import EXIT_CODES, UsageError
 from tests.conftest import SMALL
-from tests.helpers import tiny_tables
+from tests.helpers import publish_concurrently, tiny_tables
 from tests.s3_server import FAKE_CREDENTIALS, Fault, bucket_name
 
 runner = CliRunner()
@@ -250,31 +250,7 @@ def test_a_second_writer_is_refused_with_exit_5_or_waits_for_the_first(s3_env):
 def test_concurrent_writers_on_s3_lose_no_commit_and_mix_none(s3_env):
     """Three writers publish two snapshots each through the lock: six snapshots, versions 1..6, each one's
     tables exactly those its writer wrote."""
-    uri = _fresh(s3_env)
-    errors: list[BaseException] = []
-
-    def writer(w: int) -> None:
-        try:
-            for i in range(2):
-                cat = Catalog(uri, storage=StorageConfig(lock_ttl_s=10))
-                with cat.writer_lock(timeout_s=120):
-                    cat.publish(tiny_tables(1, suffix=f"-w{w}-{i}"), f"run-w{w}-{i}", "full", 8)
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    threads = [threading.Thread(target=writer, args=(w,)) for w in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors, errors
-    cat = Catalog(uri)
-    snaps = cat.snapshots()
-    assert [s["version"] for s in snaps] == list(range(1, 7))
-    assert sorted(s["run_id"] for s in snaps) == sorted(f"run-w{w}-{i}" for w in range(3) for i in range(2))
-    for s in snaps:
-        name = cat.read("entities", snap=s).column("name").to_pylist()[0]
-        assert name == "Scrooge" + s["run_id"].removeprefix("run"), (s["version"], name)
+    publish_concurrently(_fresh(s3_env), StorageConfig(lock_ttl_s=10))
 
 
 def test_a_stale_lock_is_taken_over_and_its_holder_cannot_commit(s3_env):
