@@ -12,9 +12,9 @@ import uuid
 import pytest
 
 from schemas.config import StorageConfig
-from tasks.errors import LockTimeout
+from tasks.errors import LockTimeout, UsageError
 from tasks.store.catalog import Catalog
-from tasks.store.leases import AzureLease, azure_location
+from tasks.store.leases import AzureLease, _azure_client, azure_location
 from tests.helpers import publish_concurrently, tiny_tables
 from tests.s3_server import Fault, _Proxy, free_port
 
@@ -28,6 +28,26 @@ def test_the_lock_location_is_read_off_every_azure_uri_form():
     assert azure_location("az://cont/a/b") == ("cont", None, "a/b")
     assert azure_location("abfss://cont@acct.dfs.core.windows.net/idx") == ("cont", "acct", "idx")
     assert azure_location("azure://cont") == ("cont", None, "")
+
+
+def test_the_azure_lock_reads_the_settings_lancedb_reads_and_says_what_is_missing():
+    """``storage.options`` first, then AZURE_STORAGE_* variables; the account may come from an abfss:// URI; no
+    account, or no key or SAS token, is a usage error naming the setting (no request is made)."""
+    with pytest.raises(UsageError, match="azure_storage_account_name"):
+        _azure_client("az://cont/idx", StorageConfig(), environ={})
+    with pytest.raises(UsageError, match="azure_storage_account_key or azure_storage_sas_token"):
+        _azure_client("abfss://cont@acct.dfs.core.windows.net/idx", StorageConfig(), environ={})
+    client = _azure_client(
+        "az://cont/idx", StorageConfig(), environ={"AZURE_STORAGE_ACCOUNT_NAME": "acct", "AZURE_STORAGE_SAS_TOKEN": "sv=x"}
+    )
+    assert (client.url, client.container_name, client.blob_name) == (
+        "https://acct.blob.core.windows.net/cont/idx/.writer.lock?sv=x",  # the SAS token signs the URL
+        "cont",
+        "idx/.writer.lock",
+    )
+    options = {"azure_storage_account_name": "dev", "azure_storage_account_key": "a2V5", "azure_storage_endpoint": "http://h:1/dev"}
+    client = _azure_client("az://cont", StorageConfig(options=options), environ={})
+    assert client.url == "http://h:1/dev/cont/.writer.lock"
 
 
 def test_concurrent_writers_on_azure_lose_no_commit_and_mix_none(azurite):
