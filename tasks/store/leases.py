@@ -99,7 +99,7 @@ class Lease:
             return ""  # released meanwhile
         etag, body, age = current
         if body.get("token") == self.token:  # our own write, applied though its answer was lost and retried
-            self.etag = etag
+            self.etag, self.renewed = etag, time.monotonic() - max(age, 0)
             return None
         holder = f"{body.get('holder', 'another writer')} since {body.get('since', '?')}"
         if age <= self.ttl:
@@ -134,7 +134,8 @@ class Lease:
             except (Conflict, Gone):
                 current = self._read()
                 if current is not None and current[1].get("token") == self.token:
-                    self.etag = current[0]  # our own renewal, applied though its answer was lost
+                    # our own renewal, applied though its answer was lost: renewed when the store says
+                    self.etag, self.renewed = current[0], time.monotonic() - max(current[2], 0)
                     continue
                 taker = current[1].get("holder", "another writer") if current else "nobody (deleted)"
                 self.lost = f"the lock {self.location} was taken over by {taker}"
