@@ -138,6 +138,7 @@ class EntityCard(GraphNode):
     description: str
     degree: int
     n_sources: int
+    sources_of: Literal["entity", "members"]  # a summary entity's sources are its layer-0 members'
     sources: list[GraphNode]
     communities: list[CommunitySummary]
 

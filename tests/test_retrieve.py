@@ -364,3 +364,18 @@ def test_workers_starting_together_embed_the_sources_sentences_once(tmp_path):
         w.join()
     assert calls == [["Doc 1", "Alpha met Beta in Paris.", "Doc 2", "Delta married Epsilon."]]
     assert sorted(got) == [(4, 0), (4, 4), (4, 4)]  # one embedded both sources' texts, two read them
+
+
+def test_a_summary_entity_card_lists_its_members_sources(tmp_path):
+    from tasks.query.browse import _layer0_members, entity_card
+
+    view = build(tmp_path)
+    index = view.ent_index
+    # T summarises S1 (degree 4) and S2 (3); S1 holds B (degree 3), A and C (2 each, by id), S2 holds D and E
+    assert [view.ent_ids[i] for i in _layer0_members(view, index["T"])] == ["B", "A", "C", "D", "E"]
+    top = entity_card(view, "T")
+    assert (top["sources_of"], top["n_sources"], [s["id"] for s in top["sources"]]) == ("members", 2, ["ch1", "ch2"])
+    s2 = entity_card(view, "S2")
+    assert (s2["sources_of"], [s["id"] for s in s2["sources"]]) == ("members", ["ch2"])
+    a = entity_card(view, "A")
+    assert (a["sources_of"], [s["id"] for s in a["sources"]]) == ("entity", ["ch1"])

@@ -108,17 +108,38 @@ def context_graph(view: IndexView, entity_ids: list[str], chunk_ids: list[str]) 
 
 
 def entity_card(view: IndexView, entity_id: str) -> dict[str, Any]:
-    """What a node's panel shows: its description, the sources that mention it (the first ``SOURCES_SHOWN``) and
-    the communities it belongs to."""
+    """What a node's panel shows: its description, the sources that mention it (a summary entity's: its members'
+    sources, ``sources_of`` says which; the first ``SOURCES_SHOWN``) and the communities it belongs to."""
     i = entity_index(view, entity_id)
-    sources = [c for c in dict.fromkeys(view.ent_chunks[i] or []) if c in view.chunk_index]
+    mentioned = dict.fromkeys(c for m in _layer0_members(view, i) for c in view.ent_chunks[m] or [])
+    sources = [c for c in mentioned if c in view.chunk_index]
     return entity_node(view, i) | {
         "description": view.ent_desc[i],
         "degree": int(view.graph.degree[i]),
         "n_sources": len(sources),
+        "sources_of": "entity" if view.ent_layer[i] == 0 else "members",
         "sources": [chunk_node(view, view.chunk_index[c]) for c in sources[:SOURCES_SHOWN]],
         "communities": [community_summary(view, view.communities[c]) for c in view.ent_communities.get(i, [])],
     }
+
+
+def _layer0_members(view: IndexView, i: int) -> list[int]:
+    """The layer-0 entities under ``i`` (itself at layer 0): a summary's members through its ``summary_of``
+    links, layer by layer down, in graph order (best connected first, then id): a summary entity mentions no
+    source itself, its members do."""
+    found, frontier = [i], [i]
+    while frontier and view.ent_layer[frontier[0]] > 0:
+        below: dict[int, None] = {}
+        for a in frontier:
+            under = [
+                n
+                for n in view.graph.adj[a]
+                if view.ent_layer[n] == view.ent_layer[a] - 1
+                and any(view.rel_rows[k]["kind"] == "summary_of" for k in view.edge_rel.get((min(a, n), max(a, n)), []))
+            ]
+            below.update(dict.fromkeys(sorted(under, key=lambda n: (-view.graph.degree[n], view.ent_ids[n]))))
+        frontier = found = list(below)
+    return found
 
 
 def search_entities(view: IndexView, text: str, limit: int = 20) -> list[dict[str, Any]]:

@@ -274,7 +274,7 @@ def _azure_client(uri: str, storage: StorageConfig, environ: dict[str, str] | No
         )
 
     container, account, prefix = azure_location(uri)
-    emulator = (setting("use_emulator") or env.get("AZURE_STORAGE_USE_EMULATOR", "")).lower() in ("true", "1")
+    emulator = setting("use_emulator").lower() in ("true", "1")
     account = setting("account_name") or account or (_EMULATOR_ACCOUNT if emulator else "")
     if not account:
         raise UsageError(
