@@ -150,3 +150,53 @@ def publish_concurrently(uri: str, storage, writers: int = 3, each: int = 2) -> 
     for s in snaps:
         name = cat.read("entities", snap=s).column("name").to_pylist()[0]
         assert name == "Scrooge" + s["run_id"].removeprefix("run"), (s["version"], name)
+
+
+def take_over_a_stale_lock(uri: str, storage) -> None:
+    """A writer's lock stops being renewed (its heartbeat stalls): a second writer is refused at once ("renewed"),
+    takes the lock over once ``storage.lock_ttl_s`` has passed, and publishes; the stalled holder's publish fails
+    ("lost the writer lock"). One snapshot, the second writer's."""
+    import time
+
+    import pytest
+
+    from tasks.errors import LockTimeout
+    from tasks.store.catalog import Catalog
+
+    stalled = Catalog(uri, storage=storage)
+    with stalled.writer_lock():
+        lease = stalled._lease
+        assert lease is not None and lease._thread is not None
+        lease._stop.set()  # the holder stalls: no more heartbeats
+        lease._thread.join()
+        other = Catalog(uri, storage=storage)
+        with pytest.raises(LockTimeout, match="renewed"), other.writer_lock(0):
+            pass
+        started = time.monotonic()
+        with other.writer_lock(timeout_s=20):  # taken over once not renewed for lock_ttl_s
+            assert time.monotonic() - started >= 1.0
+            other.publish(tiny_tables(1), "run-other", "full", 8)
+            with pytest.raises(LockTimeout, match="lost the writer lock"):
+                stalled.publish(tiny_tables(2), "run-stalled", "full", 8)
+        assert lease.lost
+    assert [s["run_id"] for s in Catalog(uri, storage=storage).snapshots()] == ["run-other"]
+
+
+def heartbeat_keeps_the_lock(uri: str, storage) -> None:
+    """A live writer holds its lock past ``storage.lock_ttl_s`` (3 s: renewed every second): a second writer is
+    refused ("renewed") and the holder publishes."""
+    import time
+
+    import pytest
+
+    from tasks.errors import LockTimeout
+    from tasks.store.catalog import Catalog
+
+    cat = Catalog(uri, storage=storage)
+    with cat.writer_lock():
+        time.sleep(5)  # longer than the lock's lifetime
+        with pytest.raises(LockTimeout, match="renewed"):
+            with Catalog(uri, storage=storage).writer_lock(0):
+                pass
+        cat.publish(tiny_tables(1), "run-1", "full", 8)
+    assert Catalog(uri, storage=storage).snapshot()["version"] == 1

@@ -15,7 +15,7 @@ from schemas.config import StorageConfig
 from tasks.errors import LockTimeout, UsageError
 from tasks.store.catalog import Catalog
 from tasks.store.leases import AzureLease, _azure_client, azure_location
-from tests.helpers import publish_concurrently, tiny_tables
+from tests.helpers import heartbeat_keeps_the_lock, publish_concurrently, take_over_a_stale_lock, tiny_tables
 from tests.s3_server import Fault, _Proxy, free_port
 
 
@@ -70,33 +70,11 @@ def test_a_second_azure_writer_is_refused_then_waits_and_a_stale_lock_is_taken_o
     second.release()
     assert not azurite.blobs(uri.split("/")[2], "idx/.writer.lock")  # released
 
-    stalled = Catalog(uri, storage=storage)
-    with stalled.writer_lock():
-        lease = stalled._lease
-        assert lease is not None
-        lease._stop.set()  # the holder stalls: no more heartbeats
-        assert lease._thread is not None
-        lease._thread.join()
-        other = Catalog(uri, storage=storage)
-        started = time.monotonic()
-        with other.writer_lock(timeout_s=20):  # taken over once not renewed for 3 s
-            assert time.monotonic() - started >= 1.0
-            other.publish(tiny_tables(1), "run-other", "full", 8)
-            with pytest.raises(LockTimeout, match="lost the writer lock"):
-                stalled.publish(tiny_tables(2), "run-stalled", "full", 8)
-    assert [s["run_id"] for s in Catalog(uri, storage=storage).snapshots()] == ["run-other"]
+    take_over_a_stale_lock(uri, storage)
 
 
 def test_the_heartbeat_keeps_a_live_azure_lock(azurite):
-    uri, storage = _index(azurite, lock_ttl_s=3)
-    cat = Catalog(uri, storage=storage)
-    with cat.writer_lock():
-        time.sleep(5)  # longer than the lock's lifetime: renewed every second
-        with pytest.raises(LockTimeout, match="renewed"):
-            with Catalog(uri, storage=storage).writer_lock(0):
-                pass
-        cat.publish(tiny_tables(1), "run-1", "full", 8)
-    assert Catalog(uri, storage=storage).snapshot()["version"] == 1
+    heartbeat_keeps_the_lock(*_index(azurite, lock_ttl_s=3))
 
 
 def test_throttling_and_dropped_connections_on_azure_cost_retries_not_the_snapshot(azurite):

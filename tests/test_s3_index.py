@@ -24,7 +24,7 @@ from tasks.store.leases import S3Lease
 from tasks.store.remote import storage_options
 from tasks.errors import EXIT_CODES, UsageError
 from tests.conftest import SMALL
-from tests.helpers import publish_concurrently, tiny_tables
+from tests.helpers import heartbeat_keeps_the_lock, publish_concurrently, take_over_a_stale_lock, tiny_tables
 from tests.s3_server import FAKE_CREDENTIALS, Fault, bucket_name
 
 runner = CliRunner()
@@ -254,37 +254,11 @@ def test_concurrent_writers_on_s3_lose_no_commit_and_mix_none(s3_env):
 
 
 def test_a_stale_lock_is_taken_over_and_its_holder_cannot_commit(s3_env):
-    uri = _fresh(s3_env)
-    storage = StorageConfig(lock_ttl_s=3)
-    stalled = Catalog(uri, storage=storage)
-    with stalled.writer_lock():
-        stalled._lease._stop.set()  # the holder stalls: no more heartbeats
-        stalled._lease._thread.join()
-        lease = stalled._lease
-        other = Catalog(uri, storage=storage)
-        with pytest.raises(LockTimeout, match="renewed"), other.writer_lock(0):
-            pass
-        started = time.monotonic()
-        with other.writer_lock(timeout_s=20):  # taken over once not renewed for 3 s
-            assert time.monotonic() - started >= 1.0
-            other.publish(tiny_tables(1), "run-other", "full", 8)
-            with pytest.raises(LockTimeout, match="lost the writer lock"):
-                stalled.publish(tiny_tables(2), "run-stalled", "full", 8)
-        assert lease.lost
-    assert [s["run_id"] for s in Catalog(uri).snapshots()] == ["run-other"]
+    take_over_a_stale_lock(_fresh(s3_env), StorageConfig(lock_ttl_s=3))
 
 
 def test_the_heartbeat_keeps_a_live_lock(s3_env):
-    uri = _fresh(s3_env)
-    storage = StorageConfig(lock_ttl_s=3)
-    cat = Catalog(uri, storage=storage)
-    with cat.writer_lock():
-        time.sleep(5)  # longer than the lock's lifetime: renewed every second
-        with pytest.raises(LockTimeout):
-            with Catalog(uri, storage=storage).writer_lock(0):
-                pass
-        cat.publish(tiny_tables(1), "run-1", "full", 8)
-    assert Catalog(uri).snapshot()["version"] == 1
+    heartbeat_keeps_the_lock(_fresh(s3_env), StorageConfig(lock_ttl_s=3))
 
 
 # ---------------------------------------------------------------------------------------------- faults
