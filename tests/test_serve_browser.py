@@ -163,17 +163,13 @@ def test_the_explorer_page_asks_a_question_and_renders_each_section_in_chromium(
                    and d.find_elements(By.CSS_SELECTOR, "#community [data-section=members] a"))
         assert text("#community h3")
         assert driver.save_screenshot(str(out / "community.png"))
-        # a member opens in the graph; one of its sources opens its document (a summary member has none of its own:
-        # the first member that has one)
+        # the first member opens in the graph; one of its sources (a summary's: its members') opens its document
         sources_css = "#panel > div:not([data-section]) > div > a"
-        for i in range(len(driver.find_elements(By.CSS_SELECTOR, "#community [data-section=members] a"))):
-            member = driver.find_elements(By.CSS_SELECTOR, "#community [data-section=members] a")[i]
-            label = member.text
-            member.click()
-            wait.until(lambda d: d.find_element(By.ID, "tab-graph").is_displayed() and text("#panel h3") == label)
-            if driver.find_elements(By.CSS_SELECTOR, sources_css):
-                break
-            driver.find_element(By.CSS_SELECTOR, "#tabs button[data-tab=communities]").click()
+        member = driver.find_element(By.CSS_SELECTOR, "#community [data-section=members] a")
+        label = member.text
+        member.click()
+        wait.until(lambda d: d.find_element(By.ID, "tab-graph").is_displayed() and text("#panel h3") == label)
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, sources_css))
         driver.find_element(By.CSS_SELECTOR, sources_css).click()
         wait.until(lambda d: d.find_element(By.ID, "tab-documents").is_displayed() and text("#document h3"))
         assert driver.find_elements(By.CSS_SELECTOR, "#document .item")
