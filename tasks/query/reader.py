@@ -95,7 +95,7 @@ def open_reader(
     from tasks.index.embed import check_dimension, question_embedder
     from tasks.runtime.process import one_blas_thread
 
-    one_blas_thread()
+    one_blas_thread(with_scipy=False)  # a query's scipy is sparse products and graph searches, no BLAS
 
     if mode is not None:
         check_modes([mode])

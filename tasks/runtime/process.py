@@ -14,7 +14,7 @@ def lower_priority(niceness: int) -> None:
         os.nice(niceness - current)
 
 
-def one_blas_thread() -> None:
+def one_blas_thread(with_scipy: bool = True) -> None:
     """BLAS (OpenBLAS under numpy and scipy) on one thread in this process. In a build's processes (the run's, its
     children, its Dask workers, an external cluster's included) so that its tables are the same bits whatever the
     machine's cores or the environment's ``OPENBLAS_NUM_THREADS``: a float32 product's sums are split by thread, so
@@ -22,16 +22,19 @@ def one_blas_thread() -> None:
     shape, differed on 400 MuSiQue passages between 1 and 2 threads). Dask's own workers already ran so
     (``distributed.nanny.pre-spawn-environ``). In a query's: its products are small (a question against MuSiQue's
     21,888 entity vectors: 1.3 ms of CPU on one thread), and in a busy service a second BLAS thread only spins
-    beside the other requests (7 ms of CPU, 30 ms of wall). No environment variable is set."""
-    blas_on_one_thread()
+    beside the other requests (7 ms of CPU, 30 ms of wall). No environment variable is set. ``with_scipy=False``: numpy's
+    BLAS only, for a process that never calls scipy's (a query: sparse products only), so it need not load it."""
+    blas_on_one_thread(with_scipy)
 
 
-def blas_on_one_thread() -> Any:
+def blas_on_one_thread(with_scipy: bool = True) -> Any:
     """``one_blas_thread``'s limit (a ``threadpoolctl`` limiter: as a context manager, the previous setting comes
     back at its end). numpy's and scipy's BLAS (scipy ships its own copy) are loaded first: a limit holds only for
     the libraries loaded when it is set."""
     import numpy  # noqa: F401
-    import scipy.linalg  # noqa: F401
+
+    if with_scipy:
+        import scipy.linalg  # noqa: F401
     from threadpoolctl import threadpool_limits
 
     return threadpool_limits(1, user_api="blas")
