@@ -27,8 +27,8 @@ OFFLINE_DEFAULTS = {
     # existing dataset ... it will be created"): errors only
     "LANCE_LOG": "error",
     # polars' jemalloc hands freed pages back to the system within 0.1 s instead of keeping them for reuse: the
-    # merge's transient frames otherwise stay in the RSS of every later stage (20k chunks: 1.70 -> 1.26 GB after
-    # the merge, same speed). Read when polars loads, so it must be set before.
+    # merge's transient frames otherwise stay in the RSS of every later stage, at the same speed (docs/benchmarks.md,
+    # "Figures once in code comments"). Read when polars loads, so it must be set before.
     "_RJEM_MALLOC_CONF": "background_thread:true,dirty_decay_ms:100,muzzy_decay_ms:0",
 }
 

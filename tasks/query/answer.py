@@ -170,8 +170,8 @@ def late_scores(query: Pieces, texts: list[Pieces], stack: Stack | None = None) 
         return out
     at = np.minimum(np.searchsorted(ids, qids), len(ids) - 1)
     weight = np.log((len(lens) + 1) / (np.where(ids[at] == qids, df[at], 0) + 1.0)) + 1.0
-    # einsum, not a BLAS product: OpenBLAS would run this small product on every core and then keep them spinning
-    # (a cold question's CPU 185 -> 293 ms on two cores, the extra time on threads that only wait)
+    # einsum, not a BLAS product: OpenBLAS would run this small product on every core and then keep them spinning,
+    # CPU spent on threads that only wait
     sims = np.einsum("ij,kj->ik", qv.astype(np.float32) * qs[:, None], pieces)
     starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
     held = lens > 0

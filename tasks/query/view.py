@@ -414,9 +414,9 @@ def _read_disk_view(catalog: Catalog, head: dict[str, Any]) -> IndexView | None:
 
 def remember_view(view: IndexView) -> None:
     """Leave the latest snapshot's view (with the BM25 index and passage graph it built) on disk, so that the next
-        process asking a question skips loading the tables and importing LanceDB (``strata query``: 3.4 s -> 1.6 s on
-        the demo index). Written aside and moved into place: under a local index, or in the local cache folder for one on
-    object storage (``storage.cache_dir``); only for a view whose vectors it holds (not past ``ann_min_vectors``)."""
+    process asking a question skips loading the tables and importing LanceDB, most of a cold query's time. Written
+    aside and moved into place: under a local index, or in the local cache folder for one on object storage
+    (``storage.cache_dir``); only for a view whose vectors it holds (not past ``ann_min_vectors``)."""
     import pickle
 
     catalog = view.catalog

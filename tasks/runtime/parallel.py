@@ -426,7 +426,7 @@ def _child_main(call: str, result: str) -> None:
 
     from tasks.runtime.stages import limit_malloc_arenas
 
-    limit_malloc_arenas()  # as in the run's process (an update's merge: 2,162 -> 2,092 MB at 100k chunks)
+    limit_malloc_arenas()  # as in the run's process: freed memory reused across the child's threads
     one_blas_thread()  # as every process of a run: the same bits (``one_blas_thread``)
 
     with open(call, "rb") as fh:

@@ -97,8 +97,8 @@ def release_memory() -> None:
 def limit_malloc_arenas(n: int = 2) -> None:
     """At most ``n`` glibc malloc arenas from now on. glibc gives each thread that allocates concurrently an arena
     of its own (up to 8 per core), and memory freed in one is reused only there: LanceDB's writer threads, the
-    embedder's and the Prefect task threads would each keep their own freed memory (20k chunks: publish peak
-    1,697 -> 1,574 MB, validation 1,521 -> 1,393 MB with 2, same wall time). A no-op without glibc."""
+    embedder's and the Prefect task threads would each keep their own freed memory, and the peak follows the
+    number of threads rather than the data. A no-op without glibc."""
     import ctypes
 
     try:
