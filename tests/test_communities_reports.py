@@ -84,6 +84,33 @@ def test_offline_report_names_named_entities_and_never_repeats_a_sentence():
     assert small["summary"] == "Bob Cratchit, clerk to…"  # 9 tokens end inside "Ebenezer": back to its space
 
 
+def test_a_report_summary_reads_sentence_by_sentence_without_stray_quotes_fragments_or_bars():
+    """What a splitter leaves on the demo book: the opening quote of the next sentence at the end of one, a fragment
+    of a sentence already taken (a chunk that starts inside a word), a table's column bar, a quotation cut off. A
+    summary has each sentence once, whole or marked "…", and ends as a sentence."""
+    from tasks.methods.reports import central_sentences
+    from tasks.query.quality import repeats_or_is_cut
+
+    texts = [
+        "I think I shook him yesterday. '",
+        "I think I shook him yesterday. \"",  # the same sentence as a reader sees it
+        "The coach-houses and sheds were overrun with grass.",
+        "ouses and sheds were overrun with grass.",
+        "Every One! |Transcriber's note: The Contents were added by the transcriber. |",
+        "He stooped down at the keyhole; but, at the first sound of 'God bless you, merry gentleman,",
+    ]
+    out = central_sentences(texts, 1000)
+    assert out == [
+        "I think I shook him yesterday.",
+        "The coach-houses and sheds were overrun with grass.",
+        "Every One!",
+        "He stooped down at the keyhole; but, at the first sound of 'God bless you, merry gentleman…",
+        "|Transcriber's note: The Contents were added by the transcriber.",
+    ]
+    assert not repeats_or_is_cut(" ".join(out))
+    assert repeats_or_is_cut(" ".join(texts))
+
+
 def test_a_report_reads_a_long_first_sentence_whole_and_cuts_nothing_inside_a_word():
     """A description whose first sentence runs past the 400 characters a report reads was cut there, inside a
     word ("…to raise the Ghos"): it is read to its end now; and a text over its budget ends at a whole word, marked."""

@@ -57,7 +57,7 @@ def test_inspect_json_contract(built):
 
 def test_inspect_quality_measures_the_published_graph(built):
     """``inspect --quality``: each measure recounted here from the tables it reads."""
-    from tasks.query.quality import has_furniture, one_lowercase_word, repeats_or_is_cut
+    from tasks.query.quality import across_a_break, has_furniture, one_lowercase_word, repeats_or_is_cut
 
     data = json.loads(runner.invoke(app, ["inspect", "--index", str(built), "--json", "--quality"]).output)
     q = data["quality"]
@@ -73,6 +73,7 @@ def test_inspect_quality_measures_the_published_graph(built):
     base = [e for e in ents if e["layer"] == 0]
     assert q["layer0_entities"] == len(base)
     assert q["descriptions_with_furniture"] == sum(has_furniture(e["description"]) for e in base)
+    assert q["names_across_a_break"] == sum(across_a_break(e["name"], e["type"]) for e in base) == 0
     assert q["labelled_relations"] == 0.0 and q["layer0_relations"] > 0  # co-occurrence only, for now
     assert "quality" not in json.loads(runner.invoke(app, ["inspect", "--index", str(built), "--json"]).output)
 

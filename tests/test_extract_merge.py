@@ -161,3 +161,16 @@ def test_page_furniture_is_blanked_in_place_and_never_named():
     descriptions = {e["description"] for e in res.entities}
     assert any(d.startswith("Scrooge met Bob Cratchit in London.") for d in descriptions)
     assert not any(w in d for d in descriptions for w in ("xi", "Cornhill", "Illustration"))
+
+
+def test_no_name_runs_across_a_clause_break():
+    """A span the parser joined across a dash, an exclamation or a list (``extract._pieces``) becomes its pieces, each
+    kept only where it is a noun phrase itself; a named entity keeps its quotes (and its commas, colons, en dashes)."""
+    text = (
+        "\"Much!'--Marley's voice, all the time.\" A comfortable, oily, rich, fat, jovial voice called out. "
+        "He spoke with great excitement--and left. "
+        "Star Wars: Episode IV was filmed in Tunisia. Dwayne \"The Rock\" Johnson lives in Washington, D.C."
+    )
+    names = {e["name"] for e in extract_batch([{"id": "c1", "text": text}], ExtractConfig()).entities}
+    assert not any(mark in n for n in names for mark in ("--", "!", ","))
+    assert {"jovial voice", "great excitement", "Episode IV", "Tunisia", 'Dwayne "The Rock" Johnson'} <= names

@@ -19,7 +19,7 @@ from schemas.config import ExtractConfig
 from schemas.tables import QuarantineRow
 from tasks.index import furniture
 from tasks.runtime.parallel import Mapper
-from tasks.runtime.text import squash_clip
+from tasks.runtime.text import CLAUSE_BREAK, LIST_BREAK, squash_clip
 from tasks.store.ids import quarantine_row
 
 
@@ -147,12 +147,32 @@ def _noun_phrase(span) -> str | None:
     return phrase
 
 
+def _pieces(span, breaks: re.Pattern[str]) -> list[Any]:
+    """``span`` cut at clause punctuation (``breaks``): the pieces that hold a whole token, in text order; ``[span]``
+    where nothing cuts it. A name never runs across a clause break."""
+    text = span.text
+    if not breaks.search(text):
+        return [span]
+    bounds = [0, *(i for cut in breaks.finditer(text) for i in cut.span()), len(text)]
+    pieces = (
+        span.doc.char_span(span.start_char + a, span.start_char + b, alignment_mode="contract")
+        for a, b in zip(bounds[::2], bounds[1::2])
+        if b > a
+    )
+    return [p for p in pieces if p is not None and len(p)]
+
+
 def mentions_of(doc, cfg: ExtractConfig) -> list[tuple[int, int, str, str]]:
-    """(start_char, end_char, name, type) of every entity mention, in text order, without overlaps."""
+    """(start_char, end_char, name, type) of every entity mention, in text order, without overlaps; no name runs
+    across a clause break (``_pieces``)."""
     found: list[tuple[int, int, str, str]] = []
     taken: list[tuple[int, int]] = []
-    for ent in doc.ents:
-        etype = NER_TYPES.get(ent.label_)
+    for whole in doc.ents:
+        # a named entity is the piece that holds its head ("Much!'--Marley" is Marley), typed as the whole was
+        ent = next((p for p in _pieces(whole, CLAUSE_BREAK) if p.start <= whole.root.i < p.end), None)
+        if ent is None:
+            continue
+        etype = NER_TYPES.get(whole.label_)
         if etype is None or (etype == "time" and not _HAS_DIGIT.search(ent.text)):
             continue
         name = squash_clip(ent.text.strip(" \n\t'\"“”‘’"), 120)
@@ -163,12 +183,13 @@ def mentions_of(doc, cfg: ExtractConfig) -> list[tuple[int, int, str, str]]:
         found.append((ent.start_char, ent.end_char, name, etype))
         taken.append((ent.start_char, ent.end_char))
     if cfg.noun_phrases:
-        for np_span in doc.noun_chunks:
-            if any(s < np_span.end_char and np_span.start_char < e for s, e in taken):
+        for chunk in doc.noun_chunks:
+            if any(s < chunk.end_char and chunk.start_char < e for s, e in taken):
                 continue
-            phrase = _noun_phrase(np_span)
-            if phrase:
-                found.append((np_span.start_char, np_span.end_char, squash_clip(phrase, 120), "concept"))
+            for np_span in _pieces(chunk, LIST_BREAK):  # each piece that is a noun phrase itself
+                phrase = _noun_phrase(np_span)
+                if phrase:
+                    found.append((np_span.start_char, np_span.end_char, squash_clip(phrase, 120), "concept"))
     found.sort(key=lambda m: (m[0], m[1]))
     return found
 

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from tasks.index.chunk import clip_tokens, count_tokens, truncate_tokens
 from tasks.runtime.llm import LLMClient, ParseError, parse_json, run_sync
+from tasks.runtime.text import as_ended
 from tasks.store.ids import make_id
 from tasks.store.rows import REPORT_COLUMNS, relation_table
 
@@ -145,19 +146,26 @@ def sentence_key(sentence: str) -> str:
     return " ".join(sentence.lower().split())
 
 
+def _taken(sentence: str, seen: set[str]) -> bool:
+    """``sentence`` is one of ``seen`` (their keys), or a piece of one ("…" of a cut one aside)."""
+    key = sentence_key(sentence.removesuffix("…"))
+    return key in seen or any(key in k for k in seen)
+
+
 def central_sentences(texts: list[str], budget: int) -> list[str]:
     """Distinct sentences of ``texts`` (most central first) within ``budget`` tokens: each text's first sentence
     not yet taken, round after round, so the summary covers the central members before it goes deep into one;
-    no sentence twice. A first sentence over the budget is cut to it (a summary is never empty)."""
+    no sentence twice, nor one that a sentence taken holds whole (a fragment of it). Each reads as a sentence
+    (``as_ended``). A first sentence over the budget is cut to it (a summary is never empty)."""
     pending: list[list[str] | None] = [None] * len(texts)  # each text split when its turn first comes
     out: list[str] = []
     seen: set[str] = set()
     used = 0
     while any(q is None or q for q in pending):
         for i, queue in enumerate(pending):
-            if queue is None:
-                queue = pending[i] = list(_sentences(texts[i]))
-            while queue and sentence_key(queue[0]) in seen:
+            if queue is None:  # each sentence as a reader sees it, so two that read the same are one
+                queue = pending[i] = [s for s in map(as_ended, _sentences(texts[i])) if s]
+            while queue and _taken(queue[0], seen):
                 queue.pop(0)
             if not queue:
                 continue

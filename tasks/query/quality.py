@@ -11,6 +11,8 @@ entities, the summaries and the reports sees, each a plain count or share over t
 - ``descriptions_with_furniture``: layer-0 entity descriptions that hold page furniture — a figure marker
   ("[Illustration]"), a run of three words in capitals (a heading: "STAVE ONE--MARLEY'S GHOST"), or a page number
   glued between two sentences' words ("…Christmas Eve 16 Nobody…");
+- ``names_across_a_break``: layer-0 entities whose name runs across a clause break ("Much!'--Marley's voice"), or,
+  for a lowercase noun phrase, across a list's comma ("comfortable, oily, rich, fat");
 - ``reports_repeating_or_cut``: community reports whose summary holds one sentence twice, or ends without a
   sentence's end (inside a word or a sentence; "…" after a whole word counts as an end).
 """
@@ -20,11 +22,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from tasks.runtime.text import CLAUSE_BREAK, LIST_BREAK, SENTENCE_END
 from tasks.store.catalog import Catalog
 
 TOP_ENTITIES = 100
-#: a summary's last characters that end it: a sentence's end, an ellipsis after a whole word, closing quotes
-_ENDED = re.compile(r"""[.!?…]["'”’)\]]*$""")
+_WORDY = re.compile(r"\w")
 
 _FURNITURE = re.compile(
     r"\[(?i:illustration|figure|plate|image)\b|\b[A-Z]{2,}(?:[\W\d]+[A-Z]{2,}){2,}\b|[a-z] \d{1,3}(?:-\d{1,3})? [A-Z]"
@@ -33,6 +35,13 @@ _FURNITURE = re.compile(
 
 def has_furniture(description: str) -> bool:
     return bool(_FURNITURE.search(description))
+
+
+def across_a_break(name: str, etype: str) -> bool:
+    """A word on both sides of a clause break, or of a list's comma in a lowercase noun phrase (a capitalised
+    ``concept`` may be a document's title: "Indianola, Iowa")."""
+    breaks = LIST_BREAK if etype == "concept" and name.islower() else CLAUSE_BREAK
+    return any(_WORDY.search(name[: m.start()]) and _WORDY.search(name[m.end() :]) for m in breaks.finditer(name))
 
 
 def one_lowercase_word(name: str) -> bool:
@@ -52,12 +61,12 @@ def repeats_or_is_cut(summary: str) -> bool:
     if not text:
         return False
     keys = [sentence_key(s) for s in split_sentences(text)]
-    return len(keys) != len(set(keys)) or not _ENDED.search(text)
+    return len(keys) != len(set(keys)) or not SENTENCE_END.search(text)
 
 
 def graph_quality(cat: Catalog, snap: dict[str, Any]) -> dict[str, Any]:
     """The measures of the module docstring for one snapshot, with the counts behind each share."""
-    ents = cat.read("entities", snap=snap, columns=["id", "name", "layer", "degree", "description"]).to_pylist()
+    ents = cat.read("entities", snap=snap, columns=["id", "name", "type", "layer", "degree", "description"]).to_pylist()
     rels = cat.read("relations", snap=snap, columns=["source_id", "target_id", "kind"]).to_pylist()
     summaries = cat.read("community_reports", snap=snap, columns=["summary"]).column("summary").to_pylist()
     layer = {e["id"]: e["layer"] for e in ents}
@@ -74,6 +83,7 @@ def graph_quality(cat: Catalog, snap: dict[str, Any]) -> dict[str, Any]:
     labelled = [r for r in flat if r["kind"] not in ("extracted", "summary_of")]
     bad = sum(repeats_or_is_cut(s or "") for s in summaries)
     furnished = sum(has_furniture(e["description"] or "") for e in ents if e["layer"] == 0)
+    broken = sum(across_a_break(e["name"] or "", e["type"] or "") for e in ents if e["layer"] == 0)
 
     def share(part: int, whole: int) -> float | None:
         return round(part / whole, 4) if whole else None
@@ -88,6 +98,7 @@ def graph_quality(cat: Catalog, snap: dict[str, Any]) -> dict[str, Any]:
         "labelled_relations": share(len(labelled), len(flat)),
         "layer0_relations": len(flat),
         "descriptions_with_furniture": furnished,
+        "names_across_a_break": broken,
         "layer0_entities": sum(e["layer"] == 0 for e in ents),
         "reports_repeating_or_cut": bad,
         "reports": len(summaries),

@@ -5,6 +5,12 @@ from __future__ import annotations
 import re
 
 _SPACE = re.compile(r"\s+")
+#: punctuation that ends a clause: a span across it is two phrases the parser joined ("Much!'--Marley's voice"); a
+#: noun phrase across a comma, a colon or a quote is a list or a quotation ("comfortable, oily, rich, fat"), where a
+#: named entity may hold them ("Washington, D.C.", "Star Wars: Episode IV", 'Dwayne "The Rock" Johnson'); an en
+#: dash joins ("1939–1945", "Mexican–American War")
+CLAUSE_BREAK = re.compile(r"\s*(?:-{2,}|[!?;—])\s*")
+LIST_BREAK = re.compile(r"\s*(?:-{2,}|[!?;:,—\"“”])\s*")
 
 
 def squash_clip(text: str, limit: int) -> str:
@@ -41,4 +47,25 @@ def split_sentences(text: str) -> list[str]:
 
 
 _PARAGRAPH = re.compile(r"\n\s*\n")
+#: what ends a sentence as a reader sees it: its end mark, then any closing quotes or brackets ("…" after a whole word
+#: counts: a text cut for a budget is marked so)
+SENTENCE_END = re.compile(r"""[.!?…]["'”’)\]]*$""")
+#: a sentence's tail that belongs to no sentence: a quote mark after a space, which a splitter left behind
+#: ("…yesterday. '"), or a table's column bars ("…the transcriber. |")
+_STRAY_TAIL = re.compile(r"""(?:\s+['"‘“”’]|\s*\|)+\s*$""")
+
+
+def as_ended(sentence: str) -> str:
+    """``sentence`` for a summary a person reads: without a stray tail (``_STRAY_TAIL``), and where it stops without
+    ending (a splitter's fragment, a quotation cut off), ended at its last whole word with "…"; "" where it holds
+    no word."""
+    s = _STRAY_TAIL.sub("", sentence.strip())
+    if not any(ch.isalnum() for ch in s):  # punctuation only: no sentence
+        return ""
+    if SENTENCE_END.search(s):
+        return s
+    s = s.rstrip(" ,;:-—–'\"‘“`")  # what follows the last word, an end mark before it kept ("…the country. ''")
+    return s if not s or SENTENCE_END.search(s) else s + "…"
+
+
 _TITLE_END = re.compile(r"\b(?:Hon|Rt|Fr|Msgr|Revd|Pres|Ft|Insp|Pvt|Amb|Cdr|Comdr|Mme|Mlle|Atty)\.$")
