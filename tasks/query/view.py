@@ -11,12 +11,11 @@ import json
 import os
 import threading
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast, overload
 
-import networkx as nx
 import numpy as np
 import pyarrow as pa
 
@@ -27,6 +26,28 @@ from tasks.query.lexical import BM25Index, bm25s
 from tasks.store.catalog import Catalog
 from tasks.store.rows import snapshot_note, vector_matrix
 from tasks.store.vectors import ann_search, has_vector_index
+
+
+class Graph:
+    """An undirected graph over entity indices, as much of networkx's ``Graph`` as retrieval and the explorer use
+    (``adj``, ``degree(n)``, ``in``, ``add_edge``): a query does not import networkx (~0.3 s of a cold query). Each
+    node's neighbours keep the order their edges were added in, as networkx keeps them."""
+
+    def __init__(self, nodes: Iterable[int] = ()) -> None:
+        self.adj: dict[int, dict[int, None]] = {int(n): {} for n in nodes}
+
+    def add_edge(self, a: int, b: int) -> None:
+        self.adj.setdefault(a, {})[b] = None
+        self.adj.setdefault(b, {})[a] = None
+
+    def degree(self, n: int) -> int:
+        return len(self.adj[n])
+
+    def number_of_edges(self) -> int:
+        return sum(len(v) for v in self.adj.values()) // 2  # no self-loops: the view never adds one
+
+    def __contains__(self, n: object) -> bool:
+        return n in self.adj
 
 
 @dataclass
@@ -42,7 +63,7 @@ class IndexView:
     ent_layer: np.ndarray
     ent_chunks: list[list[str]]
     ent_vecs: np.ndarray | None  # None: searched through the table's vector index (``ann``)
-    graph: nx.Graph
+    graph: Graph
     edge_rel: dict[tuple[int, int], list[int]]
     rel_rows: list[dict[str, Any]]
     communities: list[dict[str, Any]]
@@ -59,7 +80,7 @@ class IndexView:
     #: the reports' vectors (title and summary embedded), a row per ``report_row`` community id; None: not loaded
     report_vecs: np.ndarray | None = None
     report_row: dict[str, int] = field(default_factory=dict)
-    flat_graph: nx.Graph = field(default=None)  # type: ignore[assignment]
+    flat_graph: Graph = field(default=None)  # type: ignore[assignment]
     catalog: Catalog | None = None
     snap: dict[str, Any] | None = None
     method: str = "hirag"
@@ -200,9 +221,7 @@ class IndexView:
         ids = ents.column("id").to_pylist()
         index = {e: i for i, e in enumerate(ids)}
         layer = np.asarray(ents.column("layer").to_pylist(), dtype=np.int64)
-        graph, flat = nx.Graph(), nx.Graph()
-        graph.add_nodes_from(range(len(ids)))
-        flat.add_nodes_from(int(i) for i in np.flatnonzero(layer == 0))
+        graph, flat = Graph(range(len(ids))), Graph(np.flatnonzero(layer == 0))
         edge_rel: dict[tuple[int, int], list[int]] = defaultdict(list)
         for k, r in enumerate(rels):
             a, b = index.get(r["source_id"]), index.get(r["target_id"])
@@ -338,7 +357,7 @@ def _cached(
 
 # ---------------------------------------------------------------------------- the view on disk
 #: bump when what a view holds changes shape (a copy of another format is ignored and rewritten)
-VIEW_FORMAT = 1
+VIEW_FORMAT = 2
 
 
 def _views_dir(catalog: Catalog) -> Path:
@@ -364,7 +383,7 @@ def _code_stamp() -> str:
     digest = hashlib.sha256(str(VIEW_FORMAT).encode())
     for module in ("tasks.query.retrieve", "tasks.query.graph_rank", "tasks.query.lexical", "schemas.tables"):
         digest.update(Path(cast(str, importlib.import_module(module).__file__)).read_bytes())  # modules of files
-    for library in (np, pa, nx, scipy, bm25s()):  # all imported by now or right after (bm25s: to read the copy)
+    for library in (np, pa, scipy, bm25s()):  # all imported by now or right after (bm25s: to read the copy)
         digest.update(f"{library.__name__}={library.__version__}".encode())
     return digest.hexdigest()[:16]
 

@@ -15,13 +15,12 @@ import re
 from collections import defaultdict
 from typing import Any
 
-import networkx as nx
 import numpy as np
 
 from schemas.config import RetrievalConfig
 from tasks.methods.attach import SENTENCE_END
 from tasks.query.context import Context, fill, top_k
-from tasks.query.view import IndexView
+from tasks.query.view import Graph, IndexView
 
 
 def report_item(view: IndexView, c: int) -> dict[str, Any] | None:
@@ -200,7 +199,7 @@ def bridge_paths(adj: list[list[int]], keys: list[int], max_hops: int) -> list[l
     return paths
 
 
-def bridge_triples(view: IndexView, paths: list[list[int]], graph: nx.Graph) -> list[int]:
+def bridge_triples(view: IndexView, paths: list[list[int]], graph: Graph) -> list[int]:
     """Eq. 16: relations of G_k whose both ends lie on the paths — path edges first, in path order."""
     on_path = sorted({n for p in paths for n in p})
     ordered: list[int] = []
