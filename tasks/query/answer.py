@@ -300,7 +300,8 @@ class TokenVectors:
         self.embedder, self.size = embedder, size
         vocab = embedder.vocabulary()
         self.skip = np.asarray(
-            sorted(i for w, i in vocab.items() if w in _SKIP or not any(c.isalnum() for c in w)), dtype=np.int32
+            sorted(i for w, i in vocab.items() if w in _SKIP or not (w.isalnum() or any(c.isalnum() for c in w))),
+            dtype=np.int32,
         )
         self.seen: OrderedDict[str, Pieces] = OrderedDict()
         self.lock = Lock()
