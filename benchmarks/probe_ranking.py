@@ -1,0 +1,155 @@
+"""Probes of the shared source ranking's top (issue 64, item 4): R@2 / R@5 / R@10 of `ppr` (and `dense`) with a variant
+applied, paired per question against the ranking as it is (bootstrap 95 %). No product change: each variant replaces
+one input of ``retrieve.source_ranking`` for the run of this script only.
+
+    .venv/bin/python benchmarks/probe_ranking.py --index ./mq-sub --dataset DIR [--variants csls center stem]
+
+DIR holds ``corpus.jsonl`` and ``queries.jsonl`` (a shuffled copy of ``musique/subset100``: file order is no signal);
+the index is the one ``strata eval --dataset DIR --index ./mq-sub --build`` builds. Variants:
+
+* ``csls``: hubness reduction of the dense scores (Conneau et al. 2018): cos(q, p) − a · r(p), r(p) the mean cosine
+  of passage p to its k nearest passages, for k in 5 / 10 / 20 and a in 0.25 / 0.5 / 1;
+* ``center``: the corpus mean vector subtracted (times b) from passage and question vectors before the cosine;
+* ``stem``: BM25 over stemmed words (Snowball, or the first six letters) for the chain seeds' sentences only, or for
+  the sentences and the passages' prior alike (needs PyStemmer, not a dependency of Strata).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from flows.env import apply_offline_defaults  # noqa: E402
+
+apply_offline_defaults()
+
+from schemas.config import load_config  # noqa: E402
+from tasks.index.embed import question_embedder  # noqa: E402
+from tasks.query import graph_rank, lexical  # noqa: E402
+from tasks.query.evaluate import load_queries  # noqa: E402
+from tasks.query.retrieve import source_ranking  # noqa: E402
+from tasks.query.view import load_view  # noqa: E402
+from tasks.store.catalog import Catalog  # noqa: E402
+
+KS = (2, 5, 10)
+
+
+def passages(view, order: list[int]) -> list[str]:
+    out: list[str] = []
+    for j in order:
+        p = view.doc_source.get(view.chunk_doc[j])
+        if p is not None and p not in out:
+            out.append(p)
+    return out
+
+
+def run(view, queries, vecs, cfg, how: str) -> list[dict[int, float]]:
+    rows = []
+    for q, v in zip(queries, vecs):
+        dense = view.similarity("chunks", v, cfg.ann_candidates)
+        ents = view.similarity("entities", v, cfg.ann_candidates)
+        ranked = passages(view, source_ranking(view, q["question"], dense, ents, how, cfg)[0])
+        gold = q["supporting_passage_ids"]
+        rows.append({k: sum(g in ranked[:k] for g in gold) / len(gold) for k in KS})
+    return rows
+
+
+def line(rows, base) -> str:
+    d = np.array([r[5] - b[5] for r, b in zip(rows, base)])
+    rng = np.random.default_rng(0)
+    boot = [d[rng.integers(0, len(d), len(d))].mean() for _ in range(2000)]
+    recall = " ".join(f"R@{k} {np.mean([r[k] for r in rows]):.3f}" for k in KS)
+    return (
+        f"{recall}  ΔR@5 {d.mean():+.3f} [{np.percentile(boot, 2.5):+.3f}, {np.percentile(boot, 97.5):+.3f}] "
+        f"{(d > 1e-9).sum()}/{(d < -1e-9).sum()}"
+    )
+
+
+def dense_variants(view) -> dict[str, object]:
+    chunks = view.chunk_vecs.astype(np.float32)
+    sims = chunks @ chunks.T
+    np.fill_diagonal(sims, -1.0)
+    ordered = np.sort(sims, axis=1)
+    out: dict[str, object] = {}
+    for k in (5, 10, 20):
+        r = ordered[:, -k:].mean(axis=1)
+        for a in (0.25, 0.5, 1.0):
+            out[f"csls k={k} a={a}"] = lambda q, r=r, a=a: chunks @ q - a * r
+    mean = chunks.mean(axis=0)
+    for b in (0.5, 1.0):
+        centred = chunks - b * mean
+        centred /= np.linalg.norm(centred, axis=1, keepdims=True)
+        out[f"center b={b}"] = lambda q, c=centred, b=b: c @ ((q - b * mean) / np.linalg.norm(q - b * mean))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--index", required=True)
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--variants", nargs="+", default=["csls", "center", "stem"])
+    args = ap.parse_args()
+    cfg = load_config()
+    rcfg = cfg.retrieval
+    view = load_view(Catalog(args.index, create=False))
+    queries = [q for q in load_queries(Path(args.dataset)) if q["supporting_passage_ids"]]
+    vecs = question_embedder(cfg.embedding, cfg.llm).embed([q["question"] for q in queries]).astype(np.float32)
+    base = {how: run(view, queries, vecs, rcfg, how) for how in ("dense", "ppr")}
+    for how, rows in base.items():
+        print(f"{how:6s} as ranked: {line(rows, rows)}")
+    similarity = view.similarity
+    for name, score in dense_variants(view).items():
+        if name.split()[0] not in args.variants:
+            continue
+        view.similarity = lambda kind, q, k, score=score: (
+            score(q).astype(np.float32) if kind == "chunks" else similarity(kind, q, k)
+        )
+        print(name, "|", " | ".join(f"{h} {line(run(view, queries, vecs, rcfg, h), base[h])}" for h in base))
+        view.similarity = similarity
+    if "stem" in args.variants:
+        import Stemmer
+
+        tokenize, index_class = lexical.tokenize, graph_rank.BM25Index
+        for stem_name, stem in (("snowball", Stemmer.Stemmer("english").stemWord), ("six letters", _six)):
+            stemmed = lambda texts, stem=stem: [[stem(w) for w in ws] for ws in tokenize(texts)]
+            for where in ("sentences", "sentences and passages"):
+                graph_rank.BM25Index = _stemmed_index(stemmed)
+                if where != "sentences":
+                    lexical.tokenize = stemmed
+                view._lazy.clear()  # the BM25 indexes and the passage graph are built again
+                print(f"stem {stem_name}, {where} | ppr {line(run(view, queries, vecs, rcfg, 'ppr'), base['ppr'])}")
+                lexical.tokenize, graph_rank.BM25Index = tokenize, index_class
+                view._lazy.clear()
+
+
+def _six(word: str) -> str:
+    return word[:6] if len(word) > 6 else word.removesuffix("s")
+
+
+def _stemmed_index(stemmed):
+    class Stemmed(lexical.BM25Index):
+        def __init__(self, texts, **kw):
+            saved, lexical.tokenize = lexical.tokenize, stemmed
+            try:
+                super().__init__(texts, **kw)
+            finally:
+                lexical.tokenize = saved
+
+        def scores(self, query):
+            saved, lexical.tokenize = lexical.tokenize, stemmed
+            try:
+                return super().scores(query)
+            finally:
+                lexical.tokenize = saved
+
+    return Stemmed
+
+
+if __name__ == "__main__":
+    main()
