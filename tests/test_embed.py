@@ -32,10 +32,14 @@ def test_onnx_runtime_matches_torch(tmp_path, monkeypatch):
     assert np.array_equal(LocalEmbedder(batch_size=2, precision="fp32", runtime="onnx").embed(TEXTS), a)
     # vectors from the two runtimes never share a cache entry
     assert onnx.cache_name != torch.cache_name
-    # the questions' session runs on one thread (a service runs another request on the other core), same vectors
-    questions = LocalEmbedder(batch_size=2, precision="fp32", runtime="onnx", small_batches=True)
+    # a service's questions run on one thread (the other core answers another request), a command's on every
+    # core; the same vectors either way
+    questions = LocalEmbedder(batch_size=2, precision="fp32", runtime="onnx", small_batches=True, threads=1)
     assert np.allclose(questions.embed(TEXTS), a, atol=1e-6)
     assert questions._onnx().get_session_options().intra_op_num_threads == 1
+    alone = LocalEmbedder(batch_size=2, precision="fp32", runtime="onnx", small_batches=True)
+    assert np.array_equal(alone.embed(TEXTS), questions.embed(TEXTS))
+    assert alone._onnx().get_session_options().intra_op_num_threads != 1
     assert onnx._onnx().get_session_options().intra_op_num_threads != 1
     # word pieces (the offline answer's): the tokenizer's ids without [CLS] and [SEP], unit vectors, either runtime
     pieces, again = onnx.token_vectors(TEXTS), torch.token_vectors(TEXTS)

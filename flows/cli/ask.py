@@ -51,7 +51,7 @@ def query(
 
     if not question.strip():
         raise UsageError('the question is empty: ask something, e.g. strata query "Who employed Bob Cratchit?"')
-    reader = open_reader(index, config(config_path, set_), as_of, mode)
+    reader = open_reader(index, config(config_path, set_), as_of, mode, alone=True)
     ctx, answer, ms = reader.ask(question, mode, budget)
     remember_view(reader.view)  # the next `strata query` on this snapshot starts from it
     if as_json:
@@ -115,7 +115,7 @@ def shell(
 
     from tasks.query.reader import open_reader
 
-    reader = open_reader(index, config(config_path, set_), mode=mode)
+    reader = open_reader(index, config(config_path, set_), mode=mode, alone=True)
     reader.embedder.embed(["warm up"])
     history = Path.home() / ".strata_history"
     with contextlib.suppress(OSError):
@@ -374,7 +374,7 @@ def eval_(
         from flows.index_flow import run_flow
 
         run_flow("index_flow", str(corpus), index, str(config_path) if config_path else None, overrides(set_))
-    reader = open_reader(index, cfg, warm=False)
+    reader = open_reader(index, cfg, warm=False, alone=True)
     view = reader.view
     for m in modes or []:
         check_mode(view.method, m)

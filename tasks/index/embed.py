@@ -72,10 +72,16 @@ class LocalEmbedder:
     client = None  # no LLM client: nothing to bill
 
     def __init__(
-        self, batch_size: int = 32, precision: str = "auto", runtime: str = "auto", small_batches: bool = False
+        self,
+        batch_size: int = 32,
+        precision: str = "auto",
+        runtime: str = "auto",
+        small_batches: bool = False,
+        threads: int | None = None,
     ):
         self.batch_size = batch_size
         self.small_batches = small_batches  # questions and answer sentences, not a corpus (see ``_onnx``)
+        self.threads = threads  # ONNX Runtime's threads for one batch (None: one a core; the same vectors either way)
         self.bf16 = precision == "bf16" or (precision == "auto" and bf16_is_fast())
         self.runtime = runtime if runtime != "auto" else ("torch" if self.bf16 else "onnx")
         # PyTorch chosen by 'auto' alone: a run too small to pay for importing it embeds on ONNX (``ChildEmbedder``)
@@ -131,9 +137,9 @@ class LocalEmbedder:
             # over a corpus every batch has its own shape: an arena would keep the largest of each (1 GB+); a
             # question's few short texts are the other way round: with the arena a cold query peaks ~100 MB lower
             options.enable_cpu_mem_arena = options.enable_mem_pattern = self.small_batches
-            if self.small_batches:  # a question is one short row: a second thread only spins, and in a service
-                # the other core runs another request (the same vectors either way)
-                options.intra_op_num_threads = 1
+            if self.threads is not None:
+                options.intra_op_num_threads = self.threads
+            if self.small_batches:  # threads that wait for work sleep: between a query's few batches they only spin
                 options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         return self._session
@@ -454,8 +460,10 @@ def embed_part(texts: list[str], cfg: EmbeddingConfig) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4)
-def _local(batch_size: int, precision: str, runtime: str, small_batches: bool = False) -> LocalEmbedder:
-    return LocalEmbedder(batch_size, precision, runtime, small_batches)
+def _local(
+    batch_size: int, precision: str, runtime: str, small_batches: bool = False, threads: int | None = None
+) -> LocalEmbedder:
+    return LocalEmbedder(batch_size, precision, runtime, small_batches, threads)
 
 
 def get_embedder(cfg: EmbeddingConfig, llm: LLMConfig | None = None) -> Embedder:
@@ -465,12 +473,14 @@ def get_embedder(cfg: EmbeddingConfig, llm: LLMConfig | None = None) -> Embedder
     return LiteLLMEmbedder(cfg, llm)
 
 
-def question_embedder(cfg: EmbeddingConfig, llm: LLMConfig | None = None) -> Embedder:
+def question_embedder(cfg: EmbeddingConfig, llm: LLMConfig | None = None, threads: int | None = 1) -> Embedder:
     """What questions are embedded with: the configured embedder, except that the packaged model on runtime 'auto'
     runs on ONNX Runtime — a question does not pay for importing PyTorch (seconds) — with vectors within 1e-4
-    cosine of those either runtime gave the index (``tests/test_embed.py``)."""
+    cosine of those either runtime gave the index (``tests/test_embed.py``). ``threads``: ONNX Runtime's for one
+    batch — one for a service, whose other cores answer other requests; None (one a core) for a command that asks
+    alone, whose offline answer embeds ~32 candidate sentences at once."""
     if cfg.model == LOCAL_MODEL and cfg.runtime == "auto":
-        return _local(cfg.batch_size, "fp32", "onnx", small_batches=True)
+        return _local(cfg.batch_size, "fp32", "onnx", small_batches=True, threads=threads)
     return get_embedder(cfg, llm)
 
 

@@ -85,10 +85,15 @@ class Reader:
 
 
 def open_reader(
-    index: str, cfg: StrataConfig, as_of: int | None = None, mode: str | None = None, warm: bool = True
+    index: str,
+    cfg: StrataConfig,
+    as_of: int | None = None,
+    mode: str | None = None,
+    warm: bool = True,
+    alone: bool = False,
 ) -> Reader:
-    """The index at ``index`` ready to answer: view, embedder (``warm``: its model loaded now, beside the view),
-    LLM client. A missing index, an unknown snapshot or a mode the index does not offer fail before any model
+    """The index at ``index`` ready to answer: view, embedder (``warm``: its model loaded now, beside the view;
+    ``alone``: for a command that asks on its own, on every core, not a service's one), LLM client. A missing index, an unknown snapshot or a mode the index does not offer fail before any model
     loads where they can. BLAS runs on one thread in this process from here on (``one_blas_thread``): a query's
     products are small, and a second OpenBLAS thread only spins (``strata eval`` on MuSiQue's subset: 41 s of CPU
     with it, 28 s without, the same wall time and figures)."""
@@ -100,7 +105,7 @@ def open_reader(
     if mode is not None:
         check_modes([mode])
     catalog = Catalog(index, create=False, storage=cfg.storage)
-    embedder = question_embedder(cfg.embedding, cfg.llm)
+    embedder = question_embedder(cfg.embedding, cfg.llm, threads=None if alone else 1)
     # the model and token tables load while the query's modules import and the snapshot is read
     loading = _warm_up(embedder) if warm else None
     try:
