@@ -22,6 +22,9 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/pip install -q -r requirements.lock
 	$(BIN)/pip install -q --no-deps -e .
 	$(BIN)/pip check
+	# the checkout's bytecode, as pip writes a wheel's: a command's start does not compile it again where Python may
+	# not write it (PYTHONDONTWRITEBYTECODE, a read-only checkout)
+	$(BIN)/python -m compileall -q flows tasks schemas > /dev/null
 	touch $(STAMP)
 
 demo: setup
