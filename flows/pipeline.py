@@ -31,6 +31,8 @@ from flows.steps import (
     merge,
 )
 from schemas.config import StrataConfig
+from schemas.tables import QuarantineRow
+from tasks.errors import CostCapReached
 from tasks.index.extract import warm as warm_extraction
 from tasks.index.validate import warm as warm_validation
 from tasks.methods.base import Hierarchy, Layer0
@@ -94,6 +96,7 @@ def run_stages(run: PipelineRun) -> BuildResult:
         delta, incoming=[document_place(d) for d in delta.incoming], kept=[document_place(d) for d in delta.kept]
     )
     quarantined, new_mentions = extract(run, chunks)
+    stop_at_cap(run, run.quarantine, chunks.num_rows)
     layer0, mentions = merge(run, delta, places, new_mentions)
     # merge placed the chunks in the corpus: nothing later reads a document's place (100k documents: ~45 MB of them)
     delta = replace(delta, incoming=[], kept=[])
@@ -107,6 +110,7 @@ def run_stages(run: PipelineRun) -> BuildResult:
             run.forget_previous(name)
     else:  # layer 0 in parts, read whole for a method that clusters it in this process
         hierarchy = run.method.build(run, layer0 if getattr(run.method, "reads_parts", False) else layer0.whole())
+    stop_at_cap(run, hierarchy.quarantine)
     tables = assemble(run, delta, documents, layer0, hierarchy, mentions)
     # from here on the tables hold every row: the Python rows and vector matrices they were made from go
     del documents, mentions
@@ -116,6 +120,32 @@ def run_stages(run: PipelineRun) -> BuildResult:
     drawn = draw_layers(run, hierarchy)  # the layers' figure, drawn while the run validates
     tables = validate(run, tables)
     return publish(run, delta, tables, layer0, hierarchy, drawn)
+
+
+#: what an item the cost cap left undone is, by the stage of its quarantine row
+_UNDONE = {"extract": "chunks not extracted", "hierarchy": "summary entities not made", "reports": "reports not made"}
+
+
+def stop_at_cap(run: PipelineRun, quarantine: list[QuarantineRow], chunks: int | None = None) -> None:
+    """After a stage: items the cost cap left undone (quarantine rows of ``CostCapReached``; each task finished the
+    rest and reported what it spent) stop the run before anything is published, with how far it got and what it
+    spent. Every answer paid for is in the response cache: the same command with a higher cap goes on from there."""
+    undone: dict[str, int] = {}
+    for q in quarantine:
+        if CostCapReached.__name__ in q["error"]:
+            undone[q["stage"]] = undone.get(q["stage"], 0) + 1
+    if not undone:
+        return
+    spent = run.spent()
+    done = f"{chunks - undone['extract']} of {chunks} chunks extracted, " if chunks and "extract" in undone else ""
+    left = ", ".join(f"{n} {_UNDONE.get(stage, stage)}" for stage, n in undone.items())
+    limit = run.cap.limit if run.cap is not None else float("nan")
+    raise CostCapReached(
+        f"stopped at the LLM cost cap of ${limit:.4f} (llm.max_cost_usd, --max-cost): ${spent.cost_usd:.4f} spent in "
+        f"{spent.calls} calls; {done}{left}; nothing was published (the previous snapshot is still the published "
+        "one). Every answer paid for is in the response cache: the same command with a higher cap goes on without "
+        "paying for it again"
+    )
 
 
 def choose_mapper(run: PipelineRun, least_chunks: int, final: bool) -> None:
@@ -192,10 +222,9 @@ def _execute_run(corpus, catalog, cfg, task, mapper, run_id, flow_name, snap, re
             if run.small_child is not None:
                 run.small_child.release()
             remove_tree(run.work_root)
-            # the run's calls and tokens: the LLM client's and, for a litellm embedding model, the embedder's
-            for client in (run.llm, run._embedder.inner.client if run._embedder else None):
-                if client is not None:
-                    usage.add(client.usage)
+            # the run's calls and tokens: its stages' LLM clients' and, for a litellm embedding model, the embedder's
+            for client in run.llm_clients():
+                usage.add(client.usage)
         return done(result)
 
 

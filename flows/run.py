@@ -16,9 +16,11 @@ import pyarrow as pa
 
 from flows.lineage import BuildResult, code_version, deployment_name
 from schemas.config import StrataConfig
+from schemas.llm import LLM_STAGES, Stage
 from schemas.tables import DocumentRow, LayerRow, QuarantineRow, schema_for
 from tasks.methods.registry import get_method
 from tasks.runtime.llm_client import LiteLLMClient, Usage
+from tasks.runtime.llm_cost import CostCap
 from tasks.runtime.parallel import DaskPool, Mapper, ProcessMapper
 from tasks.runtime.progress import reporter
 from tasks.runtime.stages import Stages, TaskRunner, direct_task
@@ -78,7 +80,9 @@ class PipelineRun:
         self.corpus, self.catalog, self.cfg, self.stages, self.mapper = corpus, catalog, cfg, stages, mapper
         self.run_id, self.version, self.snap, self.usage = run_id, version, snap, usage
         self.method = get_method(cfg.index.method)
-        self.llm = LiteLLMClient(cfg.llm, catalog.cache_dir) if cfg.llm.model else None
+        #: the run's cost cap in this process (``llm.max_cost_usd``); tasks elsewhere get their share (``cap_for``)
+        self.cap = CostCap(cfg.llm.max_cost_usd) if cfg.llm.max_cost_usd is not None else None
+        self._llms: dict[str, LiteLLMClient | None] = {}
         self.quarantine: list[QuarantineRow] = []
         self.location = str(Path(corpus).expanduser().resolve())
         self.root = self.location  # the corpus root the documents belong to (see corpus_root)
@@ -103,12 +107,53 @@ class PipelineRun:
         path or a URI; removed when the run ends)."""
         return workfs.join(self.work_root, self.run_id)
 
+    @contextlib.contextmanager
     def stage(self, name: str, total: int | None = None):
+        """The stage ``name`` (``Stages``), its LLM calls, tokens and cost in its record (``runs.stage_counts``)."""
         # Leiden, validation, publish: not beside the embedding model's process (an update's communities stage only
         # places its new entities, and its reports embed again right after: the child stays)
         if name not in EMBEDDING_STAGES and not (self.snap and name == "communities"):
             self.release_embedder()
-        return self.stages(name, total)
+        before = self.spent()
+        if self.cap is not None:  # what tasks elsewhere spent is known once their stage ended: this process's
+            self.cap.spent = before.cost_usd  # share of the cap is what is left of it
+        with self.stages(name, total) as st:
+            yield st
+            after = self.spent()
+            if after.calls > before.calls:
+                st.counts.update(
+                    llm_calls=after.calls - before.calls,
+                    llm_tokens=after.tokens - before.tokens,
+                    llm_cost_usd=round(after.cost_usd - before.cost_usd, 6),
+                )
+
+    def llm_for(self, stage: Stage) -> LiteLLMClient | None:
+        """The client of ``stage``'s model in this process (``llm.<stage>``: one client a stage, made on first use,
+        under the run's cost cap), or None where the stage runs offline."""
+        if stage not in self._llms:
+            cfg = self.cfg.llm.stage(stage)
+            self._llms[stage] = LiteLLMClient(cfg, self.catalog.cache_dir, cap=self.cap) if cfg else None
+        return self._llms[stage]
+
+    def llm_clients(self) -> list[LiteLLMClient]:
+        """The LLM clients of this process: each stage's and, for a litellm embedding model, the embedder's."""
+        embedder = getattr(self._embedder.inner, "client", None) if self._embedder is not None else None
+        return [c for c in (*(self._llms.get(s) for s in LLM_STAGES), embedder) if c is not None]
+
+    def spent(self) -> Usage:
+        """The run's LLM usage so far: what its tasks reported and what this process's clients made."""
+        total = Usage()
+        total.add(self.usage)
+        for client in self.llm_clients():
+            total.add(client.usage)
+        return total
+
+    def cap_for(self, stage: Stage) -> tuple[str, float] | None:
+        """What tasks of ``stage`` in other processes may spend of the cost cap, named for the run's stage: what the
+        run has not spent yet (each worker takes its share, ``llm_client.shared_cap``); None without a cap."""
+        if self.cap is None:
+            return None
+        return f"{self.run_id}:{stage}", max(0.0, self.cap.limit - self.spent().cost_usd)
 
     @property
     def note(self) -> dict[str, Any]:
@@ -136,6 +181,8 @@ class PipelineRun:
                 inner = ChildEmbedder(inner, self.cfg.embedding)  # a large run's model in a child process
                 if self.snap:  # an update holds the index's tables as its build did: the model goes where it went
                     inner.hold_like(self.catalog.open_table("chunks", snap=self.snap).count_rows())
+            if getattr(inner, "client", None) is not None:  # a litellm embedding model: under the run's cap too
+                inner.client.cap = self.cap
             self._embedder = CachedEmbedder(inner, EmbeddingCache(self.catalog.cache_dir / "embeddings.sqlite"))
             if self.snap:
                 check_dimension(self._embedder, self.snap["dim"])

@@ -137,11 +137,17 @@ def document_place(doc: DocumentRow | DocumentPlace) -> DocumentPlace:
 
 
 def extraction_method(cfg: StrataConfig) -> str:
+    """The extractor: "llm" where extraction calls a model (``extract.method`` "auto" and ``llm.extraction``
+    resolves to one, or "llm"), else "nlp" (the offline extractor)."""
     method = cfg.extract.method
+    model = cfg.llm.stage("extraction")
     if method == "auto":
-        method = "llm" if cfg.llm.model else "nlp"
-    if method == "llm" and not cfg.llm.model:
-        raise ValueError("extract.method = 'llm' needs llm.model (e.g. 'openai/gpt-4o-mini')")
+        method = "llm" if model is not None else "nlp"
+    if method == "llm" and model is None:
+        raise ValueError(
+            "extract.method = 'llm' needs a model for extraction: llm.model (e.g. 'openai/gpt-4o-mini') or "
+            "llm.extraction.model, not 'offline'"
+        )
     return method
 
 
@@ -158,7 +164,13 @@ def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTa
     client = run.mapper.ready()
     run.stages.record("dask-start", time.perf_counter() - waited)
     llm = (
-        {"batch_fn": extract_batch_llm, "llm": cfg.llm, "cache_dir": str(run.catalog.cache_dir), "share": None}
+        {
+            "batch_fn": extract_batch_llm,
+            "llm": cfg.llm.stage("extraction"),
+            "cache_dir": str(run.catalog.cache_dir),
+            "share": None,
+            "cap": run.cap_for("extraction"),
+        }
         if extraction_method(cfg) == "llm"
         else {}
     )

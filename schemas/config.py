@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from schemas.llm import LLM_STAGES, LLMConfig, LLMStageConfig
 from schemas.sections import (
     ArchRAGConfig,
     ChunkingConfig,
@@ -27,7 +28,6 @@ from schemas.sections import (
     HyGRAGConfig,
     IncrementalConfig,
     IndexConfig,
-    LLMConfig,
     RetrievalConfig,
     ServeConfig,
     StorageConfig,
@@ -48,6 +48,8 @@ __all__ = [
     "IncrementalConfig",
     "IndexConfig",
     "LLMConfig",
+    "LLMStageConfig",
+    "LLM_STAGES",
     "RetrievalConfig",
     "ServeConfig",
     "StorageConfig",
@@ -200,13 +202,24 @@ def default_toml() -> str:
             lines += ["", f"# {field.description}", f"{key} = {_toml_value(getattr(cfg, key))}"]
     for section_name in StrataConfig.model_fields:
         section = getattr(cfg, section_name)
-        if not isinstance(section, BaseModel):
-            continue
-        lines += ["", f"[{section_name}]"]
-        for key, sub in type(section).model_fields.items():
-            if sub.description:
-                lines.append(f"# {sub.description}")
-            value = getattr(section, key)
-            line = f"{key} = {_toml_value(value)}"
-            lines.append(("# " + line) if value is None else line)
+        if isinstance(section, BaseModel):
+            lines += _toml_section(section_name, section)
     return "\n".join(lines) + "\n"
+
+
+def _toml_section(name: str, section: BaseModel, about: str | None = None) -> list[str]:
+    """``[name]`` with each setting, its comment above it, then its subsections (``[llm.reports]``)."""
+    lines = ["", *([f"# {about}"] if about else []), f"[{name}]"]
+    subsections = []
+    for key, sub in type(section).model_fields.items():
+        value = getattr(section, key)
+        if isinstance(value, BaseModel):
+            subsections.append((f"{name}.{key}", value, sub.description))
+            continue
+        if sub.description:
+            lines.append(f"# {sub.description}")
+        line = f"{key} = {_toml_value(value)}"
+        lines.append(("# " + line) if value is None else line)
+    for sub_name, value, description in subsections:
+        lines += _toml_section(sub_name, value, description)
+    return lines

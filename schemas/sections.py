@@ -365,39 +365,6 @@ class IncrementalConfig(_Section):
     )
 
 
-class LLMConfig(_Section):
-    model: str = Field(
-        "", description="litellm model string, e.g. 'openai/gpt-4o-mini', 'deepseek/deepseek-chat'; empty = offline."
-    )
-    api_base: str = Field(
-        "", description="OpenAI-compatible server (vLLM, llama.cpp, Ollama), e.g. http://127.0.0.1:8000/v1."
-    )
-    api_key: SecretStr | None = Field(
-        None, description="Prefer the provider's environment variable (OPENAI_API_KEY, ...)."
-    )
-    temperature: float = Field(0.0, description="Sampling temperature of every LLM call (0: the most repeatable).")
-    max_tokens: int = Field(2000, gt=0, description="Completion tokens per call.")
-    max_concurrency: int = Field(32, gt=0, description="Calls in flight at once, across all workers.")
-    rpm: int = Field(0, ge=0, description="Requests per minute across all workers (0 = unlimited).")
-    tpm: int = Field(0, ge=0, description="Tokens per minute across all workers (0 = unlimited).")
-    timeout_s: float = Field(120.0, gt=0, description="Per-call timeout.")
-    max_retries: int = Field(
-        6, ge=0, description="Retries on 429, 5xx, timeouts and connection errors (never on other 4xx)."
-    )
-    backoff_base_s: float = Field(1.0, gt=0, description="First retry delay; doubles per attempt, with full jitter.")
-    backoff_max_s: float = Field(60.0, gt=0, description="Longest delay between two retries, in seconds.")
-    json_mode: bool = Field(True, description="Ask for response_format=json_object where the provider supports it.")
-    gleanings: int = Field(0, ge=0, description="Extra 'anything missed?' extraction passes per chunk.")
-    cache: bool = Field(True, description="Persistent response cache (never stores failed or unparseable answers).")
-    retry_unparseable: bool = Field(
-        False, description="Ask again for prompts whose answer was unparseable in an earlier run."
-    )
-    input_cost_per_mtok: float | None = Field(
-        None, ge=0, description="USD per million prompt tokens, for models litellm has no price for (local servers)."
-    )
-    output_cost_per_mtok: float | None = Field(None, ge=0, description="USD per million completion tokens (see above).")
-
-
 class ServeConfig(_Section):
     """``strata serve``: the HTTP query service."""
 

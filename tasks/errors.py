@@ -42,6 +42,12 @@ class RefusedError(StrataError):
     kind = "refused"
 
 
+class CostCapReached(RefusedError):
+    """The next LLM call could pass the run's cost cap (``llm.max_cost_usd``): it was not sent. Never quarantined as
+    a chunk's or a summary's failure: the run stops, publishes nothing, and a rerun with a higher cap resumes from
+    the answers already paid for (the response cache)."""
+
+
 class SnapshotGone(RefusedError):
     """The snapshot a read was pinned to was removed (``strata gc``) while it read: reading again takes the newest."""
 

@@ -48,6 +48,18 @@ def answer_for(messages: list[dict]) -> str:
     return "An answer drawn from the context."
 
 
+def tokens(text: str) -> int:
+    """Tokens of ``text`` as OpenAI's servers count them for their models before gpt-4o (cl100k_base)."""
+    from tasks.index.chunk import count_tokens
+
+    return count_tokens(text)
+
+
+def prompt_tokens_of(messages: list[dict]) -> int:
+    """A chat prompt's tokens as OpenAI bills them: each message's content, 3 tokens a message, 3 for the reply."""
+    return sum(tokens(m.get("content") or "") + 3 for m in messages) + 3
+
+
 EMBEDDING_DIM = 64
 
 
@@ -78,6 +90,8 @@ class FakeLLM:
         self.injected: dict[str, int] = {k: 0 for k in self.faults}
         self.bad_bodies: list[str] = []
         self.answered: list[str] = []  # a digest of each chat prompt given a well-formed answer, in order
+        self.prompt_tokens = 0  # prompt tokens of the chat requests answered (as the usage of each says)
+        self.systems: list[str] = []  # the system message of each chat request answered
         self._server: ThreadingHTTPServer | None = None
 
     @property
@@ -140,7 +154,7 @@ class FakeLLM:
                     return self._send(200, {
                         "object": "list", "model": payload.get("model", "fake"),
                         "data": [{"object": "embedding", "index": i, "embedding": embedding_for(t)} for i, t in enumerate(texts)],
-                        "usage": {"prompt_tokens": sum(len(t) for t in texts) // 4, "total_tokens": sum(len(t) for t in texts) // 4},
+                        "usage": {"prompt_tokens": sum(map(tokens, texts)), "total_tokens": sum(map(tokens, texts))},
                     })
                 messages = payload.get("messages", [])
                 content = answer_for(messages)
@@ -152,13 +166,16 @@ class FakeLLM:
                 else:
                     with fake.lock:
                         fake.answered.append(hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest())
-                prompt_tokens = sum(len(m.get("content", "")) for m in messages) // 4
+                prompt_tokens = prompt_tokens_of(messages)
+                with fake.lock:
+                    fake.prompt_tokens += prompt_tokens
+                    fake.systems.append(messages[0].get("content", "") if messages else "")
                 body = {
                     "id": f"chatcmpl-{fake.requests}", "object": "chat.completion", "created": int(time.time()),
                     "model": payload.get("model", "fake"),
                     "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
-                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(content) // 4,
-                              "total_tokens": prompt_tokens + len(content) // 4},
+                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens(content),
+                              "total_tokens": prompt_tokens + tokens(content)},
                 }
                 self._send(200, body)
 

@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from tasks.query.evaluate import ModeResult, paired_bootstrap, ranked_passages, recall_at_k, retrieved_passages
+from tasks.query.evaluate import (
+    ModeResult,
+    exact_match,
+    paired_bootstrap,
+    ranked_passages,
+    recall_at_k,
+    retrieved_passages,
+    token_f1,
+)
 
 
 def make_view():
@@ -111,7 +119,7 @@ def test_eval_cli_writes_every_budget(tmp_path, monkeypatch):
     (tmp_path / "queries.jsonl").write_text(json.dumps({"id": "q1", "question": "?", "supporting_passage_ids": ["p1"]}))
     seen = {}
 
-    def fake_evaluate(view, embed, queries, modes, cfg, budgets=None):
+    def fake_evaluate(view, embed, queries, modes, cfg, budgets=None, client=None):
         seen["budgets"] = budgets
         vs = {"mean_diff": 0.052, "ci_low": 0.021, "ci_high": 0.083, "wins": 31, "losses": 9, "ties": 60, "n": 100}
         results = [_result(m, b, 0.8, None if m == "naive" else vs) for b in budgets for m in modes]
@@ -183,6 +191,43 @@ def test_evaluate_budgets_and_vs_naive(monkeypatch, budgets):
     assert hi.answer_in_extractive == 1.0  # the source sentence, which names Paris
     assert {r["token_budget"] for r in rows} == {expect_budget} and len(rows) == 6
     assert np.isnan(rows[2]["passage_recall"]) and np.isnan(rows[2]["recall_at_5"])
+
+
+def test_exact_match_and_token_f1_as_squad_computes_them():
+    assert exact_match("The Eiffel Tower!", ["Eiffel tower"]) == 1.0  # case, article and punctuation aside
+    assert exact_match("Eiffel Tower in Paris", ["Eiffel Tower"]) == 0.0
+    assert token_f1("Eiffel Tower in Paris", ["Eiffel Tower"]) == pytest.approx(2 * 0.5 * 1.0 / 1.5)  # P 2/4, R 2/2
+    assert token_f1("Paris", ["London", "Paris, France"]) == pytest.approx(2 * 1.0 * 0.5 / 1.5)  # the best alias
+    assert token_f1("", ["Paris"]) == 0.0 and token_f1("the", ["Paris"]) == 0.0
+
+
+def test_evaluate_scores_the_answer_models_answers(monkeypatch):
+    """With an answer model, each mode's generated answers get exact match and F1, and F1 its paired interval."""
+    import tasks.query.evaluate as ev
+    from schemas.config import RetrievalConfig
+    from tasks.query.context import Context
+
+    view = make_view()
+    monkeypatch.setattr(ev, "retrieve", lambda view_, q, vec, mode, cfg: Context(
+        question=q, mode=mode, version=1, chunks=[dict(chunk("c2", view), text="Paris is in France.")],
+        tokens={"chunks": 5}, query_vector=vec))
+
+    class Model:  # answers like a model that reads "hi" contexts well and "naive" ones badly
+        async def complete(self, messages, prompt_version, **kw):
+            return "Paris" if "mode hi" in messages[-1]["content"] else "the city of Paris, France"
+
+    monkeypatch.setattr(Context, "text", lambda self: f"mode {self.mode}")
+    queries = [{"id": "q1", "question": "Which city?", "answer": "Paris", "supporting_passage_ids": ["p2"]},
+               {"id": "q2", "question": "No answer given", "supporting_passage_ids": ["p2"]}]
+    results, rows = ev.evaluate(view, lambda t: np.ones((len(t), 4)), queries, ["hi", "naive"],
+                                RetrievalConfig(), [1000], client=Model())
+    hi, naive = results
+    assert (hi.exact_match, hi.f1) == (1.0, 1.0)
+    assert naive.exact_match == 0.0 and naive.f1 == pytest.approx(2 * (1 / 4) * 1.0 / (1 / 4 + 1.0))
+    assert hi.f1_vs_naive["n"] == 1 and hi.f1_vs_naive["wins"] == 1 and naive.f1_vs_naive is None
+    assert [r.get("answer") for r in rows] == ["Paris", None, "the city of Paris, France", None]
+    offline, _ = ev.evaluate(view, lambda t: np.ones((len(t), 4)), queries, ["hi"], RetrievalConfig(), [1000])
+    assert np.isnan(offline[0].f1) and offline[0].f1_vs_naive is None  # no answer model: not measured
 
 
 def test_several_values_after_one_flag():

@@ -78,7 +78,8 @@ def test_layer_one_over_parts_is_the_hierarchy_of_the_rows_held_at_once(tmp_path
         kw = {k: 1 if k == "share" and v is None else v for k, v in kw.items()}
         return [fn(item, **kw) for item in items]
 
-    ctx = SimpleNamespace(cfg=cfg, llm=None, version=3, spill_dir=tmp_path / "spill", mapper=mapper,
+    ctx = SimpleNamespace(cfg=cfg, llm_for=lambda stage: None, cap_for=lambda stage: None, version=3,
+                          spill_dir=tmp_path / "spill", mapper=mapper,
                           catalog=SimpleNamespace(cache_dir=tmp_path), usage=Usage(), embed=_embed)  # fmt: skip
     rows, x, parts = _layer0(tmp_path, 3)
     meta = cfg.hierarchy.meta_entities

@@ -122,13 +122,14 @@ def inspect(
     out.print(
         _table(
             "recent runs",
-            ("started_at", "flow", "status", "snapshot", "error"),
+            ("started_at", "flow", "status", "snapshot", "LLM models (calls, USD)", "error"),
             [
                 [
                     r["started_at"] or "",
                     r["flow"],
                     r["status"],
                     str(r["snapshot_version"] or ""),
+                    escape(_models(r)),
                     escape((r["error"] or "")[:80]),
                 ]
                 for r in data["runs"]
@@ -137,6 +138,15 @@ def inspect(
     )
     if damaged:
         raise damaged
+
+
+def _models(run: dict[str, Any]) -> str:
+    """Which model each LLM stage of a run used, and what the run's calls cost: "offline" when none used one."""
+    used = {stage: model for stage, model in (run.get("llm") or {}).items() if model != "offline"}
+    if not used:
+        return "offline"
+    cost = f"{run['llm_calls']} calls, ${run['llm_cost_usd']:.4f}"
+    return "; ".join(f"{stage}: {model}" for stage, model in used.items()) + f" ({cost})"
 
 
 @command()

@@ -88,7 +88,7 @@ def query(
     out.rule(
         "Answer (extractive: the best-matching context sentences, no LLM)"
         if answer["kind"] == "extractive"
-        else f"Answer ({reader.cfg.llm.model})"
+        else f"Answer ({reader.client.cfg.model})"
     )
     out.print(answer["text"] or "(no sentence of the context matches the question)", markup=False, highlight=False)
 
@@ -148,7 +148,7 @@ def shell(
         if state["json"]:
             print(json.dumps(ctx.as_dict() | {"answer": result, "retrieval_ms": round(ms, 1)}, default=str))
             continue
-        label = "extractive" if result["kind"] == "extractive" else reader.cfg.llm.model
+        label = "extractive" if result["kind"] == "extractive" else reader.client.cfg.model
         out.print(
             f"[bold]answer[/] [dim]({label}; mode {state['mode']}, snapshot v{ctx.version}, {ms:.0f} ms, "
             f"{sum(ctx.tokens.values())} context tokens)[/]"
@@ -354,7 +354,9 @@ def eval_(
     Per budget and mode: supporting-passage recall (whole passages only), its paired difference to
     naive with a bootstrap 95 % interval and wins/losses, recall@2/5/10 of the ranking, answer-in-context
     rate (the gold answer in the context, and in the offline answer's sentences), mean context tokens and
-    retrieval latency p50/p95; writes results.json, per_query.csv and one bar chart per budget."""
+    retrieval latency p50/p95; with an answer model (llm.model or llm.answers.model), exact match and token F1 of
+    its answers (SQuAD normalisation) with F1's paired interval against naive; writes results.json,
+    per_query.csv and one bar chart per budget."""
     import csv
     import dataclasses
 
@@ -380,7 +382,7 @@ def eval_(
         check_mode(view.method, m)
     modes = modes or list(reader.modes)
     budgets = list(dict.fromkeys(budgets or [cfg.retrieval.token_budget]))
-    results, rows = evaluate(view, reader.embedder.embed, queries, modes, cfg.retrieval, budgets)
+    results, rows = evaluate(view, reader.embedder.embed, queries, modes, cfg.retrieval, budgets, reader.client)
     cat = reader.catalog
     target = out_dir or (Path(cat.root) / "eval" if cat.root else Path("eval"))
     target.mkdir(parents=True, exist_ok=True)
@@ -414,12 +416,12 @@ def eval_(
         out.print_json(json.dumps(summary, default=str))
         return
     for b, rs in by_budget.items():
-        out.print(_eval_table(dataset.name, len(queries), b, rs))
+        out.print(_eval_table(dataset.name, len(queries), b, rs, reader.client is not None))
     out.print(f"results: {target / 'results.json'}  plots: {', '.join(str(p) for p in plots)}")
 
 
-def _eval_table(name: str, n: int, budget: int, results: list[Any]) -> Table:
-    cols = (
+def _eval_table(name: str, n: int, budget: int, results: list[Any], generated: bool = False) -> Table:
+    cols = [
         "mode",
         "recall",
         "Δ naive [95% CI]",
@@ -429,13 +431,16 @@ def _eval_table(name: str, n: int, budget: int, results: list[Any]) -> Table:
         "R@10",
         "answer",
         "offline",
+        *(["EM", "F1", "F1 Δ naive [95% CI]"] if generated else []),
         "tokens",
         "p50 ms",
         "p95 ms",
-    )
+    ]
     t = Table(
         title=f"{name}: {n} questions, budget {budget} tokens (recall: whole supporting passages in the context; "
-        "answer: gold answer in the context; offline: in the offline answer's sentences)"
+        "answer: gold answer in the context; offline: in the offline answer's sentences"
+        + ("; EM / F1: the answer model's answers" if generated else "")
+        + ")"
     )
     for col in cols:
         t.add_column(col, justify="right" if col != "mode" else "left", no_wrap=True)
@@ -443,19 +448,23 @@ def _eval_table(name: str, n: int, budget: int, results: list[Any]) -> Table:
     def share(x: float) -> str:  # NaN: no question of the dataset measures it (no supporting passages, no answer)
         return "—" if math.isnan(x) else f"{x:.3f}"
 
+    def interval(v: dict[str, Any] | None) -> str:
+        return f"{v['mean_diff']:+.3f} [{v['ci_low']:+.3f}, {v['ci_high']:+.3f}]" if v else "—"
+
     for r in results:
         v = r.vs_naive if r.vs_naive and not math.isnan(r.vs_naive["mean_diff"]) else None
-        delta = f"{v['mean_diff']:+.3f} [{v['ci_low']:+.3f}, {v['ci_high']:+.3f}]" if v else "—"
+        f = r.f1_vs_naive if r.f1_vs_naive and not math.isnan(r.f1_vs_naive["mean_diff"]) else None
         t.add_row(
             r.mode,
             share(r.passage_recall),
-            delta,
+            interval(v),
             f"{v['wins']}/{v['losses']}" if v else "—",
             share(r.recall_at_2),
             share(r.recall_at_5),
             share(r.recall_at_10),
             share(r.answer_in_context),
             share(r.answer_in_extractive),
+            *([share(r.exact_match), share(r.f1), interval(f)] if generated else []),
             f"{r.mean_context_tokens:.0f}",
             f"{r.latency_p50_ms:.1f}",
             f"{r.latency_p95_ms:.1f}",

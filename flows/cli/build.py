@@ -13,6 +13,7 @@ from flows.cli.common import (
     ConfigOpt,
     IndexOpt,
     LockOpt,
+    MaxCostOpt,
     QuietOpt,
     SetOpt,
     command,
@@ -21,6 +22,7 @@ from flows.cli.common import (
     out,
     overrides,
     progress,
+    with_cap,
 )
 from schemas.config import default_toml
 from tasks.errors import NotFoundError, RefusedError, UsageError
@@ -46,8 +48,10 @@ def index(
     set_: Optional[list[str]] = SetOpt,
     lock_timeout: float = LockOpt,
     quiet: bool = QuietOpt,
+    max_cost: Optional[float] = MaxCostOpt,
 ) -> None:
     """Full build: ingest, chunk, extract (Dask), merge, embed, validate and publish one snapshot."""
+    set_ = with_cap(set_, max_cost)
     result, seconds = run_writer("index_flow", corpus, index, config_path, set_, quiet, lock_timeout)
     print_summary(result, seconds)
     print_quarantine(index, result, config_path, set_)
@@ -105,11 +109,13 @@ def update(
     ),
     lock_timeout: float = LockOpt,
     quiet: bool = QuietOpt,
+    max_cost: Optional[float] = MaxCostOpt,
 ) -> None:
     """Incremental refresh: new, changed and deleted documents (by content hash) since the last snapshot.
 
     New entities attach to the most similar summary nodes (HyGRAG), only the touched ancestors, communities
     and reports are refreshed, and one new snapshot is published. Nothing changed means nothing published."""
+    set_ = with_cap(set_, max_cost)
     result, seconds = run_writer(
         "refresh_flow", corpus, index, config_path, set_, quiet, lock_timeout, full, replace_root
     )
@@ -155,6 +161,9 @@ def backfill(
     set_: Optional[list[str]] = SetOpt,
     lock_timeout: float = typer.Option(0.0, help="Seconds to wait for another writer per partition (then exit 5)."),
     quiet: bool = QuietOpt,
+    max_cost: Optional[float] = typer.Option(
+        None, "--max-cost", min=0.0, help="The LLM cost cap of each partition's run, in USD (llm.max_cost_usd)."
+    ),
 ) -> None:
     """Apply partitions in order, each as an incremental update of its own folder (resumable).
 
@@ -162,6 +171,7 @@ def backfill(
     Finished partitions have nothing to do on a re-run; a failed one is retried."""
     from flows.index_flow import backfill_flow
 
+    set_ = with_cap(set_, max_cost)
     parts = [str(p) for p in partitions or []]
     if date_from or date_to:
         if not (date_from and date_to):

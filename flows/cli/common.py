@@ -98,6 +98,13 @@ AsOfOpt = typer.Option(
     None, "--as-of", help="This snapshot version instead of the latest (see `strata inspect --versions`)."
 )
 LockOpt = typer.Option(0.0, help="Seconds to wait if another run is writing this index (then exit 5).")
+MaxCostOpt = typer.Option(
+    None,
+    "--max-cost",
+    min=0.0,
+    help="Stop before an LLM call could make this run spend more than this many USD (llm.max_cost_usd): nothing "
+    "is published, exit 5, and the same command with a higher cap resumes without paying again.",
+)
 QuietOpt = typer.Option(
     False, "--quiet", "-q", help="No progress bars: one line per stage on stderr (its name, what it did, seconds)."
 )
@@ -151,6 +158,11 @@ def overrides(pairs: list[str] | None) -> dict[str, Any]:
         if value is not None:
             os.environ[f"STRATA_STORAGE__{name.upper()}"] = json.dumps(value) if isinstance(value, dict) else str(value)
     return data
+
+
+def with_cap(pairs: list[str] | None, max_cost: float | None) -> list[str] | None:
+    """``--set`` pairs with ``--max-cost`` as the setting it stands for."""
+    return pairs if max_cost is None else [*(pairs or []), f"llm.max_cost_usd={max_cost}"]
 
 
 def config(path: Path | None, pairs: list[str] | None) -> StrataConfig:

@@ -9,9 +9,7 @@ unusable is quarantined with the reason; the run goes on.
 from __future__ import annotations
 
 import asyncio
-import threading
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from schemas.config import ExtractConfig, LLMConfig
@@ -158,21 +156,6 @@ async def extract_chunk_llm(client, chunk: dict[str, Any], gleanings: int) -> tu
     return ents, rels
 
 
-_CLIENTS: dict[tuple[str, str, int], Any] = {}
-_LOCK = threading.Lock()
-
-
-def _client(llm: LLMConfig, cache_dir: str, share: int):
-    """One client per process and config: concurrency and rate-limit state span all batches of a worker."""
-    from tasks.runtime.llm_client import LiteLLMClient
-
-    key = (llm.model_dump_json(), cache_dir, share)
-    with _LOCK:
-        if key not in _CLIENTS:
-            _CLIENTS[key] = LiteLLMClient(llm, Path(cache_dir), share=share)
-        return _CLIENTS[key]
-
-
 def warm() -> None:
     """Import litellm and start the loop ahead of the first batch (run on every Dask worker when the run starts)."""
     import litellm  # noqa: F401  (seconds of import, paid while the run ingests and chunks)
@@ -181,14 +164,21 @@ def warm() -> None:
 
 
 def extract_batch_llm(
-    chunks: list[dict[str, Any]], cfg: ExtractConfig, llm: LLMConfig, cache_dir: str, share: int | None = 1, client=None
+    chunks: list[dict[str, Any]],
+    cfg: ExtractConfig,
+    llm: LLMConfig,
+    cache_dir: str,
+    share: int | None = 1,
+    client=None,
+    cap: tuple[str, float] | None = None,
 ) -> ExtractionResult:
-    """The LLM parallel unit: all chunks of the batch concurrently; per-chunk failures are quarantined.
+    """The LLM parallel unit: all chunks of the batch concurrently; per-chunk failures are quarantined (the cost
+    cap's too: the run stops after the stage, ``flows.pipeline.stop_at_cap``).
 
-    ``share`` is how many workers split the global concurrency and rate limits."""
-    from tasks.runtime.llm_client import usage_scope
+    ``share`` is how many workers split the global concurrency, rate limits and ``cap`` (``shared_client``)."""
+    from tasks.runtime.llm_client import shared_client, usage_scope
 
-    client = client or _client(llm, cache_dir, share or 1)
+    client = client or shared_client(llm, cache_dir, share or 1, cap)
 
     async def run_all():
         with usage_scope() as usage:  # this batch's calls only, though other batches share the client

@@ -33,6 +33,7 @@ ENTITY_FIELDS = tuple(n for n in schema_for("entities", 0).names if n not in ("v
 
 if TYPE_CHECKING:
     from schemas.config import RetrievalConfig, StrataConfig
+    from schemas.llm import Stage as LLMStage
     from tasks.query.context import Context
     from tasks.query.view import IndexView
     from tasks.runtime.stages import Stage
@@ -161,7 +162,6 @@ class MethodContext(Protocol):
     """What the pipeline hands a method: settings, named stages, the embedder, the LLM, the previous snapshot."""
 
     cfg: StrataConfig
-    llm: Any  # LiteLLMClient or None (offline)
     mapper: Any  # where tasks run: the run's Dask cluster (``tasks.runtime.parallel.Mapper``)
     version: int  # the snapshot the run writes
     usage: Any  # the run's LLM usage (``Usage``): a task's own client adds its share
@@ -172,6 +172,10 @@ class MethodContext(Protocol):
         ...
 
     def stage(self, name: str, total: int | None = None) -> AbstractContextManager[Stage]: ...
+    def llm_for(self, stage: LLMStage) -> Any:  # the stage's LiteLLMClient in this process, or None (offline)
+        ...
+    def cap_for(self, stage: LLMStage) -> tuple[str, float] | None:  # what the stage's tasks may spend (USD), named
+        ...
     def embed(self, texts: list[str], progress: Callable[[int], None] | None = None) -> np.ndarray: ...
     def previous(self, name: str, columns: tuple[str, ...] | None = None, where: str | None = None) -> pa.Table: ...
     def previous_in(

@@ -31,9 +31,10 @@ def summarizer_for(ctx: MethodContext, per_cluster: int, **llm_prompt: Any):
     from tasks.methods.summarize import LLMSummarizer, OfflineSummarizer
 
     cfg = ctx.cfg
-    if ctx.llm is not None:
+    client = ctx.llm_for("summaries")
+    if client is not None:
         return LLMSummarizer(
-            ctx.llm, cfg.hierarchy.meta_entities, per_cluster, cfg.extract.max_description_tokens, **llm_prompt
+            client, cfg.hierarchy.meta_entities, per_cluster, cfg.extract.max_description_tokens, **llm_prompt
         )
     return OfflineSummarizer(cfg.hierarchy.meta_entities, cfg.extract.max_description_tokens)
 
@@ -69,7 +70,12 @@ def write_reports(ctx: MethodContext, communities, entities: list[dict[str, Any]
             vectors = np.zeros((0, 0), np.float32)
         else:
             reports, failures = st.run(
-                build_reports, communities, entities, relations, ctx.cfg.communities.report_max_tokens, ctx.llm
+                build_reports,
+                communities,
+                entities,
+                relations,
+                ctx.cfg.communities.report_max_tokens,
+                ctx.llm_for("reports"),
             )
             vectors = report_vectors(ctx, st, reports)
             st.advance(len(reports))
@@ -149,7 +155,7 @@ def rewrite_reports(
             entities(written),
             relations,
             ctx.cfg.communities.report_max_tokens,
-            ctx.llm,
+            ctx.llm_for("reports"),
             rewrite,
             existing,
         )

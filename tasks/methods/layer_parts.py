@@ -134,7 +134,8 @@ class LayerOne:
             any_terms=total_terms > 0,
             cfg=cfg,
             layer=layer,
-            llm=ctx.cfg.llm if ctx.llm is not None else None,
+            llm=ctx.cfg.llm.stage("summaries"),
+            cap=ctx.cap_for("summaries"),
             cache_dir=str(ctx.catalog.cache_dir),
             per_cluster=self.per_cluster,
             max_tokens=ctx.cfg.extract.max_description_tokens,
@@ -304,13 +305,13 @@ def summary_task(
     max_tokens: int,
     version: int,
     share: int = 1,
+    cap: tuple[str, float] | None = None,
 ) -> tuple[dict[int, list[dict[str, Any]]], list[dict[str, str]], dict[str, Any], int]:
     """The summary entities of global cluster ``job[1]``'s kept clusters (a task), their ``summary_of`` links
     written to ``job[2]`` stamped ``version``. Returns the entities by local cluster, the LLM summaries that fell
     back to offline ones, the LLM usage and the links written."""
-    from tasks.index.extract_llm import _client
     from tasks.methods.summarize import TOP_PHRASES, Cluster, LLMSummarizer, OfflineSummarizer, summary_rows
-    from tasks.runtime.llm_client import usage_scope
+    from tasks.runtime.llm_client import shared_client, usage_scope
 
     gi, k, out = job
     js = kept[gi]
@@ -321,7 +322,8 @@ def summary_task(
     offline, summarizer = OfflineSummarizer(cfg.meta_entities, max_tokens), cast(Any, None)
     with usage_scope() as usage:
         if llm is not None:
-            summarizer = LLMSummarizer(_client(llm, cache_dir, share), cfg.meta_entities, per_cluster, max_tokens)
+            client = shared_client(llm, cache_dir, share, cap)
+            summarizer = LLMSummarizer(client, cfg.meta_entities, per_cluster, max_tokens)
             summaries = summarizer.summarize_layer(layer, clusters)
         else:
             summarizer, firsts = offline, [[m["name"] for m in c.members[:TOP_PHRASES]] for c in clusters]

@@ -99,9 +99,10 @@ def reports_on_cluster(
         **inputs,
         level_max=level_max,
         budget=ctx.cfg.communities.report_max_tokens,
-        llm=ctx.cfg.llm if ctx.llm is not None else None,
+        llm=ctx.cfg.llm.stage("reports"),
         cache_dir=str(ctx.catalog.cache_dir),
         share=None,
+        cap=ctx.cap_for("reports"),
     ):
         failures.extend(part_failures)
         ctx.usage.add(Usage(**usage))
@@ -202,16 +203,16 @@ def reports_task(
     llm: Any,
     cache_dir: str,
     share: int = 1,
+    cap: tuple[str, float] | None = None,
 ) -> tuple[list[dict[str, str]], dict[str, Any]]:
     """A report per community of part ``job[0]`` (a task), written to ``job[1]`` in row groups of what the run
     reads at a time. Returns the LLM failures (offline reports kept) and the LLM usage."""
-    from tasks.index.extract_llm import _client
     from tasks.methods.reports import build_reports
-    from tasks.runtime.llm_client import usage_scope
+    from tasks.runtime.llm_client import shared_client, usage_scope
 
     p, out = job
     comms, ents, rels = _part(p, communities, relations, entities)
-    client = _client(llm, cache_dir, share) if llm is not None else None
+    client = shared_client(llm, cache_dir, share, cap) if llm is not None else None
     with usage_scope() as usage:
         reports, failures = build_reports(comms, ents, rels, budget, client, level_max=level_max)
     del rels

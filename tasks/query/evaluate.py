@@ -14,7 +14,10 @@ Dataset folder: ``corpus.jsonl`` (id, title, text) and ``queries.jsonl`` (id, qu
 * mean context tokens, and retrieval latency p50 / p95 (question embedding included);
 * against ``naive`` at the same budget, over the questions with supporting passages: wins, losses
   and ties of the per-question passage recall, the mean difference and its paired-bootstrap 95 %
-  interval.
+  interval;
+* with an answer model (``llm.answers``): exact match and token F1 of the generated answers against the answer and
+  its aliases (SQuAD's normalisation and F1, the best over the gold answers, as HotpotQA, 2Wiki and MuSiQue report
+  them), with F1's paired interval against ``naive``.
 """
 
 from __future__ import annotations
@@ -50,6 +53,25 @@ def normalize_answer(text: str) -> str:
 def answer_in_context(answers: list[str], context: str) -> bool:
     norm = f" {normalize_answer(context)} "
     return any(a and f" {a} " in norm for a in (normalize_answer(x) for x in answers))
+
+
+def exact_match(prediction: str, answers: list[str]) -> float:
+    """1.0 when the normalised prediction equals a normalised gold answer, else 0.0."""
+    said = normalize_answer(prediction)
+    return float(any(said == normalize_answer(a) for a in answers))
+
+
+def token_f1(prediction: str, answers: list[str]) -> float:
+    """SQuAD's token F1 of the normalised prediction against its best gold answer."""
+    said = normalize_answer(prediction).split()
+    best = 0.0
+    for answer in answers:
+        gold = normalize_answer(answer).split()
+        common = sum((Counter(said) & Counter(gold)).values())
+        if common:
+            precision, recall = common / len(said), common / len(gold)
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
 
 
 def passage_recall(supporting: list[str], retrieved: set[str]) -> float:
@@ -149,6 +171,9 @@ class ModeResult:
     latency_p50_ms: float
     latency_p95_ms: float
     vs_naive: dict[str, Any] | None = None  # paired_bootstrap(this mode, naive) on passage recall
+    exact_match: float = float("nan")  # of the answer model's answers (NaN: no answer model)
+    f1: float = float("nan")
+    f1_vs_naive: dict[str, Any] | None = None  # paired_bootstrap(this mode, naive) on F1
 
 
 def _mean(values: list[Any]) -> float:
@@ -158,9 +183,18 @@ def _mean(values: list[Any]) -> float:
 
 
 def _run_mode(
-    view: IndexView, embed, queries: list[dict[str, Any]], mode: str, cfg: RetrievalConfig, sentence_embed=None
+    view: IndexView,
+    embed,
+    queries: list[dict[str, Any]],
+    mode: str,
+    cfg: RetrievalConfig,
+    sentence_embed=None,
+    client=None,
 ) -> tuple[ModeResult, list[dict[str, Any]]]:
-    """Every question through one mode at ``cfg.token_budget``: the summary and one row per question."""
+    """Every question through one mode at ``cfg.token_budget``: the summary and one row per question (with
+    ``client``, the answer model's answer, its exact match and F1)."""
+    from tasks.query.answer import answer as answer_with
+
     rows: list[dict[str, Any]] = []
     for q in queries:
         t0 = time.perf_counter()
@@ -188,6 +222,10 @@ def _run_mode(
                 "n_chunks": len(ctx.chunks),
             }
         )
+        if client is not None and answers:
+            said = answer_with(ctx, client, sentence_embed)
+            generated = said["text"] if said["kind"] == "llm" else ""  # a failed call scores 0, not the extractive
+            rows[-1] |= {"answer": generated, "em": exact_match(generated, answers), "f1": token_f1(generated, answers)}
     lat = [r["latency_ms"] for r in rows]
     hits = [r["answer_in_context"] for r in rows if r["answer_in_context"] is not None]
     recall_at: dict[str, Any] = {f"recall_at_{k}": _mean([r[f"recall_at_{k}"] for r in rows]) for k in RECALL_KS}
@@ -204,6 +242,9 @@ def _run_mode(
         latency_p50_ms=float(np.percentile(lat, 50)) if lat else 0.0,
         latency_p95_ms=float(np.percentile(lat, 95)) if lat else 0.0,
     )
+    if client is not None:
+        result.exact_match = _mean([r.get("em") for r in rows])
+        result.f1 = _mean([r.get("f1") for r in rows])
     return result, rows
 
 
@@ -214,9 +255,11 @@ def evaluate(
     modes: list[str],
     cfg: RetrievalConfig,
     budgets: list[int] | None = None,
+    client=None,
 ) -> tuple[list[ModeResult], list[dict[str, Any]]]:
     """Run every question through every mode at every budget (None: ``cfg.token_budget``); returns the
-    per-(budget, mode) summaries, budget by budget in mode order, and the per-question rows."""
+    per-(budget, mode) summaries, budget by budget in mode order, and the per-question rows. ``client``: the
+    answer model's (``llm.answers``), whose answers are scored by exact match and F1."""
     rows: list[dict[str, Any]] = []
     summaries: list[ModeResult] = []
     sentences = TokenVectors(answer_embedder(), None)  # the offline answer's candidates: the modes share most sentences
@@ -225,21 +268,28 @@ def evaluate(
     for budget in dict.fromkeys(budgets or [cfg.token_budget]):
         bcfg = cfg.model_copy(update={"token_budget": budget})
         recalls: dict[str, np.ndarray] = {}
+        f1s: dict[str, np.ndarray] = {}
         results: list[ModeResult] = []
         for mode in modes:
-            result, mode_rows = _run_mode(view, embed, queries, mode, bcfg, sentences)
+            result, mode_rows = _run_mode(view, embed, queries, mode, bcfg, sentences, client)
             recalls[mode] = np.array([r["passage_recall"] for r in mode_rows], dtype=float)
+            f1s[mode] = np.array([r.get("f1", np.nan) for r in mode_rows], dtype=float)
             results.append(result)
             rows.extend(mode_rows)
         if "naive" in recalls:
-            base = recalls["naive"]
             for r in results:
                 if r.mode != "naive":
-                    a = recalls[r.mode]
-                    keep = ~np.isnan(a) & ~np.isnan(base)  # questions with supporting passages
-                    r.vs_naive = paired_bootstrap(a[keep], base[keep])
+                    r.vs_naive = _paired(recalls[r.mode], recalls["naive"])  # questions with supporting passages
+                    if client is not None:
+                        r.f1_vs_naive = _paired(f1s[r.mode], f1s["naive"])  # questions with an answer
         summaries.extend(results)
     return summaries, rows
+
+
+def _paired(a: np.ndarray, base: np.ndarray) -> dict[str, Any]:
+    """``paired_bootstrap`` over the questions both measure (not NaN)."""
+    keep = ~np.isnan(a) & ~np.isnan(base)
+    return paired_bootstrap(a[keep], base[keep])
 
 
 def plot_results(results: list[ModeResult], path: Path, title: str) -> Path:

@@ -59,6 +59,9 @@ def inspect_data(cat: Catalog, as_of: int | None, runs: int) -> dict[str, Any]:
                 "ended_at": r["ended_at"].isoformat() if r["ended_at"] else None,
                 "snapshot_version": r["snapshot_version"],
                 "error": r["error"],
+                "llm": run_models(r["parameters"]),
+                "llm_calls": r["llm_calls"],
+                "llm_cost_usd": r["llm_cost_usd"],
             }
             for r in cat.runs(limit=runs)
         ],
@@ -67,6 +70,22 @@ def inspect_data(cat: Catalog, as_of: int | None, runs: int) -> dict[str, Any]:
             for s in cat.snapshots()
         ],
     }
+
+
+def run_models(parameters: str | None) -> dict[str, str]:
+    """The model each LLM stage of a run used ("offline" where none), from the settings the run recorded; empty for a
+    run recorded without them."""
+    import json
+
+    from schemas.llm import LLM_STAGES, LLMConfig
+
+    try:
+        llm = LLMConfig.model_validate(
+            {k: v for k, v in json.loads(parameters or "{}")["config"]["llm"].items() if k != "api_key"}
+        )
+    except (KeyError, TypeError, ValueError):
+        return {}
+    return {s: (c.model if (c := llm.stage(s)) is not None else "offline") for s in LLM_STAGES}
 
 
 def node_counts(cat: Catalog, snap: dict[str, Any], kinds: tuple[str, ...]) -> list[dict[str, int]]:

@@ -120,7 +120,8 @@ def open_reader(
             loading.join()
     check_mode(view.method, mode)
     check_dimension(embedder, view.dim)
-    client = LiteLLMClient(cfg.llm, catalog.cache_dir) if cfg.llm.model else None
+    answers = cfg.llm.stage("answers")
+    client = LiteLLMClient(answers, catalog.cache_dir) if answers is not None else None
     sentences = TokenVectors(answer_embedder(embedder), max(SENTENCE_CACHE, cfg.serve.warm_sentences))
     return Reader(cfg, catalog, view, embedder, client, sentences)
 

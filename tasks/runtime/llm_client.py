@@ -10,7 +10,8 @@
 * an unparseable answer is retried once with a reminder; after that ``ParseError`` is raised
   for the caller to quarantine;
 * usage (calls, cache hits, tokens, cost) is counted per client and reported to the run;
-* embedding requests (``embed``, for a litellm embedding model) share the limits, retries and usage.
+* embedding requests (``embed``, for a litellm embedding model) share the limits, retries and usage;
+* a hard cost cap (``llm_cost.CostCap``, ``llm.max_cost_usd``): a request that could pass it is not sent.
 
 API keys come from the provider's environment variables or ``llm.api_key``; they are passed to
 litellm per call and never logged, cached or written to a table.
@@ -36,6 +37,7 @@ from typing import Any
 
 from schemas.config import LLMConfig
 from tasks.runtime.llm import ParseError
+from tasks.runtime.llm_cost import CostCap, model_prices, register_price, shared_cap
 
 log = logging.getLogger("strata.llm")
 
@@ -201,7 +203,12 @@ class LiteLLMClient:
     """Implements ``tasks.runtime.llm.LLMClient`` over litellm."""
 
     def __init__(
-        self, cfg: LLMConfig, cache_dir: Path | None = None, share: int = 1, completion: Callable | None = None
+        self,
+        cfg: LLMConfig,
+        cache_dir: Path | None = None,
+        share: int = 1,
+        completion: Callable | None = None,
+        cap: CostCap | None = None,
     ):
         if not cfg.model:
             raise ValueError("llm.model is empty: set it (e.g. 'openai/gpt-4o-mini') to use the LLM path")
@@ -222,7 +229,8 @@ class LiteLLMClient:
         self.usage = Usage()
         self._completion = completion
         self._loop: asyncio.AbstractEventLoop | None = None
-        _register_price(cfg)
+        self.cap = cap  # the run's cost cap (``CostCap``), or None
+        self.priced = register_price(cfg)
 
     def _count(self, **fields: float) -> None:
         for usage in (self.usage, _SCOPE.get()):
@@ -300,7 +308,9 @@ class LiteLLMClient:
 
         completion = self._completion or litellm.acompletion
         est_tokens = sum(len(m["content"]) for m in messages) // 4 + params["max_tokens"] // 4
+        worst = self.worst_cost(messages, params["max_tokens"]) if self.cap is not None else 0.0
         resp = await self._request(
+            worst,
             lambda: completion(
                 model=self.cfg.model,
                 messages=messages,
@@ -319,7 +329,9 @@ class LiteLLMClient:
         """Embedding vectors of ``texts`` (one request) from ``cfg.model``, under the same limits and retries."""
         import litellm
 
+        worst = self.worst_cost([{"content": t} for t in texts], 0) if self.cap is not None else 0.0
         resp = await self._request(
+            worst,
             lambda: litellm.aembedding(
                 model=self.cfg.model,
                 input=texts,
@@ -337,8 +349,21 @@ class LiteLLMClient:
             raise LLMError(f"embedding model {self.cfg.model} returned {len(vectors)} vectors for {len(texts)} texts")
         return vectors
 
-    async def _request(self, send: Callable[[], Any], est_tokens: int) -> Any:
-        """One provider request with the client's rate limits, concurrency, timeout and retries; usage counted."""
+    def worst_cost(self, messages: list[dict[str, str]], max_tokens: int) -> float:
+        """The most a request of ``messages`` answered in ``max_tokens`` may cost (``CostCap``), in USD."""
+        from tasks.index.chunk import count_tokens
+
+        prompt = sum(max(count_tokens(m["content"]), len(m["content"]) // 3) + 4 for m in messages) + 4
+        return prompt * self.prices[0] + max_tokens * self.prices[1]
+
+    @property
+    def prices(self) -> tuple[float, float]:
+        """USD per prompt token and per completion token of the model (litellm's, or the configured ones)."""
+        return model_prices(self.cfg.model)
+
+    async def _request(self, worst: float, send: Callable[[], Any], est_tokens: int) -> Any:
+        """One provider request with the client's rate limits, concurrency, timeout and retries; usage counted. Each
+        attempt first reserves ``worst`` USD of the cost cap (``CostCap``): one that could pass it is not sent."""
         self._bind_loop()
         attempt = 0
         while True:
@@ -348,10 +373,13 @@ class LiteLLMClient:
                 await self._tpm.acquire(est_tokens)
             assert self._sem is not None
             async with self._sem:
+                if self.cap is not None:
+                    self.cap.reserve(worst)
+                cost = 0.0
                 try:
                     self._count(calls=1)
                     resp = await asyncio.wait_for(send(), timeout=self.cfg.timeout_s + 5)
-                    self._account(resp)
+                    cost = self._account(resp)
                     return resp
                 except Exception as exc:  # noqa: BLE001
                     if not is_retryable(exc) or attempt >= self.cfg.max_retries:
@@ -363,9 +391,13 @@ class LiteLLMClient:
                     attempt += 1
                     self._count(retries=1)
                     log.warning("LLM call failed (%s), retry %d in %.1fs", type(exc).__name__, attempt, delay)
+                finally:
+                    if self.cap is not None:
+                        self.cap.settle(worst, cost)
             await asyncio.sleep(delay)  # outside the semaphore: a backing-off call holds no slot
 
-    def _account(self, resp: Any) -> None:
+    def _account(self, resp: Any) -> float:
+        """Count a response's tokens and cost; returns the cost (USD)."""
         usage = getattr(resp, "usage", None)
         hidden = getattr(resp, "_hidden_params", None) or {}
         cost = hidden.get("response_cost") if isinstance(hidden, dict) else getattr(hidden, "response_cost", None)
@@ -374,47 +406,24 @@ class LiteLLMClient:
             completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0) if usage is not None else 0,
             cost_usd=float(cost or 0.0),  # litellm prices every response already: no second cost lookup
         )
+        return float(cost or 0.0)
 
 
-_PRICED: dict[str, bool] = {}
+_CLIENTS: dict[tuple[str, str, int, str | None], LiteLLMClient] = {}
+_CLIENTS_LOCK = threading.Lock()
 
 
-def _register_price(cfg: LLMConfig) -> bool:
-    """Make sure litellm has a price for ``cfg.model`` (configured, or 0 for a model it does not know).
-
-    Without one, litellm searches its whole cost map on every response (milliseconds of CPU per call,
-    the bottleneck at hundreds of calls per second). Returns whether the cost reported is real."""
-    key = f"{cfg.model}|{cfg.input_cost_per_mtok}|{cfg.output_cost_per_mtok}"
-    if key in _PRICED:
-        return _PRICED[key]
-    import litellm
-
-    configured = cfg.input_cost_per_mtok is not None or cfg.output_cost_per_mtok is not None
-    try:
-        litellm.get_model_info(cfg.model)
-        known = True
-    except Exception:  # noqa: BLE001 - not in the local cost map
-        known = False
-    if configured or not known:
-        try:
-            provider = litellm.get_llm_provider(cfg.model)[1]
-        except Exception:  # noqa: BLE001
-            provider = cfg.model.split("/", 1)[0]
-        litellm.register_model(
-            {
-                cfg.model: {
-                    "input_cost_per_token": (cfg.input_cost_per_mtok or 0.0) / 1e6,
-                    "output_cost_per_token": (cfg.output_cost_per_mtok or 0.0) / 1e6,
-                    "litellm_provider": provider,
-                    "mode": "chat",
-                }
-            }
-        )
-        if not configured:
-            log.info(
-                "litellm has no price for %s: cost is reported as 0 (set llm.input_cost_per_mtok and "
-                "llm.output_cost_per_mtok to count it)",
-                cfg.model,
-            )
-    _PRICED[key] = configured or known
-    return _PRICED[key]
+def shared_client(llm: LLMConfig, cache_dir: str, share: int = 1, cap: tuple[str, float] | None = None):
+    """One client per process, config and cap: its concurrency and rate-limit state span every task of a worker.
+    ``share``: how many processes split the global limits; ``cap``: (name, USD) what the run's tasks of a stage may
+    spend (``PipelineRun.cap_for``), of which this process takes its share (``shared_cap``). Clients of an earlier
+    run's cap are dropped."""
+    key = (llm.model_dump_json(), cache_dir, share, cap[0] if cap else None)
+    with _CLIENTS_LOCK:
+        if key not in _CLIENTS:
+            if cap is not None:
+                for old in [k for k in _CLIENTS if k[3] is not None]:
+                    del _CLIENTS[old]
+            held = shared_cap(cap[0], cap[1] / share) if cap is not None else None
+            _CLIENTS[key] = LiteLLMClient(llm, Path(cache_dir), share=share, cap=held)
+        return _CLIENTS[key]

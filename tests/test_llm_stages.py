@@ -1,0 +1,160 @@
+"""A model per LLM stage (``[llm.<stage>]``) and the run's hard cost cap (``llm.max_cost_usd``, ``--max-cost``),
+against local OpenAI-compatible servers (``tests.fake_llm_server``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from schemas.config import LLMConfig, load_config
+from tasks.errors import CostCapReached
+from tasks.runtime.llm_cost import CostCap
+from tasks.store.catalog import Catalog
+from tests.fake_llm_server import FakeLLM
+
+SMALL = ["--set", "chunking.size=300", "--set", "chunking.overlap=30", "--set", "dask.processes=false",
+         "--set", "llm.backoff_base_s=0.05"]
+
+
+def test_a_stage_inherits_the_llm_model_runs_offline_or_names_its_own():
+    cfg = LLMConfig(model="openai/base", api_base="http://base/v1", api_key="sk-base", input_cost_per_mtok=1.0,
+                    extraction={"model": "offline"},
+                    reports={"model": "anthropic/strong", "output_cost_per_mtok": 9.0},
+                    answers={"api_base": "http://answers/v1"})
+    assert cfg.stage("extraction") is None
+    summaries = cfg.stage("summaries")
+    assert summaries is not None and (summaries.model, summaries.api_base) == ("openai/base", "http://base/v1")
+    assert summaries.api_key is not None and summaries.input_cost_per_mtok == 1.0
+    reports = cfg.stage("reports")  # its own model: not the [llm] endpoint, key or prices
+    assert reports is not None and (reports.model, reports.api_base, reports.api_key) == ("anthropic/strong", "", None)
+    assert (reports.input_cost_per_mtok, reports.output_cost_per_mtok) == (None, 9.0)
+    answers = cfg.stage("answers")
+    assert answers is not None and (answers.model, answers.api_base) == ("openai/base", "http://answers/v1")
+    assert LLMConfig().stage("reports") is None  # offline by default
+    assert LLMConfig(reports={"model": "openai/only-reports"}).stage("reports") is not None
+    # every stage's subsection round-trips through TOML and the environment
+    env = {"STRATA_LLM__REPORTS__MODEL": "openai/r", "STRATA_LLM__EXTRACTION__MODEL": "offline"}
+    loaded = load_config(environ=env)
+    assert loaded.llm.stage("reports").model == "openai/r" and loaded.llm.stage("extraction") is None
+
+
+def test_the_cap_never_lets_spending_pass_it():
+    cap = CostCap(1.0, spent_usd=0.25)
+    cap.reserve(0.5)
+    with pytest.raises(CostCapReached):
+        cap.reserve(0.3)  # 0.25 spent + 0.5 in flight + 0.3 > 1.0: not sent
+    cap.settle(0.5, 0.1)  # the call cost less than its worst case: the rest is free again
+    cap.reserve(0.6)
+    assert cap.spent == pytest.approx(0.35) and cap.reserved == pytest.approx(0.6) and cap.refused == 1
+
+
+def test_offline_extraction_with_llm_summaries_and_reports_each_on_its_own_endpoint(tmp_path, small_corpus,
+                                                                                     monkeypatch):
+    """GraphRAG's "fast" mix: offline entities, LLM summaries on one server, LLM reports on another."""
+    summaries, reports = FakeLLM().start(), FakeLLM().start()
+    try:
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-fake")
+        index = tmp_path / "index"
+        res = CliRunner().invoke(app, [
+            "index", str(small_corpus), "--index", str(index), "--quiet", *SMALL,
+            "--set", "llm.model=openai/fake-reports", "--set", f"llm.api_base={reports.url}",
+            "--set", "llm.extraction.model=offline",
+            "--set", "llm.summaries.model=openai/fake-summaries", "--set", f"llm.summaries.api_base={summaries.url}",
+        ])
+        assert res.exit_code == 0, res.output
+        assert reports.systems and all("reports about communities" in s for s in reports.systems)
+        assert summaries.systems and all("into a hierarchy" in s for s in summaries.systems)
+        cat = Catalog(index)
+        layer0 = [e for e in cat.read("entities").to_pylist() if e["layer"] == 0]
+        assert layer0 and not any("appears in the text" in e["description"] for e in layer0)  # spaCy's, not the LLM's
+        assert any(e["name"].startswith("Theme of ") for e in cat.read("entities").to_pylist() if e["layer"] > 0)
+        assert any(r["title"].startswith("Community of ") for r in cat.read("community_reports").to_pylist())
+        # the run says which stage used which model, and what each stage's calls were
+        run = cat.runs()[-1]
+        stages = json.loads(run["stage_counts"])
+        assert stages["reports"]["llm_calls"] == len(reports.systems)
+        assert stages["hierarchy"]["llm_calls"] == len(summaries.systems) and stages["extract"].get("llm_calls", 0) == 0
+        assert run["llm_calls"] == len(reports.systems) + len(summaries.systems)
+        res = CliRunner().invoke(app, ["inspect", "--index", str(index), "--json"])
+        models = json.loads(res.output)["runs"][-1]["llm"]
+        assert models == {"extraction": "offline", "summaries": "openai/fake-summaries",
+                          "reports": "openai/fake-reports", "answers": "openai/fake-reports"}
+    finally:
+        summaries.stop()
+        reports.stop()
+
+
+def test_a_capped_update_stops_before_the_cap_and_a_higher_cap_resumes_without_paying_twice(tmp_path, small_corpus,
+                                                                                              monkeypatch):
+    fake = FakeLLM().start()
+    try:
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-fake")
+        corpus = tmp_path / "corpus"
+        shutil.copytree(small_corpus, corpus)
+        sets = [*SMALL, "--set", "llm.model=openai/fake", "--set", f"llm.api_base={fake.url}",
+                "--set", "llm.input_cost_per_mtok=1000", "--set", "llm.output_cost_per_mtok=1000",
+                "--set", "llm.max_tokens=400", "--set", "llm.max_concurrency=4"]
+        index = tmp_path / "index"
+        res = CliRunner().invoke(app, ["index", str(corpus), "--index", str(index), "--quiet", *sets])
+        assert res.exit_code == 0, res.output
+        cat = Catalog(index)
+        built = cat.snapshot()["version"]
+        for i in range(4):  # new documents for the update to extract
+            (corpus / f"new_{i}.md").write_text(
+                f"# Harbour {i}\n\nThe harbour master Ingrid Dahl{i} of Tromsø Port Authority met Captain Olav "
+                f"Berg{i} of the Nordlys Line in Bergen to discuss the new ferry route to Svalbard.\n")
+        asked_before = len(fake.answered)
+        res = CliRunner().invoke(app, ["update", str(corpus), "--index", str(index), "--quiet", *sets,
+                                       "--max-cost", "0.9"])
+        assert res.exit_code == 5, res.output
+        assert "cost cap" in res.output and "nothing was published" in res.output
+        cat = Catalog(index)
+        assert cat.snapshot()["version"] == built  # the previous snapshot is still the published one
+        failed = cat.runs()[-1]
+        assert failed["status"] == "failed" and 0 < failed["llm_cost_usd"] <= 0.9
+        first = set(fake.answered[asked_before:])
+        assert first
+        res = CliRunner().invoke(app, ["update", str(corpus), "--index", str(index), "--quiet", *sets,
+                                       "--max-cost", "1000"])
+        assert res.exit_code == 0, res.output
+        second = fake.answered[asked_before + len(first):]
+        assert second and not first & set(second)  # no answer paid for twice
+        assert Catalog(index).snapshot()["version"] == built + 1
+    finally:
+        fake.stop()
+
+
+def test_eval_scores_the_answer_models_answers_by_exact_match_and_f1(tmp_path, small_corpus, monkeypatch):
+    """`strata eval` with an answer model on the local server: its answers are scored against known answers (the
+    server's answer to every question is the same sentence)."""
+    index, dataset = tmp_path / "index", tmp_path / "dataset"
+    res = CliRunner().invoke(app, ["index", str(small_corpus), "--index", str(index), "--quiet", *SMALL])
+    assert res.exit_code == 0, res.output
+    dataset.mkdir()
+    questions = [
+        {"id": "q1", "question": "Who was Scrooge's partner?", "answer": "An answer drawn from the context."},
+        {"id": "q2", "question": "Who was Scrooge's clerk?", "answer": "an answer", "answer_aliases": ["Bob"]},
+        {"id": "q3", "question": "Who is Fezziwig?", "answer": "Bob Cratchit"},
+    ]
+    (dataset / "queries.jsonl").write_text("\n".join(json.dumps(q) for q in questions))
+    fake = FakeLLM().start()
+    try:
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-fake")
+        res = CliRunner().invoke(app, [
+            "eval", "--dataset", str(dataset), "--index", str(index), "--modes", "ppr", "--modes", "naive", "--json",
+            "--set", "llm.model=openai/fake", "--set", f"llm.api_base={fake.url}",
+            "--set", "llm.extraction.model=offline"])
+        assert res.exit_code == 0, res.output
+    finally:
+        fake.stop()
+    modes = {m["mode"]: m for m in json.loads(res.output[res.output.index("{"):])["modes"]}
+    # normalised, the server says "answer drawn from context": q1 exact; q2's "answer" is one of those four words
+    # (P 1/4, R 1/1); q3 nothing in common
+    f1 = (1.0 + 2 * 0.25 * 1.0 / 1.25 + 0.0) / 3
+    for m in ("ppr", "naive"):
+        assert modes[m]["exact_match"] == pytest.approx(1 / 3) and modes[m]["f1"] == pytest.approx(f1)
+    assert modes["ppr"]["f1_vs_naive"]["ties"] == 3
