@@ -146,6 +146,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench-small"))
     ap.add_argument("--cold", action="store_true", help="each code on a model cache of its own, empty at the start")
     ap.add_argument("--queries", type=int, default=1, help="later queries per corpus and code (their median)")
+    ap.add_argument("--interleave", type=int, default=0, help="then this many rounds of the query, codes alternating")
     args = ap.parse_args()
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     versions = {f"this ({head.stdout.strip()}+)": REPO, f"base {args.base}": base_tree(args.base, args.base_tree)}
@@ -169,6 +170,42 @@ def main() -> None:
     for (corpus_name, version), cells in table.items():
         print(f"| {corpus_name} | {version} | " + " | ".join(cells.get(k, "") for k in labels) + " |")
     print("\n† on the index the other code built (this code's build failed)")
+    if args.interleave:
+        print(
+            f"\nCLI query, {args.interleave} rounds alternating the two codes, each on its own index (after its update)"
+        )
+        for corpus_name, _corpus, _changed, question in corpora:
+            name = corpus_name.split()[0]
+            runs = {
+                v: (code, args.work / f"{name}-{'base' if code != REPO else 'this'}") for v, code in versions.items()
+            }
+            print(f"  {corpus_name}: {interleaved(runs, question, args.interleave)}", flush=True)
+
+
+def interleaved(runs: dict[str, tuple[Path, Path]], question: str, rounds: int) -> str:
+    """The same query by each code on its own index, the codes alternating ``rounds`` times: the median wall and CPU
+    seconds of each, and this code's over the base's (a shared machine's drift falls on both alike)."""
+    import resource
+    import statistics
+
+    walls: dict[str, list[float]] = {v: [] for v in runs}
+    cpus: dict[str, list[float]] = {v: [] for v in runs}
+    for _ in range(rounds):
+        for version, (code, here) in runs.items():
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            wall, _peak, rc = measure(["query", question, "--index", str(here / "index")], code, here / "log.txt", None)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if rc == 0:
+                walls[version].append(wall)
+                cpus[version].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    if not all(walls.values()):
+        return "failed"
+    this, base = list(runs)
+    med = {v: (statistics.median(walls[v]), statistics.median(cpus[v])) for v in runs}
+    return (
+        ", ".join(f"{v} {w:.2f} s wall / {c:.2f} s CPU" for v, (w, c) in med.items())
+        + f"; this / base {med[this][0] / med[base][0]:.2f}× wall, {med[this][1] / med[base][1]:.2f}× CPU"
+    )
 
 
 if __name__ == "__main__":
