@@ -168,7 +168,7 @@ def view_chnsw(view):
 def fill_archrag(view, ctx, budgets: dict[str, int], cfg) -> None:
     """ArchRAG's sections: hierarchical search over C-HNSW, then adaptive filtering (offline: each piece scored by
     its similarity to the question and the question words it shares, the best kept within the budgets)."""
-    from tasks.methods.hirag.retrieval import _name, repeats, report_item
+    from tasks.methods.hirag.retrieval import repeats, report_item
     from tasks.query.context import fill
 
     if not len(view.ent_ids) or view.ent_vecs is None:  # past retrieval.ann_min_vectors: not yet searched here
@@ -217,7 +217,7 @@ def fill_archrag(view, ctx, budgets: dict[str, int], cfg) -> None:
                                 "target": r["target_id"],
                                 "kind": r["kind"],
                                 "score": sim,
-                                "text": f"- {_name(view, r['source_id'])} — {_name(view, r['target_id'])}: {r['description']}",
+                                "text": f"- {view.name_of(r['source_id'])} — {view.name_of(r['target_id'])}: {r['description']}",
                             }
                         )
     # the reduce step: the most useful pieces of each kind first, within the section budgets

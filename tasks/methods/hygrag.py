@@ -276,7 +276,7 @@ class HyGRAG:
 # ---------------------------------------------------------------------------- bi-level retrieval
 def fill_bilevel(view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) -> None:
     """Context-aware then relation-aware sections of ``ctx`` (``scores``: similarity of every entity)."""
-    from tasks.methods.hirag.retrieval import _name, repeats, report_item
+    from tasks.methods.hirag.retrieval import repeats, report_item
     from tasks.query.context import fill, top_k
 
     if not len(view.ent_ids):
@@ -328,7 +328,7 @@ def fill_bilevel(view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) ->
                 "source": r["source_id"],
                 "target": r["target_id"],
                 "kind": r["kind"],
-                "text": f"- {_name(view, r['source_id'])} — {_name(view, r['target_id'])}: {r['description']}",
+                "text": f"- {view.name_of(r['source_id'])} — {view.name_of(r['target_id'])}: {r['description']}",
             }
         )
     ctx.bridge, ctx.tokens["bridge"] = fill(rows, budgets["bridge"])

@@ -132,6 +132,11 @@ class IndexView:
         out[[index[i] for i in found]] = sims
         return out
 
+    def name_of(self, entity_id: str) -> str:
+        """An entity's name (its id where the view does not hold it)."""
+        i = self.ent_index.get(entity_id)
+        return self.ent_name[i] if i is not None else entity_id
+
     def report_similarity(self, community_id: str, q: np.ndarray) -> float | None:
         """Cosine of ``q`` to a community's report vector; None when the view holds none for it."""
         row = self.report_row.get(community_id)

@@ -97,7 +97,7 @@ def fill_levels(
                         "source": r["source_id"],
                         "target": r["target_id"],
                         "kind": r["kind"],
-                        "text": f"- {_name(view, r['source_id'])} —[{r['kind']}]→ {_name(view, r['target_id'])}"
+                        "text": f"- {view.name_of(r['source_id'])} —[{r['kind']}]→ {view.name_of(r['target_id'])}"
                         + (f": {r['description']}" if r["description"] else ""),
                     }
                 )
@@ -220,8 +220,3 @@ def bridge_triples(view: IndexView, paths: list[list[int]], graph: Graph) -> lis
             if b in nodes and a < b:
                 add(a, b)
     return ordered
-
-
-def _name(view: IndexView, eid: str) -> str:
-    i = view.ent_index.get(eid)
-    return view.ent_name[i] if i is not None else eid
