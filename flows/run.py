@@ -120,10 +120,13 @@ class PipelineRun:
         with self.stages(name, total) as st:
             yield st
             after = self.spent()
-            if after.calls > before.calls:
+            if after.calls > before.calls or after.cache_hits > before.cache_hits:
                 st.counts.update(
                     llm_calls=after.calls - before.calls,
+                    llm_cache_hits=after.cache_hits - before.cache_hits,
                     llm_tokens=after.tokens - before.tokens,
+                    llm_prompt_tokens=after.prompt_tokens - before.prompt_tokens,
+                    llm_completion_tokens=after.completion_tokens - before.completion_tokens,
                     llm_cost_usd=round(after.cost_usd - before.cost_usd, 6),
                 )
 

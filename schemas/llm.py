@@ -41,6 +41,13 @@ class LLMStageConfig(_Section):
     output_cost_per_mtok: float | None = Field(
         None, ge=0, description="USD per million completion tokens of this stage's model (see above)."
     )
+    min_members: int = Field(
+        0,
+        ge=0,
+        description="Summaries and reports: only a cluster or community of at least this many entities is sent to the "
+        "model, a smaller one gets the offline summary or report (0: every one). Most communities are small and most "
+        "of a report stage's calls are theirs: docs/benchmarks.md measures the tokens this saves.",
+    )
 
 
 class LLMConfig(_Section):

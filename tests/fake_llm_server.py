@@ -22,29 +22,61 @@ _TEXT = re.compile(r'"""\n(.*?)\n"""', re.DOTALL)
 _LISTED = re.compile(r"^- (.+?) \(", re.MULTILINE)
 
 
-def answer_for(messages: list[dict]) -> str:
+_LINES = re.compile(r"^- (.+?) \((\w+)\): (.*)$", re.MULTILINE)
+
+
+def _clip(text: str, words: int) -> str:
+    parts = text.split()
+    return " ".join(parts[:words]) + ("..." if len(parts) > words else "")
+
+
+def _sentence_naming(text: str, *names: str) -> str:
+    """The first sentence of ``text`` that names all of ``names`` ("" if none)."""
+    return next((s for s in re.split(r"(?<=[.!?])\s+", text) if all(n in s for n in names)), "")
+
+
+def answer_for(messages: list[dict], realistic: bool = False) -> str:
+    """An answer in the shape each of Strata's prompts asks for. ``realistic``: descriptions, summaries and findings
+    of a model's length (a sentence of the text per entity and relation, a few sentences per summary and report)
+    and every name of a chunk (not the first 12) — what a cost measurement needs."""
     system = messages[0]["content"] if messages else ""
     user = next((m["content"] for m in messages if m["role"] == "user"), "")
     if "Identify every meaningful entity" in system:
         text = (_TEXT.search(user) or re.search(r"(.*)", user, re.DOTALL)).group(1)
-        names = list(dict.fromkeys(m.group(1) for m in _CAPS.finditer(text)))[:12]
+        names = list(dict.fromkeys(m.group(1) for m in _CAPS.finditer(text)))[: None if realistic else 12]
         if len(messages) > 2:  # gleaning: nothing missed
             names = []
+
+        def said(n: str) -> str:
+            return _clip(_sentence_naming(text, n), 30) if realistic else f"{n} appears in the text."
+
         return json.dumps({"entities": [{"name": n, "type": "person" if len(n.split()) == 2 else "concept",
-                                         "description": f"{n} appears in the text."} for n in names]})
+                                         "description": said(n)} for n in names]})
     if "clearly related" in system:
         names = _LISTED.findall(user)
-        return json.dumps({"relations": [{"source": a, "target": b, "description": f"{a} is mentioned with {b}.",
+        text = (_TEXT.search(user) or re.search(r"(.*)", user, re.DOTALL)).group(1)
+
+        def how(a: str, b: str) -> str:
+            return _clip(_sentence_naming(text, a, b) or f"{a} and {b} are named in the same passage.", 25) \
+                if realistic else f"{a} is mentioned with {b}."
+
+        return json.dumps({"relations": [{"source": a, "target": b, "description": how(a, b),
                                           "strength": 5} for a, b in zip(names, names[1:])]})
+    lines = _LINES.findall(user)
     if "into a hierarchy" in system:
         names = _LISTED.findall(user)
         head = names[0] if names else "Theme"
+        shared = f"What {', '.join(names[:3])} share."
+        if realistic:
+            shared += " " + _clip(" ".join(d for _n, _t, d in lines[:3]), 50)
         return json.dumps({"summary_entities": [{"name": f"Theme of {head}", "type": "concept",
-                                                 "description": f"What {', '.join(names[:3])} share."}]})
+                                                 "description": shared}]})
     if "reports about communities" in system:
         names = _LISTED.findall(user)
-        return json.dumps({"title": f"Community of {names[0] if names else 'entities'}", "summary": "A community.",
-                           "rating": 5, "findings": [f"{n} is a member." for n in names[:3]]})
+        summary = _clip(" ".join(d for _n, _t, d in lines[:5]), 110) if realistic and lines else "A community."
+        findings = [_clip(d, 30) for _n, _t, d in lines[:5]] if realistic else [f"{n} is a member." for n in names[:3]]
+        return json.dumps({"title": f"Community of {names[0] if names else 'entities'}", "summary": summary,
+                           "rating": 5, "findings": findings})
     return "An answer drawn from the context."
 
 
@@ -79,8 +111,10 @@ class _Server(ThreadingHTTPServer):
 class FakeLLM:
     """Start with ``FakeLLM().start()``; ``url`` is the api_base; ``stop()`` shuts it down."""
 
-    def __init__(self, latency_s: float = 0.0, seed: int = 0, hang_s: float = 5.0, **faults: float):
+    def __init__(self, latency_s: float = 0.0, seed: int = 0, hang_s: float = 5.0, realistic: bool = False,
+                 **faults: float):
         self.latency_s = latency_s
+        self.realistic = realistic  # answers of a model's length (``answer_for``)
         self.hang_s = hang_s
         self.faults = {"rate_limit": 0.0, "server_error": 0.0, "hang": 0.0, "malformed": 0.0, "empty": 0.0,
                        "bad_request": 0.0, **faults}
@@ -157,7 +191,7 @@ class FakeLLM:
                         "usage": {"prompt_tokens": sum(map(tokens, texts)), "total_tokens": sum(map(tokens, texts))},
                     })
                 messages = payload.get("messages", [])
-                content = answer_for(messages)
+                content = answer_for(messages, fake.realistic)
                 if fault == "malformed":
                     content = f"MALFORMED-{fake.requests}: I'd rather not answer in JSON today."
                     fake.bad_bodies.append(content)
@@ -196,8 +230,9 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--latency", type=float, default=0.0)
+    ap.add_argument("--realistic", action="store_true", help="answers of a model's length (a cost measurement)")
     args = ap.parse_args()
-    fake = FakeLLM(latency_s=args.latency).start()
+    fake = FakeLLM(latency_s=args.latency, realistic=args.realistic).start()
     print(fake.url, flush=True)
     threading.Event().wait()
 

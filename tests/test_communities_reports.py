@@ -191,3 +191,29 @@ def test_the_quality_measures_on_hand_written_names_and_summaries():
     assert not repeats_or_is_cut("'Bah!' said Scrooge. He went home, and…")
     assert repeats_or_is_cut("Marley was dead. Scrooge signed it. Marley was dead.")
     assert repeats_or_is_cut("Scrooge signed it. To raise the Ghos")
+
+
+def test_only_clusters_and_communities_of_min_members_are_sent_to_the_model():
+    """``llm.<stage>.min_members``: a smaller cluster or community gets the offline text, with no call and no failure."""
+
+    def answers(messages):
+        if "into a hierarchy" in messages[0]["content"]:
+            return json.dumps({"summary_entities": [{"name": "People", "type": "person", "description": "d"}]})
+        return json.dumps({"title": "The ABCD group", "summary": "s", "rating": 5, "findings": ["f1"]})
+
+    big = Cluster([{"id": f"b{i}", "name": f"big {i}", "type": "person", "description": f"Big {i}."} for i in range(3)],
+                  np.ones((3, 4), np.float32))
+    clusters = [*_clusters(2), big]
+    fake = FakeLLM(answers)
+    summ = LLMSummarizer(fake, ["person", "concept"], min_members=3)
+    out = summ.summarize_layer(1, clusters)
+    offline = OfflineSummarizer(["person", "concept"]).summarize_layer(1, clusters[:2])
+    assert fake.calls == 1 and out[:2] == offline and out[2][0]["name"] == "People" and not summ.failures
+    ents, rels = _graph()
+    comms = [{"id": "x", "level": 0, "parent_id": None, "entity_ids": list("abcd"), "size": 4},
+             {"id": "y", "level": 0, "parent_id": None, "entity_ids": list("ef"), "size": 2}]
+    fake = FakeLLM(answers)
+    reports, failures = build_reports(comms, ents, rels, budget=500, client=fake, min_members=3)
+    by = {r["community_id"]: r for r in reports}
+    assert fake.calls == 1 and by["x"]["title"] == "The ABCD group" and not failures
+    assert by["y"]["title"] == build_reports(comms[1:], ents, rels, budget=500)[0][0]["title"]  # offline's

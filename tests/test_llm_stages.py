@@ -107,6 +107,12 @@ def test_a_capped_update_stops_before_the_cap_and_a_higher_cap_resumes_without_p
             (corpus / f"new_{i}.md").write_text(
                 f"# Harbour {i}\n\nThe harbour master Ingrid Dahl{i} of Tromsø Port Authority met Captain Olav "
                 f"Berg{i} of the Nordlys Line in Bergen to discuss the new ferry route to Svalbard.\n")
+        before = estimate("update", corpus, index, sets)
+        assert estimate("update", corpus, index, sets) == before  # the same figures twice
+        assert Catalog(index).runs()[-1]["version"] == built  # an estimate runs nothing: no run, no snapshot
+        extraction = stage_of(before, "extraction")
+        assert extraction["calls"] >= 8 and extraction["cached"] == 0 and before["documents"] == 4
+        assert {r["stage"] for r in before["stages"]} == {"extraction", "summaries", "reports"}
         asked_before = len(fake.answered)
         res = CliRunner().invoke(app, ["update", str(corpus), "--index", str(index), "--quiet", *sets,
                                        "--max-cost", "0.9"])
@@ -118,14 +124,33 @@ def test_a_capped_update_stops_before_the_cap_and_a_higher_cap_resumes_without_p
         assert failed["status"] == "failed" and 0 < failed["llm_cost_usd"] <= 0.9
         first = set(fake.answered[asked_before:])
         assert first
+        rest = estimate("update", corpus, index, sets)  # what the capped run paid for is cached: the remainder
+        assert stage_of(rest, "extraction")["cached"] > 0
+        systems_before = len(fake.systems)
         res = CliRunner().invoke(app, ["update", str(corpus), "--index", str(index), "--quiet", *sets,
                                        "--max-cost", "1000"])
         assert res.exit_code == 0, res.output
         second = fake.answered[asked_before + len(first):]
         assert second and not first & set(second)  # no answer paid for twice
         assert Catalog(index).snapshot()["version"] == built + 1
+        extracted = sum("knowledge graph from text" in s for s in fake.systems[systems_before:])
+        assert stage_of(rest, "extraction")["calls"] == extracted  # counted at the server
+        run = json.loads(Catalog(index).runs()[-1]["stage_counts"])["extract"]
+        if extracted:
+            assert stage_of(rest, "extraction")["input_tokens"] == pytest.approx(run["llm_prompt_tokens"], rel=0.15)
+        assert estimate("update", corpus, index, sets)["stages"] == []  # nothing left to do
     finally:
         fake.stop()
+
+
+def estimate(command: str, corpus, index, sets: list[str]) -> dict:
+    res = CliRunner().invoke(app, [command, str(corpus), "--index", str(index), *sets, "--estimate", "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output[res.output.index("{"):])
+
+
+def stage_of(est: dict, stage: str) -> dict:
+    return next(r for r in est["stages"] if r["stage"] == stage)
 
 
 def test_eval_scores_the_answer_models_answers_by_exact_match_and_f1(tmp_path, small_corpus, monkeypatch):
@@ -158,3 +183,52 @@ def test_eval_scores_the_answer_models_answers_by_exact_match_and_f1(tmp_path, s
     for m in ("ppr", "naive"):
         assert modes[m]["exact_match"] == pytest.approx(1 / 3) and modes[m]["f1"] == pytest.approx(f1)
     assert modes["ppr"]["f1_vs_naive"]["ties"] == 3
+
+
+def test_the_estimate_counts_extraction_prompts_and_what_the_cache_answers(tmp_path):
+    """Two chunks naming two and three things, nothing cached: an entity and a relation call each, the prompts
+    counted as sent (the relation prompt with a line per thing named), answers of a model's length per entity and
+    relation; the first chunk's entity answer cached with one entity (no relation pass follows): the second's two."""
+    from tasks.index.extract_llm import PROMPT_VERSION, entity_messages, relation_messages
+    from tasks.runtime.llm_client import ResponseCache, cache_key
+    from tasks.runtime.llm_estimate import extraction_estimate, names_in, prompt_tokens
+
+    llm = LLMConfig(model="openai/fake", input_cost_per_mtok=1.0, output_cost_per_mtok=2.0)
+    texts = ["Marley was dead, to begin with. Scrooge signed it.",
+             "Scrooge's name was good upon 'Change, and Bob Cratchit knew it."]
+    assert [len(names_in(t)) for t in texts] == [2, 3]
+    est = extraction_estimate(texts, llm, 0, None)
+    assert (est.calls, est.cached) == (4, 0)
+    prompts = sum(prompt_tokens(llm.model, entity_messages(t)) + prompt_tokens(llm.model, relation_messages(t, []))
+                  for t in texts)
+    assert est.input_tokens == prompts + (2 + 3) * 8
+    assert est.output_tokens == (2 * 45 + 40) + (3 * 45 + 2 * 40)
+    assert est.cost_usd == pytest.approx((est.input_tokens + 2 * est.output_tokens) / 1e6)
+    cache = ResponseCache(tmp_path / "llm_cache.sqlite")
+    params = {"temperature": 0.0, "max_tokens": 2000, "response_format": {"type": "json_object"}}
+    key = cache_key(llm.model, entity_messages(texts[0]), params, PROMPT_VERSION)
+    cache.put(key, json.dumps({"entities": [{"name": "Marley", "type": "person", "description": "Dead."}]}))
+    rest = extraction_estimate(texts, llm, 0, cache)
+    assert (rest.calls, rest.cached) == (2, 1)
+    assert rest.input_tokens == extraction_estimate(texts[1:], llm, 0, None).input_tokens
+
+
+def test_the_estimate_learns_a_stage_from_the_index_s_last_run_of_its_kind():
+    from tasks.runtime.llm_estimate import DEFAULT_RATIOS, learned_ratios, stage_ratios
+
+    def run(version: int, stages: dict) -> dict:
+        return {"status": "published", "version": version, "stage_counts": json.dumps(stages)}
+
+    build = {"chunk": {"tokens": 1000}, "hierarchy": {"llm_calls": 4, "llm_prompt_tokens": 800,
+                                                      "llm_completion_tokens": 80}}
+    update = {"diff": {}, "chunk": {"tokens": 100}, "attach": {"llm_calls": 2, "llm_prompt_tokens": 300,
+                                                              "llm_completion_tokens": 60},
+              "reports": {"llm_calls": 5, "llm_prompt_tokens": 1000, "llm_completion_tokens": 100}}
+    runs = [run(1, build), run(2, update)]
+    learned = learned_ratios(runs, "build")
+    assert set(learned) == {"summaries"}
+    assert (learned["summaries"].calls, learned["summaries"].prompt, learned["summaries"].output) == (0.004, 0.8, 0.1)
+    assert learned["summaries"].basis == "learned from run v1"
+    upd = learned_ratios(runs, "update")
+    assert (upd["summaries"].prompt, upd["reports"].prompt, upd["reports"].calls) == (3.0, 10.0, 0.05)
+    assert stage_ratios("reports", "nlp", "build", learned) == DEFAULT_RATIOS["reports/nlp/build"]  # none recorded

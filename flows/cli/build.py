@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-import time
+import json
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 from rich.table import Table
 
+from flows.api import RunResult
 from flows.cli.common import (
     ConfigOpt,
+    EstimateOpt,
     IndexOpt,
+    JsonOpt,
     LockOpt,
     MaxCostOpt,
     QuietOpt,
@@ -49,47 +52,26 @@ def index(
     lock_timeout: float = LockOpt,
     quiet: bool = QuietOpt,
     max_cost: Optional[float] = MaxCostOpt,
+    estimate: bool = EstimateOpt,
+    as_json: bool = JsonOpt,
 ) -> None:
     """Full build: ingest, chunk, extract (Dask), merge, embed, validate and publish one snapshot."""
     set_ = with_cap(set_, max_cost)
-    result, seconds = run_writer("index_flow", corpus, index, config_path, set_, quiet, lock_timeout)
-    print_summary(result, seconds)
+    if estimate:
+        return print_estimates([estimate_of(corpus, index, config_path, set_, full=True)], as_json)
+    result = run_writer("index_flow", corpus, index, config_path, set_, quiet, lock_timeout)
+    print_summary(result)
     print_quarantine(index, result, config_path, set_)
-
-
-def check_corpus(corpus: Path) -> None:
-    """A corpus that is not there, or a folder with no file to read, fails before Prefect starts."""
-    if not corpus.exists():
-        raise NotFoundError(f"corpus not found: {corpus}")
-    from tasks.index.ingest import corpus_files
-
-    if corpus.is_dir() and next(corpus_files(corpus), None) is None:
-        raise NotFoundError(f"no documents under {corpus}: the folder holds no files (.txt, .md, .jsonl or .parquet)")
 
 
 def run_writer(
     flow: str, corpus: Path, index: str, config_path: Path | None, set_: list[str] | None, quiet: bool, *args: Any
-) -> tuple[dict[str, Any], float]:
-    """Check the config and the corpus first, then run a writing flow with progress bars."""
-    from flows.pipeline import prewarm_child, release_prewarmed
-    from tasks.methods.registry import get_method
+) -> RunResult:
+    """A writing flow through the Python API (``flows.api``), with progress bars."""
+    from flows.api import write
 
-    cfg = config(config_path, set_)
-    get_method(cfg.index.method)  # fail fast on a bad config, before Prefect starts
-    check_corpus(corpus)
-    started = time.perf_counter()
-    if not cfg.dask.address:  # a run on this machine: a small run's child starts loading now
-        prewarm_child(cfg)
-    try:
-        import flows.index_flow as index_flows  # Prefect: ~1 s of imports, beside the child's
-
-        with progress(quiet):
-            result = index_flows.run_flow(
-                flow, str(corpus), index, str(config_path) if config_path else None, overrides(set_), *args
-            )
-    finally:
-        release_prewarmed()
-    return result, time.perf_counter() - started
+    with progress(quiet):
+        return write(flow, corpus, index, config_path, overrides(set_), *args)
 
 
 @command()
@@ -110,26 +92,28 @@ def update(
     lock_timeout: float = LockOpt,
     quiet: bool = QuietOpt,
     max_cost: Optional[float] = MaxCostOpt,
+    estimate: bool = EstimateOpt,
+    as_json: bool = JsonOpt,
 ) -> None:
     """Incremental refresh: new, changed and deleted documents (by content hash) since the last snapshot.
 
     New entities attach to the most similar summary nodes (HyGRAG), only the touched ancestors, communities
     and reports are refreshed, and one new snapshot is published. Nothing changed means nothing published."""
     set_ = with_cap(set_, max_cost)
-    result, seconds = run_writer(
-        "refresh_flow", corpus, index, config_path, set_, quiet, lock_timeout, full, replace_root
-    )
-    diff = result["stages"].get("diff", {})
+    if estimate:
+        return print_estimates([estimate_of(corpus, index, config_path, set_, full, replace_root)], as_json)
+    result = run_writer("refresh_flow", corpus, index, config_path, set_, quiet, lock_timeout, full, replace_root)
+    diff = result.stages.get("diff", {})
     if diff.get("new_root"):
         out.print(
             f"new corpus root: {diff.get('new', 0)} documents of {corpus} added next to the index's other roots "
             "(if it is the new location of an indexed root, run again with --replace-root THAT_ROOT after "
             "`strata rollback`)"
         )
-    if result["status"] == "nothing-to-do":
-        out.print(f"nothing changed under {corpus}: snapshot v{result['version']} stays published, nothing written")
+    if result.status == "nothing-to-do":
+        out.print(f"nothing changed under {corpus}: snapshot v{result.version} stays published, nothing written")
         return
-    print_summary(result, seconds)
+    print_summary(result)
     print_quarantine(index, result, config_path, set_)
 
 
@@ -164,6 +148,8 @@ def backfill(
     max_cost: Optional[float] = typer.Option(
         None, "--max-cost", min=0.0, help="The LLM cost cap of each partition's run, in USD (llm.max_cost_usd)."
     ),
+    estimate: bool = EstimateOpt,
+    as_json: bool = JsonOpt,
 ) -> None:
     """Apply partitions in order, each as an incremental update of its own folder (resumable).
 
@@ -183,6 +169,8 @@ def backfill(
     if missing:
         raise NotFoundError(f"partition folder(s) not found: {', '.join(missing)}")
     config(config_path, set_)
+    if estimate:  # each partition against the snapshot of now: a finished one has nothing to do
+        return print_estimates([estimate_of(Path(p), index, config_path, set_) for p in parts], as_json)
     try:
         with progress(quiet):
             results = backfill_flow(
@@ -199,28 +187,79 @@ def backfill(
     out.print(t)
 
 
-def print_summary(result: dict[str, Any], seconds: float) -> None:
-    table = Table(title=f"published snapshot v{result['version']} in {seconds:.1f}s")
+def estimate_of(
+    corpus: Path,
+    index: str,
+    config_path: Path | None,
+    set_: list[str] | None,
+    full: bool = False,
+    replace_root: str | None = None,
+) -> dict[str, Any]:
+    """What the run on ``corpus`` would spend on LLM calls (``flows.estimate.estimate_run``)."""
+    from flows.api import check_corpus
+    from flows.estimate import estimate_run
+
+    cfg = config(config_path, set_)
+    check_corpus(corpus)
+    return estimate_run(str(corpus), index, cfg, full, replace_root)
+
+
+def print_estimates(estimates: list[dict[str, Any]], as_json: bool) -> None:
+    """Each estimate as a table of its LLM stages (or as JSON), then the total and the cap it would meet."""
+    if as_json:
+        out.print_json(json.dumps(estimates[0] if len(estimates) == 1 else estimates))
+        return
+    for est in estimates:
+        title = (
+            f"LLM estimate, {est['kind']} of {est['corpus']}: {est['documents']} documents, {est['chunks']} chunks, "
+            f"{est['corpus_tokens']:,} tokens"
+        )
+        if not est["stages"]:
+            out.print(f"{title}: no LLM call (nothing to do, or every stage offline)")
+            continue
+        t = Table(title=title)
+        for col in ("stage", "model", "calls", "cached", "input tokens", "output tokens", "USD", "basis"):
+            t.add_column(col, justify="right" if col in ("calls", "cached", "USD") or "tokens" in col else "left")
+        for r in [*est["stages"], {"stage": "total", "model": "", "basis": "", **est["total"]}]:
+            t.add_row(
+                r["stage"],
+                r["model"],
+                f"{r['calls']:,}",
+                f"{r['cached']:,}",
+                f"{r['input_tokens']:,}",
+                f"~{r['output_tokens']:,}",
+                f"{r['cost_usd']:.4f}",
+                r["basis"],
+            )
+        out.print(t)
+        cap = est.get("max_cost_usd")
+        if cap is not None and est["total"]["cost_usd"] > cap:
+            out.print(f"the cap of ${cap:.4f} (llm.max_cost_usd) would stop this run before its end")
+    out.print("an estimate only: no model was called, the index was not written")
+
+
+def print_summary(result: RunResult) -> None:
+    table = Table(title=f"published snapshot v{result.version} in {result.seconds:.1f}s")
     table.add_column("stage")
     table.add_column("seconds", justify="right")
     table.add_column("counts")
-    for stage, vals in result["stages"].items():
+    for stage, vals in result.stages.items():
         counts = ", ".join(f"{k}={v}" for k, v in vals.items() if k != "seconds")
         table.add_row(stage, f"{vals['seconds']:.2f}", counts)
     out.print(table)
     rows = Table(title="rows per table")
     rows.add_column("table")
     rows.add_column("rows", justify="right")
-    for name, n in result["counts"].items():
+    for name, n in result.counts.items():
         rows.add_row(name, str(n))
     out.print(rows)
 
 
-def print_quarantine(index: str, result: dict[str, Any], config_path: Path | None, set_: list[str] | None) -> None:
+def print_quarantine(index: str, result: RunResult, config_path: Path | None, set_: list[str] | None) -> None:
     """What the published snapshot quarantined, with the reasons (``tasks.query.inspect.quarantine_lines``)."""
     from tasks.query.inspect import quarantine_lines
     from tasks.store.catalog import Catalog
 
     cat = Catalog(index, create=False, storage=config(config_path, set_).storage)
-    for line in quarantine_lines(cat, cat.require_snapshot(result["version"])):
+    for line in quarantine_lines(cat, cat.require_snapshot(result.version)):
         out.print(line, markup=False, highlight=False)

@@ -105,6 +105,13 @@ MaxCostOpt = typer.Option(
     help="Stop before an LLM call could make this run spend more than this many USD (llm.max_cost_usd): nothing "
     "is published, exit 5, and the same command with a higher cap resumes without paying again.",
 )
+EstimateOpt = typer.Option(
+    False,
+    "--estimate",
+    help="Print what the run would spend on LLM calls, per stage (calls, input and expected output tokens, USD; "
+    "answers already cached subtracted), and exit: no model is called, the index is not written.",
+)
+JsonOpt = typer.Option(False, "--json", help="With --estimate: the estimate as JSON.")
 QuietOpt = typer.Option(
     False, "--quiet", "-q", help="No progress bars: one line per stage on stderr (its name, what it did, seconds)."
 )

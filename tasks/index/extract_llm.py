@@ -157,8 +157,15 @@ async def extract_chunk_llm(client, chunk: dict[str, Any], gleanings: int) -> tu
 
 
 def warm() -> None:
-    """Import litellm and start the loop ahead of the first batch (run on every Dask worker when the run starts)."""
+    """Import litellm and start the loop ahead of the first batch (run on every Dask worker when the run starts).
+
+    Such a worker runs several tasks at once, on threads: polars and pandas are imported whole here, before any
+    task, because scikit-learn (the hierarchy's GMM) tells frames from arrays by looking them up in ``sys.modules``,
+    where a module another thread is still importing is found half-made (AttributeError: partially initialized
+    module 'polars')."""
     import litellm  # noqa: F401  (seconds of import, paid while the run ingests and chunks)
+    import pandas  # noqa: F401
+    import polars  # noqa: F401
 
     event_loop()
 

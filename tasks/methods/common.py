@@ -34,7 +34,12 @@ def summarizer_for(ctx: MethodContext, per_cluster: int, **llm_prompt: Any):
     client = ctx.llm_for("summaries")
     if client is not None:
         return LLMSummarizer(
-            client, cfg.hierarchy.meta_entities, per_cluster, cfg.extract.max_description_tokens, **llm_prompt
+            client,
+            cfg.hierarchy.meta_entities,
+            per_cluster,
+            cfg.extract.max_description_tokens,
+            min_members=cfg.llm.summaries.min_members,
+            **llm_prompt,
         )
     return OfflineSummarizer(cfg.hierarchy.meta_entities, cfg.extract.max_description_tokens)
 
@@ -76,6 +81,7 @@ def write_reports(ctx: MethodContext, communities, entities: list[dict[str, Any]
                 relations,
                 ctx.cfg.communities.report_max_tokens,
                 ctx.llm_for("reports"),
+                min_members=ctx.cfg.llm.reports.min_members,
             )
             vectors = report_vectors(ctx, st, reports)
             st.advance(len(reports))
@@ -158,6 +164,7 @@ def rewrite_reports(
             ctx.llm_for("reports"),
             rewrite,
             existing,
+            min_members=ctx.cfg.llm.reports.min_members,
         )
         redo = [r for r in reports if r["community_id"] in rewrite]
         fresh = dict(zip([r["community_id"] for r in redo], report_vectors(ctx, st, redo)))

@@ -135,6 +135,7 @@ class LayerOne:
             cfg=cfg,
             layer=layer,
             llm=ctx.cfg.llm.stage("summaries"),
+            min_members=ctx.cfg.llm.summaries.min_members,
             cap=ctx.cap_for("summaries"),
             cache_dir=str(ctx.catalog.cache_dir),
             per_cluster=self.per_cluster,
@@ -306,6 +307,7 @@ def summary_task(
     version: int,
     share: int = 1,
     cap: tuple[str, float] | None = None,
+    min_members: int = 0,
 ) -> tuple[dict[int, list[dict[str, Any]]], list[dict[str, str]], dict[str, Any], int]:
     """The summary entities of global cluster ``job[1]``'s kept clusters (a task), their ``summary_of`` links
     written to ``job[2]`` stamped ``version``. Returns the entities by local cluster, the LLM summaries that fell
@@ -323,7 +325,7 @@ def summary_task(
     with usage_scope() as usage:
         if llm is not None:
             client = shared_client(llm, cache_dir, share, cap)
-            summarizer = LLMSummarizer(client, cfg.meta_entities, per_cluster, max_tokens)
+            summarizer = LLMSummarizer(client, cfg.meta_entities, per_cluster, max_tokens, min_members=min_members)
             summaries = summarizer.summarize_layer(layer, clusters)
         else:
             summarizer, firsts = offline, [[m["name"] for m in c.members[:TOP_PHRASES]] for c in clusters]

@@ -100,6 +100,7 @@ def reports_on_cluster(
         level_max=level_max,
         budget=ctx.cfg.communities.report_max_tokens,
         llm=ctx.cfg.llm.stage("reports"),
+        min_members=ctx.cfg.llm.reports.min_members,
         cache_dir=str(ctx.catalog.cache_dir),
         share=None,
         cap=ctx.cap_for("reports"),
@@ -204,6 +205,7 @@ def reports_task(
     cache_dir: str,
     share: int = 1,
     cap: tuple[str, float] | None = None,
+    min_members: int = 0,
 ) -> tuple[list[dict[str, str]], dict[str, Any]]:
     """A report per community of part ``job[0]`` (a task), written to ``job[1]`` in row groups of what the run
     reads at a time. Returns the LLM failures (offline reports kept) and the LLM usage."""
@@ -214,7 +216,9 @@ def reports_task(
     comms, ents, rels = _part(p, communities, relations, entities)
     client = shared_client(llm, cache_dir, share, cap) if llm is not None else None
     with usage_scope() as usage:
-        reports, failures = build_reports(comms, ents, rels, budget, client, level_max=level_max)
+        reports, failures = build_reports(
+            comms, ents, rels, budget, client, level_max=level_max, min_members=min_members
+        )
     del rels
     write_whole(pa.Table.from_pylist(reports, schema=REPORT_SCHEMA), out, row_group_rows=REPORT_STEP)
     return failures, asdict(usage)

@@ -238,12 +238,14 @@ def build_reports(
     only: set[str] | None = None,
     existing: dict[str, dict[str, Any]] | None = None,
     level_max: dict[int, float] | None = None,
+    min_members: int = 0,
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """One report per community, deepest level first. Returns (reports, failures that fell back to offline).
 
     With ``only``, just those communities are (re)written; the others keep their ``existing`` report. An offline
     rating is relative to the strongest community of its level written here, or to ``level_max`` (a level's
-    strongest of every community, ``level_weights``: the reports of a build are written a part at a time)."""
+    strongest of every community, ``level_weights``: the reports of a build are written a part at a time). Only a
+    community of at least ``min_members`` entities is sent to ``client``; a smaller one keeps its offline report."""
     ents = {e["id"]: e for e in entities}
     index = RelationIndex(relations, list(ents))
     children: dict[str, list[str]] = defaultdict(list)
@@ -263,8 +265,9 @@ def build_reports(
         for d in drafts:
             d["rating"] = round(10 * math.log1p(d["weight"]) / math.log1p(max_w), 2) if max_w > 0 else 0.0
         if client is not None:
-            answers = run_sync(_llm_level(client, batch, ents, index, children, done, budget))
-            for c, d, a in zip(batch, drafts, answers):
+            asked = [(c, d) for c, d in zip(batch, drafts) if len(c["entity_ids"]) >= min_members]
+            answers = run_sync(_llm_level(client, [c for c, _ in asked], ents, index, children, done, budget))
+            for (c, d), a in zip(asked, answers):
                 if isinstance(a, dict):
                     d.update(a)
                 else:

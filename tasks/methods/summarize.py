@@ -334,8 +334,10 @@ class LLMSummarizer:
         max_description_tokens: int = 250,
         prompt=summary_prompt,
         prompt_version: str = PROMPT_VERSION,
+        min_members: int = 0,
     ):
         self.prompt, self.prompt_version = prompt, prompt_version
+        self.min_members = min_members  # a smaller cluster gets the offline summary, without a call
         self.client = client
         self.meta = meta_entities
         self.per_cluster = per_cluster
@@ -381,7 +383,10 @@ class LLMSummarizer:
         return await asyncio.gather(*(self._one(c) for c in clusters))
 
     def summarize_layer(self, layer: int, clusters: list[Cluster]) -> list[list[dict[str, Any]]]:
-        results = run_sync(self._all(clusters))
+        asked = [i for i, c in enumerate(clusters) if len(c.members) >= self.min_members]
+        results: list[list[dict[str, Any]] | None] = [None] * len(clusters)
+        for i, answer in zip(asked, run_sync(self._all([clusters[i] for i in asked]))):
+            results[i] = answer
         missing = [i for i, r in enumerate(results) if r is None]
         if missing:
             offline = self.fallback.summarize_layer(layer, [clusters[i] for i in missing])

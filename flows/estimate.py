@@ -1,0 +1,133 @@
+"""``--estimate``: what a build, an update or a backfill partition would spend on LLM calls, per stage, before any
+call — the run's first two stages (ingest and, for an update, the diff; chunking) on this machine, in a folder of
+its own, then ``tasks.runtime.llm_estimate``. No model is called, the index is neither locked nor written."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from flows.run import PipelineRun
+from schemas.config import StrataConfig
+from schemas.llm import Stage
+from tasks.errors import IndexNotFound
+from tasks.store.catalog import Catalog
+
+
+class _EstimateRun(PipelineRun):
+    """A run whose work folder is a temporary one: a writer running beside the estimate keeps its own."""
+
+    folder = ""
+
+    @property
+    def work_root(self) -> str:
+        return self.folder
+
+
+def estimate_run(
+    corpus: str, index: str, cfg: StrataConfig, full: bool = False, replace_root: str | None = None
+) -> dict[str, Any]:
+    """Per LLM stage, the calls, input and expected output tokens and USD of the run ``index``/``update`` would make on
+    ``corpus`` now (an update: of its diff against the published snapshot; ``full``: of every document), with the
+    answers already in the index's response cache subtracted."""
+    from flows.env import apply_offline_defaults
+    from flows.pipeline import corpus_root
+    from flows.steps import chunk, extraction_method, ingest
+    from tasks.runtime.llm_client import ResponseCache, Usage
+    from tasks.runtime.llm_estimate import (
+        answered_by,
+        cached_stage,
+        extraction_estimate,
+        learned_ratios,
+        names_in,
+        scaled_estimate,
+        stage_ratios,
+    )
+    from tasks.runtime.parallel import LocalMapper
+    from tasks.runtime.progress import LogReporter
+    from tasks.runtime.stages import Stages
+
+    apply_offline_defaults()
+    with tempfile.TemporaryDirectory(prefix="strata-estimate-") as folder:
+        try:
+            catalog, exists = Catalog(index, create=False, storage=cfg.storage), True
+        except IndexNotFound:  # a first build: nothing cached, no run to learn from
+            catalog, exists = Catalog(Path(folder) / "index"), False
+        latest = catalog.snapshot() if exists else None
+        snap = None if full else latest
+        run = _EstimateRun(
+            corpus,
+            catalog,
+            cfg,
+            Stages(LogReporter()),
+            LocalMapper(),
+            "estimate",
+            latest["version"] + 1 if latest else 1,
+            snap,
+            Usage(),
+        )
+        run.folder = folder
+        run.root = corpus_root(run, replace_root)
+        delta = ingest(run)
+        result: dict[str, Any] = {"corpus": corpus, "index": index, "kind": "update" if snap else "build"}
+        if delta.empty:
+            return {**result, "documents": 0, "chunks": 0, "corpus_tokens": 0, "stages": [], "total": _total([])}
+        _documents, chunks, _places = chunk(run, delta)
+        tokens = int(run.stages.log["chunk"].get("tokens", 0))
+        path = catalog.cache_dir / "llm_cache.sqlite"
+        cache = ResponseCache(path) if exists and cfg.llm.cache and path.exists() else None
+        runs = catalog.runs() if exists else []
+        learned = learned_ratios(runs, result["kind"])
+        extractor = extraction_method(cfg)
+        rows = []
+        extraction = cfg.llm.stage("extraction")
+        names: set[str] = set()
+
+        def texts() -> Iterator[str]:  # a part at a time; the things they name noted on the way
+            for part in chunks.parts(["text"]):
+                for text in part.column("text").to_pylist():
+                    names.update(names_in(text))
+                    yield text
+
+        if extraction is not None and extractor == "llm":
+            rows.append(extraction_estimate(texts(), extraction, cfg.llm.gleanings, cache))
+        else:
+            for _ in texts():
+                pass
+        units = {"corpus token": tokens, "name": len(names)}
+        # extraction answered from the cache (or offline): a finished run on the same documents and settings made
+        # the same summary and report prompts
+        same = None
+        if not rows or rows[0].calls == 0:
+            same = answered_by(runs, result["kind"], delta.digest, cfg.fingerprint())
+        stages: tuple[Stage, ...] = ("summaries", "reports") if cfg.hierarchy.enabled else ("reports",)
+        for stage in stages:
+            model = cfg.llm.stage(stage)
+            if model is None:
+                continue
+            if same is not None and cache is not None:
+                rows.append(cached_stage(stage, model, same))
+            else:
+                rows.append(
+                    scaled_estimate(stage, model, units, stage_ratios(stage, extractor, result["kind"], learned))
+                )
+        out = [r.row() for r in rows]
+        return {
+            **result,
+            "documents": len(delta.incoming),
+            "chunks": chunks.num_rows,
+            "corpus_tokens": tokens,
+            "names": units["name"],
+            "stages": out,
+            "total": _total(out),
+            "max_cost_usd": cfg.llm.max_cost_usd,
+        }
+
+
+def _total(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("calls", "cached", "input_tokens", "output_tokens")
+    total: dict[str, Any] = {k: sum(r[k] for r in rows) for k in keys}
+    total["cost_usd"] = round(sum(r["cost_usd"] for r in rows), 6)
+    return total

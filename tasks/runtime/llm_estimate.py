@@ -1,0 +1,265 @@
+"""What a run's LLM calls will cost, before any is made (``strata index|update|backfill --estimate``).
+
+Extraction's prompts are known before the run: each chunk's entity prompt is built as the run builds it, counted
+with the model's tokenizer (litellm's, cl100k where litellm has none offline) and looked up in the response cache,
+so what a killed or capped run already paid for is subtracted; the relation prompt that follows it is exact where
+the entity answer is cached, else the same prompt listing as many entities as the chunk names things (``names_in``:
+runs of capitalised words, what a model lists first). Summaries and reports are made from the graph extraction
+finds: they are scaled by the ratios this index's latest run of the same kind recorded (``runs.stage_counts``), per
+corpus token it extracted, else by the stated ``DEFAULT_RATIOS``, per distinct thing the run's chunks name (a corpus
+of short passages names many more things a token than a novel, and its graph is that much larger).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from schemas.llm import LLMConfig, Stage
+from tasks.runtime.llm_cost import model_prices, register_price
+
+log = logging.getLogger("strata.llm")
+
+#: the run stages whose LLM calls are each LLM stage's (``runs.stage_counts``)
+RUN_STAGES: dict[Stage, tuple[str, ...]] = {
+    "extraction": ("extract",),
+    "summaries": ("hierarchy", "attach"),
+    "reports": ("communities", "reports"),
+}
+
+
+@dataclass(frozen=True)
+class Ratios:
+    """One stage's calls and prompt tokens per unit (``per``: a corpus token the run extracts, or a thing its chunks
+    name), and its completion tokens per prompt token; ``basis`` says where they come from."""
+
+    calls: float
+    prompt: float
+    output: float
+    basis: str
+    per: str = "corpus token"
+
+
+#: stated ratios where this index has no run of the kind to learn from, per distinct thing the run's chunks name, by
+#: stage, extractor ("llm": a model's graph; "nlp": the offline extractor's, denser) and kind of run ("update": a
+#: small delta rewrites the summaries and reports of every ancestor it touches). Measured on MuSiQue (1,871 passages,
+#: then 19 more) with the local server's answers of a model's length (``benchmarks/bench_llm_cost.py``); their error
+#: on the demo book is in docs/benchmarks.md.
+DEFAULT_RATIOS: dict[str, Ratios] = {
+    "summaries/llm/build": Ratios(0.069, 62.9, 0.125, "default", "name"),
+    "summaries/llm/update": Ratios(0.069, 62.9, 0.125, "default", "name"),
+    "reports/llm/build": Ratios(0.25, 144.0, 0.50, "default", "name"),
+    "reports/llm/update": Ratios(0.25, 144.0, 0.50, "default", "name"),
+    "summaries/nlp/build": Ratios(0.069, 62.9, 0.125, "default", "name"),
+    "summaries/nlp/update": Ratios(0.069, 62.9, 0.125, "default", "name"),
+    "reports/nlp/build": Ratios(0.25, 144.0, 0.50, "default", "name"),
+    "reports/nlp/update": Ratios(0.25, 144.0, 0.50, "default", "name"),
+}
+#: an entity's line in a relation prompt ("- Bob Cratchit (person)"), and what a model writes per entity and per
+#: relation it finds (a name, a type, a sentence of description), in tokens
+LISTED_TOKENS, ENTITY_ANSWER_TOKENS, RELATION_ANSWER_TOKENS = 8, 45, 40
+_NAME = re.compile(r"\b[A-Z][\w'’-]*(?:\s+(?:of\s+|the\s+)?[A-Z][\w'’-]*)*")
+_NOT_NAMES = frozenset(
+    "a an and as at but by for from he her his i if in it its my no not of on or our she so that the their then "
+    "there these they this those to we what when with you your".split()
+)
+
+
+def names_in(text: str) -> set[str]:
+    """The things ``text`` names, case-folded: runs of capitalised words that are not a sentence's function word."""
+    return {n for m in _NAME.finditer(text) if (n := m.group(0).lower()) not in _NOT_NAMES}
+
+
+@dataclass
+class StageEstimate:
+    stage: str
+    model: str
+    calls: int = 0
+    cached: int = 0  # calls answered from the cache: not paid
+    input_tokens: int = 0  # of the calls to make
+    output_tokens: int = 0  # expected, of the calls to make
+    cost_usd: float = 0.0
+    basis: str = ""
+
+    def priced(self, llm: LLMConfig) -> StageEstimate:
+        register_price(llm)
+        cin, cout = model_prices(llm.model)
+        self.cost_usd = round(self.input_tokens * cin + self.output_tokens * cout, 6)
+        return self
+
+    def row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def prompt_tokens(model: str, messages: list[dict[str, str]]) -> int:
+    """A chat prompt's tokens as ``model``'s provider bills them: litellm's count (its tokenizer for the model where
+    it has one offline), else cl100k's with OpenAI's overhead (3 tokens a message, 3 for the reply)."""
+    try:
+        import litellm
+
+        return int(litellm.token_counter(model=model, messages=messages))
+    except Exception:  # noqa: BLE001 - a tokenizer litellm would fetch, or a model it cannot parse
+        from tasks.index.chunk import count_tokens
+
+        return sum(count_tokens(m["content"]) + 3 for m in messages) + 3
+
+
+def extraction_estimate(texts: Iterable[str], llm: LLMConfig, gleanings: int, cache: Any) -> StageEstimate:
+    """The extraction stage's calls and tokens for the chunks ``texts``: HiRAG's entity pass (and ``gleanings``),
+    then the relation pass, as ``tasks.index.extract_llm`` sends them; answers in ``cache`` (a ``ResponseCache``, or
+    None) are not counted, nor is a relation pass that a cached entity answer shows will not be made. Output: the
+    entities a chunk names, and a relation between each and the next, at a model's length a piece."""
+    from tasks.index.extract_llm import (
+        PROMPT_VERSION,
+        entity_messages,
+        glean_messages,
+        parse_entities,
+        relation_messages,
+    )
+    from tasks.runtime.llm_client import cache_key
+
+    params: dict[str, Any] = {"temperature": llm.temperature, "max_tokens": llm.max_tokens}
+    if llm.json_mode:
+        params["response_format"] = {"type": "json_object"}
+    est = StageEstimate("extraction", llm.model, basis="prompts counted")
+
+    def cached(messages: list[dict[str, str]]) -> str | None:
+        if cache is None:
+            return None
+        key = cache_key(llm.model, messages, params, PROMPT_VERSION)
+        hit = cache.get(key)
+        if hit is None and not llm.retry_unparseable and cache.failure(key) is not None:
+            return ""  # remembered as unparseable: not asked again
+        return hit
+
+    def pay(messages: list[dict[str, str]], more_prompt: int, answer: int) -> None:
+        est.calls += 1
+        est.input_tokens += prompt_tokens(llm.model, messages) + more_prompt
+        est.output_tokens += answer
+
+    for text in texts:
+        first = entity_messages(text)
+        answer = cached(first)
+        if answer is None:
+            n = max(len(names_in(text)), 1)
+            pay(first, 0, n * ENTITY_ANSWER_TOKENS)
+            for _ in range(gleanings):  # the first answer's names listed, and a line more to ask
+                pay(first, n * LISTED_TOKENS + 30, 2 * ENTITY_ANSWER_TOKENS)
+            if n > 1:
+                pay(relation_messages(text, []), n * LISTED_TOKENS, (n - 1) * RELATION_ANSWER_TOKENS)
+            continue
+        est.cached += 1
+        try:
+            entities = parse_entities(answer) if answer else []
+        except Exception:  # noqa: BLE001 - an unparseable answer: the chunk is quarantined, no relation pass
+            continue
+        exact = True
+        for _ in range(gleanings):  # each gleaning prompt lists what the passes before it found
+            more = glean_messages(text, entities)
+            found = cached(more)
+            if found is None:
+                pay(more, 0, 2 * ENTITY_ANSWER_TOKENS)
+                exact = False  # what it would add is not known: the relation pass is counted on what is
+                break
+            est.cached += 1
+            seen = {e["name"].lower() for e in entities}
+            new = [e for e in (parse_entities(found) if found else []) if e["name"].lower() not in seen]
+            if not new:
+                break
+            entities += new
+        if len(entities) > 1 or not exact:
+            second = relation_messages(text, entities)
+            if exact and cached(second) is not None:
+                est.cached += 1
+            else:
+                pay(second, 0, max(len(entities) - 1, 1) * RELATION_ANSWER_TOKENS)
+    return est.priced(llm)
+
+
+def scaled_estimate(stage: Stage, llm: LLMConfig, units: dict[str, int], ratios: Ratios) -> StageEstimate:
+    """A stage whose prompts are made from what extraction finds: ``ratios`` of the run's ``units`` ("corpus token":
+    the corpus tokens it extracts; "name": the distinct things its chunks name)."""
+    n = units[ratios.per]
+    prompt = round(n * ratios.prompt)
+    calls = max(round(n * ratios.calls), 1) if prompt else 0
+    basis = ratios.basis if ratios.basis != "default" else f"default, per {ratios.per}"
+    return StageEstimate(
+        stage, llm.model, calls=calls, input_tokens=prompt, output_tokens=round(prompt * ratios.output), basis=basis
+    ).priced(llm)
+
+
+def run_kind(stage_counts: dict[str, Any]) -> str:
+    """ "update" for a run that applied a diff to a snapshot, else "build"."""
+    return "update" if "diff" in stage_counts else "build"
+
+
+def learned_ratios(runs: list[dict[str, Any]], kind: str) -> dict[Stage, Ratios]:
+    """Each LLM stage's ratios as the latest run of ``kind`` of this index recorded them (a run that made that stage's
+    calls and recorded their prompt and completion tokens, ``PipelineRun.stage``), per corpus token it extracted."""
+    import json
+
+    learned: dict[Stage, Ratios] = {}
+    for run in reversed(runs):
+        counts = run.get("stage_counts") or "{}"
+        stages = json.loads(counts) if isinstance(counts, str) else counts
+        if run.get("status") != "published" or run_kind(stages) != kind:
+            continue
+        corpus = float(stages.get("chunk", {}).get("tokens") or 0)
+        if corpus <= 0:
+            continue
+        for stage, names in RUN_STAGES.items():
+            if stage in learned:
+                continue
+            rows = [stages[n] for n in names if n in stages]
+            calls = sum(r.get("llm_calls", 0) for r in rows)
+            prompt = sum(r.get("llm_prompt_tokens", 0) for r in rows)
+            completion = sum(r.get("llm_completion_tokens", 0) for r in rows)
+            if calls and prompt:
+                basis = f"learned from run v{run.get('version', '?')}"
+                learned[stage] = Ratios(calls / corpus, prompt / corpus, completion / prompt, basis)
+    return learned
+
+
+def comparable(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """What of a run's config shapes its prompts: all but where it ran and its cost cap."""
+    kept = {k: v for k, v in fingerprint.items() if k not in ("dask", "serve", "storage")}
+    kept["llm"] = {k: v for k, v in kept.get("llm", {}).items() if k not in ("max_cost_usd", "max_concurrency")}
+    return kept
+
+
+def answered_by(runs: list[dict[str, Any]], kind: str, digest: str, fingerprint: dict[str, Any]) -> dict | None:
+    """The stage counts of the latest published run of ``kind`` on the same documents (``digest``) and the same
+    settings as this one: where extraction's answers are all cached, that run's summaries and reports were made from
+    the same graph, so their prompts are the same ones, answered in the cache too."""
+    import json
+
+    want = comparable(fingerprint)
+    for run in reversed(runs):
+        stages = json.loads(run.get("stage_counts") or "{}")
+        params = json.loads(run.get("parameters") or "{}")
+        if (
+            run.get("status") == "published"
+            and run.get("input_digest") == digest
+            and run_kind(stages) == kind
+            and comparable(params.get("config") or {}) == want
+        ):
+            return stages
+    return None
+
+
+def cached_stage(stage: Stage, llm: LLMConfig, stages: dict[str, Any]) -> StageEstimate:
+    """``stage`` as the run whose ``stages`` counts made it: every call of it answered in the cache."""
+    rows = [stages[n] for n in RUN_STAGES[stage] if n in stages]
+    hits = sum(r.get("llm_calls", 0) + r.get("llm_cache_hits", 0) for r in rows)
+    return StageEstimate(stage, llm.model, cached=hits, basis="cached: the same graph's prompts were answered")
+
+
+def stage_ratios(stage: Stage, extraction: str, kind: str, learned: dict[Stage, Ratios]) -> Ratios:
+    """What ``stage`` is scaled by: this index's own record, else the stated default (``extraction``: "llm" or "nlp",
+    the extractor the run uses, whose graph the summaries and reports are made from; ``kind``: "build" or "update")."""
+    if stage in learned:
+        return learned[stage]
+    return DEFAULT_RATIOS[f"{stage}/{extraction}/{kind}"]
