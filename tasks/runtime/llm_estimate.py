@@ -45,18 +45,18 @@ class Ratios:
 
 #: stated ratios where this index has no run of the kind to learn from, per distinct thing the run's chunks name, by
 #: stage, extractor ("llm": a model's graph; "nlp": the offline extractor's, denser) and kind of run ("update": a
-#: small delta rewrites the summaries and reports of every ancestor it touches). Measured on MuSiQue (1,871 passages,
-#: then 19 more) with the local server's answers of a model's length (``benchmarks/bench_llm_cost.py``); their error
-#: on the demo book is in docs/benchmarks.md.
+#: small delta rewrites the summaries and reports of every ancestor it touches), with every cluster and community
+#: sent to the model (``min_members`` 0). Measured on MuSiQue (1,871 passages, then 19 more) with the local server's
+#: answers of a model's length (``benchmarks/bench_llm_cost.py``); their error on the book is in docs/benchmarks.md.
 DEFAULT_RATIOS: dict[str, Ratios] = {
-    "summaries/llm/build": Ratios(0.069, 62.9, 0.125, "default", "name"),
-    "summaries/llm/update": Ratios(0.069, 62.9, 0.125, "default", "name"),
-    "reports/llm/build": Ratios(0.25, 144.0, 0.50, "default", "name"),
-    "reports/llm/update": Ratios(0.25, 144.0, 0.50, "default", "name"),
-    "summaries/nlp/build": Ratios(0.069, 62.9, 0.125, "default", "name"),
-    "summaries/nlp/update": Ratios(0.069, 62.9, 0.125, "default", "name"),
-    "reports/nlp/build": Ratios(0.25, 144.0, 0.50, "default", "name"),
-    "reports/nlp/update": Ratios(0.25, 144.0, 0.50, "default", "name"),
+    "summaries/llm/build": Ratios(0.070, 74.9, 0.11, "default", "name"),
+    "summaries/llm/update": Ratios(0.179, 127.8, 0.11, "default", "name"),
+    "reports/llm/build": Ratios(0.308, 176.9, 0.50, "default", "name"),
+    "reports/llm/update": Ratios(0.369, 302.0, 0.50, "default", "name"),
+    "summaries/nlp/build": Ratios(0.099, 138.2, 0.084, "default", "name"),
+    "summaries/nlp/update": Ratios(0.240, 281.5, 0.084, "default", "name"),
+    "reports/nlp/build": Ratios(0.478, 396.8, 0.38, "default", "name"),
+    "reports/nlp/update": Ratios(0.626, 701.2, 0.38, "default", "name"),
 }
 #: an entity's line in a relation prompt ("- Bob Cratchit (person)"), and what a model writes per entity and per
 #: relation it finds (a name, a type, a sentence of description), in tokens
