@@ -148,6 +148,14 @@ class ResponseCache:
             return dict(self._conn.execute("SELECT key, text FROM responses"))
 
 
+def request_params(cfg: LLMConfig, json_mode: bool) -> dict[str, Any]:
+    """A chat request's sampling parameters, part of its cache key (``cache_key``)."""
+    params: dict[str, Any] = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
+    if json_mode and cfg.json_mode:
+        params["response_format"] = {"type": "json_object"}
+    return params
+
+
 def cache_key(model: str, messages: list[dict[str, str]], params: dict[str, Any], prompt_version: str) -> str:
     blob = json.dumps(
         {"m": model, "msg": messages, "p": params, "v": prompt_version}, sort_keys=True, ensure_ascii=False
@@ -239,10 +247,7 @@ class LiteLLMClient:
                     setattr(usage, k, getattr(usage, k) + v)
 
     def _params(self, json_mode: bool) -> dict[str, Any]:
-        params: dict[str, Any] = {"temperature": self.cfg.temperature, "max_tokens": self.cfg.max_tokens}
-        if json_mode and self.cfg.json_mode:
-            params["response_format"] = {"type": "json_object"}
-        return params
+        return request_params(self.cfg, json_mode)
 
     def _bind_loop(self) -> None:
         loop = asyncio.get_running_loop()

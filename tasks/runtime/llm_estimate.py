@@ -119,11 +119,9 @@ def extraction_estimate(texts: Iterable[str], llm: LLMConfig, gleanings: int, ca
         parse_entities,
         relation_messages,
     )
-    from tasks.runtime.llm_client import cache_key
+    from tasks.runtime.llm_client import cache_key, request_params
 
-    params: dict[str, Any] = {"temperature": llm.temperature, "max_tokens": llm.max_tokens}
-    if llm.json_mode:
-        params["response_format"] = {"type": "json_object"}
+    params = request_params(llm, json_mode=True)  # the client's, so that the keys are the client's
     est = StageEstimate("extraction", llm.model, basis="prompts counted")
 
     def cached(messages: list[dict[str, str]]) -> str | None:
