@@ -188,6 +188,8 @@ class IndexInfo(BaseModel):
     problems: list[str] = Field(description="Tables or data files that cannot be read (empty when healthy).")
     layers: list[dict[str, Any]]
     relations_by_kind: dict[str, int]
+    relations_labelled: int = Field(0, description="Relations with a label (what one end does to the other).")
+    relation_labels: dict[str, int] = Field({}, description="The labels most used, with their relations.")
     nodes: list[dict[str, Any]]
     communities: list[dict[str, Any]]
     runs: list[dict[str, Any]]

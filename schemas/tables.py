@@ -85,6 +85,10 @@ class RelationRow(TypedDict):
     description: Str
     weight: Float
     source_chunk_ids: StrList
+    # what the relation's sentences most often say one end does to the other ("employs", "clerk of"; offline, from
+    # the parse: ``tasks.index.statements``), read from the end ``label_from``; null where they only co-occur
+    label: OptStr
+    label_from: OptStr
     version: NotRequired[Int]
 
 
@@ -153,7 +157,8 @@ class MentionRow(TypedDict):
     key: Str  # normalised name, or "a|b" normalised endpoint pair
     name: Str  # entity surface form, or relation source
     target: OptStr  # relation target
-    type: OptStr
+    type: OptStr  # an entity's type; a relation's label, led by ">" where it reads from the key's first end to its
+    # second, "<" where from the second to the first (null: no statement, the ends co-occur)
     description: Str
     weight: OptFloat
     version: NotRequired[Int]
@@ -168,7 +173,7 @@ class MergeStateRow(TypedDict):
     kind: Str  # entity | relation
     names: StrList  # an entity's surface forms, and how many of its mentions use each
     name_counts: IntList
-    types: StrList  # its types, and how many mentions give each
+    types: StrList  # an entity's types, and how many mentions give each; a relation's labels as "<end id> <label>"
     type_counts: IntList
     kept: StrList  # the distinct descriptions its description joins, in corpus order, with their places
     kept_sources: StrList
@@ -217,6 +222,18 @@ REFERENCES: dict[str, dict[str, str]] = {
 }
 #: the log of snapshots: one row per published version, pinning a version of every table
 SNAPSHOTS = "_snapshots"
+#: its rows: the version, when, by which run, the kind of run, each table's Lance version, the vector dimension, a note
+SNAPSHOT_SCHEMA = pa.schema(
+    [
+        ("version", pa.int64()),
+        ("created_at", pa.timestamp("us", tz="UTC")),
+        ("run_id", pa.string()),
+        ("kind", pa.string()),
+        ("tables", pa.string()),  # JSON {table: lance version}
+        ("dim", pa.int64()),
+        ("note", pa.string()),
+    ]
+)
 ALL_TABLES = SNAPSHOT_TABLES + LOG_TABLES
 
 

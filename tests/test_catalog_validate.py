@@ -235,3 +235,40 @@ def test_an_update_rewrites_only_the_rows_it_changed_and_earlier_snapshots_still
     assert delta_against(chunks(first, 1), chunks({k: "all new" for k in first}, 2)) is None
     delta = delta_against(chunks(first, 1), chunks(second, 2))
     assert delta is not None and delta.values == ["c8", "c9"] and sorted(delta.add.column("id").to_pylist()) == ["c10", "c8"]
+
+
+def test_a_table_written_before_a_column_was_declared_reads_it_as_nulls_and_takes_it_on_the_next_write(tmp_path):
+    """An index of an earlier release: its relations have no ``label`` columns. Reads (whole, some columns, in
+    batches) give them as nulls; the next publish writes the table whole with them, and the old version still reads."""
+    from tasks.store.rows import to_table
+
+    old = tiny_tables(1)
+    old["relations"] = old["relations"].drop(["label", "label_from"])
+    cat = Catalog(tmp_path / "idx")
+    cat.publish(old, "run-1", "full", DIM)
+    whole = cat.read("relations")
+    assert whole.column_names == to_table("relations", [], DIM, 0).column_names
+    assert whole.column("label").null_count == whole.num_rows > 0
+    assert cat.read("relations", columns=["id", "label"]).column_names == ["id", "label"]
+    snap = cat.snapshot()
+    batches = list(cat.batches("relations", snap, ["id", "label_from"]))
+    assert batches and batches[0].schema.names == ["id", "label_from"]
+
+    new = tiny_tables(2)
+    rows = new["relations"].to_pylist()
+    rows[0]["label"], rows[0]["label_from"] = "employs", rows[0]["source_id"]
+    new["relations"] = to_table("relations", rows, DIM, 2)
+    cat.publish(new, "run-2", "incremental", DIM, 2)
+    assert cat.read("relations").column("label").to_pylist()[0] == "employs"
+    assert cat.read("relations", as_of=1).column("label").null_count == whole.num_rows
+
+    # an update's change of such a table (rows gone, rows added) is applied to it whole, once
+    from tasks.store.rows import TableDelta
+
+    again = Catalog(tmp_path / "again")
+    again.publish(old, "run-1", "full", DIM)
+    gone, added = whole.column("id")[0].as_py(), to_table("relations", rows[:1], DIM, 2)
+    again.publish({"relations": TableDelta("id", [gone], added)}, "run-2", "incremental", DIM, 2)
+    after = again.read("relations").to_pylist()
+    assert len(after) == whole.num_rows and [r["label"] for r in after if r["id"] == rows[0]["id"]] == ["employs"]
+    assert again.read("relations", as_of=1).num_rows == whole.num_rows

@@ -84,6 +84,27 @@ def test_offline_report_names_named_entities_and_never_repeats_a_sentence():
     assert small["summary"] == "Bob Cratchit, clerk to…"  # 9 tokens end inside "Ebenezer": back to its space
 
 
+def test_a_report_finds_its_statements_first_each_read_from_its_subject():
+    """A labelled relation is a finding that says what one member does to another, ahead of stronger relations whose
+    ends only co-occur; a summary's membership is never one."""
+    ents = [
+        {"id": i, "name": n, "type": "person", "layer": 0, "description": f"{n} lived in London."}
+        for i, n in [("bob", "Bob Cratchit"), ("scrooge", "Scrooge"), ("fred", "Fred")]
+    ]
+    rels = [
+        {"id": "r1", "source_id": "bob", "target_id": "scrooge", "kind": "extracted", "weight": 1.0,
+         "description": "Scrooge paid Bob fifteen shillings.", "label": "paid", "label_from": "scrooge"},
+        {"id": "r2", "source_id": "fred", "target_id": "scrooge", "kind": "extracted", "weight": 4.0,
+         "description": "Fred and Scrooge dined.", "label": None, "label_from": None},
+    ]
+    comm = {"id": "c", "level": 0, "parent_id": None, "entity_ids": ["bob", "scrooge", "fred"], "size": 3}
+    (report,), _ = build_reports([comm], ents, rels, budget=600)
+    assert report["findings"] == [
+        "Scrooge paid Bob Cratchit: Scrooge paid Bob fifteen shillings.",
+        "Fred — Scrooge: Fred and Scrooge dined.",
+    ]
+
+
 def test_a_report_summary_reads_sentence_by_sentence_without_stray_quotes_fragments_or_bars():
     """What a splitter leaves on the demo book: the opening quote of the next sentence at the end of one, a fragment
     of a sentence already taken (a chunk that starts inside a word), a table's column bar, a quotation cut off. A

@@ -74,7 +74,17 @@ def test_inspect_quality_measures_the_published_graph(built):
     assert q["layer0_entities"] == len(base)
     assert q["descriptions_with_furniture"] == sum(has_furniture(e["description"]) for e in base)
     assert q["names_across_a_break"] == sum(across_a_break(e["name"], e["type"]) for e in base) == 0
-    assert q["labelled_relations"] == 0.0 and q["layer0_relations"] > 0  # co-occurrence only, for now
+    rels = cat.read("relations").to_pylist()
+    layer = {e["id"]: e["layer"] for e in ents}
+    flat = [r for r in rels if layer[r["source_id"]] == 0 and layer[r["target_id"]] == 0]
+    assert q["layer0_relations"] == len(flat) and 0 < q["labelled_relations"] < 1
+    assert q["labelled_relations"] == round(sum(r["label"] is not None for r in flat) / len(flat), 4)
+    # a label reads from one of its relation's ends; the most used labels are listed with their counts
+    assert all(r["label_from"] in (r["source_id"], r["target_id"]) for r in rels if r["label"])
+    assert all((r["label"] is None) == (r["label_from"] is None) for r in rels)
+    labels = data["relation_labels"]
+    assert labels and data["relations_labelled"] == sum(r["label"] is not None for r in rels)
+    assert all(labels[k] == sum(r["label"] == k for r in rels) for k in labels)
     assert "quality" not in json.loads(runner.invoke(app, ["inspect", "--index", str(built), "--json"]).output)
 
 

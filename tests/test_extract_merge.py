@@ -17,13 +17,17 @@ def test_extract_finds_typed_entities_and_sentence_relations():
     pairs = {(r["source"], r["target"]) for r in out.relations}
     assert ("Ebenezer Scrooge", "London") in pairs
     # relations never cross sentences
-    assert not any({r["source"], r["target"]} == {"Jacob Marley", "American Institute of Physics"} for r in out.relations)
+    assert not any(
+        {r["source"], r["target"]} == {"Jacob Marley", "American Institute of Physics"} for r in out.relations
+    )
     marley = next(e for e in out.entities if e["name"] == "Jacob Marley")
     assert marley["description"] == "Ebenezer Scrooge worked in London with Jacob Marley."
 
 
 def test_extract_quarantines_a_failing_chunk_and_keeps_the_rest():
-    out = extract_batch([{"id": "good", "text": "Scrooge lived in London."}, {"id": "bad", "text": None}], ExtractConfig())
+    out = extract_batch(
+        [{"id": "good", "text": "Scrooge lived in London."}, {"id": "bad", "text": None}], ExtractConfig()
+    )
     assert out.ok == ["good"]
     assert [q["item"] for q in out.quarantine] == ["bad"]
 
@@ -99,12 +103,25 @@ def test_merge_in_parts_equals_merge_whole(tmp_path):
     for c in range(40):
         chunk = f"c{rnd.randrange(10**6):06d}"
         for _ in range(rnd.randrange(1, 6)):
-            ents.append({"name": rnd.choice(names), "type": rnd.choice(types), "chunk_id": chunk,
-                         "description": f"Sentence {rnd.randrange(30)}."})
+            ents.append(
+                {
+                    "name": rnd.choice(names),
+                    "type": rnd.choice(types),
+                    "chunk_id": chunk,
+                    "description": f"Sentence {rnd.randrange(30)}.",
+                }
+            )
         for _ in range(rnd.randrange(0, 4)):
             a, b = rnd.sample(names, 2)
-            rels.append({"source": a, "target": b, "chunk_id": chunk, "description": f"Link {rnd.randrange(20)}.",
-                         "weight": 1.0})
+            rels.append(
+                {
+                    "source": a,
+                    "target": b,
+                    "chunk_id": chunk,
+                    "description": f"Link {rnd.randrange(20)}.",
+                    "weight": 1.0,
+                }
+            )
     rows = mention_rows(ents, rels)
     order = {r["chunk_id"]: (f"doc{i % 7}.md", i) for i, r in enumerate(rows)}
     table = dictionary_encoded(to_table("mentions", rows, 0, 1))
@@ -128,7 +145,9 @@ def test_merge_in_parts_equals_merge_whole(tmp_path):
     assert len(task_relations.files) == len(spilled.files) and task_relations.num_rows == whole_relations.num_rows
     assert task_relations.read_all().equals(whole_relations)
     # the entities too stay in parts (ranges of keys, about 4 rows each): in order they are the whole table's rows
-    assert len(task_entities.files) == -(-len(whole_entities) // 4) > 1 and task_entities.num_rows == len(whole_entities)
+    assert len(task_entities.files) == -(-len(whole_entities) // 4) > 1 and task_entities.num_rows == len(
+        whole_entities
+    )
     assert task_entities.read_all().to_pylist() == [dict(e, staleness=0.0) for e in whole_entities]
     assert range_bounds(pl.Series(list("jihgfedcba")), 3) == ["d", "g"]
     assert range_bounds(pl.Series(["x", "x", "x"]), 3) == ["x"] and range_bounds(pl.Series([], dtype=pl.Utf8), 4) == []
@@ -169,7 +188,7 @@ def test_no_name_runs_across_a_clause_break():
     text = (
         "\"Much!'--Marley's voice, all the time.\" A comfortable, oily, rich, fat, jovial voice called out. "
         "He spoke with great excitement--and left. "
-        "Star Wars: Episode IV was filmed in Tunisia. Dwayne \"The Rock\" Johnson lives in Washington, D.C."
+        'Star Wars: Episode IV was filmed in Tunisia. Dwayne "The Rock" Johnson lives in Washington, D.C.'
     )
     names = {e["name"] for e in extract_batch([{"id": "c1", "text": text}], ExtractConfig()).entities}
     assert not any(mark in n for n in names for mark in ("--", "!", ","))
@@ -186,3 +205,64 @@ def test_single_common_nouns_are_entities_only_where_asked_for():
     assert {"Scrooge", "old man", "Spirit", "cold fire", "London"} <= names
     every = {e["name"] for e in extract_batch([{"id": "c1", "text": text}], ExtractConfig()).entities}
     assert {"hand", "door"} <= every  # the default keeps them (narrative questions ask about them)
+
+
+def _statements(text: str) -> set[tuple[str, str, str]]:
+    out = extract_batch([{"id": "c1", "text": text}], ExtractConfig())
+    return {(r["source"], r["label"], r["target"]) for r in out.relations if r["label"]}
+
+
+def test_relations_are_labelled_by_what_the_sentence_says():
+    """Subject-verb-object (a preposition or a passive's agent joins the verb, a negation leads it), a copula's noun
+    with its preposition, an appositive, a participle and a relative clause, conjoined ends; hand-parsed."""
+    assert ("Scrooge", "employs", "Bob Cratchit") in _statements("Scrooge employs Bob Cratchit in a dismal office.")
+    assert ("Bob Cratchit", "clerk of", "Ebenezer Scrooge") in _statements(
+        "Bob Cratchit is the clerk of Ebenezer Scrooge."
+    )
+    said = _statements("The Eiffel Tower, designed by Gustave Eiffel, opened in Paris in 1889.")
+    assert {("Eiffel Tower", "designed by", "Gustave Eiffel"), ("Eiffel Tower", "opened in", "Paris")} <= said
+    said = _statements("Alice and Bob founded Acme, which later acquired Globex.")
+    assert {("Alice", "founded", "Acme"), ("Bob", "founded", "Acme"), ("Acme", "acquired", "Globex")} <= said
+    assert ("Scrooge", "not pay", "Bob Cratchit") in _statements("Scrooge did not pay Bob Cratchit well.")
+    assert ("Paris", "capital of", "France") in _statements("Paris is the capital of France.")
+    said = _statements("The current editor is Jan Philip Solovej from the University of Copenhagen.")
+    assert ("Jan Philip Solovej", "from", "University of Copenhagen") in said  # a noun and its preposition
+    assert not any(label.startswith("Jan") for _, label, _ in said)  # a name is no role
+    # a pronoun names no mention: no statement, the pair still co-occurs unlabelled
+    out = extract_batch([{"id": "c1", "text": "It supplies sensors to Norsk Hydro."}], ExtractConfig())
+    assert out.relations and not any(r["label"] for r in out.relations)
+
+
+def test_a_relation_takes_its_most_frequent_label_read_from_its_subject():
+    """Labels compete by count (then code point order), whichever way round the mentions name the ends; the label
+    reads from the end that is its subject (``label_from``); a co-occurring pair has none."""
+    ents = [
+        {"name": n, "type": "person", "description": "x.", "chunk_id": "c1"}
+        for n in ("Scrooge", "Bob Cratchit", "Fred")
+    ]
+
+    def rel(source, target, label, chunk):
+        return {
+            "source": source,
+            "target": target,
+            "description": chunk,
+            "weight": 1.0,
+            "chunk_id": chunk,
+            "label": label,
+        }
+
+    rels = [
+        rel("Bob Cratchit", "Scrooge", "clerk of", "c1"),
+        rel("Scrooge", "Bob Cratchit", "employs", "c2"),
+        rel("Scrooge", "Bob Cratchit", "employs", "c3"),
+        rel("Scrooge", "Fred", None, "c1"),
+    ]
+    entities, relations = merge_graph(ents, rels, max_description_tokens=100)
+    ids = {e["name"]: e["id"] for e in entities}
+    by_pair = {frozenset((r["source_id"], r["target_id"])): r for r in relations.to_pylist()}
+    employs = by_pair[frozenset((ids["Scrooge"], ids["Bob Cratchit"]))]
+    assert (employs["label"], employs["label_from"], employs["weight"]) == ("employs", ids["Scrooge"], 3.0)
+    plain = by_pair[frozenset((ids["Scrooge"], ids["Fred"]))]
+    assert plain["label"] is None and plain["label_from"] is None
+    tie = merge_graph(ents, rels[:2], max_description_tokens=100)[1].to_pylist()[0]
+    assert (tie["label"], tie["label_from"]) == ("clerk of", ids["Bob Cratchit"])  # 1 to 1: "clerk of" < "employs"

@@ -108,7 +108,7 @@ TYPES = ["person", "concept", "location"]
 
 
 def _corpus(rnd: random.Random):
-    """Random mentions of 14 chunks at random places: (mention rows, chunk order)."""
+    """Random mentions of 14 chunks at random places, relations labelled or not: (mention rows, chunk order)."""
     chunks = [f"c{i:02d}" for i in range(14)]
     order = {c: (rnd.choice("abcd"), rnd.randrange(6)) for c in chunks}
     ents, rels = [], []
@@ -118,7 +118,10 @@ def _corpus(rnd: random.Random):
             text = rnd.choice(SENTENCES).format(a=a, b=b)
             ents.append(_ent(a, c, text, rnd.choice(TYPES)))
             if rnd.random() < 0.6:
-                rels.append({"source": a, "target": b, "description": text, "weight": 1.0, "chunk_id": c})
+                label = rnd.choice([None, None, "employs", "visits"])  # labels that compete, either way round
+                rels.append(
+                    {"source": a, "target": b, "description": text, "weight": 1.0, "chunk_id": c, "label": label}
+                )
     rnd.shuffle(ents)
     rnd.shuffle(rels)
     return mention_rows(ents, rels), order
@@ -126,7 +129,7 @@ def _corpus(rnd: random.Random):
 
 @pytest.mark.parametrize("seed", range(40))
 def test_state_and_new_mentions_give_what_all_mentions_give(seed):
-    """Random corpora: mentions with repeated sentences, names and types that compete, chunks whose places
+    """Random corpora: mentions with repeated sentences, names, types and relation labels that compete, chunks whose places
     interleave old and new documents; the new chunks only add mentions. Entities, relations and the new state
     equal a full merge of all the mentions, and the update never read the old mentions of an entity."""
     rnd = random.Random(seed)

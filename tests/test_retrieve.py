@@ -35,7 +35,7 @@ EDGES = [("A", "B", "extracted"), ("B", "C", "extracted"), ("D", "E", "extracted
 COMMS = {"c1": ["A", "B", "C", "S1"], "c2": ["D", "E", "S2"], "c3": ["T"]}
 
 
-def build(tmp_path, empty=False, ann_min_rows=None, reports_said=None) -> IndexView:
+def build(tmp_path, empty=False, ann_min_rows=None, reports_said=None, labels=None) -> IndexView:
     now = datetime(2026, 1, 1, tzinfo=timezone.utc)
     docs = [{"id": f"doc{i}", "uri": f"/c#{i}", "root": "/c", "source_id": f"p{i}", "title": f"Doc {i}", "text": t,
              "content_hash": "0" * 64, "n_tokens": 5, "ingested_at": now}
@@ -48,6 +48,8 @@ def build(tmp_path, empty=False, ann_min_rows=None, reports_said=None) -> IndexV
              "vector": VECS[n]} for n in VECS]
     rels = [{"id": f"{a}-{b}", "source_id": a, "target_id": b, "kind": k, "description": f"{a} to {b}", "weight": 1.0,
              "source_chunk_ids": []} for a, b, k in EDGES]
+    for r in rels:  # (label, the end it reads from) given by the test
+        r["label"], r["label_from"] = (labels or {}).get((r["source_id"], r["target_id"]), (None, None))
     comms = [{"id": c, "level": 0, "parent_id": None, "entity_ids": m, "size": len(m)} for c, m in COMMS.items()]
     reports = [{"id": f"r-{c}", "community_id": c, "level": 0, "title": f"Report {c}", "summary": f"About {c}.",
                 "rating": 5.0, "findings": [f"{c} finding"], "full_text": "", "vector": VECS["T"]} for c in COMMS]
@@ -81,6 +83,13 @@ def test_local_global_bridge_by_hand(tmp_path):
     assert [(b["source"], b["target"]) for b in ctx.bridge] == [("A", "B"), ("B", "S1"), ("S1", "T"), ("A", "S1")]
     assert [c["id"] for c in ctx.chunks] == ["ch1", "ch2"]  # graph-ranked sources: the closer chunk first
     assert ctx.chunks[0]["source_id"] == "p1"
+
+
+def test_a_bridge_path_reads_a_labelled_relation_from_its_subject(tmp_path):
+    ctx = retrieve(build(tmp_path, labels={("A", "B"): ("employs", "B")}), "q", Q, "hi", CFG)
+    texts = {(b["source"], b["target"]): b["text"] for b in ctx.bridge}
+    assert texts[("A", "B")] == "- B —employs→ A: A to B"
+    assert texts[("B", "S1")] == "- B —[summary_of]→ S1: B to S1"
 
 
 def test_flat_mode_uses_layer0_only_and_skips_missing_paths(tmp_path):

@@ -91,6 +91,15 @@ def inspect(
                 f"{data['method']} links per layer", keys, [[str(n[k]) for k in keys] for n in data["nodes"]], "right"
             )
         )
+    if data["relation_labels"]:
+        total = sum(data["relations_by_kind"].values())
+        out.print(
+            _table(
+                f"relation labels: {data['relations_labelled']} of {total} relations, the most used",
+                ("label", "relations"),
+                [[k, str(v)] for k, v in data["relation_labels"].items()],
+            )
+        )
     if data["communities"]:
         keys = ("level", "count", "min_size", "median_size", "max_size")
         out.print(

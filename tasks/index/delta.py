@@ -408,17 +408,22 @@ def _grown_relations(
     from tasks.index.merge import _in_corpus_order, entity_id, relation_frame, relation_id
     from tasks.index.merge_state import grow, state_table
 
-    pairs = {}
+    pairs, first, second = {}, {}, {}  # key -> the pair of ids in order, the id of the key's first end, its second's
     for k in keys:
         a, b = k.split("|", 1)
-        ends = sorted((entity_id(0, a), entity_id(0, b)))
-        if a != b and set(ends) <= live_ids:
-            pairs[k] = "|".join(ends)
+        first[k], second[k] = entity_id(0, a), entity_id(0, b)
+        if a != b and {first[k], second[k]} <= live_ids:
+            pairs[k] = "|".join(sorted((first[k], second[k])))
     rel_ids = {relation_id(*_ends(p), "extracted"): p for p in set(pairs.values())}
     state = _state_by(grown, rel_ids)
     new = grown.new.filter((pl.col("kind") == "relation") & pl.col("key").is_in(sorted(pairs)))
-    new = new.with_columns(pair=pl.col("key").cast(pl.Utf8).replace_strict(pairs, return_dtype=pl.Utf8))
-    placed = _in_corpus_order(new, places, "pair", "description")
+    key = pl.col("key").cast(pl.Utf8)
+    new = new.with_columns(
+        pair=key.replace_strict(pairs, return_dtype=pl.Utf8),
+        ida=key.replace_strict(first, return_dtype=pl.Utf8, default=None),
+        idb=key.replace_strict(second, return_dtype=pl.Utf8, default=None),
+    )
+    placed = _in_corpus_order(new, places, "pair", "type", "ida", "idb", "description")
     frame = grow(state, placed, "pair", max_tokens)
     held = old_rows(sorted(rel_ids))
     before = dict(zip(held.column("id").to_pylist(), held.column("source_chunk_ids").to_pylist()))

@@ -3,7 +3,8 @@
 Entities are spaCy named entities (typed) plus noun phrases (type ``concept``; of one common noun only with
 ``extract.single_nouns``); relations
 join entities that share a sentence, each described by that sentence — the approach of
-GraphRAG's "fast" NLP graph. A chunk is parsed with its page furniture blanked out
+GraphRAG's "fast" NLP graph — and labelled by what the sentence says one does to the other where its parse makes
+a statement of them (``tasks.index.statements``: "Scrooge employs Bob Cratchit"). A chunk is parsed with its page furniture blanked out
 (``tasks.index.furniture``). ``extract_batch`` is the unit of parallel work (one Dask task
 per batch of chunks); a chunk that fails is quarantined, never fatal.
 """
@@ -14,11 +15,12 @@ import functools
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, cast
+from typing import Any, NotRequired, TypedDict, cast
 
 from schemas.config import ExtractConfig
 from schemas.tables import QuarantineRow
 from tasks.index import furniture
+from tasks.index.statements import statements
 from tasks.runtime.parallel import Mapper
 from tasks.runtime.text import CLAUSE_BREAK, LIST_BREAK, squash_clip
 from tasks.store.ids import quarantine_row
@@ -34,11 +36,14 @@ class RawEntity(TypedDict):
 
 
 class RawRelation(TypedDict):
-    source: str
+    source: str  # the statement's subject where ``label`` is set
     target: str
     description: str
     weight: float
     chunk_id: str
+    label: NotRequired[
+        str | None
+    ]  # what the sentence says ``source`` does to ``target`` (``statements``); none: they co-occur
 
 
 @dataclass
@@ -204,33 +209,66 @@ def mentions_of(doc, cfg: ExtractConfig) -> list[tuple[int, int, str, str]]:
 
 
 def extract_doc(doc, chunk_id: str, cfg: ExtractConfig) -> tuple[list[RawEntity], list[RawRelation]]:
-    """Raw entities and relations of one parsed chunk."""
+    """Raw entities and relations of one parsed chunk. Within a sentence each entity relates to the next
+    ``relation_window`` ones it names; a pair the sentence makes a statement of (``statements``) is labelled and
+    reads from the statement's subject, and a statement between mentions further apart is a relation too."""
     entities: list[RawEntity] = []
     relations: list[RawRelation] = []
     mentions = mentions_of(doc, cfg)
     if not mentions:
         return entities, relations
-    sentences = [(s.start_char, s.end_char, s.text) for s in doc.sents]
+    sents = list(doc.sents)
     si = 0
     by_sentence: dict[int, list[tuple[int, int, str, str]]] = {}
     for m in mentions:
-        while si < len(sentences) - 1 and m[0] >= sentences[si][1]:
+        while si < len(sents) - 1 and m[0] >= sents[si].end_char:
             si += 1
         by_sentence.setdefault(si, []).append(m)
     for si, ms in sorted(by_sentence.items()):
-        sentence = squash_clip(sentences[si][2], cfg.max_sentence_chars)
+        sentence = squash_clip(sents[si].text, cfg.max_sentence_chars)
         for _, _, name, etype in ms:
             entities.append({"name": name, "type": etype, "description": sentence, "chunk_id": chunk_id})
+        said = _statements_of(doc, sents[si], ms)
         names: list[str] = []
         for _, _, name, _ in ms:
             if name.lower() not in (n.lower() for n in names):
                 names.append(name)
         for i, src in enumerate(names):
             for tgt in names[i + 1 : i + 1 + cfg.relation_window]:
-                relations.append(
-                    {"source": src, "target": tgt, "description": sentence, "weight": 1.0, "chunk_id": chunk_id}
-                )
+                pair = (src.lower(), tgt.lower())
+                subj, label, obj = said.pop(pair, None) or said.pop(pair[::-1], None) or (src, None, tgt)
+                relations.append(_relation(subj, obj, sentence, chunk_id, label))
+        for subj, label, obj in said.values():
+            relations.append(_relation(subj, obj, sentence, chunk_id, label))
     return entities, relations
+
+
+def _relation(source: str, target: str, sentence: str, chunk_id: str, label: str | None) -> RawRelation:
+    return {
+        "source": source,
+        "target": target,
+        "description": sentence,
+        "weight": 1.0,
+        "chunk_id": chunk_id,
+        "label": label,
+    }
+
+
+def _statements_of(doc, sent, ms: list[tuple[int, int, str, str]]) -> dict[tuple[str, str], tuple[str, str, str]]:
+    """A sentence's statements between its mentions ``ms`` (``statements``), keyed by their (subject, object)
+    names lowercased: (subject name, label, object name), each pair once, in token order."""
+    at: dict[int, int] = {}
+    for k, (start, end, _, _) in enumerate(ms):
+        span = doc.char_span(start, end, alignment_mode="expand")
+        for tok in span if span is not None else ():
+            at.setdefault(tok.i, k)
+    out: dict[tuple[str, str], tuple[str, str, str]] = {}
+    for s, label, o in statements(sent, at):
+        subj, obj = ms[s][2], ms[o][2]
+        key = (subj.lower(), obj.lower())
+        if key[0] != key[1] and key not in out and key[::-1] not in out:
+            out[key] = (subj, label, obj)
+    return out
 
 
 def extract_batch(chunks: list[dict[str, Any]], cfg: ExtractConfig) -> ExtractionResult:

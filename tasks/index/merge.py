@@ -13,7 +13,17 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
-from tasks.index.merge_state import ENTITY_STATE, STATE, budgeted, count_lists, pick_name, pick_type, state_table
+from tasks.index.merge_state import (
+    ENTITY_STATE,
+    STATE,
+    budgeted,
+    count_lists,
+    label_counts,
+    pick_name,
+    pick_type,
+    state_table,
+    with_labels,
+)
 from tasks.store.ids import make_id, normalize_name
 
 if TYPE_CHECKING:
@@ -72,7 +82,9 @@ def mention_rows(
     for r in extracted_relations:
         n = seq[r["chunk_id"]]
         seq[r["chunk_id"]] += 1
-        a, b = sorted((normalize_name(r["source"]), normalize_name(r["target"])))
+        source, target = normalize_name(r["source"]), normalize_name(r["target"])
+        a, b = sorted((source, target))
+        label = r.get("label")
         rows.append(
             {
                 "id": make_id("m", r["chunk_id"], n),
@@ -82,7 +94,7 @@ def mention_rows(
                 "key": f"{a}|{b}",
                 "name": r["source"],
                 "target": r["target"],
-                "type": None,
+                "type": None if not label else (">" if source == a else "<") + label,
                 "description": r["description"],
                 "weight": r.get("weight", 1.0),
             }
@@ -257,7 +269,7 @@ def relation_part(mentions, places, ids, max_description_tokens: int, state: boo
     import polars as pl
 
     relation = _relation_part(
-        _in_corpus_order(mentions, places, "key", "description"), ids, max_description_tokens, state
+        _in_corpus_order(mentions, places, "key", "type", "description"), ids, max_description_tokens, state
     ).sort("source_id", "target_id")
     pairs = zip(relation.get_column("source_id").to_list(), relation.get_column("target_id").to_list())
     return relation.with_columns(
@@ -349,14 +361,19 @@ def _relation_part(rels, ids, max_description_tokens: int, state: bool = False):
         .join(ids.rename({"key": "b", "id": "idb"}), on="b")
         .select(
             "key",
+            "ida",
+            "idb",
             pair=pl.concat_str(pl.min_horizontal("ida", "idb"), pl.max_horizontal("ida", "idb"), separator="|").cast(
                 pl.Categorical
             ),
         )
     )
-    rels = rels.join(pair_of, on="key", maintain_order="left").drop("key")
+    # the ends' ids joined to the labelled mentions only (most mentions are co-occurrences: no string per one)
+    labels = label_counts(rels.filter(pl.col("type").is_not_null()).join(pair_of, on="key"), "pair")
+    rels = rels.join(pair_of.select("key", "pair"), on="key", maintain_order="left").drop("key", "type")
+    described = budgeted(rels, "pair", max_description_tokens, state)
     return (
-        budgeted(rels, "pair", max_description_tokens, state)
+        with_labels(described, labels, "pair", state)
         .join(rels.group_by("pair").agg(pl.col("chunk_id").unique().sort().alias("source_chunk_ids")), on="pair")
         .with_columns(
             pl.col("pair")
@@ -366,7 +383,16 @@ def _relation_part(rels, ids, max_description_tokens: int, state: bool = False):
             .alias("st")
         )
         .unnest("st")
-        .select("source_id", "target_id", "description", "parts", "source_chunk_ids", *(STATE if state else ()))
+        .select(
+            "source_id",
+            "target_id",
+            "description",
+            "parts",
+            "source_chunk_ids",
+            "label",
+            "label_from",
+            *(STATE if state else ()),
+        )
     )
 
 

@@ -52,7 +52,7 @@ KEPT["kept_seqs"] = "seq"
 CUT = {"cut": "description", "cut_source": "source", "cut_position": "pos", "cut_chunk": "chunk_id", "cut_seq": "seq"}
 #: the state columns of an entity's frame, and of a relation's
 ENTITY_STATE = ("names", "name_counts", "types", "type_counts", *KEPT, *CUT)
-STATE = (*KEPT, *CUT, "hashes")
+STATE = (*KEPT, *CUT, "hashes", "types", "type_counts")
 
 
 def budgeted(frame, group: str, max_tokens: int, state: bool = False):
@@ -121,6 +121,47 @@ def count_lists(counts, column: str):
     )
 
 
+def label_counts(rels, group: str):
+    """(``group``, type, n): the labels of relation mentions as "<id of the end it reads from> <label>", counted.
+    ``rels`` holds ``group``, each mention's ``type`` (``mentions``: a label led by ">" or "<") and the ids of its
+    key's first and second ends (``ida``, ``idb``)."""
+    import polars as pl
+
+    typed = pl.col("type").cast(pl.Utf8)
+    end = pl.when(typed.str.starts_with(">")).then(pl.col("ida")).otherwise(pl.col("idb"))
+    return (
+        rels.filter(typed.is_not_null())
+        .select(group, type=pl.concat_str(end, typed.str.slice(1), separator=" "))
+        .group_by(group, "type")
+        .agg(n=pl.len().cast(pl.Int64))
+    )
+
+
+def with_labels(frame, counts, group: str, state: bool = False):
+    """``frame`` (a row per ``group``) with each relation's ``label`` and ``label_from`` (null: none) of its
+    ``label_counts``: the most frequent, then the first label in code point order (then end id) — an order of values,
+    not of the corpus, so an update that adds mentions to a state's counts picks what all the mentions would. With
+    ``state``, the counts as the state's ``types`` and ``type_counts`` lists."""
+    import polars as pl
+
+    ends = pl.col("type").str.splitn(" ", 2).struct.rename_fields(["label_from", "label"])
+    picked = (
+        counts.with_columns(ends.alias("ends"))
+        .unnest("ends")
+        .sort(group, "n", "label", "label_from", descending=[False, True, False, False])
+        .unique(group, keep="first", maintain_order=True)
+        .select(group, "label", "label_from")
+    )
+    out = frame.join(picked, on=group, how="left")
+    if not state:
+        return out
+    lists = count_lists(counts.rename({group: "key"}), "type").rename({"key": group})
+    return out.join(lists, on=group, how="left").with_columns(
+        types=pl.col("types").fill_null(pl.lit([], pl.List(pl.Utf8))),
+        type_counts=pl.col("type_counts").fill_null(pl.lit([], pl.List(pl.Int64))),
+    )
+
+
 def text_hash(text: str) -> int:
     """A sentence's 64-bit hash, the same in every process and version (a relation's weight counts them)."""
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
@@ -185,7 +226,8 @@ def grow(state: pa.Table, new, group: str, max_tokens: int) -> Any:
     """Rows of the ``group`` values (entity keys, or relation pairs) whose ``new`` mentions (a polars frame:
     ``group``, description, name and type for entities, and the ``MENTION_PLACE`` columns) only add to their ``state``
     (``merge_state`` rows, their ``id`` renamed to ``group``; a value without one is new): a frame of ``group``,
-    description, and the new state; with names and types (entities), or hashes (relations)."""
+    description, and the new state; with names and types (entities), or hashes and labels (relations: ``new`` holds
+    ``label_counts``' columns too)."""
     import polars as pl
 
     old = cast(pl.DataFrame, pl.from_arrow(state)).rename({"id": group})  # a table gives a frame
@@ -212,7 +254,15 @@ def grow(state: pa.Table, new, group: str, max_tokens: int) -> Any:
                 new.join(hashed, on="description").select(group, "h"),
             ]
         ).drop_nulls()
-        return rows.join(hashes.group_by(group).agg(hashes=pl.col("h").unique().sort()), on=group)
+        rows = rows.join(hashes.group_by(group).agg(hashes=pl.col("h").unique().sort()), on=group)
+        held = old.select(group, "types", "type_counts").explode(["types", "type_counts"])
+        held = held.rename({"types": "type", "type_counts": "n"}).drop_nulls()
+        labels = (
+            pl.concat([held, label_counts(new, group).select(held.columns)])
+            .group_by(group, "type")
+            .agg(pl.col("n").sum())
+        )
+        return with_labels(rows, labels, group, state=True)
     counts = {}
     for c in ("name", "type"):
         held = old.select(group, f"{c}s", f"{c}_counts").explode([f"{c}s", f"{c}_counts"])

@@ -217,7 +217,7 @@ def fill_archrag(view, ctx, budgets: dict[str, int], cfg) -> None:
                                 "target": r["target_id"],
                                 "kind": r["kind"],
                                 "score": sim,
-                                "text": f"- {view.name_of(r['source_id'])} — {view.name_of(r['target_id'])}: {r['description']}",
+                                "text": f"- {view.statement(r, kind=False)}: {r['description']}",
                             }
                         )
     # the reduce step: the most useful pieces of each kind first, within the section budgets

@@ -328,7 +328,7 @@ def fill_bilevel(view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) ->
                 "source": r["source_id"],
                 "target": r["target_id"],
                 "kind": r["kind"],
-                "text": f"- {view.name_of(r['source_id'])} — {view.name_of(r['target_id'])}: {r['description']}",
+                "text": f"- {view.statement(r, kind=False)}: {r['description']}",
             }
         )
     ctx.bridge, ctx.tokens["bridge"] = fill(rows, budgets["bridge"])

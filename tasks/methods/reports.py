@@ -27,7 +27,7 @@ from tasks.index.chunk import clip_tokens, count_tokens, truncate_tokens
 from tasks.runtime.llm import LLMClient, ParseError, parse_json, run_sync
 from tasks.runtime.text import as_ended
 from tasks.store.ids import make_id
-from tasks.store.rows import REPORT_COLUMNS, relation_table
+from tasks.store.rows import REPORT_COLUMNS, reading_order, relation_table
 
 PROMPT_VERSION = "community-report/1"
 MAX_FINDINGS = 5
@@ -54,6 +54,7 @@ class RelationIndex:
         self.src, self.tgt, self.at = src[known], tgt[known], at
         self.weight = t.column("weight").to_numpy()[known]
         self.extracted = pc.equal(t.column("kind"), "extracted").to_numpy(zero_copy_only=False)[known]
+        self.labelled = pc.is_valid(t.column("label")).to_numpy(zero_copy_only=False)[known]
         rank = np.empty(t.num_rows, dtype=np.int64)  # order of the relation ids
         rank[pc.sort_indices(t.column("id")).to_numpy()] = np.arange(t.num_rows)
         self.rank = rank[known]
@@ -63,13 +64,14 @@ class RelationIndex:
         self.start = np.searchsorted(ends[order], np.arange(len(entity_ids) + 1))
 
     def inner(self, members: list[str]) -> np.ndarray:
-        """The relations between members, strongest first: extracted before summary_of, then by weight, then id."""
+        """The relations between members, strongest first: extracted before summary_of, labelled (a statement)
+        before co-occurring, then by weight, then id."""
         m = np.array(sorted({self.at[e] for e in members}), dtype=np.int64)
         if not len(m) or not len(self.src):
             return np.zeros(0, dtype=np.int64)
         cand = np.unique(np.concatenate([self.by_node[self.start[i] : self.start[i + 1]] for i in m]))
         cand = cand[np.isin(self.src[cand], m) & np.isin(self.tgt[cand], m)]
-        return cand[np.lexsort((self.rank[cand], -self.weight[cand], ~self.extracted[cand]))]
+        return cand[np.lexsort((self.rank[cand], -self.weight[cand], ~self.labelled[cand], ~self.extracted[cand]))]
 
     def rows(self, idx: np.ndarray) -> list[dict[str, Any]]:
         rows = self.row[np.asarray(idx, dtype=np.int64)]
@@ -116,10 +118,14 @@ def _title(ranked: list[str], ents: dict[str, dict[str, Any]]) -> str:
 
 
 def _finding(r: dict[str, Any], ents: dict[str, dict[str, Any]]) -> str:
-    a, b = ents[r["source_id"]]["name"], ents[r["target_id"]]["name"]
+    """A relation as a finding: "Scrooge employs Bob Cratchit: <its sentences>" where it is a statement (read from
+    its subject), "A — B: <its sentences>" where its ends only co-occur, "A belongs to B" for a summary's member."""
+    first, second = reading_order(r)
+    a, b = ents[first]["name"], ents[second]["name"]
     if r["kind"] == "summary_of":
         return f"{a} belongs to {b}"
-    return f"{a} — {b}: {clip_tokens(r['description'], 60)}"
+    said = f"{a} {r['label']} {b}" if r.get("label") else f"{a} — {b}"
+    return f"{said}: {clip_tokens(r['description'], 60)}"
 
 
 #: characters of a description read for its sentences (the summary takes a few of each member's first ones)

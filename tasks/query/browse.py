@@ -3,7 +3,8 @@
 
 A graph is ``{"nodes": [...], "edges": [...]}``: an entity node ``{id, label, kind: "entity", type, layer}``, a
 source node ``{id, label, kind: "chunk", document_id}``; an edge ``{source, target, kind, text}`` (a relation's kind
-and description, or ``"source"`` from an entity to a chunk that mentions it)."""
+and description, or ``"source"`` from an entity to a chunk that mentions it), with ``label`` where the relation has
+one, read from ``source`` to ``target``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from tasks.errors import NotFoundError
 from tasks.query.view import IndexView
+from tasks.store.rows import reading_order
 
 #: neighbours a node opens with (the best connected first); the explorer asks again for more
 NEIGHBOURS = 25
@@ -69,12 +71,15 @@ def _edges(view: IndexView, members: set[int]) -> list[dict[str, Any]]:
             if a < b and b in members:
                 for k in view.edge_rel.get((a, b), []):
                     r = view.rel_rows[k]
+                    source, target = reading_order(r)
                     out.append(
                         {
-                            "source": r["source_id"],
-                            "target": r["target_id"],
+                            "source": source,
+                            "target": target,
                             "kind": r["kind"],
                             "text": r["description"] or r["kind"].replace("_", " "),
+                            # only where it has one: the explorer draws an edge with a label as an arrow
+                            **({"label": r["label"]} if r.get("label") else {}),
                         }
                     )
     return out

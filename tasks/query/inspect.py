@@ -9,15 +9,20 @@ from tasks.methods.registry import all_methods, get_method
 from tasks.store.catalog import Catalog
 from tasks.store.rows import snapshot_note
 
+#: the most used relation labels ``inspect`` lists
+TOP_LABELS = 12
+
 
 def inspect_data(cat: Catalog, as_of: int | None, runs: int) -> dict[str, Any]:
     """What ``strata inspect --json`` prints: the snapshot, its row counts, what cannot be read, layers, relation
-    kinds, nodes per layer, communities per level, recent runs and every published version."""
+    kinds, how many relations carry a label and the labels most used, nodes per layer, communities per level, recent runs and every published version."""
     import statistics
 
     snap = cat.require_snapshot(as_of)
     layers = cat.read("layers", snap=snap).to_pylist()
     kinds = cat.read("relations", snap=snap, columns=["kind"]).column("kind").value_counts().to_pylist()
+    labels = cat.read("relations", snap=snap, columns=["label"]).column("label").drop_null().value_counts().to_pylist()
+    labels.sort(key=lambda k: (-k["counts"], k["values"]))
     comms = cat.read("communities", snap=snap, columns=["level", "size"])
     sizes: dict[int, list[int]] = {}
     for level, size in zip(comms.column("level").to_pylist(), comms.column("size").to_pylist()):
@@ -39,6 +44,8 @@ def inspect_data(cat: Catalog, as_of: int | None, runs: int) -> dict[str, Any]:
             for l in sorted(layers, key=lambda r: r["layer"])
         ],
         "relations_by_kind": {k["values"]: k["counts"] for k in sorted(kinds, key=lambda k: k["values"])},
+        "relations_labelled": sum(k["counts"] for k in labels),
+        "relation_labels": {k["values"]: k["counts"] for k in labels[:TOP_LABELS]},
         "nodes": node_counts(cat, snap, own),
         "communities": [
             {

@@ -7,7 +7,7 @@ entities, the summaries and the reports sees, each a plain count or share over t
   members' names only (each " / "-separated piece the name of an entity it summarises, or a piece of a member
   summary's name), not of key terms;
 - ``labelled_relations``: of the relations between layer-0 entities, the share with a label saying what links them
-  (a relation kind other than plain co-occurrence, ``extracted``);
+  (the ``label`` column: a verb or a noun a sentence says of them, not mere co-occurrence);
 - ``descriptions_with_furniture``: layer-0 entity descriptions that hold page furniture — a figure marker
   ("[Illustration]"), a run of three words in capitals (a heading: "STAVE ONE--MARLEY'S GHOST"), or a page number
   glued between two sentences' words ("…Christmas Eve 16 Nobody…");
@@ -67,7 +67,7 @@ def repeats_or_is_cut(summary: str) -> bool:
 def graph_quality(cat: Catalog, snap: dict[str, Any]) -> dict[str, Any]:
     """The measures of the module docstring for one snapshot, with the counts behind each share."""
     ents = cat.read("entities", snap=snap, columns=["id", "name", "type", "layer", "degree", "description"]).to_pylist()
-    rels = cat.read("relations", snap=snap, columns=["source_id", "target_id", "kind"]).to_pylist()
+    rels = cat.read("relations", snap=snap, columns=["source_id", "target_id", "kind", "label"]).to_pylist()
     summaries = cat.read("community_reports", snap=snap, columns=["summary"]).column("summary").to_pylist()
     layer = {e["id"]: e["layer"] for e in ents}
     name = {e["id"]: e["name"] for e in ents}
@@ -80,7 +80,7 @@ def graph_quality(cat: Catalog, snap: dict[str, Any]) -> dict[str, Any]:
             members.setdefault(r["target_id"], set()).update([member, *(p.strip() for p in member.split(" / "))])
     upper = [e for e in ents if e["layer"] > 0]
     flat = [r for r in rels if layer.get(r["source_id"]) == 0 and layer.get(r["target_id"]) == 0]
-    labelled = [r for r in flat if r["kind"] not in ("extracted", "summary_of")]
+    labelled = [r for r in flat if r["label"]]
     bad = sum(repeats_or_is_cut(s or "") for s in summaries)
     furnished = sum(has_furniture(e["description"] or "") for e in ents if e["layer"] == 0)
     broken = sum(across_a_break(e["name"] or "", e["type"] or "") for e in ents if e["layer"] == 0)

@@ -24,7 +24,7 @@ from tasks.index.chunk import count_tokens, explicit_title
 from tasks.query.graph_rank import PassageGraph, RankParams, build_passage_graph
 from tasks.query.lexical import BM25Index, bm25s
 from tasks.store.catalog import Catalog
-from tasks.store.rows import snapshot_note, vector_matrix
+from tasks.store.rows import reading_order, snapshot_note, vector_matrix
 from tasks.store.vectors import ann_search, has_vector_index
 
 
@@ -136,6 +136,15 @@ class IndexView:
         """An entity's name (its id where the view does not hold it)."""
         i = self.ent_index.get(entity_id)
         return self.ent_name[i] if i is not None else entity_id
+
+    def statement(self, relation: dict[str, Any], kind: bool = True) -> str:
+        """A relation as a reader reads it: "Scrooge —employs→ Bob Cratchit", from the end its label reads from;
+        where it has no label "A —[kind]→ B", or "A — B" without ``kind``."""
+        first, second = reading_order(relation)
+        if relation.get("label"):
+            return f"{self.name_of(first)} —{relation['label']}→ {self.name_of(second)}"
+        link = f" —[{relation['kind']}]→ " if kind else " — "
+        return self.name_of(first) + link + self.name_of(second)
 
     def report_similarity(self, community_id: str, q: np.ndarray) -> float | None:
         """Cosine of ``q`` to a community's report vector; None when the view holds none for it."""

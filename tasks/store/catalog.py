@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.tables import LOG_TABLES, SNAPSHOT_TABLES, SNAPSHOTS, schema_for
+from schemas.tables import LOG_TABLES, SNAPSHOT_SCHEMA, SNAPSHOT_TABLES, SNAPSHOTS, schema_for
 from tasks.errors import DiskFull, IndexDamaged, IndexError_, IndexNotFound, StoreUnavailable, UsageError
 from tasks.store.leases import Lease
 from tasks.store.remote import (
@@ -40,6 +40,9 @@ from tasks.store.rows import (
     ONE_AHEAD,
     WRITE_BATCH_ROWS,
     TableDelta,
+    applied,
+    as_declared,
+    declared_batches,
     delta_against,
     plain_batches,
     rows_to_table,
@@ -50,18 +53,6 @@ from tasks.store.vectors import build_vector_index
 
 if TYPE_CHECKING:
     from schemas.config import StorageConfig
-
-_SNAPSHOT_SCHEMA = pa.schema(
-    [
-        ("version", pa.int64()),
-        ("created_at", pa.timestamp("us", tz="UTC")),
-        ("run_id", pa.string()),
-        ("kind", pa.string()),
-        ("tables", pa.string()),  # JSON {table: lance version}
-        ("dim", pa.int64()),
-        ("note", pa.string()),
-    ]
-)
 
 
 class Catalog:
@@ -216,10 +207,12 @@ class Catalog:
             if tbl is None:
                 empty = schema_for(name, dim).empty_table()
                 return empty.select(columns) if columns else empty
+            stored = tbl.schema.names
             if columns is None and where is None:
-                return tbl.to_arrow()
+                return as_declared(tbl.to_arrow(), schema_for(name, dim))
             query = tbl.search().where(where) if where else tbl.search()
-            return query.select(columns or tbl.schema.names).limit(None).to_arrow()
+            got = query.select([c for c in columns or stored if c in stored]).limit(None).to_arrow()
+            return as_declared(got, schema_for(name, dim), columns)
         except IndexError_:
             raise
         except Exception as exc:  # noqa: BLE001 - a damaged or missing file: say which table and version
@@ -233,7 +226,9 @@ class Catalog:
         try:
             if (tbl := self.open_table(name, snap=snap)) is None:
                 return
-            yield from tbl.to_lance().scanner(columns=columns, batch_size=batch_rows, **ONE_AHEAD).to_batches()
+            stored = [c for c in columns if c in tbl.schema.names]
+            scanner = tbl.to_lance().scanner(columns=stored, batch_size=batch_rows, **ONE_AHEAD)
+            yield from declared_batches(scanner.to_batches(), schema_for(name, snap.get("dim") or 384), columns)
         except IndexError_:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -314,6 +309,8 @@ class Catalog:
             return None
         (old := self.db.open_table(name)).checkout(pinned)
         columns = [c for c in data.column_names if c != "vector"]
+        if not set(columns) <= set(old.schema.names):  # written before a column was declared: written whole
+            return None
         return delta_against(old.search().select(columns).limit(None).to_batches(65_536), data)
 
     @staticmethod
@@ -329,6 +326,8 @@ class Catalog:
         if tbl.version != pinned:  # a later version exists (a rollback, or a run that never committed): start over
             tbl.checkout(pinned)  # from the pinned one, as the new latest
             tbl.restore()
+        if not set(delta.add.schema.names) <= set(tbl.schema.names):  # written before a column was declared: whole
+            return self._write(name, applied(tbl.to_arrow(), delta))
         if delta.values:  # one delete by an Arrow filter (25k ids as SQL IN lists: +418 MB at 100k chunks; +78)
             tbl.to_lance().delete(pc.field(delta.column).isin(pa.array(delta.values, pa.string())))
         if delta.add.num_rows:
@@ -384,7 +383,7 @@ class Catalog:
             "dim": dim,
             "note": note,
         }
-        data = rows_to_table([row], _SNAPSHOT_SCHEMA)
+        data = rows_to_table([row], SNAPSHOT_SCHEMA)
         tries: list[int] = []
 
         def append() -> None:

@@ -5,7 +5,7 @@ a table's schema, and read a snapshot's note and a table's vector column.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -125,6 +125,37 @@ def relation_table(relations: Any) -> pa.Table:
     return to_table("relations", relations, 0, 0)
 
 
+def as_declared(table: pa.Table, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table:
+    """``table`` (a read of a stored table) with ``columns`` (all of ``schema``'s where None) in that order, a
+    column declared since the table was written read as nulls: an index written by an earlier release reads, and
+    its next write of the table carries the column."""
+    wanted = columns or schema.names
+    for c in wanted:
+        if c not in table.column_names and c in schema.names:
+            table = table.append_column(schema.field(c), pa.nulls(table.num_rows, schema.field(c).type))
+    return table if table.column_names == wanted else table.select([c for c in wanted if c in table.column_names])
+
+
+def declared_batches(
+    batches: Iterable[pa.RecordBatch], schema: pa.Schema, columns: list[str]
+) -> Iterator[pa.RecordBatch]:
+    """Record batches of a stored table's ``columns`` (``as_declared``: a column declared since it was written, as
+    nulls)."""
+    for batch in batches:
+        if batch.schema.names == columns:
+            yield batch
+        else:
+            t = as_declared(pa.Table.from_batches([batch]), schema, columns)
+            yield pa.RecordBatch.from_arrays([c.combine_chunks() for c in t.columns], names=t.column_names)
+
+
+def reading_order(relation: Mapping[str, Any]) -> tuple[str, str]:
+    """A relation row's ends in the order its label reads (``label_from`` first), else as stored. A relations table
+    written before labels has neither column: its rows read as stored."""
+    source, target = relation["source_id"], relation["target_id"]
+    return (target, source) if relation.get("label") and relation.get("label_from") == target else (source, target)
+
+
 def stamped(table: pa.Table, version: int) -> pa.Table:
     """``table`` with every row's ``version`` set to the snapshot's."""
     import numpy as np
@@ -193,6 +224,13 @@ class TableDelta:
     add: pa.Table
 
 
+def applied(old: pa.Table, delta: TableDelta) -> pa.Table:
+    """``delta`` applied to the whole table ``old`` (a column it lacks read as nulls, ``as_declared``)."""
+    old = as_declared(old, delta.add.schema)
+    gone = pc.is_in(old.column(delta.column), value_set=pa.array(delta.values, pa.string()))
+    return pa.concat_tables([old.filter(pc.invert(gone)).cast(delta.add.schema), delta.add])
+
+
 #: the columns of the relations a graph is made of: what an update holds of the relations it keeps (their
 #: descriptions and chunk lists, most of their bytes, stay on disk; ``PipelineRun.previous_in`` reads the rows a
 #: stage needs whole)
@@ -203,7 +241,7 @@ GRAPH_COLUMNS = ("id", "source_id", "target_id", "kind", "weight")
 ONE_AHEAD = {"batch_readahead": 1, "fragment_readahead": 1}
 
 #: what a community report reads of a relation (``tasks.methods.reports.RelationIndex``)
-REPORT_COLUMNS = ["id", "source_id", "target_id", "kind", "description", "weight"]
+REPORT_COLUMNS = ["id", "source_id", "target_id", "kind", "description", "weight", "label", "label_from"]
 
 
 #: rows per batch handed to LanceDB: its writer's memory grows with the batches it is given (100k chunks as one

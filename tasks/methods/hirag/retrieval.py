@@ -97,8 +97,7 @@ def fill_levels(
                         "source": r["source_id"],
                         "target": r["target_id"],
                         "kind": r["kind"],
-                        "text": f"- {view.name_of(r['source_id'])} —[{r['kind']}]→ {view.name_of(r['target_id'])}"
-                        + (f": {r['description']}" if r["description"] else ""),
+                        "text": f"- {view.statement(r)}" + (f": {r['description']}" if r["description"] else ""),
                     }
                 )
             ctx.bridge, ctx.tokens["bridge"] = fill(items, budgets["bridge"])
