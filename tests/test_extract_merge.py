@@ -235,7 +235,8 @@ def test_relations_are_labelled_by_what_the_sentence_says():
 
 def test_a_relation_takes_its_most_frequent_label_read_from_its_subject():
     """Labels compete by count (then code point order), whichever way round the mentions name the ends; the label
-    reads from the end that is its subject (``label_from``); a co-occurring pair has none."""
+    reads from the end that is its subject (``label_from``); a co-occurring pair has none, nor a pair whose
+    statement is a small share of its sentences."""
     ents = [
         {"name": n, "type": "person", "description": "x.", "chunk_id": "c1"}
         for n in ("Scrooge", "Bob Cratchit", "Fred")
@@ -264,5 +265,9 @@ def test_a_relation_takes_its_most_frequent_label_read_from_its_subject():
     assert (employs["label"], employs["label_from"], employs["weight"]) == ("employs", ids["Scrooge"], 3.0)
     plain = by_pair[frozenset((ids["Scrooge"], ids["Fred"]))]
     assert plain["label"] is None and plain["label_from"] is None
+    # a statement that one of four distinct sentences makes is not the relation's label (``LABEL_SHARE``)
+    rare = rels[:1] + [rel("Scrooge", "Bob Cratchit", None, c) for c in ("c4", "c5", "c6")]
+    rarely = merge_graph(ents, rare, max_description_tokens=100)[1].to_pylist()[0]
+    assert rarely["weight"] == 4.0 and rarely["label"] is None and rarely["label_from"] is None
     tie = merge_graph(ents, rels[:2], max_description_tokens=100)[1].to_pylist()[0]
     assert (tie["label"], tie["label_from"]) == ("clerk of", ids["Bob Cratchit"])  # 1 to 1: "clerk of" < "employs"

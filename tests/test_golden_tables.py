@@ -43,8 +43,9 @@ def table_digests(index: Path, also_drop: tuple[str, ...] = ()) -> dict[str, str
 
 def digest(table: pa.Table) -> str:
     """Rows and digest of ``table``'s rows in their order (not how they lie in fragments: a spilled table writes
-    several)."""
-    table = table.combine_chunks()
+    several, nor in what buffers: a take copies each column's values into buffers of their size — a string column
+    with nulls read back from Lance may hold bytes past its last value, more or fewer by how it was written)."""
+    table = table.take(pa.array(range(table.num_rows), pa.int64())).combine_chunks()
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)

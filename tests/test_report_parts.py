@@ -65,6 +65,8 @@ def test_a_relation_goes_to_the_part_of_both_its_ends_and_nowhere_across_parts(t
             "kind": ["extracted"] * len(ends),
             "description": ["d"] * len(ends),
             "weight": [1.0] * len(ends),
+            "label": pa.nulls(len(ends), pa.string()),
+            "label_from": pa.nulls(len(ends), pa.string()),
         }
     )
     pq.write_table(rels, tmp_path / "r.parquet")

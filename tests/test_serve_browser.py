@@ -165,7 +165,10 @@ def test_the_explorer_page_asks_a_question_and_renders_each_section_in_chromium(
         assert driver.save_screenshot(str(out / "community.png"))
         # the first member opens in the graph; one of its sources (a summary's: its members') opens its document
         sources_css = "#panel > div:not([data-section]) > div > a"
-        member = driver.find_element(By.CSS_SELECTOR, "#community [data-section=members] a")
+        listing = driver.find_element(By.CSS_SELECTOR, "#community [data-section=members]")
+        if not listing.get_attribute("open"):  # a community of over 30 members lists them folded
+            listing.find_element(By.TAG_NAME, "summary").click()
+        member = listing.find_element(By.TAG_NAME, "a")
         label = member.text
         member.click()
         wait.until(lambda d: d.find_element(By.ID, "tab-graph").is_displayed() and text("#panel h3") == label)

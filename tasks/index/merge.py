@@ -373,7 +373,7 @@ def _relation_part(rels, ids, max_description_tokens: int, state: bool = False):
     rels = rels.join(pair_of.select("key", "pair"), on="key", maintain_order="left").drop("key", "type")
     described = budgeted(rels, "pair", max_description_tokens, state)
     return (
-        with_labels(described, labels, "pair", state)
+        with_labels(described, labels, "pair", pl.col("parts"), state)
         .join(rels.group_by("pair").agg(pl.col("chunk_id").unique().sort().alias("source_chunk_ids")), on="pair")
         .with_columns(
             pl.col("pair")

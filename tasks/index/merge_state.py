@@ -137,11 +137,17 @@ def label_counts(rels, group: str):
     )
 
 
-def with_labels(frame, counts, group: str, state: bool = False):
+#: the least share of a relation's distinct sentences that must make its label's statement: a strong co-occurrence
+#: of which one sentence in thirty says something ("Scrooge hung before the Spirit") is not labelled by it
+LABEL_SHARE = 1 / 3
+
+
+def with_labels(frame, counts, group: str, weight, state: bool = False):
     """``frame`` (a row per ``group``) with each relation's ``label`` and ``label_from`` (null: none) of its
     ``label_counts``: the most frequent, then the first label in code point order (then end id) — an order of values,
-    not of the corpus, so an update that adds mentions to a state's counts picks what all the mentions would. With
-    ``state``, the counts as the state's ``types`` and ``type_counts`` lists."""
+    not of the corpus, so an update that adds mentions to a state's counts picks what all the mentions would — where
+    its mentions are ``LABEL_SHARE`` of the relation's ``weight`` (an expression over ``frame``: its distinct
+    sentences) or more. With ``state``, all the counts as the state's ``types`` and ``type_counts`` lists."""
     import polars as pl
 
     ends = pl.col("type").str.splitn(" ", 2).struct.rename_fields(["label_from", "label"])
@@ -150,9 +156,14 @@ def with_labels(frame, counts, group: str, state: bool = False):
         .unnest("ends")
         .sort(group, "n", "label", "label_from", descending=[False, True, False, False])
         .unique(group, keep="first", maintain_order=True)
-        .select(group, "label", "label_from")
+        .select(group, "label", "label_from", "n")
     )
-    out = frame.join(picked, on=group, how="left")
+    held = pl.col("n") >= LABEL_SHARE * weight
+    out = (
+        frame.join(picked, on=group, how="left")
+        .with_columns(label=pl.when(held).then(pl.col("label")), label_from=pl.when(held).then(pl.col("label_from")))
+        .drop("n")
+    )
     if not state:
         return out
     lists = count_lists(counts.rename({group: "key"}), "type").rename({"key": group})
@@ -262,7 +273,7 @@ def grow(state: pa.Table, new, group: str, max_tokens: int) -> Any:
             .group_by(group, "type")
             .agg(pl.col("n").sum())
         )
-        return with_labels(rows, labels, group, state=True)
+        return with_labels(rows, labels, group, pl.col("hashes").list.len(), state=True)
     counts = {}
     for c in ("name", "type"):
         held = old.select(group, f"{c}s", f"{c}_counts").explode([f"{c}s", f"{c}_counts"])
