@@ -4,8 +4,8 @@ Entities are spaCy named entities (typed) plus noun phrases (type ``concept``; o
 ``extract.single_nouns``); relations
 join entities that share a sentence, each described by that sentence — the approach of
 GraphRAG's "fast" NLP graph — and labelled by what the sentence says one does to the other where its parse makes
-a statement of them (``tasks.index.statements``: "Scrooge employs Bob Cratchit"). A chunk is parsed with its page furniture blanked out
-(``tasks.index.furniture``). ``extract_batch`` is the unit of parallel work (one Dask task
+a statement of them (``tasks.index.statements``: "Scrooge employs Bob Cratchit"). A chunk is parsed with its page
+furniture blanked out (``tasks.index.furniture``). ``extract_batch`` is the unit of parallel work (one Dask task
 per batch of chunks); a chunk that fails is quarantined, never fatal.
 """
 
@@ -41,9 +41,8 @@ class RawRelation(TypedDict):
     description: str
     weight: float
     chunk_id: str
-    label: NotRequired[
-        str | None
-    ]  # what the sentence says ``source`` does to ``target`` (``statements``); none: they co-occur
+    # what the sentence says ``source`` does to ``target`` (``statements``); none: they co-occur
+    label: NotRequired[str | None]
 
 
 @dataclass

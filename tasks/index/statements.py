@@ -53,9 +53,8 @@ def statements(sent: Any, mention_at: dict[int, int]) -> list[tuple[int, str, in
     for tok in sent:  # after the verbs' and nouns' own statements, which say more of the same pair
         if tok.pos_ in ("NOUN", "PROPN"):
             for prep in (c for c in tok.children if c.dep_ == "prep"):
-                for o in (p for p in prep.children if p.dep_ == "pobj"):
-                    for each in _with_conjuncts(o):
-                        add(tok, [prep.text.lower()], each)
+                for obj in _objects(prep):
+                    add(tok, [prep.text.lower()], obj)
     return found
 
 
@@ -77,10 +76,9 @@ def _verb(verb: Any, add) -> None:
                 for o in _with_conjuncts(c):
                     add(s, words, o)
         elif c.dep_ in ("prep", "agent"):
-            for o in (p for p in c.children if p.dep_ == "pobj"):
+            for o in _objects(c):
                 for s in subjects:
-                    for each in _with_conjuncts(o):
-                        add(s, [*words, c.text.lower()], each)
+                    add(s, [*words, c.text.lower()], o)
 
 
 def _subjects(verb: Any) -> list[Any]:
@@ -103,10 +101,14 @@ def _noun_statements(subj: Any, noun: Any, add, plain: list[str]) -> None:
     if noun.pos_ == "NOUN":
         words = [t.text if t.pos_ == "PROPN" else t.text.lower() for t in noun.lefts if t.dep_ in _MODIFIERS]
         for prep in (c for c in noun.children if c.dep_ == "prep"):
-            for o in (p for p in prep.children if p.dep_ == "pobj"):
-                for each in _with_conjuncts(o):
-                    add(subj, [*words, noun.text.lower(), prep.text.lower()], each)
+            for obj in _objects(prep):
+                add(subj, [*words, noun.text.lower(), prep.text.lower()], obj)
     add(subj, plain, noun)
+
+
+def _objects(prep: Any) -> list[Any]:
+    """A preposition's objects, each with its conjuncts ("in Oslo and Bergen")."""
+    return [each for obj in prep.children if obj.dep_ == "pobj" for each in _with_conjuncts(obj)]
 
 
 def _with_conjuncts(tok: Any) -> list[Any]:

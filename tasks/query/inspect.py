@@ -15,13 +15,15 @@ TOP_LABELS = 12
 
 def inspect_data(cat: Catalog, as_of: int | None, runs: int) -> dict[str, Any]:
     """What ``strata inspect --json`` prints: the snapshot, its row counts, what cannot be read, layers, relation
-    kinds, how many relations carry a label and the labels most used, nodes per layer, communities per level, recent runs and every published version."""
+    kinds, how many relations carry a label and the labels most used, nodes per layer, communities per level,
+    recent runs and every published version."""
     import statistics
 
     snap = cat.require_snapshot(as_of)
     layers = cat.read("layers", snap=snap).to_pylist()
-    kinds = cat.read("relations", snap=snap, columns=["kind"]).column("kind").value_counts().to_pylist()
-    labels = cat.read("relations", snap=snap, columns=["label"]).column("label").drop_null().value_counts().to_pylist()
+    rels = cat.read("relations", snap=snap, columns=["kind", "label"])  # one read of both columns
+    kinds = rels.column("kind").value_counts().to_pylist()
+    labels = rels.column("label").drop_null().value_counts().to_pylist()
     labels.sort(key=lambda k: (-k["counts"], k["values"]))
     comms = cat.read("communities", snap=snap, columns=["level", "size"])
     sizes: dict[int, list[int]] = {}
