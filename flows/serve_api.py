@@ -129,6 +129,7 @@ class CommunitySummary(BaseModel):
 
 class CommunityCard(CommunitySummary):
     summary: str
+    rating_reason: str | None = Field(None, description="Why the rating is what it is (null: an older index).")
     findings: list[str]
     members: list[GraphNode]
     children: list[CommunitySummary]

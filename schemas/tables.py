@@ -120,6 +120,7 @@ class ReportRow(TypedDict):
     title: Str
     summary: Str
     rating: Float
+    rating_reason: OptStr  # why the rating is what it is (null: written before reasons were kept)
     findings: StrList
     full_text: Str
     staleness: NotRequired[Float]  # share of members added since the report was written

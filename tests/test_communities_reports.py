@@ -60,6 +60,14 @@ def test_reports_one_per_community_and_bottom_up_when_over_budget():
     assert by["left"]["findings"][0].startswith("A — B:")
     assert by["left"]["summary"] in by["top"]["summary"] or by["left"]["title"] in by["top"]["summary"]
     assert all(0 <= r["rating"] <= 10 for r in reports)
+    # the rating says why: three relations of weight 1 inside 'left', as many in the strongest of its level
+    assert by["left"]["rating"] == 10.0
+    assert by["left"]["rating_reason"] == (
+        "its 3 members' relations weigh 3 together, against 3 in the strongest community of level 1: "
+        "10 × log(1 + 3) / log(1 + 3)"
+    )
+    assert by["top"]["rating_reason"].startswith("its 6 members' relations weigh 6.1 together")
+    assert by["left"]["full_text"].endswith("Rating 10 of 10: " + by["left"]["rating_reason"])
 
 
 def test_offline_report_names_named_entities_and_never_repeats_a_sentence():
@@ -192,14 +200,44 @@ def test_llm_reports_use_the_answer_and_keep_offline_draft_on_failure():
 
     def answers(messages):
         if "A (concept)" in messages[-1]["content"]:
-            return json.dumps({"title": "The ABC group", "summary": "s", "rating": 42, "findings": ["f1"]})
+            return json.dumps(
+                {"title": "The ABC group", "summary": "s", "rating": 42, "rating_reason": "A  core\ngroup.",
+                 "findings": ["f1"]}
+            )
         return '{"summary": "no title"}'
 
     reports, failures = build_reports(comms, ents, rels, budget=500, client=FakeLLM(answers))
     by = {r["community_id"]: r for r in reports}
     assert by["x"]["title"] == "The ABC group" and by["x"]["rating"] == 10.0
+    assert by["x"]["rating_reason"] == "A core group."  # the model's own reason, one line
     assert by["y"]["title"] == "D, E and F"  # offline draft kept
+    assert by["y"]["rating_reason"].startswith("its 3 members' relations weigh")
     assert [f["item"] for f in failures] == ["y"]
+
+
+def test_a_summary_reads_each_sentence_once_when_its_pieces_split_differently_side_by_side():
+    """Two descriptions cut one quotation at different places (as a parser's sentences do): taken one after the
+    other they differ, joined they are one sentence twice. The summary is what a reader splits, each sentence once
+    (the book's "Uncle Scrooge" community, reduced)."""
+    from tasks.methods.reports import central_sentences
+    from tasks.query.quality import repeats_or_is_cut
+
+    texts = [
+        'Fred may rail at it. Here is a glass of wine; and I say, "Uncle Scrooge!"\' \'Well! Uncle Scrooge!\' '
+        "Uncle Scrooge had become gay.",
+        "Scrooge said, 'Bah!' again. The spectre joined in the dirge.",
+        'Here is a glass of wine; and I say, "Uncle Scrooge!"\' \'Well!',
+        "Uncle Scrooge!' Uncle Scrooge had become gay.",
+    ]
+    summary = central_sentences(texts, 500)
+    assert not repeats_or_is_cut(" ".join(summary))
+    assert summary == [
+        "Fred may rail at it.",
+        "Scrooge said, 'Bah!' again.",
+        'Here is a glass of wine; and I say, "Uncle Scrooge!"\' \'Well! Uncle Scrooge!\'',
+        "The spectre joined in the dirge.",
+        "Uncle Scrooge had become gay.",
+    ]
 
 
 def test_the_quality_measures_on_hand_written_names_and_summaries():

@@ -173,6 +173,12 @@ def test_page_furniture_is_blanked_in_place_and_never_named():
     )
     assert blank("NASA AND ESA\n\nJOINT MISSION 2024") == "NASA AND ESA\n\nJOINT MISSION 2024"  # no prose: kept
     assert blank("Revenue rose in 2023 to 16") == "Revenue rose in 2023 to 16"  # one space: not a page reference
+    # a Markdown heading is its own line, not the first words of the sentence under it; "#tag" is no heading
+    assert blank("# Note 1\n\nFirm 1 was founded in Oslo.") == " " * 8 + "\n\nFirm 1 was founded in Oslo."
+    assert blank("# Only a heading") == "# Only a heading"
+    assert blank("#tag\nmore") == "#tag\nmore"
+    res = extract_batch([{"id": "c1", "text": "# Note 1\n\nFirm 1 was founded by Ann Lee in Oslo."}], ExtractConfig())
+    assert {e["description"] for e in res.entities} == {"Firm 1 was founded by Ann Lee in Oslo."}
 
     res = extract_batch([{"id": "c1", "text": page}], ExtractConfig())
     names = {e["name"] for e in res.entities}
@@ -207,6 +213,19 @@ def test_single_common_nouns_are_entities_only_where_asked_for():
     assert {"hand", "door"} <= every  # the default keeps them (narrative questions ask about them)
 
 
+def test_a_single_common_noun_relates_only_by_a_statement_where_asked_for():
+    """With ``single_noun_cooccurrence`` off (the default), "door" (a common noun) keeps its labelled statement
+    and loses the unlabelled neighbours of its sentence; the two names keep theirs."""
+    text = "Scrooge opened the door and Marley waited in London."
+    cfg = ExtractConfig()
+    pairs = {(r["source"], r["label"], r["target"]) for r in extract_batch([{"id": "c1", "text": text}], cfg).relations}
+    assert ("Scrooge", "opened", "door") in pairs
+    assert not any("door" in (s, o) and label is None for s, label, o in pairs)
+    assert any({s, o} == {"Scrooge", "Marley"} for s, _, o in pairs)
+    every = extract_batch([{"id": "c1", "text": text}], ExtractConfig(single_noun_cooccurrence=True)).relations
+    assert any("door" in (r["source"], r["target"]) and not r["label"] for r in every)
+
+
 def _statements(text: str) -> set[tuple[str, str, str]]:
     out = extract_batch([{"id": "c1", "text": text}], ExtractConfig())
     return {(r["source"], r["label"], r["target"]) for r in out.relations if r["label"]}
@@ -229,7 +248,7 @@ def test_relations_are_labelled_by_what_the_sentence_says():
     assert ("Jan Philip Solovej", "from", "University of Copenhagen") in said  # a noun and its preposition
     assert not any(label.startswith("Jan") for _, label, _ in said)  # a name is no role
     # a pronoun names no mention: no statement, the pair still co-occurs unlabelled
-    out = extract_batch([{"id": "c1", "text": "It supplies sensors to Norsk Hydro."}], ExtractConfig())
+    out = extract_batch([{"id": "c1", "text": "It supplies radar sensors to Norsk Hydro."}], ExtractConfig())
     assert out.relations and not any(r["label"] for r in out.relations)
 
 

@@ -137,8 +137,12 @@ def test_eval_builds_a_missing_index_only_with_build(tmp_path, monkeypatch):
 
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "queries.jsonl").write_text('{"question": "Who?"}\n')
-    (tmp_path / "ds" / "corpus.jsonl").write_text('{"id": "p1", "title": "A", "text": "Scrooge."}\n')
     index = tmp_path / "idx"
+    # questions without their corpus (a narrative check of a book indexed apart): a clear error, not an internal one
+    res = runner.invoke(app, ["eval", "--dataset", str(tmp_path / "ds"), "--index", str(index), "--build"])
+    assert res.exit_code == EXIT_CODES["not_found"] and "is not there to build one from" in res.output, res.output
+    assert "internal error" not in res.output and not index.exists()
+    (tmp_path / "ds" / "corpus.jsonl").write_text('{"id": "p1", "title": "A", "text": "Scrooge."}\n')
     res = runner.invoke(app, ["eval", "--dataset", str(tmp_path / "ds"), "--index", str(index)])
     assert res.exit_code == EXIT_CODES["not_found"] and "no index at" in res.output and not index.exists()
     built = []

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from flows.cli.common import AsOfOpt, ConfigOpt, ReadIndexOpt, SetOpt, command, config, console, out, overrides
-from tasks.errors import RefusedError, UsageError
+from tasks.errors import IndexNotFound, NotFoundError, RefusedError, UsageError
 from tasks.methods.registry import modes_help
 
 if TYPE_CHECKING:
@@ -362,7 +362,6 @@ def eval_(
 
     from tasks.query.evaluate import evaluate, load_queries, plot_results
     from tasks.query.reader import check_mode, check_modes, open_reader
-    from tasks.store.catalog import Catalog
 
     check_modes(modes or [])
     small = [b for b in budgets or [] if b < 100]
@@ -370,8 +369,13 @@ def eval_(
         raise UsageError(f"token budget(s) {small} too small: at least 100 tokens")
     cfg = config(config_path, set_)
     queries = load_queries(dataset)[:limit]
-    if build and Catalog(index, storage=cfg.storage).snapshot() is None:
+    if build and _published(index, cfg) is None:
         corpus = dataset / "corpus.jsonl"
+        if not corpus.is_file():
+            raise NotFoundError(
+                f"--build: no index at {index}, and {corpus} is not there to build one from (index the corpus the "
+                f"questions are about first: strata index CORPUS --index {index})"
+            )
         console.print(f"--build: no index at {index}, building it from {corpus}")
         from flows.index_flow import run_flow
 
@@ -470,3 +474,13 @@ def _eval_table(name: str, n: int, budget: int, results: list[Any], generated: b
             f"{r.latency_p95_ms:.1f}",
         )
     return t
+
+
+def _published(index: str, cfg) -> dict | None:
+    """The snapshot an index publishes, None where there is no index yet (nothing is created to find out)."""
+    from tasks.store.catalog import Catalog
+
+    try:
+        return Catalog(index, storage=cfg.storage, create=False).snapshot()
+    except IndexNotFound:
+        return None

@@ -232,10 +232,15 @@ def extract_doc(doc, chunk_id: str, cfg: ExtractConfig) -> tuple[list[RawEntity]
         for _, _, name, _ in ms:
             if name.lower() not in (n.lower() for n in names):
                 names.append(name)
+        plain = (
+            set() if cfg.single_noun_cooccurrence else {n for _, _, n, t in ms if t == "concept" and _a_common_noun(n)}
+        )
         for i, src in enumerate(names):
             for tgt in names[i + 1 : i + 1 + cfg.relation_window]:
                 pair = (src.lower(), tgt.lower())
                 subj, label, obj = said.pop(pair, None) or said.pop(pair[::-1], None) or (src, None, tgt)
+                if label is None and (src in plain or tgt in plain):
+                    continue  # a common noun relates only by what a sentence says of it
                 relations.append(_relation(subj, obj, sentence, chunk_id, label))
         for subj, label, obj in said.values():
             relations.append(_relation(subj, obj, sentence, chunk_id, label))

@@ -13,9 +13,10 @@ What counts as furniture is decided by layout, never by a list of words:
   line after a run of three or more spaces or a tab, as in a table of contents or a list of illustrations; a
   paragraph whose last line ends in one is an entry of such a list (a caption, a title), blanked whole — a caption
   quotes the text it illustrates, and the parser would join it to the next entry without a full stop;
-* a heading: a line of letters none of which is lowercase ("STAVE ONE", "ISBN: 0-397-00033-2"), or a line of
-  numbers and punctuation alone — only in a chunk that also holds prose (a line with lowercase letters), so a
-  chunk that is all capitals keeps its words, and never a table row (a line with ``|``);
+* a heading: a line of letters none of which is lowercase ("STAVE ONE", "ISBN: 0-397-00033-2"), a line of
+  numbers and punctuation alone, or a Markdown heading (``# Note 1``, ``## Setup``: the parser would read it as
+  the first words of the sentence under it) — only in a chunk that also holds prose (another line with lowercase
+  letters), so a chunk that is all headings keeps its words, and never a table row (a line with ``|``);
 * italics markers: an underscore that does not join two word characters (``_December, 1843._``).
 """
 
@@ -29,6 +30,7 @@ _LINE = re.compile(r"[^\n]+")
 #: lines with something on them, one after another (a blank line ends a paragraph)
 _PARAGRAPH = re.compile(r"[^\n]*\S[^\n]*(?:\n[^\n]*\S[^\n]*)*")
 _LOWER = re.compile(r"[a-z]")
+_MARKDOWN_HEADING = re.compile(r"^ {0,3}#{1,6}(?:[ \t]|$)")
 _ITALIC = re.compile(r"(?<![^\W_])_|_(?![^\W_])")
 
 
@@ -47,7 +49,10 @@ def blank(text: str) -> str:
     )
     text = _PAGE_REF.sub(_spaces, text)
     text = _ITALIC.sub(" ", text)
-    lines = _LINE.findall(text)
-    if any(_LOWER.search(line) for line in lines):  # prose here: a line without it is a heading or a number run
-        text = _LINE.sub(lambda m: m.group(0) if _LOWER.search(m.group(0)) or "|" in m.group(0) else _spaces(m), text)
+    if any(_prose(line) for line in _LINE.findall(text)):  # prose here: a line without it is a heading
+        text = _LINE.sub(lambda m: m.group(0) if _prose(m.group(0)) or "|" in m.group(0) else _spaces(m), text)
     return text
+
+
+def _prose(line: str) -> bool:
+    return bool(_LOWER.search(line)) and not _MARKDOWN_HEADING.match(line)

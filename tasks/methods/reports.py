@@ -29,7 +29,7 @@ from tasks.runtime.text import as_ended
 from tasks.store.ids import make_id
 from tasks.store.rows import REPORT_COLUMNS, reading_order, relation_table
 
-PROMPT_VERSION = "community-report/1"
+PROMPT_VERSION = "community-report/2"
 MAX_FINDINGS = 5
 MAX_PROMPT_RELATIONS = 40
 
@@ -180,10 +180,27 @@ def central_sentences(texts: list[str], budget: int) -> list[str]:
             if used + n > budget:
                 if not out:
                     out.append(clip_tokens(sentence, budget))
-                return out
+                return _read_once(out)
             out.append(sentence)
             seen.add(sentence_key(sentence))
             used += n
+    return _read_once(out)
+
+
+def _read_once(sentences: list[str]) -> list[str]:
+    """``sentences`` as a reader splits them once joined, each once: two taken from different descriptions can
+    differ as taken (one cut after a quotation, one not) and split into the same sentence once side by side."""
+    from tasks.runtime.text import split_sentences
+
+    keys = [sentence_key(s) for s in sentences]
+    if not any(k[:30] in o or k[-30:] in o for i, k in enumerate(keys) for j, o in enumerate(keys) if i != j):
+        return sentences  # no two share a head or a tail: nothing can split into one sentence twice (no re-split)
+    out: list[str] = []
+    seen: set[str] = set()
+    for s in split_sentences(" ".join(sentences)):
+        if sentence_key(s) not in seen:
+            seen.add(sentence_key(s))
+            out.append(s)
     return out
 
 
@@ -230,7 +247,8 @@ def report_prompt(comm, ents, index, child_reports, budget: int) -> list[dict[st
         {
             "role": "user",
             "content": truncate_tokens(material, budget)
-            + '\n\nReturn {"title": "...", "summary": "...", "rating": <0-10 importance>, "findings": ["...", "..."]}',
+            + '\n\nReturn {"title": "...", "summary": "...", "rating": <0-10 importance>, "rating_reason": "<why, in one '
+            'sentence>", "findings": ["...", "..."]}',
         },
     ]
 
@@ -268,8 +286,9 @@ def build_reports(
             continue
         drafts = [offline_report(c, ents, index, [done[k] for k in children[c["id"]]], budget) for c in batch]
         max_w = max((d["weight"] for d in drafts), default=0.0) if level_max is None else level_max.get(level, 0.0)
-        for d in drafts:
+        for c, d in zip(batch, drafts):
             d["rating"] = round(10 * math.log1p(d["weight"]) / math.log1p(max_w), 2) if max_w > 0 else 0.0
+            d["rating_reason"] = rating_reason(len(c["entity_ids"]), d["weight"], max_w, level)
         if client is not None:
             asked = [(c, d) for c, d in zip(batch, drafts) if len(c["entity_ids"]) >= min_members]
             answers = run_sync(_llm_level(client, [c for c, _ in asked], ents, index, children, done, budget))
@@ -286,10 +305,26 @@ def build_reports(
                 "title": d["title"],
                 "summary": d["summary"],
                 "rating": float(d["rating"]),
+                "rating_reason": d["rating_reason"],
                 "findings": list(d["findings"]),
-                "full_text": f"# {d['title']}\n\n{d['summary']}\n\n" + "\n".join(f"- {f}" for f in d["findings"]),
+                "full_text": f"# {d['title']}\n\n{d['summary']}\n\n"
+                + "\n".join(f"- {f}" for f in d["findings"])
+                + f"\n\nRating {float(d['rating']):g} of 10: {d['rating_reason']}",
             }
     return [done[c["id"]] for c in communities], failures
+
+
+def rating_reason(members: int, weight: float, strongest: float, level: int) -> str:
+    """Why an offline rating is what it is: 10 × log(1 + w) / log(1 + W), w the total weight of the community's
+    inner relations (an extracted relation weighs its distinct supporting sentences), W that of the strongest
+    community of its level."""
+    if strongest <= 0:
+        return f"its {members} members share no relation, nor does any community of level {level}"
+    w, top = round(weight, 2), round(strongest, 2)
+    return (
+        f"its {members} members' relations weigh {w:g} together, against {top:g} in the strongest community of "
+        f"level {level}: 10 × log(1 + {w:g}) / log(1 + {top:g})"
+    )
 
 
 def level_weights(communities: list[dict[str, Any]], entity_ids: list[str], relations: pa.Table) -> dict[int, float]:
@@ -320,10 +355,12 @@ def parse_report(text: str) -> dict[str, Any]:
         else str(f)
         for f in findings
     ]
+    reason = " ".join(str(data.get("rating_reason") or "").split())[:300]
     return {
         "title": str(data["title"]).strip()[:300],
         "summary": str(data.get("summary", "")).strip(),
         "rating": min(10.0, max(0.0, rating)),
+        "rating_reason": reason or "rated by the model, which gave no reason",
         "findings": [str(f) for f in findings][:10],
     }
 

@@ -184,6 +184,7 @@ def community_card(view: IndexView, community_id: str, limit: int = 200) -> dict
     members = sorted(comm["members"], key=lambda i: (-view.graph.degree(i), view.ent_ids[i]))
     return community_summary(view, comm) | {
         "summary": report.get("summary", ""),
+        "rating_reason": report.get("rating_reason"),
         "findings": list(report.get("findings") or []),
         "members": [entity_node(view, i) for i in members[:limit]],
         "children": [community_summary(view, c) for c in view.communities if c.get("parent_id") == community_id],
