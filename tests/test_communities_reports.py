@@ -241,7 +241,10 @@ def test_a_summary_reads_each_sentence_once_when_its_pieces_split_differently_si
 
 
 def test_the_quality_measures_on_hand_written_names_and_summaries():
-    from tasks.query.quality import named_by_members, one_lowercase_word, repeats_or_is_cut
+    from tasks.query.quality import named_by_members, one_lowercase_word, repeats_or_is_cut, verb_or_noun
+
+    assert verb_or_noun("employs") and verb_or_noun("clerk of") and verb_or_noun("is")
+    assert not verb_or_noun("of") and not verb_or_noun("from") and not verb_or_noun(None)
 
     assert one_lowercase_word("hand") and not one_lowercase_word("Scrooge") and not one_lowercase_word("old man")
     assert named_by_members("Bob Cratchit / Tiny Tim", {"Bob Cratchit", "Tiny Tim", "Scrooge"})

@@ -57,7 +57,7 @@ def test_inspect_json_contract(built):
 
 def test_inspect_quality_measures_the_published_graph(built):
     """``inspect --quality``: each measure recounted here from the tables it reads."""
-    from tasks.query.quality import across_a_break, has_furniture, one_lowercase_word, repeats_or_is_cut
+    from tasks.query.quality import across_a_break, has_furniture, one_lowercase_word, repeats_or_is_cut, verb_or_noun
 
     data = json.loads(runner.invoke(app, ["inspect", "--index", str(built), "--json", "--quality"]).output)
     q = data["quality"]
@@ -79,6 +79,7 @@ def test_inspect_quality_measures_the_published_graph(built):
     flat = [r for r in rels if layer[r["source_id"]] == 0 and layer[r["target_id"]] == 0]
     assert q["layer0_relations"] == len(flat) and 0 < q["labelled_relations"] < 1
     assert q["labelled_relations"] == round(sum(r["label"] is not None for r in flat) / len(flat), 4)
+    assert q["verb_or_noun_relations"] == round(sum(verb_or_noun(r["label"]) for r in flat) / len(flat), 4)
     # a label reads from one of its relation's ends; the most used labels are listed with their counts
     assert all(r["label_from"] in (r["source_id"], r["target_id"]) for r in rels if r["label"])
     assert all((r["label"] is None) == (r["label_from"] is None) for r in rels)

@@ -114,6 +114,7 @@ def inspect(
             ),
             "summary entities named by their members' names": ("summaries_named_by_members", "summary_entities"),
             "layer-0 relations with a label (not co-occurrence)": ("labelled_relations", "layer0_relations"),
+            "  of which a verb or a noun (not a preposition alone)": ("verb_or_noun_relations", "layer0_relations"),
             "layer-0 descriptions with page furniture": ("descriptions_with_furniture", "layer0_entities"),
             "layer-0 names across a clause break or a list": ("names_across_a_break", "layer0_entities"),
             "reports whose summary repeats a sentence or stops mid-sentence": ("reports_repeating_or_cut", "reports"),

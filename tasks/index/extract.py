@@ -232,18 +232,20 @@ def extract_doc(doc, chunk_id: str, cfg: ExtractConfig) -> tuple[list[RawEntity]
         for _, _, name, _ in ms:
             if name.lower() not in (n.lower() for n in names):
                 names.append(name)
+        # a common noun relates only by what a sentence says of it: a verb or a role, not co-occurrence nor a
+        # preposition alone ("hand —on→ field")
         plain = (
             set() if cfg.single_noun_cooccurrence else {n for _, _, n, t in ms if t == "concept" and _a_common_noun(n)}
         )
         for i, src in enumerate(names):
             for tgt in names[i + 1 : i + 1 + cfg.relation_window]:
                 pair = (src.lower(), tgt.lower())
-                subj, label, obj = said.pop(pair, None) or said.pop(pair[::-1], None) or (src, None, tgt)
-                if label is None and (src in plain or tgt in plain):
-                    continue  # a common noun relates only by what a sentence says of it
+                subj, label, obj, bare = said.pop(pair, None) or said.pop(pair[::-1], None) or (src, None, tgt, True)
+                if not (bare and (src in plain or tgt in plain)):
+                    relations.append(_relation(subj, obj, sentence, chunk_id, label))
+        for subj, label, obj, bare in said.values():
+            if not (bare and (subj in plain or obj in plain)):
                 relations.append(_relation(subj, obj, sentence, chunk_id, label))
-        for subj, label, obj in said.values():
-            relations.append(_relation(subj, obj, sentence, chunk_id, label))
     return entities, relations
 
 
@@ -258,20 +260,21 @@ def _relation(source: str, target: str, sentence: str, chunk_id: str, label: str
     }
 
 
-def _statements_of(doc, sent, ms: list[tuple[int, int, str, str]]) -> dict[tuple[str, str], tuple[str, str, str]]:
+def _statements_of(doc, sent, ms: list[tuple[int, int, str, str]]) -> dict[tuple[str, str], tuple[str, str, str, bool]]:
     """A sentence's statements between its mentions ``ms`` (``statements``), keyed by their (subject, object)
-    names lowercased: (subject name, label, object name), each pair once, in token order."""
+    names lowercased: (subject name, label, object name, bare: the label a preposition alone), each pair once, in
+    token order."""
     at: dict[int, int] = {}
     for k, (start, end, _, _) in enumerate(ms):
         span = doc.char_span(start, end, alignment_mode="expand")
         for tok in span if span is not None else ():
             at.setdefault(tok.i, k)
-    out: dict[tuple[str, str], tuple[str, str, str]] = {}
-    for s, label, o in statements(sent, at):
+    out: dict[tuple[str, str], tuple[str, str, str, bool]] = {}
+    for s, label, o, bare in statements(sent, at):
         subj, obj = ms[s][2], ms[o][2]
         key = (subj.lower(), obj.lower())
         if key[0] != key[1] and key not in out and key[::-1] not in out:
-            out[key] = (subj, label, obj)
+            out[key] = (subj, label, obj, bare)
     return out
 
 

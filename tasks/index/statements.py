@@ -30,20 +30,21 @@ _MODIFIERS = {"amod", "compound"}
 MAX_LABEL_WORDS = 5
 
 
-def statements(sent: Any, mention_at: dict[int, int]) -> list[tuple[int, str, int]]:
-    """(subject, label, object) of one sentence (a spaCy span), the ends as indices of mentions; ``mention_at``
-    maps a token's index in the doc to the mention that holds it. In token order, each (subject, object) pair once
-    (its first statement)."""
-    found: list[tuple[int, str, int]] = []
+def statements(sent: Any, mention_at: dict[int, int]) -> list[tuple[int, str, int, bool]]:
+    """(subject, label, object, bare) of one sentence (a spaCy span), the ends as indices of mentions, ``bare``
+    where the label is a noun's preposition alone ("from": the sentence names no verb or role between them);
+    ``mention_at`` maps a token's index in the doc to the mention that holds it. In token order, each (subject,
+    object) pair once (its first statement)."""
+    found: list[tuple[int, str, int, bool]] = []
     seen: set[tuple[int, int]] = set()
 
-    def add(subj: Any, label: list[str], obj: Any) -> None:
+    def add(subj: Any, label: list[str], obj: Any, bare: bool = False) -> None:
         s, o = mention_at.get(subj.i), mention_at.get(obj.i)
         words = [w for w in label if w.isalpha()]
         if s is None or o is None or s == o or not words or len(words) > MAX_LABEL_WORDS or (s, o) in seen:
             return
         seen.add((s, o))
-        found.append((s, " ".join(words), o))
+        found.append((s, " ".join(words), o, bare))
 
     for tok in sent:
         if tok.pos_ in ("VERB", "AUX"):
@@ -54,7 +55,7 @@ def statements(sent: Any, mention_at: dict[int, int]) -> list[tuple[int, str, in
         if tok.pos_ in ("NOUN", "PROPN"):
             for prep in (c for c in tok.children if c.dep_ == "prep"):
                 for obj in _objects(prep):
-                    add(tok, [prep.text.lower()], obj)
+                    add(tok, [prep.text.lower()], obj, bare=True)
     return found
 
 

@@ -7,7 +7,9 @@ entities, the summaries and the reports sees, each a plain count or share over t
   members' names only (each " / "-separated piece the name of an entity it summarises, or a piece of a member
   summary's name), not of key terms;
 - ``labelled_relations``: of the relations between layer-0 entities, the share with a label saying what links them
-  (the ``label`` column: a verb or a noun a sentence says of them, not mere co-occurrence);
+  (the ``label`` column: a verb or a noun a sentence says of them, or a noun's preposition, not mere co-occurrence);
+- ``verb_or_noun_relations``: the share whose label holds a verb or a noun (one that is not a preposition alone:
+  "clerk of", "employs", not "of");
 - ``descriptions_with_furniture``: layer-0 entity descriptions that hold page furniture — a figure marker
   ("[Illustration]"), a run of three words in capitals (a heading: "STAVE ONE--MARLEY'S GHOST"), or a page number
   glued between two sentences' words ("…Christmas Eve 16 Nobody…");
@@ -42,6 +44,20 @@ def across_a_break(name: str, etype: str) -> bool:
     ``concept`` may be a document's title: "Indianola, Iowa")."""
     breaks = LIST_BREAK if etype == "concept" and name.islower() else CLAUSE_BREAK
     return any(_WORDY.search(name[: m.start()]) and _WORDY.search(name[m.end() :]) for m in breaks.finditer(name))
+
+
+#: English prepositions: a label that is one of them alone names no verb or role (``statements``: a noun's
+#: preposition, "Jan Solovej —from→ University of Copenhagen")
+PREPOSITIONS = frozenset(
+    "about above across after against along amid among around as at before behind below beneath beside besides "
+    "between beyond but by despite down during except for from in inside into like near of off on onto opposite "
+    "out outside over past per round since than through throughout till to toward towards under underneath unlike "
+    "until unto up upon versus via with within without".split()
+)
+
+
+def verb_or_noun(label: str | None) -> bool:
+    return bool(label) and label not in PREPOSITIONS
 
 
 def one_lowercase_word(name: str) -> bool:
@@ -96,6 +112,7 @@ def graph_quality(cat: Catalog, snap: dict[str, Any]) -> dict[str, Any]:
         "summaries_named_by_members": share(by_members, len(upper)),
         "summary_entities": len(upper),
         "labelled_relations": share(len(labelled), len(flat)),
+        "verb_or_noun_relations": share(sum(verb_or_noun(r["label"]) for r in labelled), len(flat)),
         "layer0_relations": len(flat),
         "descriptions_with_furniture": furnished,
         "names_across_a_break": broken,
