@@ -162,6 +162,7 @@ def test_the_explorer_page_asks_a_question_and_renders_each_section_in_chromium(
         wait.until(lambda d: d.find_element(By.ID, "tab-communities").is_displayed()
                    and d.find_elements(By.CSS_SELECTOR, "#community [data-section=members] a"))
         assert text("#community h3")
+        assert "rating" in text("#community div.muted") and "weigh" in text("#community div.muted")  # with its reason
         assert driver.save_screenshot(str(out / "community.png"))
         # the first member opens in the graph; one of its sources (a summary's: its members') opens its document
         sources_css = "#panel > div:not([data-section]) > div > a"
