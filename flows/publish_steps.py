@@ -77,6 +77,8 @@ def assemble(
         release_memory()  # to the system: the tables that follow are Arrow's, in another allocator
 
         def vectors_of(ids: list[str]) -> np.ndarray:  # the summaries', this run's, or the snapshot's
+            if not ids:  # an update that adds no entity (a deletion: only removals and changed values)
+                return np.zeros((0, dim), np.float32)
             below = [i for i in ids if i not in summaries]
             own = dict(zip(below, layer0.vectors_of(run, below)))
             return np.stack([summaries[i] if i in summaries else own[i] for i in ids]).reshape(-1, dim)

@@ -6,6 +6,7 @@ import numpy as np
 from tasks.methods.hirag.communities import detect_communities
 from tasks.methods.reports import build_reports
 from tasks.methods.summarize import Cluster, LLMSummarizer, OfflineSummarizer
+from tasks.runtime.text import split_sentences
 
 
 def _rel(a, b, w=1.0, kind="extracted"):
@@ -238,6 +239,43 @@ def test_a_summary_reads_each_sentence_once_when_its_pieces_split_differently_si
         "The spectre joined in the dirge.",
         "Uncle Scrooge had become gay.",
     ]
+
+
+def test_a_hand_made_communitys_report_read_sentence_by_sentence():
+    """Title: its named members; summary: their descriptions' first sentences, each once and ended; findings: what
+    members say of each other, a statement first, each with the one sentence that names both ends (not a
+    summary's membership, not the same sentence pasted twice from two overlapping chunks); a rating with its reason."""
+    ents = [
+        {"id": "s", "name": "Scrooge", "type": "person", "layer": 0,
+         "description": "Scrooge was a squeezing, grasping old sinner. He kept the office cold."},
+        {"id": "b", "name": "Bob Cratchit", "type": "person", "layer": 0,
+         "description": "Bob Cratchit was the clerk in the Tank. Bob Cratchit was the clerk in the Tank."},
+        {"id": "o", "name": "office", "type": "concept", "layer": 0, "description": "The office was dismal."},
+        {"id": "S", "name": "Scrooge / Bob Cratchit", "type": "person", "layer": 1,
+         "description": "Scrooge and Bob Cratchit share an office."},
+    ]
+    rels = [
+        {**_rel("s", "b", 2.0), "label": "employs", "label_from": "s",
+         "description": "Marley was dead. Scrooge employs Bob Cratchit in the office. Scrooge employs Bob Cratchit in"},
+        _rel("b", "o", 1.0) | {"description": "Bob Cratchit sat in the office by a small fire."},
+        _rel("s", "S", kind="summary_of"),
+    ]
+    comm = {"id": "c", "level": 0, "parent_id": None, "entity_ids": ["s", "b", "o", "S"], "size": 4}
+    (report,), failures = build_reports([comm], ents, rels, budget=1000)
+    # the most connected first (Bob Cratchit and Scrooge tie at 3: by name), the summary entity last
+    assert failures == [] and report["title"] == "Bob Cratchit, Scrooge and office"
+    assert split_sentences(report["summary"]) == [
+        "Bob Cratchit was the clerk in the Tank.",
+        "Scrooge was a squeezing, grasping old sinner.",
+        "The office was dismal.",
+        "Scrooge and Bob Cratchit share an office.",
+        "He kept the office cold.",
+    ]
+    assert report["findings"] == [
+        "Scrooge employs Bob Cratchit: Scrooge employs Bob Cratchit in the office.",
+        "Bob Cratchit — office: Bob Cratchit sat in the office by a small fire.",
+    ]
+    assert report["rating"] == 10.0 and report["rating_reason"].startswith("its 4 members' relations weigh 4 together")
 
 
 def test_the_quality_measures_on_hand_written_names_and_summaries():

@@ -117,15 +117,36 @@ def _title(ranked: list[str], ents: dict[str, dict[str, Any]]) -> str:
     return ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def _finding(r: dict[str, Any], ents: dict[str, dict[str, Any]]) -> str:
+def _finding(r: dict[str, Any], ents: dict[str, dict[str, Any]], one_sentence: bool = False) -> str:
     """A relation as a finding: "Scrooge employs Bob Cratchit: <its sentences>" where it is a statement (read from
-    its subject), "A — B: <its sentences>" where its ends only co-occur, "A belongs to B" for a summary's member."""
+    its subject), "A — B: <its sentences>" where its ends only co-occur, "A belongs to B" for a summary's member.
+    ``one_sentence``: the sentence that names both ends (``_naming``; a report a person reads: the same sentence
+    from two overlapping chunks, one cut at a chunk's edge, is not pasted twice)."""
     first, second = reading_order(r)
     a, b = ents[first]["name"], ents[second]["name"]
     if r["kind"] == "summary_of":
         return f"{a} belongs to {b}"
     said = f"{a} {r['label']} {b}" if r.get("label") else f"{a} — {b}"
-    return f"{said}: {clip_tokens(r['description'], 60)}"
+    text = r["description"]
+    if one_sentence:
+        text = _naming(a, b, [s for s in map(as_ended, _sentences(text)) if s]) or text
+    return f"{said}: {clip_tokens(text, 60)}"
+
+
+def _naming(a: str, b: str, sentences: list[str]) -> str:
+    """The first of ``sentences`` that names both ``a`` and ``b`` (any case), else the first run of up to three
+    consecutive ones that does (a parser's sentence split in two: "'Christmas Day." "I'll drink his health for
+    your sake…'"), else the first sentence ("" where there is none)."""
+
+    def names(s: str) -> bool:
+        low = s.lower()
+        return a.lower() in low and b.lower() in low
+
+    for n in (1, 2, 3):
+        for i in range(len(sentences) - n + 1):
+            if names(run := " ".join(sentences[i : i + n])):
+                return run
+    return sentences[0] if sentences else ""
 
 
 #: characters of a description read for its sentences (the summary takes a few of each member's first ones)
@@ -218,7 +239,8 @@ def offline_report(comm, ents, index, child_reports: list[dict[str, Any]], budge
         candidates = [f for c in kids for f in c["findings"][:1]]
     else:
         sentences = central_sentences([ents[e]["description"] for e in ranked], budget // 3)
-        candidates = [_finding(r, ents) for r in rels]
+        # what its members say of each other; a summary's membership ("A belongs to B") says nothing to a reader
+        candidates = [_finding(r, ents, one_sentence=True) for r in rels if r["kind"] != "summary_of"]
     said, findings = [sentence_key(s) for s in sentences], []
     for f in candidates:
         key = sentence_key(f.split(": ", 1)[-1].removesuffix("…"))
