@@ -65,9 +65,18 @@ def main() -> None:
     opts = webdriver.ChromeOptions()
     opts.binary_location = "/usr/bin/chromium"
     with tempfile.TemporaryDirectory() as profile:
-        for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                     f"--user-data-dir={profile}", "--window-size=1400,1100"):
+        for flag in (
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            "--window-size=1400,1100",
+        ):
             opts.add_argument(flag)
         driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
         try:
