@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from tasks.index.chunk import clip_tokens, count_tokens, truncate_tokens
 from tasks.runtime.llm import LLMClient, ParseError, parse_json, run_sync
-from tasks.runtime.text import as_ended
+from tasks.runtime.text import as_ended, split_sentences
 from tasks.store.ids import make_id
 from tasks.store.rows import REPORT_COLUMNS, reading_order, relation_table
 
@@ -158,8 +158,6 @@ def _sentences(text: str) -> tuple[str, ...]:
     """The whole sentences in the first ``SENTENCE_PREFIX_CHARS`` of ``text`` (one cut there is dropped; a first
     sentence longer than that is read to its end); kept for the next report that reads the same description (an
     entity is a member at every level of the community hierarchy: about half the splits of a build are repeats)."""
-    from tasks.runtime.text import split_sentences
-
     found = split_sentences(text[:SENTENCE_PREFIX_CHARS])
     if len(text) <= SENTENCE_PREFIX_CHARS:
         return tuple(found)
@@ -211,8 +209,6 @@ def central_sentences(texts: list[str], budget: int) -> list[str]:
 def _read_once(sentences: list[str]) -> list[str]:
     """``sentences`` as a reader splits them once joined, each once: two taken from different descriptions can
     differ as taken (one cut after a quotation, one not) and split into the same sentence once side by side."""
-    from tasks.runtime.text import split_sentences
-
     keys = [sentence_key(s) for s in sentences]
     if not any(k[:30] in o or k[-30:] in o for i, k in enumerate(keys) for j, o in enumerate(keys) if i != j):
         return sentences  # no two share a head or a tail: nothing can split into one sentence twice (no re-split)
