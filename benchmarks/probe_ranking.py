@@ -11,7 +11,11 @@ the index is the one ``strata eval --dataset DIR --index ./mq-sub --build`` buil
   of passage p to its k nearest passages, for k in 5 / 10 / 20 and a in 0.25 / 0.5 / 1;
 * ``center``: the corpus mean vector subtracted (times b) from passage and question vectors before the cosine;
 * ``stem``: BM25 over stemmed words (Snowball, or the first six letters) for the chain seeds' sentences only, or for
-  the sentences and the passages' prior alike (needs PyStemmer, not a dependency of Strata).
+  the sentences and the passages' prior alike (needs PyStemmer, not a dependency of Strata);
+* ``sentences``: each passage scored by its best sentence's cosine too (sentences embedded alone or after their
+  document's title), alone or mixed with the passage's own at a share of 0.3 / 0.5 / 0.7;
+* ``hop``: a second hop, the question with the best sentence (or the whole text) of its top one or two passages
+  appended and embedded again, mixed with the first round (0.3 / 0.5) or taking the larger score.
 """
 
 from __future__ import annotations
@@ -89,6 +93,77 @@ def dense_variants(view) -> dict[str, object]:
     return out
 
 
+def sentence_variants(view, embedder) -> dict[str, object]:
+    """Each passage scored by its sentences as well: the best sentence's cosine (each sentence embedded alone, or
+    after its document's title), mixed with the passage's own cosine at a share."""
+    from tasks.runtime.text import split_sentences
+
+    chunks = view.chunk_vecs.astype(np.float32)
+    from tasks.index.chunk import explicit_title
+
+    titles = {d: explicit_title({"title": t, "source_id": view.doc_source[d]}) for d, t in view.doc_title.items()}
+    out: dict[str, object] = {}
+    for titled in (False, True):
+        owner, texts = [], []
+        for j, text in enumerate(view.chunk_text):
+            title = titles.get(view.chunk_doc[j]) if titled else None
+            for s in split_sentences(text) or [text]:
+                owner.append(j)
+                texts.append(f"{title}: {s}" if title else s)
+        sv = embedder.embed(texts).astype(np.float32)
+        owner_a = np.array(owner)
+        print(f"{len(texts)} sentences embedded (titled={titled}, {len(titles)} titles)", flush=True)
+
+        def best(q, sv=sv, owner_a=owner_a):
+            s = sv @ q
+            top = np.full(len(chunks), -1.0, dtype=np.float32)
+            np.maximum.at(top, owner_a, s)
+            return top
+
+        tag = "titled " if titled else ""
+        out[f"sentences {tag}max"] = best
+        for a in (0.3, 0.5, 0.7):
+            out[f"sentences {tag}mix a={a}"] = lambda q, a=a, best=best: (1 - a) * (chunks @ q) + a * best(q)
+    return out
+
+
+def hop_variants(view, embedder, texts) -> dict[str, object]:
+    """A second hop by the dense scores: the question with the best sentence (or the whole text) of its top
+    passage(s) appended, embedded again; each passage's score mixes the two rounds."""
+    from tasks.runtime.text import split_sentences
+
+    chunks = view.chunk_vecs.astype(np.float32)
+    sents = [split_sentences(t) or [t] for t in view.chunk_text]
+    cache: dict = {}
+
+    def second(q, what, top):
+        key = (tuple(q[:8].tolist()), what, top)
+        if key not in cache:
+            question = texts[tuple(q[:8].tolist())]
+            d1 = chunks @ q
+            firsts = np.argsort(-d1, kind="stable")[:top]
+            extra = []
+            for j in firsts:
+                if what == "sentence":
+                    sv = embedder.embed(sents[j]).astype(np.float32)
+                    extra.append(sents[j][int(np.argmax(sv @ q))])
+                else:
+                    extra.append(view.chunk_text[j])
+            v2 = embedder.embed([question + " " + " ".join(extra)])[0].astype(np.float32)
+            cache[key] = (d1, chunks @ v2)
+        return cache[key]
+
+    out: dict[str, object] = {}
+    for what in ("sentence", "passage"):
+        for top in (1, 2):
+            for a in (0.3, 0.5):
+                out[f"hop {what} top={top} mix a={a}"] = lambda q, what=what, top=top, a=a: (
+                    (1 - a) * second(q, what, top)[0] + a * second(q, what, top)[1]
+                )
+            out[f"hop {what} top={top} max"] = lambda q, what=what, top=top: np.maximum(*second(q, what, top))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--index", required=True)
@@ -112,6 +187,22 @@ def main() -> None:
         )
         print(name, "|", " | ".join(f"{h} {line(run(view, queries, vecs, rcfg, h), base[h])}" for h in base))
         view.similarity = similarity
+    if "sentences" in args.variants:
+        for name, score in sentence_variants(view, question_embedder(cfg.embedding, cfg.llm, threads=None)).items():
+            view.similarity = lambda kind, q, k, score=score: (
+                score(q).astype(np.float32) if kind == "chunks" else similarity(kind, q, k)
+            )
+            print(name, "|", " | ".join(f"{h} {line(run(view, queries, vecs, rcfg, h), base[h])}" for h in base))
+            view.similarity = similarity
+    if "hop" in args.variants:
+        embedder = question_embedder(cfg.embedding, cfg.llm, threads=None)
+        texts = {tuple(v[:8].tolist()): q["question"] for q, v in zip(queries, vecs)}
+        for name, score in hop_variants(view, embedder, texts).items():
+            view.similarity = lambda kind, q, k, score=score: (
+                score(q).astype(np.float32) if kind == "chunks" else similarity(kind, q, k)
+            )
+            print(name, "|", " | ".join(f"{h} {line(run(view, queries, vecs, rcfg, h), base[h])}" for h in base))
+            view.similarity = similarity
     if "stem" in args.variants:
         import Stemmer
 
