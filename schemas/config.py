@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from schemas.llm import LLM_STAGES, LLMConfig, LLMStageConfig
+from schemas.prompts import commented_toml
 from schemas.sections import (
     ArchRAGConfig,
     ChunkingConfig,
@@ -204,7 +205,7 @@ def default_toml() -> str:
         section = getattr(cfg, section_name)
         if isinstance(section, BaseModel):
             lines += _toml_section(section_name, section)
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + commented_toml()) + "\n"
 
 
 def _toml_section(name: str, section: BaseModel, about: str | None = None) -> list[str]:
@@ -215,6 +216,8 @@ def _toml_section(name: str, section: BaseModel, about: str | None = None) -> li
         value = getattr(section, key)
         if isinstance(value, BaseModel):
             subsections.append((f"{name}.{key}", value, sub.description))
+            continue
+        if isinstance(value, dict):  # a table of named entries ([llm.prompts]): written by its own module
             continue
         if sub.description:
             lines.append(f"# {sub.description}")

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
+from schemas.prompts import PromptText, check_overrides
 from schemas.sections import _Section
 
 Stage = Literal["extraction", "summaries", "reports", "answers"]
@@ -96,6 +97,16 @@ class LLMConfig(_Section):
     )
     reports: LLMStageConfig = Field(default_factory=LLMStageConfig, description="The community reports' model.")
     answers: LLMStageConfig = Field(default_factory=LLMStageConfig, description="The query answers' model.")
+    prompts: dict[str, PromptText] = Field(
+        default_factory=dict,
+        description="Prompts replaced by name ([llm.prompts.report] system = ...), for every stage: schemas/prompts.py; "
+        "`strata init` writes each one, commented out.",
+    )
+
+    @field_validator("prompts")
+    @classmethod
+    def _known_prompts(cls, value: dict[str, PromptText]) -> dict[str, PromptText]:
+        return check_overrides(value)
 
     def stage(self, name: Stage) -> LLMConfig | None:
         """What stage ``name`` calls, as a config of its own (the stages' subsections left at their defaults), or None

@@ -118,12 +118,15 @@ def test_an_archrag_index_builds_searches_top_down_and_updates(small_corpus, tmp
 
 def test_with_an_llm_the_map_step_drops_useless_pieces_and_orders_the_rest():
     from tasks.query.answer import answer
-    from tasks.methods.archrag_search import MAP_VERSION
+    from schemas.prompts import DEFAULT_PROMPTS, PromptSet
     from tasks.query.context import Context
 
     calls, seen = [], {}
+    MAP_VERSION = DEFAULT_PROMPTS["archrag_filter"].version
 
     class Client:
+        prompts = PromptSet()
+
         async def complete(self, messages, prompt_version, json_mode=False, parse=None):
             calls.append(prompt_version)
             if prompt_version == MAP_VERSION:

@@ -160,7 +160,10 @@ class FakeLLM:
     """A local fake of the LLM client that records concurrency."""
 
     def __init__(self, answers):
+        from schemas.prompts import PromptSet
+
         self.answers, self.in_flight, self.max_in_flight, self.calls = answers, 0, 0, 0
+        self.prompts = PromptSet()
 
     async def complete(self, messages, *, prompt_version, json_mode=False, parse=None):
         self.in_flight += 1

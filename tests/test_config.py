@@ -63,3 +63,57 @@ def test_default_toml_round_trips(tmp_path):
     path.write_text(default_toml())
     assert load_config(path, environ={}) == StrataConfig()
     assert "# Tokens per chunk" in default_toml()
+
+
+@pytest.mark.parametrize(
+    "toml, needle",
+    [
+        ("[llm.prompts.reprot]\nsystem = 'x'\n", "no prompt named 'reprot' (known: extract_entities"),
+        ("[llm.prompts.report]\nuser = 'Write a report.'\n", "report.user must use $material"),
+        ("[llm.prompts.answer]\nuser = '$context $question $mode'\n", "answer.user uses $mode, not a field of it"),
+        ("[llm.prompts.answer]\nuser = '$context $question costs $5'\n", "'$' that starts no field"),
+        ("[llm.prompts.extract_gleaning]\nsystem = 'x'\n", "has no system message to replace"),
+    ],
+)
+def test_a_prompt_override_that_the_stage_cannot_fill_is_a_clear_error(tmp_path, toml, needle):
+    path = tmp_path / "strata.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={})
+    assert needle in str(err.value)
+
+
+def test_a_prompt_override_replaces_its_message_and_keeps_the_other():
+    from schemas.prompts import DEFAULT_PROMPTS, PromptSet
+
+    cfg = load_config(overrides={"llm": {"prompts": {"answer": {"user": "Known:\n$context\nQ: $question (costs $$1)"}}}},
+                      environ={})
+    answer = PromptSet(cfg.llm.prompts)["answer"]
+    assert answer.system == DEFAULT_PROMPTS["answer"].system
+    assert answer.messages(context="Bob was a clerk.", question="Who was Bob?")[1] == {
+        "role": "user", "content": "Known:\nBob was a clerk.\nQ: Who was Bob? (costs $1)"}
+    assert PromptSet(cfg.llm.prompts)["report"] == DEFAULT_PROMPTS["report"]
+
+
+def test_init_writes_every_prompt_commented_out_and_each_uncommented_is_the_default(tmp_path):
+    from schemas.prompts import DEFAULT_PROMPTS, PromptSet
+
+    text = default_toml()
+    assert all(f"# [llm.prompts.{name}]" in text for name in DEFAULT_PROMPTS)
+    # uncomment every prompt table: the texts read back are the defaults, byte for byte
+    lines, out, on = text.split("\n"), [], False
+    for line in lines:
+        if line.startswith("# [llm.prompts."):
+            on = True
+            out.append(line[2:])
+        elif on and (line.startswith("# ") or line == "#"):
+            out.append(line[2:])
+        else:
+            on = False
+            out.append(line)
+    path = tmp_path / "strata.toml"
+    path.write_text("\n".join(out))
+    cfg = load_config(path, environ={})
+    assert set(cfg.llm.prompts) == set(DEFAULT_PROMPTS)
+    prompts = PromptSet(cfg.llm.prompts)
+    assert all(prompts[name] == p for name, p in DEFAULT_PROMPTS.items())

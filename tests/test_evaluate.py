@@ -205,6 +205,7 @@ def test_evaluate_scores_the_answer_models_answers(monkeypatch):
     """With an answer model, each mode's generated answers get exact match and F1, and F1 its paired interval."""
     import tasks.query.evaluate as ev
     from schemas.config import RetrievalConfig
+    from schemas.prompts import PromptSet
     from tasks.query.context import Context
 
     view = make_view()
@@ -213,6 +214,8 @@ def test_evaluate_scores_the_answer_models_answers(monkeypatch):
         tokens={"chunks": 5}, query_vector=vec))
 
     class Model:  # answers like a model that reads "hi" contexts well and "naive" ones badly
+        prompts = PromptSet()
+
         async def complete(self, messages, prompt_version, **kw):
             return "Paris" if "mode hi" in messages[-1]["content"] else "the city of Paris, France"
 

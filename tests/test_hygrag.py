@@ -221,12 +221,15 @@ def test_after_an_update_buckets_are_read_from_the_summaries_and_emptied_ones_go
 
 
 def test_with_an_llm_a_bucket_summary_asks_for_a_synthesis_of_its_passages_and_entities():
+    from schemas.prompts import PromptSet
     from tasks.methods.hygrag import _synthesis
     from tasks.methods.summarize import Cluster, LLMSummarizer
 
     seen = []
 
     class Client:
+        prompts = PromptSet()
+
         async def complete(self, messages, prompt_version, json_mode, parse):
             seen.append((messages, prompt_version))
             return parse('{"summary_entities": [{"name": "Scrooge\'s firm", "type": "organization", '

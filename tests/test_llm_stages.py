@@ -52,6 +52,9 @@ def test_the_cap_never_lets_spending_pass_it():
     assert cap.spent == pytest.approx(0.35) and cap.reserved == pytest.approx(0.6) and cap.refused == 1
 
 
+AUDITORS = "You write concise, factual reports about communities of a knowledge graph, for auditors. JSON only."
+
+
 def test_offline_extraction_with_llm_summaries_and_reports_each_on_its_own_endpoint(tmp_path, small_corpus,
                                                                                      monkeypatch):
     """GraphRAG's "fast" mix: offline entities, LLM summaries on one server, LLM reports on another."""
@@ -64,9 +67,10 @@ def test_offline_extraction_with_llm_summaries_and_reports_each_on_its_own_endpo
             "--set", "llm.model=openai/fake-reports", "--set", f"llm.api_base={reports.url}",
             "--set", "llm.extraction.model=offline",
             "--set", "llm.summaries.model=openai/fake-summaries", "--set", f"llm.summaries.api_base={summaries.url}",
+            "--set", f"llm.prompts.report.system={AUDITORS}",  # a prompt replaced from the config, on every worker
         ])
         assert res.exit_code == 0, res.output
-        assert reports.systems and all("reports about communities" in s for s in reports.systems)
+        assert reports.systems and all(s == AUDITORS for s in reports.systems)
         assert summaries.systems and all("into a hierarchy" in s for s in summaries.systems)
         cat = Catalog(index)
         layer0 = [e for e in cat.read("entities").to_pylist() if e["layer"] == 0]
@@ -189,7 +193,8 @@ def test_the_estimate_counts_extraction_prompts_and_what_the_cache_answers(tmp_p
     """Two chunks naming two and three things, nothing cached: an entity and a relation call each, the prompts
     counted as sent (the relation prompt with a line per thing named), answers of a model's length per entity and
     relation; the first chunk's entity answer cached with one entity (no relation pass follows): the second's two."""
-    from tasks.index.extract_llm import PROMPT_VERSION, entity_messages, relation_messages
+    from schemas.prompts import PromptSet
+    from tasks.index.extract_llm import entity_messages, relation_messages
     from tasks.runtime.llm_client import ResponseCache, cache_key
     from tasks.runtime.llm_estimate import extraction_estimate, names_in, prompt_tokens
 
@@ -199,14 +204,15 @@ def test_the_estimate_counts_extraction_prompts_and_what_the_cache_answers(tmp_p
     assert [len(names_in(t)) for t in texts] == [2, 3]
     est = extraction_estimate(texts, llm, 0, None)
     assert (est.calls, est.cached) == (4, 0)
-    prompts = sum(prompt_tokens(llm.model, entity_messages(t)) + prompt_tokens(llm.model, relation_messages(t, []))
-                  for t in texts)
+    said = PromptSet()
+    prompts = sum(prompt_tokens(llm.model, entity_messages(t, said))
+                  + prompt_tokens(llm.model, relation_messages(t, [], said)) for t in texts)
     assert est.input_tokens == prompts + (2 + 3) * 8
     assert est.output_tokens == (2 * 45 + 40) + (3 * 45 + 2 * 40)
     assert est.cost_usd == pytest.approx((est.input_tokens + 2 * est.output_tokens) / 1e6)
     cache = ResponseCache(tmp_path / "llm_cache.sqlite")
     params = {"temperature": 0.0, "max_tokens": 2000, "response_format": {"type": "json_object"}}
-    key = cache_key(llm.model, entity_messages(texts[0]), params, PROMPT_VERSION)
+    key = cache_key(llm.model, entity_messages(texts[0], said), params, said["extract_entities"].version)
     cache.put(key, json.dumps({"entities": [{"name": "Marley", "type": "person", "description": "Dead."}]}))
     rest = extraction_estimate(texts, llm, 0, cache)
     assert (rest.calls, rest.cached) == (2, 1)

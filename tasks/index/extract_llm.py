@@ -13,61 +13,29 @@ from dataclasses import asdict
 from typing import Any
 
 from schemas.config import ExtractConfig, LLMConfig
+from schemas.prompts import ENTITY_TYPES, PromptSet
 from tasks.index.extract import ExtractionResult
 from tasks.runtime.llm import ParseError, event_loop, parse_json, run_sync
 from tasks.store.ids import quarantine_row
 
-PROMPT_VERSION = "extract/1"
-ENTITY_TYPES = ["person", "organization", "location", "event", "technology", "work", "concept", "time", "group"]
 
-ENTITY_SYSTEM = (
-    "You build a knowledge graph from text. Identify every meaningful entity in the text: people, organizations, "
-    "places, events, works, technologies, important concepts and dates. Answer with JSON only."
-)
-RELATION_SYSTEM = (
-    "You build a knowledge graph from text. Given a text and the entities found in it, identify pairs of entities "
-    "that are clearly related in the text. Answer with JSON only."
-)
+def entity_messages(text: str, prompts: PromptSet) -> list[dict[str, str]]:
+    return prompts["extract_entities"].messages(types=", ".join(ENTITY_TYPES), text=text)
 
 
-def entity_messages(text: str) -> list[dict[str, str]]:
-    return [
-        {"role": "system", "content": ENTITY_SYSTEM},
-        {
-            "role": "user",
-            "content": (
-                f'Entity types: {", ".join(ENTITY_TYPES)}.\n\nText:\n"""\n{text}\n"""\n\n'
-                'Return {"entities": [{"name": "<as written in the text>", "type": "<one entity type>", '
-                '"description": "<what the text says about it, one or two sentences>"}]}'
-            ),
-        },
-    ]
-
-
-def glean_messages(text: str, found: list[dict[str, Any]]) -> list[dict[str, str]]:
+def glean_messages(text: str, found: list[dict[str, Any]], prompts: PromptSet) -> list[dict[str, str]]:
+    """The entity prompt, the names found so far as the model's answer, then the gleaning prompt."""
     names = ", ".join(e["name"] for e in found)
-    return entity_messages(text) + [
-        {"role": "assistant", "content": f'{{"entities": [{names}]}}'},
-        {
-            "role": "user",
-            "content": 'Some entities were missed. Return only the missing ones, same JSON shape; {"entities": []} if none.',
-        },
-    ]
-
-
-def relation_messages(text: str, entities: list[dict[str, Any]]) -> list[dict[str, str]]:
-    listing = "\n".join(f"- {e['name']} ({e['type']})" for e in entities)
     return [
-        {"role": "system", "content": RELATION_SYSTEM},
-        {
-            "role": "user",
-            "content": (
-                f'Entities:\n{listing}\n\nText:\n"""\n{text}\n"""\n\n'
-                'Return {"relations": [{"source": "<entity name>", "target": "<entity name>", '
-                '"description": "<how they are related, from the text>", "strength": <1-10>}]}'
-            ),
-        },
+        *entity_messages(text, prompts),
+        {"role": "assistant", "content": f'{{"entities": [{names}]}}'},
+        *prompts["extract_gleaning"].messages(),
     ]
+
+
+def relation_messages(text: str, entities: list[dict[str, Any]], prompts: PromptSet) -> list[dict[str, str]]:
+    listing = "\n".join(f"- {e['name']} ({e['type']})" for e in entities)
+    return prompts["extract_relations"].messages(entities=listing, text=text)
 
 
 def parse_entities(text: str) -> list[dict[str, Any]]:
@@ -127,13 +95,14 @@ def parse_relations(known: set[str]):
 
 
 async def extract_chunk_llm(client, chunk: dict[str, Any], gleanings: int) -> tuple[list, list]:
-    text = chunk["text"]
+    text, prompts = chunk["text"], client.prompts
+    version = prompts["extract_entities"].version
     entities = await client.complete(
-        entity_messages(text), prompt_version=PROMPT_VERSION, json_mode=True, parse=parse_entities
+        entity_messages(text, prompts), prompt_version=version, json_mode=True, parse=parse_entities
     )
     for _ in range(gleanings):
         more = await client.complete(
-            glean_messages(text, entities), prompt_version=PROMPT_VERSION, json_mode=True, parse=parse_entities
+            glean_messages(text, entities, prompts), prompt_version=version, json_mode=True, parse=parse_entities
         )
         seen = {e["name"].lower() for e in entities}
         new = [e for e in more if e["name"].lower() not in seen]
@@ -143,8 +112,8 @@ async def extract_chunk_llm(client, chunk: dict[str, Any], gleanings: int) -> tu
     relations: list[dict[str, Any]] = []
     if len(entities) > 1:
         relations = await client.complete(
-            relation_messages(text, entities),
-            prompt_version=PROMPT_VERSION,
+            relation_messages(text, entities, prompts),
+            prompt_version=prompts["extract_relations"].version,
             json_mode=True,
             parse=parse_relations({e["name"].lower() for e in entities}),
         )

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from schemas.prompts import PromptSet
 from tasks.methods.common import represented, unit
 
 
@@ -76,28 +77,13 @@ def hierarchical_search(
     return found
 
 
-MAP_VERSION = "archrag-map/1"
-
-
 #: ArchRAG's map step: pieces the LLM rates under this (0-10) are left out of the answer's context
 MIN_USEFUL = 3
 
 
-def map_messages(question: str, pieces: list[str]) -> list[dict[str, str]]:
+def map_messages(question: str, pieces: list[str], prompts: PromptSet) -> list[dict[str, str]]:
     listing = "\n".join(f"{i}. {p}" for i, p in enumerate(pieces, 1))
-    return [
-        {
-            "role": "system",
-            "content": "You judge retrieved knowledge before a question is answered from it. Answer with JSON only.",
-        },
-        {
-            "role": "user",
-            "content": (
-                f"Question: {question}\n\nRetrieved pieces:\n{listing}\n\nRate how useful each piece is for answering "
-                f'the question, from 0 (useless) to 10 (answers it), as {{"scores": [one integer per piece, in order]}}.'
-            ),
-        },
-    ]
+    return prompts["archrag_filter"].messages(question=question, pieces=listing)
 
 
 def adaptive_filter(ctx: Any, client: Any) -> Any:
@@ -122,8 +108,8 @@ def adaptive_filter(ctx: Any, client: Any) -> Any:
 
     scores = run_sync(
         client.complete(
-            map_messages(ctx.question, [item["text"] for _, item in pieces]),
-            prompt_version=MAP_VERSION,
+            map_messages(ctx.question, [item["text"] for _, item in pieces], client.prompts),
+            prompt_version=client.prompts["archrag_filter"].version,
             json_mode=True,
             parse=parse,
         )

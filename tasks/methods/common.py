@@ -27,7 +27,7 @@ def unit(x: np.ndarray) -> np.ndarray:
 
 
 def summarizer_for(ctx: MethodContext, per_cluster: int, **llm_prompt: Any):
-    """The offline summariser, or the LLM one (``llm_prompt``: its ``prompt`` and ``prompt_version``)."""
+    """The offline summariser, or the LLM one (``llm_prompt``: its ``prompt``, a name of ``CLUSTER_PROMPTS``)."""
     from tasks.methods.summarize import LLMSummarizer, OfflineSummarizer
 
     cfg = ctx.cfg

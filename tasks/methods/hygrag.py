@@ -50,10 +50,8 @@ CHUNK_TYPE = "chunk"
 
 def _synthesis() -> dict[str, Any]:
     """With an LLM, a bucket's summary node is a synthesis of the context its passages share and of the relations
-    among its entities (``tasks.methods.summarize.synthesis_prompt``), within ``extract.max_description_tokens``."""
-    from tasks.methods.summarize import synthesis_prompt
-
-    return {"prompt": synthesis_prompt, "prompt_version": "hygrag-synthesis/1"}
+    among its entities (prompt ``hygrag_synthesis``), within ``extract.max_description_tokens``."""
+    return {"prompt": "hygrag_synthesis"}
 
 
 # ---------------------------------------------------------------------------- the hybrid graph

@@ -23,13 +23,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from schemas.prompts import PromptSet
 from tasks.index.chunk import clip_tokens, count_tokens, truncate_tokens
 from tasks.runtime.llm import LLMClient, ParseError, parse_json, run_sync
 from tasks.runtime.text import as_ended, split_sentences
 from tasks.store.ids import make_id
 from tasks.store.rows import REPORT_COLUMNS, reading_order, relation_table
 
-PROMPT_VERSION = "community-report/2"
 MAX_FINDINGS = 5
 MAX_PROMPT_RELATIONS = 40
 
@@ -248,7 +248,7 @@ def offline_report(comm, ents, index, child_reports: list[dict[str, Any]], budge
     return {"title": title, "summary": " ".join(sentences), "findings": findings, "weight": weight}
 
 
-def report_prompt(comm, ents, index, child_reports, budget: int) -> list[dict[str, str]]:
+def report_prompt(comm, ents, index, child_reports, budget: int, prompts: PromptSet) -> list[dict[str, str]]:
     ranked, rels, _ = _material(comm, ents, index)
     if child_reports and sum(count_tokens(ents[e]["description"]) for e in ranked) > budget:
         material = "Sub-community reports:\n" + "\n".join(f"- {c['title']}: {c['summary']}" for c in child_reports)
@@ -257,18 +257,7 @@ def report_prompt(comm, ents, index, child_reports, budget: int) -> list[dict[st
             f"- {ents[e]['name']} ({ents[e]['type']}): {ents[e]['description']}" for e in ranked
         )
         material += "\nRelations:\n" + "\n".join(f"- {_finding(r, ents)}" for r in rels)
-    return [
-        {
-            "role": "system",
-            "content": "You write concise, factual reports about communities of a knowledge graph. Answer with JSON only.",
-        },
-        {
-            "role": "user",
-            "content": truncate_tokens(material, budget)
-            + '\n\nReturn {"title": "...", "summary": "...", "rating": <0-10 importance>, "rating_reason": "<why, in one '
-            'sentence>", "findings": ["...", "..."]}',
-        },
-    ]
+    return prompts["report"].messages(material=truncate_tokens(material, budget))
 
 
 def build_reports(
@@ -385,9 +374,11 @@ def parse_report(text: str) -> dict[str, Any]:
 
 async def _llm_level(client, batch, ents, index, children, done, budget) -> list[dict[str, Any] | str]:
     async def one(c):
-        messages = report_prompt(c, ents, index, [done[k] for k in children[c["id"]]], budget)
+        messages = report_prompt(c, ents, index, [done[k] for k in children[c["id"]]], budget, client.prompts)
         try:
-            return await client.complete(messages, prompt_version=PROMPT_VERSION, json_mode=True, parse=parse_report)
+            return await client.complete(
+                messages, prompt_version=client.prompts["report"].version, json_mode=True, parse=parse_report
+            )
         except Exception as exc:  # noqa: BLE001 - keep the offline draft
             return f"{type(exc).__name__}: {exc}"
 

@@ -25,12 +25,11 @@ from typing import Any, Protocol
 import numpy as np
 from sklearn.feature_extraction.text import CountVectorizer
 
+from schemas.prompts import PromptSet
 from tasks.index.chunk import clip_tokens, count_tokens, truncate_tokens
 from tasks.methods.reports import central_sentences
 from tasks.runtime.llm import LLMClient, ParseError, parse_json, run_sync
 from tasks.store.ids import make_id
-
-PROMPT_VERSION = "summary-entities/1"
 
 #: extracted entity type -> meta summary entity it rolls up to
 TYPE_TO_META = {
@@ -267,64 +266,38 @@ class OfflineSummarizer:
         return out
 
 
-def summary_prompt(members: list[dict[str, Any]], meta: list[str], n: int, max_tokens: int) -> list[dict[str, str]]:
+def summary_prompt(
+    members: list[dict[str, Any]], meta: list[str], n: int, max_tokens: int, prompts: PromptSet
+) -> list[dict[str, str]]:
+    """HiRAG's summary entities of one cluster (prompt ``summary``)."""
     listing = "\n".join(f"- {m['name']} ({m['type']}): {truncate_tokens(m['description'], 80)}" for m in members)
-    listing = truncate_tokens(listing, max_tokens * 8)
-    return [
-        {
-            "role": "system",
-            "content": (
-                "You organise a knowledge graph into a hierarchy. Given a cluster of related entities, name the "
-                "higher-level concept(s) that summarise them. Answer with JSON only."
-            ),
-        },
-        {
-            "role": "user",
-            "content": (
-                f"Meta categories (use one as each summary's type): {', '.join(meta)}.\n"
-                f"Entities in the cluster:\n{listing}\n\n"
-                f"Return between 1 and {n} summary entities that cover these entities, as "
-                '{"summary_entities": [{"name": "...", "type": "<meta category>", '
-                '"description": "one or two sentences on what the members share"}]}'
-            ),
-        },
-    ]
+    return prompts["summary"].messages(
+        categories=", ".join(meta), entities=truncate_tokens(listing, max_tokens * 8), n=n
+    )
 
 
-def synthesis_prompt(members: list[dict[str, Any]], meta: list[str], n: int, max_tokens: int) -> list[dict[str, str]]:
-    """HyGRAG's summary node: a bucket holds passages (type ``chunk``) and entities; the summary synthesises the
-    context the passages share and the relations among the entities, within ``max_tokens``."""
+def synthesis_prompt(
+    members: list[dict[str, Any]], meta: list[str], n: int, max_tokens: int, prompts: PromptSet
+) -> list[dict[str, str]]:
+    """HyGRAG's summary node (prompt ``hygrag_synthesis``): a bucket holds passages (type ``chunk``) and entities;
+    the summary synthesises the context the passages share and the relations among the entities, within
+    ``max_tokens``."""
     listing = "\n".join(
         f"- [{'passage' if m['type'] == 'chunk' else m['type']}] {m['name']}: {truncate_tokens(m['description'], 120)}"
         for m in members
     )
-    listing = truncate_tokens(listing, max_tokens * 8)
-    return [
-        {
-            "role": "system",
-            "content": (
-                "You build one node of a hierarchical index over passages and the entities they mention. Given a "
-                "group of passages and entities that belong together, write the node that stands for the group: "
-                "what context the passages share, and how the entities relate to each other. Answer with JSON only."
-            ),
-        },
-        {
-            "role": "user",
-            "content": (
-                f"Types to choose from: {', '.join(meta)}.\n"
-                f"The group:\n{listing}\n\n"
-                f"Return {n} node(s) as "
-                '{"summary_entities": [{"name": "a short name for the group", "type": "<one of the types>", '
-                f'"description": "a synthesis of the shared context and of the relations among the entities, '
-                f'at most {max_tokens} tokens, naming the entities it relates"}}]}}'
-            ),
-        },
-    ]
+    return prompts["hygrag_synthesis"].messages(
+        types=", ".join(meta), group=truncate_tokens(listing, max_tokens * 8), n=n, max_tokens=max_tokens
+    )
+
+
+#: the prompts a cluster's summary can be asked with (``schemas.prompts``), each with what builds its messages
+CLUSTER_PROMPTS = {"summary": summary_prompt, "hygrag_synthesis": synthesis_prompt}
 
 
 class LLMSummarizer:
-    """Summary entities through an LLM; every cluster of a layer is sent concurrently. ``prompt`` builds the
-    messages for one cluster (HiRAG's ``summary_prompt`` by default); ``prompt_version`` keys the cache."""
+    """Summary entities through an LLM; every cluster of a layer is sent concurrently. ``prompt`` names the prompt
+    one cluster is asked with (``CLUSTER_PROMPTS``: HiRAG's ``summary`` by default), in the client's wording."""
 
     def __init__(
         self,
@@ -332,11 +305,10 @@ class LLMSummarizer:
         meta_entities: list[str],
         per_cluster: int = 1,
         max_description_tokens: int = 250,
-        prompt=summary_prompt,
-        prompt_version: str = PROMPT_VERSION,
+        prompt: str = "summary",
         min_members: int = 0,
     ):
-        self.prompt, self.prompt_version = prompt, prompt_version
+        self.prompt = prompt
         self.min_members = min_members  # a smaller cluster gets the offline summary, without a call
         self.client = client
         self.meta = meta_entities
@@ -368,10 +340,14 @@ class LLMSummarizer:
         return out
 
     async def _one(self, cluster: Cluster) -> list[dict[str, Any]] | None:
-        messages = self.prompt(cluster.members, self.meta, self.per_cluster, self.max_tokens)
+        prompts = self.client.prompts
+        messages = CLUSTER_PROMPTS[self.prompt](cluster.members, self.meta, self.per_cluster, self.max_tokens, prompts)
         try:
             return await self.client.complete(
-                messages, prompt_version=self.prompt_version, json_mode=True, parse=lambda t: self._parse(cluster, t)
+                messages,
+                prompt_version=prompts[self.prompt].version,
+                json_mode=True,
+                parse=lambda t: self._parse(cluster, t),
             )
         except Exception as exc:  # noqa: BLE001 - fall back, never lose the cluster
             self.failures.append(

@@ -8,25 +8,14 @@ from pathlib import Path
 
 import numpy as np
 
+from schemas.prompts import PromptSet
 from tasks.query.candidates import MAX_CANDIDATES, STOP_WORDS, WORD, answer_candidates, chunk_sentences, preselect
 from tasks.query.context import Context
 from tasks.runtime.llm import run_sync
 
-PROMPT_VERSION = "answer/1"
 
-
-def answer_messages(ctx: Context) -> list[dict[str, str]]:
-    return [
-        {
-            "role": "system",
-            "content": (
-                "You answer questions from the knowledge given: entity descriptions, community reports, reasoning "
-                "paths between entities and source passages. Use only that knowledge; say so when it is not enough. "
-                "Be concise."
-            ),
-        },
-        {"role": "user", "content": f"{ctx.text()}\n\nQuestion: {ctx.question}\nAnswer:"},
-    ]
+def answer_messages(ctx: Context, prompts: PromptSet) -> list[dict[str, str]]:
+    return prompts["answer"].messages(context=ctx.text(), question=ctx.question)
 
 
 def answer(ctx: Context, client=None, tokens=None) -> dict[str, str]:
@@ -45,7 +34,8 @@ def answer(ctx: Context, client=None, tokens=None) -> dict[str, str]:
         except Exception as exc:  # noqa: BLE001 - the unrefined context still answers
             note = f"{method.name} context refinement failed, whole context used: {type(exc).__name__}: {exc}"
     try:
-        text = run_sync(client.complete(answer_messages(ctx), prompt_version=PROMPT_VERSION))
+        prompts = client.prompts
+        text = run_sync(client.complete(answer_messages(ctx, prompts), prompt_version=prompts["answer"].version))
         return {"kind": "llm", "text": str(text).strip(), **({"note": note} if note else {})}
     except Exception as exc:  # noqa: BLE001
         return {

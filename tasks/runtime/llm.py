@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
+from schemas.prompts import PromptSet
+
 _LOOP: asyncio.AbstractEventLoop | None = None
 _LOOP_LOCK = threading.Lock()
 T = TypeVar("T")
@@ -60,6 +62,9 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 
 class LLMClient(Protocol):
+    #: the prompts to build messages from (``[llm.prompts]`` over the defaults)
+    prompts: PromptSet
+
     async def complete(
         self,
         messages: list[dict[str, str]],

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.config import LLMConfig
+from schemas.prompts import PromptSet
 from tasks.runtime.llm import ParseError
 from tasks.runtime.llm_cost import CostCap, model_prices, register_price, shared_cap
 
@@ -228,6 +229,7 @@ class LiteLLMClient:
         litellm.DEFAULT_MAX_RETRIES = 0  # type: ignore[misc]  # litellm declares it Final; overridden on purpose
         logging.getLogger("LiteLLM").setLevel(logging.ERROR)
         self.cfg = cfg
+        self.prompts = PromptSet(cfg.prompts)  # the prompts this client's stage speaks with
         share = max(1, share)  # this client's share of the global limits (one per Dask worker)
         self.concurrency = max(1, cfg.max_concurrency // share)
         self._sem: asyncio.Semaphore | None = None

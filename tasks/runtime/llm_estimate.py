@@ -112,22 +112,19 @@ def extraction_estimate(texts: Iterable[str], llm: LLMConfig, gleanings: int, ca
     then the relation pass, as ``tasks.index.extract_llm`` sends them; answers in ``cache`` (a ``ResponseCache``, or
     None) are not counted, nor is a relation pass that a cached entity answer shows will not be made. Output: the
     entities a chunk names, and a relation between each and the next, at a model's length a piece."""
-    from tasks.index.extract_llm import (
-        PROMPT_VERSION,
-        entity_messages,
-        glean_messages,
-        parse_entities,
-        relation_messages,
-    )
+    from schemas.prompts import PromptSet
+    from tasks.index.extract_llm import entity_messages, glean_messages, parse_entities, relation_messages
     from tasks.runtime.llm_client import cache_key, request_params
 
     params = request_params(llm, json_mode=True)  # the client's, so that the keys are the client's
     est = StageEstimate("extraction", llm.model, basis="prompts counted")
+    prompts = PromptSet(llm.prompts)  # the client's
+    versions = {"entities": prompts["extract_entities"].version, "relations": prompts["extract_relations"].version}
 
-    def cached(messages: list[dict[str, str]]) -> str | None:
+    def cached(messages: list[dict[str, str]], kind: str = "entities") -> str | None:
         if cache is None:
             return None
-        key = cache_key(llm.model, messages, params, PROMPT_VERSION)
+        key = cache_key(llm.model, messages, params, versions[kind])
         hit = cache.get(key)
         if hit is None and not llm.retry_unparseable and cache.failure(key) is not None:
             return ""  # remembered as unparseable: not asked again
@@ -139,7 +136,7 @@ def extraction_estimate(texts: Iterable[str], llm: LLMConfig, gleanings: int, ca
         est.output_tokens += answer
 
     for text in texts:
-        first = entity_messages(text)
+        first = entity_messages(text, prompts)
         answer = cached(first)
         if answer is None:
             n = max(len(names_in(text)), 1)
@@ -147,7 +144,7 @@ def extraction_estimate(texts: Iterable[str], llm: LLMConfig, gleanings: int, ca
             for _ in range(gleanings):  # the first answer's names listed, and a line more to ask
                 pay(first, n * LISTED_TOKENS + 30, 2 * ENTITY_ANSWER_TOKENS)
             if n > 1:
-                pay(relation_messages(text, []), n * LISTED_TOKENS, (n - 1) * RELATION_ANSWER_TOKENS)
+                pay(relation_messages(text, [], prompts), n * LISTED_TOKENS, (n - 1) * RELATION_ANSWER_TOKENS)
             continue
         est.cached += 1
         try:
@@ -156,7 +153,7 @@ def extraction_estimate(texts: Iterable[str], llm: LLMConfig, gleanings: int, ca
             continue
         exact = True
         for _ in range(gleanings):  # each gleaning prompt lists what the passes before it found
-            more = glean_messages(text, entities)
+            more = glean_messages(text, entities, prompts)
             found = cached(more)
             if found is None:
                 pay(more, 0, 2 * ENTITY_ANSWER_TOKENS)
@@ -169,8 +166,8 @@ def extraction_estimate(texts: Iterable[str], llm: LLMConfig, gleanings: int, ca
                 break
             entities += new
         if len(entities) > 1 or not exact:
-            second = relation_messages(text, entities)
-            if exact and cached(second) is not None:
+            second = relation_messages(text, entities, prompts)
+            if exact and cached(second, "relations") is not None:
                 est.cached += 1
             else:
                 pay(second, 0, max(len(entities) - 1, 1) * RELATION_ANSWER_TOKENS)
