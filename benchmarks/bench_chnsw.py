@@ -25,7 +25,7 @@ from schemas.config import ArchRAGConfig, RetrievalConfig  # noqa: E402
 from tasks.methods.archrag import attributed_edges, chnsw_links, leiden_groups  # noqa: E402
 from tasks.methods.archrag_search import hierarchical_search  # noqa: E402
 from tasks.methods.common import unit  # noqa: E402
-from tasks.query.context import top_k
+from tasks.retrieval.context import top_k
 
 
 def synthetic(n: int, clusters: int, seed: int = 0, d: int = 384) -> np.ndarray:

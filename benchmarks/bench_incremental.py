@@ -29,7 +29,7 @@ from schemas.config import load_config  # noqa: E402
 from tasks.store.catalog import Catalog
 from tasks.index.embed import get_embedder  # noqa: E402
 from tasks.query.evaluate import evaluate, load_queries  # noqa: E402
-from tasks.query.view import IndexView
+from tasks.retrieval.view import IndexView
 
 
 def ops_full(res) -> int:

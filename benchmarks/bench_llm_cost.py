@@ -70,7 +70,7 @@ def strata(*args: str) -> str:
 
 def recorded(index: Path) -> tuple[int, dict[str, dict[str, int]]]:
     """The last run's corpus tokens and, per LLM stage, its calls and prompt and completion tokens."""
-    from tasks.runtime.llm_estimate import RUN_STAGES
+    from tasks.index.llm_estimate import RUN_STAGES
     from tasks.store.catalog import Catalog
 
     counts = json.loads(Catalog(index, create=False).runs()[-1]["stage_counts"])

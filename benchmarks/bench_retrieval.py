@@ -46,13 +46,13 @@ apply_offline_defaults()
 from tests.helpers import _to_table  # noqa: E402
 from schemas.config import RetrievalConfig  # noqa: E402
 from tasks.store.catalog import Catalog
-from tasks.index.chunk import count_tokens  # noqa: E402
+from tasks.runtime.tokens import count_tokens  # noqa: E402
 from tasks.methods.hirag.communities import detect_communities  # noqa: E402
-from tasks.query.graph_rank import question_entities  # noqa: E402
+from tasks.retrieval.graph_rank import question_entities  # noqa: E402
 from tasks.store.ids import normalize_name  # noqa: E402
 from tasks.methods.registry import all_modes  # noqa: E402
-from tasks.query.view import IndexView
-from tasks.query.graph_rank import RankParams  # noqa: E402
+from tasks.retrieval.view import IndexView
+from tasks.retrieval.graph_rank import RankParams  # noqa: E402
 from tasks.query.retrieve import retrieve
 
 

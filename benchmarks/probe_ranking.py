@@ -35,10 +35,10 @@ apply_offline_defaults()
 
 from schemas.config import load_config  # noqa: E402
 from tasks.index.embed import question_embedder  # noqa: E402
-from tasks.query import graph_rank, lexical  # noqa: E402
+from tasks.retrieval import graph_rank, lexical  # noqa: E402
 from tasks.query.evaluate import load_queries  # noqa: E402
 from tasks.query.retrieve import source_ranking  # noqa: E402
-from tasks.query.view import load_view  # noqa: E402
+from tasks.retrieval.view import load_view  # noqa: E402
 from tasks.store.catalog import Catalog  # noqa: E402
 
 KS = (2, 5, 10)

@@ -29,7 +29,7 @@ from schemas.config import load_config  # noqa: E402
 from tasks.store.catalog import Catalog
 from tasks.index.embed import get_embedder  # noqa: E402
 from tasks.query.evaluate import load_queries, passage_recall, retrieved_passages  # noqa: E402
-from tasks.query.view import load_view
+from tasks.retrieval.view import load_view
 from tasks.query.retrieve import retrieve
 
 GRID: list[dict] = [

@@ -1,6 +1,6 @@
 """``--estimate``: what a build, an update or a backfill partition would spend on LLM calls, per stage, before any
 call — the run's first two stages (ingest and, for an update, the diff; chunking) on this machine, in a folder of
-its own, then ``tasks.runtime.llm_estimate``. No model is called, the index is neither locked nor written."""
+its own, then ``tasks.index.llm_estimate``. No model is called, the index is neither locked nor written."""
 
 from __future__ import annotations
 
@@ -35,8 +35,7 @@ def estimate_run(
     from flows.env import apply_offline_defaults
     from flows.pipeline import corpus_root
     from flows.steps import chunk, extraction_method, ingest
-    from tasks.runtime.llm_client import ResponseCache, Usage
-    from tasks.runtime.llm_estimate import (
+    from tasks.index.llm_estimate import (
         answered_by,
         cached_stage,
         extraction_estimate,
@@ -45,6 +44,7 @@ def estimate_run(
         scaled_estimate,
         stage_ratios,
     )
+    from tasks.runtime.llm_client import ResponseCache, Usage
     from tasks.runtime.parallel import LocalMapper
     from tasks.runtime.progress import LogReporter
     from tasks.runtime.stages import Stages

@@ -104,12 +104,12 @@ def run_stages(run: PipelineRun) -> BuildResult:
     layer0 = embed(run, layer0, chunks, quarantined)  # the chunks with their vectors: ``Layer0.chunks``
     del quarantined
     if run.snap:
-        hierarchy = run.method.update(run, layer0 if getattr(run.method, "vectors_by_id", False) else layer0.whole(run))
+        hierarchy = run.method.update(run, layer0 if run.method.vectors_by_id else layer0.whole(run))
         # what the method read of the snapshot (its summaries, links, communities, reports: 120 MB at 100k chunks)
         for name in ("entities", "relations", "communities", "community_reports", "layers"):
             run.forget_previous(name)
     else:  # layer 0 in parts, read whole for a method that clusters it in this process
-        hierarchy = run.method.build(run, layer0 if getattr(run.method, "reads_parts", False) else layer0.whole())
+        hierarchy = run.method.build(run, layer0 if run.method.reads_parts else layer0.whole())
     stop_at_cap(run, hierarchy.quarantine)
     tables = assemble(run, delta, documents, layer0, hierarchy, mentions)
     # from here on the tables hold every row: the Python rows and vector matrices they were made from go

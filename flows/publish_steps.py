@@ -239,6 +239,7 @@ def validate(run: PipelineRun, tables: dict[str, Any]) -> dict[str, Any]:
     """The tables checked, an update's as changes (``as_changes``): what publish writes. Raises
     ``ValidationFailed``."""
     from tasks.index.validate import REFERENCED, ValidationFailed, validate_tables
+    from tasks.methods.registry import relation_kinds
 
     dim = (run.snap or {}).get("dim") or run.embedder.dim
     with run.stage("validate") as st:
@@ -258,6 +259,7 @@ def validate(run: PipelineRun, tables: dict[str, Any]) -> dict[str, Any]:
                 mapper=mapper,
                 workdir=join(run.spill_dir, "validate"),
                 kept_ids=kept,
+                relation_kinds=relation_kinds(),
             )
         finally:
             if mapper is not run.mapper:
@@ -363,7 +365,7 @@ def leave_view(catalog: Catalog, version: int, cfg: StrataConfig) -> None:
     """The published snapshot's query view, left where the next ``strata query`` reads it (``remember_view``): that
     query then imports no LanceDB and reads no table (the demo's first query after its build: as fast as a later
     one). A failure costs only that: the next query loads the view from the tables."""
-    from tasks.query.view import IndexView, remember_view
+    from tasks.retrieval.view import IndexView, remember_view
 
     try:
         view = IndexView.load(catalog, version)

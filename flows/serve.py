@@ -2,7 +2,7 @@
 
 Each request resolves its snapshot once — the latest, or ``as_of`` — and answers from that snapshot's view
 alone, so a publish during a request never mixes versions; the response names the version it used. Views
-are loaded once per version and kept (``tasks.query.view.load_view``), the question embedder once per
+are loaded once per version and kept (``tasks.retrieval.view.load_view``), the question embedder once per
 process. At most ``serve.max_concurrency`` queries run at once; the next ``serve.queue_size`` wait for a slot up to
 ``serve.request_timeout_s``; only a full queue or a passed deadline gets 503 with ``Retry-After``. ``/metrics``
 (``flows.serve_metrics``) counts all of it for Prometheus.
@@ -46,7 +46,7 @@ from tasks.errors import RefusedError, UsageError
 
 if TYPE_CHECKING:
     from tasks.query.reader import Reader
-    from tasks.query.view import IndexView
+    from tasks.retrieval.view import IndexView
 
 PAGE = Path(__file__).resolve().parent / "explorer.html"
 #: the paths /metrics labels by name (the browsing routes that name an id: by their prefix, ``serve_browse.PREFIXES``)
@@ -169,7 +169,7 @@ class Service:
         else the index is checked again (a folder listing, one LIST request on s3://). One request checks, and
         loads a newly published version; the requests beside it go on with the view they have (a published
         snapshot) instead of waiting for the load, so a publish never stalls the requests in flight."""
-        from tasks.query.view import load_view
+        from tasks.retrieval.view import load_view
 
         with self._lock:  # one load per new version, however many requests ask for it at once
             if as_of is not None:

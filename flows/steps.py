@@ -353,8 +353,9 @@ def update_layer0(
     relations only the change (``Layer0.relation_change``): the rest is the snapshot's (at 100k chunks 120k entity
     rows, ~280 MB as Python rows, and 215 MB of graph columns, not held through the stages after)."""
     from tasks.index.delta import Grown, recompute_layer0, stored_mention_select
-    from tasks.index.merge import MENTION_COLUMNS, entity_id, mention_frame
+    from tasks.index.merge import MENTION_COLUMNS, mention_frame
     from tasks.runtime.stages import release_memory
+    from tasks.store.ids import entity_id
 
     def stored(columns: list[str]):
         return reads.batches("mentions", columns)

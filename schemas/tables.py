@@ -198,6 +198,10 @@ class QuarantineRow(TypedDict):
     version: NotRequired[Int]
 
 
+#: the relation kinds every index may hold, whatever its method: extraction's, and a summary entity's members';
+#: a method declares its own (``IndexMethod.relation_kinds``)
+SHARED_RELATION_KINDS = ("extracted", "summary_of")
+
 #: Tables pinned by a snapshot, in publish order.
 SNAPSHOT_TABLES = (
     "documents",

@@ -82,7 +82,7 @@ def answer_for(messages: list[dict], realistic: bool = False) -> str:
 
 def tokens(text: str) -> int:
     """Tokens of ``text`` as OpenAI's servers count them for their models before gpt-4o (cl100k_base)."""
-    from tasks.index.chunk import count_tokens
+    from tasks.runtime.tokens import count_tokens
 
     return count_tokens(text)
 

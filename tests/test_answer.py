@@ -17,7 +17,7 @@ from tasks.query.answer import (
     late_scores,
     window,
 )
-from tasks.query.context import Context
+from tasks.retrieval.context import Context
 
 
 class WordPieces:

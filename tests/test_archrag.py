@@ -77,6 +77,7 @@ def test_an_archrag_index_builds_searches_top_down_and_updates(small_corpus, tmp
     from schemas.tables import SNAPSHOT_TABLES
     from tasks.store.catalog import Catalog
     from tasks.index.validate import validate_tables
+    from tasks.methods.registry import relation_kinds
     from tests.conftest import SMALL
 
     cfg = load_config(overrides={"index": {"method": "archrag"}, "chunking": SMALL["chunking"], "extract": {"batch_size": 4},
@@ -113,13 +114,14 @@ def test_an_archrag_index_builds_searches_top_down_and_updates(small_corpus, tmp
     assert update_index(str(corpus), Catalog(tmp_path / "index"), cfg).status == "published"
     cat = Catalog(tmp_path / "index")
     snap = cat.require_snapshot()
-    assert validate_tables({n: cat.read(n, snap=snap) for n in SNAPSHOT_TABLES}, snap["dim"]).success
+    tables = {n: cat.read(n, snap=snap) for n in SNAPSHOT_TABLES}
+    assert validate_tables(tables, snap["dim"], relation_kinds=relation_kinds()).success
 
 
 def test_with_an_llm_the_map_step_drops_useless_pieces_and_orders_the_rest():
     from tasks.query.answer import answer
     from schemas.prompts import DEFAULT_PROMPTS, PromptSet
-    from tasks.query.context import Context
+    from tasks.retrieval.context import Context
 
     calls, seen = [], {}
     MAP_VERSION = DEFAULT_PROMPTS["archrag_filter"].version

@@ -163,7 +163,7 @@ def test_evaluate_budgets_and_vs_naive(monkeypatch, budgets):
             chunks = [chunk("c2", view)]
         else:
             chunks = [chunk("c1a", view)] + ([chunk("c1b", view)] if cfg.token_budget >= 1000 else [])
-        from tasks.query.context import Context
+        from tasks.retrieval.context import Context
 
         chunks = [dict(c, text=f"{c['id']}: the city they named is Paris.") for c in chunks]
         return Context(question=question, mode=mode, version=1, chunks=chunks, tokens={"chunks": 10 * len(chunks)},
@@ -206,7 +206,7 @@ def test_evaluate_scores_the_answer_models_answers(monkeypatch):
     import tasks.query.evaluate as ev
     from schemas.config import RetrievalConfig
     from schemas.prompts import PromptSet
-    from tasks.query.context import Context
+    from tasks.retrieval.context import Context
 
     view = make_view()
     monkeypatch.setattr(ev, "retrieve", lambda view_, q, vec, mode, cfg: Context(

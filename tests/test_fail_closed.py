@@ -274,7 +274,7 @@ def test_a_deleted_data_file_fails_query_as_it_fails_inspect(served_index, tmp_p
     assert runner.invoke(app, ask).exit_code == 0  # leaves the view's copy on disk
     data = sorted((index / "lance" / "chunks.lance" / "data").iterdir())
     data[0].unlink()
-    from tasks.query import view as views
+    from tasks.retrieval import view as views
 
     views._VIEWS.clear()  # a new process: only the copy on disk remains
     for args in (ask, ["inspect", "--index", str(index)], ["validate", "--index", str(index)]):

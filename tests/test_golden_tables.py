@@ -210,7 +210,7 @@ def test_the_same_corpus_at_two_places_gives_the_same_layer_zero_and_the_same_co
     from flows.pipeline import build_index
     from schemas.config import load_config
     from tasks.query.retrieve import retrieve
-    from tasks.query.view import load_view
+    from tasks.retrieval.view import load_view
     from tasks.store.catalog import Catalog
     from tests.conftest import write_small_corpus
 

@@ -9,8 +9,8 @@ import polars as pl
 import pytest
 import scipy.sparse as sp
 
-from tasks.query.graph_rank import RankParams, build_passage_graph, personalization, ppr, question_entities
-from tasks.query.lexical import BM25Index, ranks, rrf, tokenize
+from tasks.retrieval.graph_rank import RankParams, build_passage_graph, personalization, ppr, question_entities
+from tasks.retrieval.lexical import BM25Index, ranks, rrf, tokenize
 
 
 def _walk(edges: list[tuple[int, int]], n: int, damping: float) -> sp.csr_matrix:
@@ -145,7 +145,7 @@ def test_ppr_finds_the_second_hop_that_naive_misses(tmp_path):
     from schemas.config import load_config
     from tasks.store.catalog import Catalog
     from tasks.index.embed import get_embedder
-    from tasks.query.view import load_view
+    from tasks.retrieval.view import load_view
     from tasks.query.retrieve import retrieve
 
     import tempfile

@@ -4,7 +4,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.config import ChunkingConfig, CorpusConfig
-from tasks.index.chunk import chunk_document, count_tokens, get_encoding, token_windows
+from tasks.index.chunk import chunk_document, token_windows
+from tasks.runtime.tokens import count_tokens, get_encoding
 from tasks.store.ids import normalize_name
 from tasks.index.ingest import ingest_corpus
 from tests.conftest import CAROL

@@ -52,6 +52,32 @@ def test_imports_go_one_way():
     assert not circles, "import circles: " + "; ".join(" <-> ".join(c) for c in circles)
 
 
+#: the layers, lowest first: a module may import its own layer's and lower ones, never a higher one
+LAYERS = (
+    "schemas",  # the config and table models
+    "tasks.errors",
+    "tasks.runtime",  # processes, parallel maps, the LLM client, tokens and text
+    "tasks.store",  # ids, the catalog of tables, spills, leases
+    "tasks.index",  # the shared build stages: ingest, chunk, extract, merge, embed, validate
+    "tasks.retrieval",  # the query primitives: the view, a context, graph ranking, BM25
+    "tasks.methods",  # the index methods (HiRAG, HyGRAG, ArchRAG) and their registry
+    "tasks.query",  # the entry points above the methods: retrieve, answer, evaluate, reader, inspect
+    "flows",  # orchestration, the CLI, the service
+)
+
+
+def _layer(module: str) -> int:
+    return max(i for i, layer in enumerate(LAYERS) if module == layer or module.startswith(layer + "."))
+
+
+def test_folders_import_downwards_only():
+    """No arrow back up between folders (lazy imports inside functions included): ``tasks.methods`` builds on the
+    retrieval primitives, and the query entry points on the methods, never the other way."""
+    graph = import_graph()
+    up = sorted(f"{a} -> {b}" for a, b in graph.edges if _layer(b) > _layer(a))
+    assert not up, "imports that go up a layer: " + "; ".join(up)
+
+
 def test_no_module_is_past_500_lines():
     long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > 500}
     assert not long, long

@@ -196,7 +196,7 @@ def test_the_estimate_counts_extraction_prompts_and_what_the_cache_answers(tmp_p
     from schemas.prompts import PromptSet
     from tasks.index.extract_llm import entity_messages, relation_messages
     from tasks.runtime.llm_client import ResponseCache, cache_key
-    from tasks.runtime.llm_estimate import extraction_estimate, names_in, prompt_tokens
+    from tasks.index.llm_estimate import extraction_estimate, names_in, prompt_tokens
 
     llm = LLMConfig(model="openai/fake", input_cost_per_mtok=1.0, output_cost_per_mtok=2.0)
     texts = ["Marley was dead, to begin with. Scrooge signed it.",
@@ -220,7 +220,7 @@ def test_the_estimate_counts_extraction_prompts_and_what_the_cache_answers(tmp_p
 
 
 def test_the_estimate_learns_a_stage_from_the_index_s_last_run_of_its_kind():
-    from tasks.runtime.llm_estimate import DEFAULT_RATIOS, learned_ratios, stage_ratios
+    from tasks.index.llm_estimate import DEFAULT_RATIOS, learned_ratios, stage_ratios
 
     def run(version: int, stages: dict) -> dict:
         return {"status": "published", "version": version, "stage_counts": json.dumps(stages)}

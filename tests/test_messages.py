@@ -21,7 +21,7 @@ from tasks.errors import EXIT_CODES
 from tasks.store.rows import TableDelta
 from tasks.query.answer import NOT_FOUND, extractive_answer
 from tasks.query.retrieve import retrieve
-from tasks.query.view import IndexView
+from tasks.retrieval.view import IndexView
 from tasks.store.catalog import Catalog
 from tests.helpers import DIM, _to_table, tiny_tables, vec
 

@@ -13,7 +13,7 @@ from flows.pipeline import build_index
 from schemas.config import load_config
 from tasks.methods.base import Hierarchy, Layer0
 from tasks.methods.registry import all_methods, all_modes, get_method, index_modes, register, relation_kinds
-from tasks.query.context import fill, top_k
+from tasks.retrieval.context import fill, top_k
 from tasks.store.catalog import Catalog
 from tasks.store.rows import relation_table
 from tests.conftest import SMALL
@@ -26,6 +26,7 @@ class NearestOnly:
     name = "nearest"
     modes = {"nearest": ("entities",)}
     relation_kinds = ("nearest_to",)
+    reads_parts = vectors_by_id = False  # handed layer 0 whole, every vector
 
     def build(self, ctx, layer0: Layer0) -> Hierarchy:
         vecs = layer0.vectors

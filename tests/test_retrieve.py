@@ -12,7 +12,7 @@ from tests.helpers import _to_table
 from schemas.config import RetrievalConfig
 from tasks.store.catalog import Catalog
 from tasks.query.evaluate import answer_in_context, normalize_answer, passage_recall
-from tasks.query.view import IndexView
+from tasks.retrieval.view import IndexView
 from tasks.query.answer import extractive_answer
 from tasks.query.retrieve import retrieve
 
@@ -259,7 +259,7 @@ def test_vector_tables_past_the_threshold_are_searched_through_their_index(tmp_p
 def test_a_view_left_on_disk_is_read_while_its_snapshot_is_the_latest_and_ignored_after(tmp_path):
     import json
 
-    from tasks.query import view as R
+    from tasks.retrieval import view as R
 
     build(tmp_path)
     cat = Catalog(tmp_path / "idx")
@@ -297,7 +297,7 @@ def test_lexical_scores_never_import_numba():
     import subprocess
     import sys
 
-    code = ("import sys; from tasks.query.lexical import BM25Index; s = BM25Index(['Scrooge paid Bob', 'Marley died']).scores("
+    code = ("import sys; from tasks.retrieval.lexical import BM25Index; s = BM25Index(['Scrooge paid Bob', 'Marley died']).scores("
             "'Who paid Bob?'); assert s[0] > 0 == s[1], s; assert 'numba' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent.parent)
     assert out.stdout.strip() == "ok", out.stderr
@@ -305,8 +305,8 @@ def test_lexical_scores_never_import_numba():
 
 def test_the_view_copy_is_stamped_with_the_versions_of_the_libraries_it_pickles(monkeypatch):
     """A copy pickled under another bm25s (or numpy, pyarrow, networkx, scipy) is not read back."""
-    from tasks.query.lexical import bm25s
-    from tasks.query.view import _code_stamp
+    from tasks.retrieval.lexical import bm25s
+    from tasks.retrieval.view import _code_stamp
 
     _code_stamp.cache_clear()
     before = _code_stamp()

@@ -173,7 +173,7 @@ def test_a_rewritten_tables_vector_index_is_kept_and_a_read_of_its_old_version_i
     import pytest
 
     from tasks.errors import SnapshotGone
-    from tasks.query.view import removed_meanwhile
+    from tasks.retrieval.view import removed_meanwhile
     from tasks.store.rows import TableDelta
     from tasks.store.vectors import ann_search, has_vector_index
     from tests.helpers import DIM, _to_table

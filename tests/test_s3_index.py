@@ -113,7 +113,7 @@ def test_query_and_serve_on_s3_answer_as_on_local_disk(built):
     assert answers["uri"] == answers["local"] and answers["uri"][2] == 1
     views = Catalog(built["uri"], create=False).cache_dir / "views"
     assert (views / "head.json").exists()  # a remote index's view is left in the local cache, for the next query
-    from tasks.query import view as views_module
+    from tasks.retrieval import view as views_module
 
     views_module._VIEWS.clear()  # the next process: the view from the local cache, after one LIST request
     assert views_module.load_view(Catalog(built["uri"], create=False)).from_disk

@@ -209,9 +209,9 @@ def test_queries_during_a_publish_all_succeed_on_one_version_each_and_the_new_on
         assert pinned["version"] == 1
         assert [s["version"] for s in client.get("/snapshots").json()] == [2, 1]
         # gc removes v1 under a request that resolved it before: a retryable 503 naming gc, then the newest answers
-        from tasks.query.view import IndexView
+        from tasks.retrieval.view import IndexView
 
-        from tasks.query.view import load_view
+        from tasks.retrieval.view import load_view
 
         resolved = IndexView.load(Catalog(index), 1)  # its passage graph not built yet: read on first use
         held = load_view(Catalog(index), 2)
@@ -233,7 +233,7 @@ def test_queries_during_a_publish_all_succeed_on_one_version_each_and_the_new_on
 
 
 def test_the_latest_snapshot_is_looked_up_at_most_once_per_snapshot_check_interval(served_index, monkeypatch):
-    import tasks.query.view as views
+    import tasks.retrieval.view as views
 
     looked = []
     load = views.load_view
@@ -248,7 +248,7 @@ def test_the_latest_snapshot_is_looked_up_at_most_once_per_snapshot_check_interv
 def test_a_request_beside_the_load_of_a_new_version_is_answered_from_the_view_it_has(served_index, monkeypatch):
     """One request looks up (and loads) the latest snapshot; the others do not wait for it: they answer from the
     published view the service holds (a load that blocked them all was the p99 of a service beside updates)."""
-    import tasks.query.view as views
+    import tasks.retrieval.view as views
 
     load, started, release = views.load_view, threading.Event(), threading.Event()
 

@@ -168,10 +168,12 @@ def validate(
 ) -> None:
     """Run the expectation suites over a published snapshot (exit 4 when any fails or a table cannot be read)."""
     from tasks.index.validate import validate_tables
+    from tasks.methods.registry import relation_kinds
 
     cat = open_catalog(index, config_path, set_)
     snap = cat.require_snapshot(as_of)
-    report = validate_tables({name: cat.read(name, snap=snap) for name in SNAPSHOT_TABLES}, snap["dim"])
+    tables = {name: cat.read(name, snap=snap) for name in SNAPSHOT_TABLES}
+    report = validate_tables(tables, snap["dim"], relation_kinds=relation_kinds())
     for name, n in report.checked.items():
         out.print(f"{name}: {n} expectations")
     if report.success:

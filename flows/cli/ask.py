@@ -47,7 +47,7 @@ def query(
     closest to the question and the one that best continues it, each with its document; or a plain statement
     that the index holds no answer when no source sentence comes close."""
     from tasks.query.reader import open_reader
-    from tasks.query.view import remember_view
+    from tasks.retrieval.view import remember_view
 
     if not question.strip():
         raise UsageError('the question is empty: ask something, e.g. strata query "Who employed Bob Cratchit?"')

@@ -172,8 +172,9 @@ def recompute_layer0(
     their mentions."""
     import polars as pl
 
-    from tasks.index.merge import corpus_places, entity_id, mention_frame, relation_degrees
+    from tasks.index.merge import corpus_places, mention_frame, relation_degrees
     from tasks.runtime.stages import release_memory
+    from tasks.store.ids import entity_id
 
     ent_keys = {k for k in touched_keys if "|" not in k}
     pair_keys = {k for k in touched_keys if "|" in k}
@@ -328,8 +329,9 @@ def _refolded_entities(
     import polars as pl
 
     from schemas.tables import schema_for
-    from tasks.index.merge import _in_corpus_order, entity_id, entity_rows
+    from tasks.index.merge import _in_corpus_order, entity_rows
     from tasks.index.merge_state import grow, state_table
+    from tasks.store.ids import entity_id
 
     state = schema_for("merge_state", 0).empty_table()
     frame, chunks, held, rows = None, [], [], 0
@@ -363,8 +365,9 @@ def _grown_entities(
     rows."""
     import polars as pl
 
-    from tasks.index.merge import _in_corpus_order, entity_id
+    from tasks.index.merge import _in_corpus_order
     from tasks.index.merge_state import grow, state_table
+    from tasks.store.ids import entity_id
 
     ids = {entity_id(0, k): k for k in keys}
     state = _state_by(grown, ids)
@@ -405,8 +408,9 @@ def _grown_relations(
     ``merge_state`` rows. ``old_rows(ids)``: the previous rows of ``ids``."""
     import polars as pl
 
-    from tasks.index.merge import _in_corpus_order, entity_id, relation_frame, relation_id
+    from tasks.index.merge import _in_corpus_order, relation_frame
     from tasks.index.merge_state import grow, state_table
+    from tasks.store.ids import entity_id, relation_id
 
     pairs, first, second = {}, {}, {}  # key -> the pair of ids in order, the id of the key's first end, its second's
     for k in keys:

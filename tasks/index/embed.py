@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from tasks.index.chunk import model_cache_dir
 from tasks.index.onnx_export import export_onnx
 from tasks.runtime.text import clip_at_word
+from tasks.runtime.tokens import model_cache_dir
 
 if TYPE_CHECKING:
     from schemas.config import EmbeddingConfig, LLMConfig

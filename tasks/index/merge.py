@@ -24,18 +24,10 @@ from tasks.index.merge_state import (
     state_table,
     with_labels,
 )
-from tasks.store.ids import make_id, normalize_name
+from tasks.store.ids import entity_id, make_id, normalize_name, relation_id
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-
-def entity_id(layer: int, key: str) -> str:
-    return make_id("ent", layer, key)
-
-
-def relation_id(source_id: str, target_id: str, kind: str) -> str:
-    return make_id("rel", source_id, target_id, kind)
 
 
 _FIRST_SENTENCE = re.compile(r"^(.{20,}?[.!?])(?:\s|$)", re.DOTALL)

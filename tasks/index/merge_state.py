@@ -25,7 +25,7 @@ from typing import Any, cast
 
 import pyarrow as pa
 
-from tasks.index.chunk import count_tokens
+from tasks.runtime.tokens import count_tokens
 
 #: named types win over the generic noun-phrase type when counts tie
 TYPE_PRIORITY = [

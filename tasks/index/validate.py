@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from schemas.tables import SHARED_RELATION_KINDS
 from tasks.store import workfs
 
 if TYPE_CHECKING:
@@ -234,9 +235,8 @@ def validate_tables(
     suite names, so memory stays bounded however large a table grows (failure counts add up over slices).
     With a ``mapper`` (the run's Dask workers) every table is validated by tasks, a part per task, with
     ``workdir`` for what the tasks share (``validate_spilled``; a table in memory is written there as one part),
-    and this process never loads great-expectations. ``relation_kinds``: the kinds a relation may have
-    (default: every registered method's)."""
-    from tasks.methods.registry import relation_kinds as registered_kinds
+    and this process never loads great-expectations. ``relation_kinds``: the kinds a relation may have (the
+    flow passes every registered method's; default: the shared ones, ``SHARED_RELATION_KINDS``)."""
     from tasks.store.spill import SpilledTable, write_whole
 
     def ids(name: str) -> list[str]:
@@ -244,7 +244,7 @@ def validate_tables(
 
     refs = {n: set(ids(n)) - {None} | (kept_ids or {}).get(n, set()) for n in REFERENCED}
     refs["quarantine_items"] = set(tables["quarantine"].column("item").to_pylist()) if "quarantine" in tables else set()
-    kinds = relation_kinds or registered_kinds()
+    kinds = relation_kinds or SHARED_RELATION_KINDS
     report = ValidationReport(success=True)
     if mapper is None:
         from schemas.expectations import suites

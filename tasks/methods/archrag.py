@@ -171,7 +171,7 @@ def build_layers(
 def link_rows(layer_ids: list[list[str]], layers: list[np.ndarray], m: int) -> list[dict]:
     """C-HNSW as ``relations`` rows: ``chnsw`` from a node to each of its M nearest of its layer (weight: cosine),
     ``chnsw_down`` from a node to its nearest node of the layer below."""
-    from tasks.index.merge import relation_id
+    from tasks.store.ids import relation_id
 
     intra, inter = chnsw_links(layers, m)
     rows = []
@@ -207,6 +207,7 @@ def link_rows(layer_ids: list[list[str]], layers: list[np.ndarray], m: int) -> l
 
 class ArchRAG:
     name = "archrag"
+    reads_parts = False  # a build is handed layer 0 whole
     vectors_by_id = True  # an update reads the vectors of the layer-0 entities it needs (``Layer0.vectors_of``)
     modes = {"archrag": ("entities", "communities", "bridge")}
     relation_kinds = ("chnsw", "chnsw_down")  # C-HNSW: within a layer, and from a layer to the one below

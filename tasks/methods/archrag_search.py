@@ -57,7 +57,7 @@ def hierarchical_search(
     ...]``, best first), found top down: the top layer from its best node, each lower layer from the nodes its
     upper neighbours link down to. A layer of at most ``scan_max`` nodes is scanned instead (exact, and cheaper
     than a walk over so few nodes); its ``ef`` best still lead down."""
-    from tasks.query.context import top_k
+    from tasks.retrieval.context import top_k
 
     ef = max(k, ef or k)
     found: list[list[int]] = [[] for _ in layers]
@@ -155,7 +155,7 @@ def fill_archrag(view, ctx, budgets: dict[str, int], cfg) -> None:
     """ArchRAG's sections: hierarchical search over C-HNSW, then adaptive filtering (offline: each piece scored by
     its similarity to the question and the question words it shares, the best kept within the budgets)."""
     from tasks.methods.hirag.retrieval import repeats, report_item
-    from tasks.query.context import fill
+    from tasks.retrieval.context import fill
 
     if not len(view.ent_ids) or view.ent_vecs is None:  # past retrieval.ann_min_vectors: not yet searched here
         return

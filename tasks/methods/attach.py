@@ -85,7 +85,7 @@ def attach(
     member summary; any other change (a member added, changed or removed without a trace in its text) adds to its
     ``staleness`` (changes / members), and it is re-summarised once that reaches ``refresh_staleness`` (0: on
     every change). Only a re-summarised or dropped summary touches its own parents."""
-    from tasks.index.merge import relation_id
+    from tasks.store.ids import relation_id
 
     by_id = {e["id"]: e for e in list(layer0) + list(summaries)}
     vec = dict(vectors)

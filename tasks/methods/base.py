@@ -34,8 +34,8 @@ ENTITY_FIELDS = tuple(n for n in schema_for("entities", 0).names if n not in ("v
 if TYPE_CHECKING:
     from schemas.config import RetrievalConfig, StrataConfig
     from schemas.llm import Stage as LLMStage
-    from tasks.query.context import Context
-    from tasks.query.view import IndexView
+    from tasks.retrieval.context import Context
+    from tasks.retrieval.view import IndexView
     from tasks.runtime.stages import Stage
     from tasks.store.spill import SpilledTable
 
@@ -196,14 +196,18 @@ class IndexMethod(Protocol):
     #: relation kinds it writes besides ``extracted`` and ``summary_of`` (validation accepts them; ``strata
     #: inspect`` counts them per layer)
     relation_kinds: tuple[str, ...]
+    #: a build reads layer 0 in parts (``Layer0`` as it comes, spilled or not); False: the pipeline hands it whole
+    reads_parts: bool
+    #: an update reads only the layer-0 vectors it needs (``Layer0.vectors_of``); False: handed every vector
+    vectors_by_id: bool
 
     def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
         """Everything above a build's layer 0: its rows and vectors in ``entities`` and ``vectors``, or, for a
-        method with ``reads_parts = True`` (HiRAG), only in ``entity_parts``, which tasks read."""
+        method that ``reads_parts`` (HiRAG), only in ``entity_parts``, which tasks read."""
 
     def update(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
         """Everything above an update's layer 0: its rows in ``entities`` and their vectors in ``vectors``, or, for
-        a method with ``vectors_by_id = True`` (the built-in ones), only those this run embedded (``fresh``),
+        a method with ``vectors_by_id`` (the built-in ones), only those this run embedded (``fresh``),
         the others read for the ids it needs (``Layer0.vectors_of``)."""
 
     def levels(

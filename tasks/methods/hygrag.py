@@ -226,6 +226,7 @@ def build_layers(
 
 class HyGRAG:
     name = "hygrag"
+    reads_parts = False  # a build is handed layer 0 whole
     vectors_by_id = True  # an update reads the vectors of the layer-0 entities it needs (``Layer0.vectors_of``)
     modes = {"hygrag": ("entities", "communities", "bridge")}
     relation_kinds: tuple[str, ...] = ()
@@ -275,7 +276,7 @@ class HyGRAG:
 def fill_bilevel(view, ctx, scores: np.ndarray, budgets: dict[str, int], cfg) -> None:
     """Context-aware then relation-aware sections of ``ctx`` (``scores``: similarity of every entity)."""
     from tasks.methods.hirag.retrieval import repeats, report_item
-    from tasks.query.context import fill, top_k
+    from tasks.retrieval.context import fill, top_k
 
     if not len(view.ent_ids):
         return

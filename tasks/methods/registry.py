@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 
+from schemas.tables import SHARED_RELATION_KINDS
 from tasks.errors import UsageError
 from tasks.methods.base import IndexMethod
 
@@ -17,8 +18,6 @@ from tasks.methods.base import IndexMethod
 BUILTIN = ("tasks.methods.hirag.method:HiRAG", "tasks.methods.hygrag:HyGRAG", "tasks.methods.archrag:ArchRAG")
 #: sources-only modes every index offers, and how each ranks its sources; a method's own modes rank by ppr
 SHARED_MODES = {"ppr": "ppr", "hybrid": "hybrid", "naive": "dense"}
-#: relation kinds of every index: between layer-0 entities, and member -> summary node
-BASE_RELATION_KINDS = ("extracted", "summary_of")
 
 _METHODS: dict[str, IndexMethod] = {}
 
@@ -74,7 +73,7 @@ def method_of_mode(mode: str) -> IndexMethod | None:
 
 def relation_kinds() -> tuple[str, ...]:
     """Every relation kind an index may hold: the shared ones, then each method's own."""
-    return tuple(dict.fromkeys([*BASE_RELATION_KINDS, *(k for m in all_methods() for k in m.relation_kinds)]))
+    return tuple(dict.fromkeys([*SHARED_RELATION_KINDS, *(k for m in all_methods() for k in m.relation_kinds)]))
 
 
 def modes_help() -> str:

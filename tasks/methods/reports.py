@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.prompts import PromptSet
-from tasks.index.chunk import clip_tokens, count_tokens, truncate_tokens
 from tasks.runtime.llm import LLMClient, ParseError, parse_json, run_sync
 from tasks.runtime.text import as_ended, split_sentences
+from tasks.runtime.tokens import clip_tokens, count_tokens, truncate_tokens
 from tasks.store.ids import make_id
 from tasks.store.rows import REPORT_COLUMNS, reading_order, relation_table
 

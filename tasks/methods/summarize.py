@@ -26,10 +26,10 @@ import numpy as np
 from sklearn.feature_extraction.text import CountVectorizer
 
 from schemas.prompts import PromptSet
-from tasks.index.chunk import clip_tokens, count_tokens, truncate_tokens
 from tasks.methods.reports import central_sentences
 from tasks.runtime.llm import LLMClient, ParseError, parse_json, run_sync
-from tasks.store.ids import make_id
+from tasks.runtime.tokens import clip_tokens, count_tokens, truncate_tokens
+from tasks.store.ids import make_id, relation_id
 
 #: extracted entity type -> meta summary entity it rolls up to
 TYPE_TO_META = {
@@ -379,8 +379,6 @@ def summary_rows(
     layer: int, clusters: list[Cluster], summaries: list[list[dict[str, Any]]]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Entity rows of layer ``layer`` and the ``summary_of`` relations (member -> summary)."""
-    from tasks.index.merge import relation_id
-
     entities, relations = [], []
     for cluster, items in zip(clusters, summaries):
         member_ids = [m["id"] for m in cluster.members]

@@ -1,4 +1,4 @@
-"""Answering questions from a published snapshot. Primitives: ``view`` (the snapshot in memory), ``context`` (what a
-question's retrieval fills), ``graph_rank`` (Personalized PageRank sources) and ``lexical`` (BM25); the methods'
-levels are built on them. Above the methods: ``retrieve`` (the entry), ``answer``, ``evaluate``, ``reader`` (the
-set-up of query, shell, eval and serve) and ``inspect``."""
+"""Answering questions from a published snapshot, above the methods: ``retrieve`` (the entry: a mode's context),
+``answer``, ``evaluate``, ``reader`` (the set-up of query, shell, eval and serve), ``browse`` and ``inspect``, with
+``candidates`` and ``packing`` (the offline answer's sentences, a context's sources). The primitives they and the
+methods share are in ``tasks.retrieval``."""

@@ -10,7 +10,7 @@ import numpy as np
 
 from schemas.prompts import PromptSet
 from tasks.query.candidates import MAX_CANDIDATES, STOP_WORDS, WORD, answer_candidates, chunk_sentences, preselect
-from tasks.query.context import Context
+from tasks.retrieval.context import Context
 from tasks.runtime.llm import run_sync
 
 
@@ -337,7 +337,7 @@ class TokenVectors:
         read-only or full disk leaves the previous file."""
         import pickle
 
-        from tasks.query.view import write_aside
+        from tasks.retrieval.view import write_aside
 
         with self.lock:
             saved = {"model": model, "texts": list(self.seen), "pieces": list(self.seen.values())}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.errors import NotFoundError
-from tasks.query.view import IndexView
+from tasks.retrieval.view import IndexView
 from tasks.store.rows import reading_order
 
 #: neighbours a node opens with (the best connected first); the explorer asks again for more

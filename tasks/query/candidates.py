@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 
-from tasks.query.context import Context
+from tasks.retrieval.context import Context
 
 WORD = re.compile(r"[a-z0-9]+")
 

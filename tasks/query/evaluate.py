@@ -35,9 +35,9 @@ import numpy as np
 
 from schemas.config import RetrievalConfig
 from tasks.query.answer import TokenVectors, answer_embedder, best_sentences
-from tasks.query.context import Context
 from tasks.query.retrieve import retrieve
-from tasks.query.view import IndexView
+from tasks.retrieval.context import Context
+from tasks.retrieval.view import IndexView
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans({c: " " for c in string.punctuation})

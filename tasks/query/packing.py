@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from schemas.config import RetrievalConfig
-from tasks.index.chunk import count_tokens
 from tasks.query.candidates import STOP_WORDS, WORD, stem
-from tasks.query.context import Context, source_item
-from tasks.query.view import IndexView
+from tasks.retrieval.context import Context, source_item
+from tasks.retrieval.view import IndexView
+from tasks.runtime.tokens import count_tokens
 
 #: the sections the levels fill, in the order a tie between two items of equal value is broken
 SECTIONS = ("chunks", "entities", "communities", "bridge")

@@ -44,7 +44,7 @@ def check_modes(modes: list[str]) -> None:
 class Reader:
     cfg: StrataConfig
     catalog: Catalog
-    view: Any  # tasks.query.view.IndexView of the snapshot read
+    view: Any  # tasks.retrieval.view.IndexView of the snapshot read
     embedder: Any
     client: Any  # LiteLLMClient, or None: offline (extractive) answers
     sentences: Any = None  # the offline answer's sentence pieces, remembered (``answer.TokenVectors``)
@@ -55,7 +55,7 @@ class Reader:
 
     def refresh(self) -> bool:
         """Move to the newest published snapshot; True when it changed."""
-        from tasks.query.view import load_view
+        from tasks.retrieval.view import load_view
 
         view = load_view(self.catalog)
         changed, self.view = view.version != self.view.version, view
@@ -68,7 +68,7 @@ class Reader:
         the answer (``tasks.query.answer.answer``) and the retrieval's milliseconds."""
         from tasks.query.answer import answer
         from tasks.query.retrieve import retrieve
-        from tasks.query.view import removed_meanwhile
+        from tasks.retrieval.view import removed_meanwhile
 
         view = view or self.view
         mode = check_mode(view.method, mode)
@@ -111,7 +111,7 @@ def open_reader(
     try:
         import tasks.query.retrieve  # noqa: F401  (imported here to overlap the loading; ``ask`` uses it)
         from tasks.query.answer import SENTENCE_CACHE, TokenVectors, answer_embedder
-        from tasks.query.view import load_view
+        from tasks.retrieval.view import load_view
         from tasks.runtime.llm_client import LiteLLMClient
 
         view = load_view(catalog, as_of)
@@ -130,7 +130,7 @@ def _warm_up(embedder: Any) -> threading.Thread:
     """A thread that loads what a query needs besides its snapshot: the embedding model's session and tokenizer
     (``prepare``, where the embedder has one) and the token-count tables (native code, which runs beside the
     snapshot's unpickling; a cold query is ~0.2 s shorter on two cores)."""
-    from tasks.index.chunk import get_encoding
+    from tasks.runtime.tokens import get_encoding
 
     def load() -> None:
         with contextlib.suppress(Exception):  # a failure shows again, with its message, where the query embeds

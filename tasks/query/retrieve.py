@@ -1,6 +1,6 @@
 """One context for a question within one token budget, from one published snapshot, for every mode.
 
-* sources: whole chunks, ranked by Personalized PageRank over the entity–chunk graph (``tasks.query.graph_rank``)
+* sources: whole chunks, ranked by Personalized PageRank over the entity–chunk graph (``tasks.retrieval.graph_rank``)
   with BM25 + dense as its prior (``ppr``), by BM25 fused with dense (``hybrid``) or by dense search (``naive``);
 * the method's levels (HiRAG's local entities, global reports and bridge paths: ``tasks.methods.hirag.retrieval``;
   HyGRAG's and ArchRAG's in their own modules), for the method's own modes only;
@@ -8,7 +8,7 @@
   and the levels' items alike (``retrieval.level_budget``: ``tasks.query.packing``; the other rules below).
 
 Sources are packed whole: a chunk that does not fit the budget left is skipped, never cut. The snapshot is loaded
-once (``tasks.query.view``) and reused across questions.
+once (``tasks.retrieval.view``) and reused across questions.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import numpy as np
 from schemas.config import RetrievalConfig
 from tasks.errors import UsageError
 from tasks.methods.registry import SHARED_MODES, get_method, index_modes
-from tasks.query.context import Context, budgets, source_item, top_k
-from tasks.query.graph_rank import RankParams, rank_chunks
-from tasks.query.lexical import rrf
 from tasks.query.packing import fill_by_value
-from tasks.query.view import IndexView
+from tasks.retrieval.context import Context, budgets, source_item, top_k
+from tasks.retrieval.graph_rank import RankParams, rank_chunks
+from tasks.retrieval.lexical import rrf
+from tasks.retrieval.view import IndexView
 
 MAX_SOURCES = 200  # candidates considered for the sources section
 

@@ -358,7 +358,7 @@ class LiteLLMClient:
 
     def worst_cost(self, messages: list[dict[str, str]], max_tokens: int) -> float:
         """The most a request of ``messages`` answered in ``max_tokens`` may cost (``CostCap``), in USD."""
-        from tasks.index.chunk import count_tokens
+        from tasks.runtime.tokens import count_tokens
 
         prompt = sum(max(count_tokens(m["content"]), len(m["content"]) // 3) + 4 for m in messages) + 4
         return prompt * self.prices[0] + max_tokens * self.prices[1]

@@ -26,6 +26,16 @@ def make_id(kind: str, *parts: object) -> str:
     return f"{kind}-{hashlib.sha256(key.encode('utf-8')).hexdigest()[:24]}"
 
 
+def entity_id(layer: int, key: str) -> str:
+    """An entity's id: its layer and its resolution key (layer 0: the normalised name)."""
+    return make_id("ent", layer, key)
+
+
+def relation_id(source_id: str, target_id: str, kind: str) -> str:
+    """A relation's id: its ends (in canonical order) and its kind."""
+    return make_id("rel", source_id, target_id, kind)
+
+
 _PUNCT = re.compile(r"[^\w\s&+#.-]")
 _SPACE = re.compile(r"\s+")
 _LEADING = re.compile(r"^(the|a|an|this|that|these|those|his|her|its|their|our|my|your)\s+")

@@ -19,8 +19,8 @@ import numpy as np
 
 from schemas.config import RetrievalConfig
 from tasks.methods.attach import SENTENCE_END
-from tasks.query.context import Context, fill, top_k
-from tasks.query.view import Graph, IndexView
+from tasks.retrieval.context import Context, fill, top_k
+from tasks.retrieval.view import Graph, IndexView
 
 
 def report_item(view: IndexView, c: int) -> dict[str, Any] | None:

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from schemas.config import RetrievalConfig
-from tasks.index.chunk import count_tokens, truncate_tokens
+from tasks.runtime.tokens import count_tokens, truncate_tokens
 
 if TYPE_CHECKING:
-    from tasks.query.view import IndexView
+    from tasks.retrieval.view import IndexView
 
 
 # ---------------------------------------------------------------------------- the three levels

@@ -102,7 +102,7 @@ def prompt_tokens(model: str, messages: list[dict[str, str]]) -> int:
 
         return int(litellm.token_counter(model=model, messages=messages))
     except Exception:  # noqa: BLE001 - a tokenizer litellm would fetch, or a model it cannot parse
-        from tasks.index.chunk import count_tokens
+        from tasks.runtime.tokens import count_tokens
 
         return sum(count_tokens(m["content"]) + 3 for m in messages) + 3
 

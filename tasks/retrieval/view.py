@@ -20,9 +20,10 @@ import numpy as np
 import pyarrow as pa
 
 from schemas.tables import SNAPSHOT_TABLES, schema_for
-from tasks.index.chunk import count_tokens, explicit_title
-from tasks.query.graph_rank import PassageGraph, RankParams, build_passage_graph
-from tasks.query.lexical import BM25Index, bm25s
+from tasks.index.chunk import explicit_title
+from tasks.retrieval.graph_rank import PassageGraph, RankParams, build_passage_graph
+from tasks.retrieval.lexical import BM25Index, bm25s
+from tasks.runtime.tokens import count_tokens
 from tasks.store.catalog import Catalog
 from tasks.store.rows import reading_order, snapshot_note, vector_matrix
 from tasks.store.vectors import ann_search, has_vector_index
@@ -395,7 +396,7 @@ def _code_stamp() -> str:
     import scipy
 
     digest = hashlib.sha256(str(VIEW_FORMAT).encode())
-    for module in ("tasks.query.retrieve", "tasks.query.graph_rank", "tasks.query.lexical", "schemas.tables"):
+    for module in ("tasks.query.retrieve", "tasks.retrieval.graph_rank", "tasks.retrieval.lexical", "schemas.tables"):
         digest.update(Path(cast(str, importlib.import_module(module).__file__)).read_bytes())  # modules of files
     for library in (np, pa, scipy, bm25s()):  # all imported by now or right after (bm25s: to read the copy)
         digest.update(f"{library.__name__}={library.__version__}".encode())

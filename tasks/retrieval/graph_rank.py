@@ -43,7 +43,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from schemas.config import RetrievalConfig
-from tasks.query.lexical import BM25Index
+from tasks.retrieval.lexical import BM25Index
 from tasks.store.ids import normalize_name
 
 _WORD = re.compile(r"\S+")
