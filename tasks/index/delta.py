@@ -329,7 +329,7 @@ def _refolded_entities(
     import polars as pl
 
     from schemas.tables import schema_for
-    from tasks.index.merge import _in_corpus_order, entity_rows
+    from tasks.index.merge import entity_rows, in_corpus_order
     from tasks.index.merge_state import grow, state_table
     from tasks.store.ids import entity_id
 
@@ -337,7 +337,7 @@ def _refolded_entities(
     frame, chunks, held, rows = None, [], [], 0
 
     def fold(state: pa.Table, held: list[Any]) -> tuple[pa.Table, Any]:
-        placed = _in_corpus_order(pl.concat(held), places, "key", "name", "type", "description")
+        placed = in_corpus_order(pl.concat(held), places, "key", "name", "type", "description")
         chunks.append(placed.select("key", pl.col("chunk_id").cast(pl.Utf8)).unique())
         frame = grow(state, placed, "key", max_tokens).sort("key")
         return state_table(frame.with_columns(id=pl.col("key")), "entity"), frame
@@ -365,14 +365,14 @@ def _grown_entities(
     rows."""
     import polars as pl
 
-    from tasks.index.merge import _in_corpus_order
+    from tasks.index.merge import in_corpus_order
     from tasks.index.merge_state import grow, state_table
     from tasks.store.ids import entity_id
 
     ids = {entity_id(0, k): k for k in keys}
     state = _state_by(grown, ids)
     new = grown.new.filter((pl.col("kind") == "entity") & pl.col("key").is_in(sorted(keys)))
-    placed = _in_corpus_order(new, places, "key", "name", "type", "description")
+    placed = in_corpus_order(new, places, "key", "name", "type", "description")
     frame = grow(state, placed, "key", max_tokens)
     chunks = placed.group_by("key").agg(pl.col("chunk_id").cast(pl.Utf8).unique().alias("new_chunks"))
     frame = frame.join(chunks, on="key")
@@ -408,7 +408,7 @@ def _grown_relations(
     ``merge_state`` rows. ``old_rows(ids)``: the previous rows of ``ids``."""
     import polars as pl
 
-    from tasks.index.merge import _in_corpus_order, relation_frame
+    from tasks.index.merge import in_corpus_order, relation_frame
     from tasks.index.merge_state import grow, state_table
     from tasks.store.ids import entity_id, relation_id
 
@@ -427,7 +427,7 @@ def _grown_relations(
         ida=key.replace_strict(first, return_dtype=pl.Utf8, default=None),
         idb=key.replace_strict(second, return_dtype=pl.Utf8, default=None),
     )
-    placed = _in_corpus_order(new, places, "pair", "type", "ida", "idb", "description")
+    placed = in_corpus_order(new, places, "pair", "type", "ida", "idb", "description")
     frame = grow(state, placed, "pair", max_tokens)
     held = old_rows(sorted(rel_ids))
     before = dict(zip(held.column("id").to_pylist(), held.column("source_chunk_ids").to_pylist()))

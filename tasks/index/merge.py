@@ -223,7 +223,9 @@ def corpus_places(order: ChunkOrder):
     )
 
 
-def _in_corpus_order(frame, places, *columns):
+def in_corpus_order(frame, places, *columns):
+    """Mention rows (``frame``) in corpus order, placed by ``corpus_places``: with their place, source and position,
+    then ``columns``; a chunk the order does not know sorts first."""
     import polars as pl
 
     return (
@@ -246,7 +248,7 @@ def entity_part(mentions, places, max_description_tokens: int, state: bool = Fal
     every mention of its keys, sorted by key; with ``state``, their description state's columns too."""
     import polars as pl
 
-    ents = _in_corpus_order(mentions.filter(pl.col("key") != ""), places, "key", "name", "type", "description")
+    ents = in_corpus_order(mentions.filter(pl.col("key") != ""), places, "key", "name", "type", "description")
     entity = _entity_part(ents, max_description_tokens, state).sort("key")
     ids = key_ids(entity.get_column("key").to_list())
     return entity.with_columns(id=ids.get_column("id")).select(
@@ -261,7 +263,7 @@ def relation_part(mentions, places, ids, max_description_tokens: int, state: boo
     import polars as pl
 
     relation = _relation_part(
-        _in_corpus_order(mentions, places, "key", "type", "description"), ids, max_description_tokens, state
+        in_corpus_order(mentions, places, "key", "type", "description"), ids, max_description_tokens, state
     ).sort("source_id", "target_id")
     pairs = zip(relation.get_column("source_id").to_list(), relation.get_column("target_id").to_list())
     return relation.with_columns(

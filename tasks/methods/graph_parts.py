@@ -53,7 +53,7 @@ def communities_on_cluster(ctx: Any, entity_ids: list[str] | pa.ChunkedArray, re
     the run never reads."""
     from schemas.tables import schema_for
 
-    cfg, work = ctx.cfg.communities, _work(ctx)
+    cfg, work = ctx.cfg.communities, graph_work(ctx)
     ids, out = workfs.join(work, "entity-ids.parquet"), workfs.join(work, "communities.parquet")
     column = entity_ids if isinstance(entity_ids, pa.ChunkedArray) else pa.chunked_array([entity_ids], pa.string())
     write_whole(pa.table({"id": column}), ids)
@@ -107,7 +107,7 @@ def hierarchy_on_cluster(
     cfg, dim = ctx.cfg, layer0.schema.field("vector").type.list_size
     if not cfg.hierarchy.enabled:
         return [], np.zeros((0, dim), np.float32), relation_table([]), []
-    h, work = cfg.hierarchy, _work(ctx)
+    h, work = cfg.hierarchy, graph_work(ctx)
     one = LayerOne(ctx, layer0, work, per_cluster)
     layers, rows = build_layers(
         cast(Any, range(layer0.num_rows)), cast(Any, None), h.max_layers, h.min_entities, cfg.seed, one.build,
@@ -140,7 +140,8 @@ def hierarchy_on_cluster(
     )
 
 
-def _work(ctx: Any) -> str:
+def graph_work(ctx: Any) -> str:
+    """The run's work folder of the graph stages (communities, reports), made if missing."""
     work = workfs.join(ctx.spill_dir, "graph")
     workfs.mkdirs(work)
     return work

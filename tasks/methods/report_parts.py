@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.tables import schema_for
-from tasks.methods.graph_parts import _work
+from tasks.methods.graph_parts import graph_work
 from tasks.store import workfs
 from tasks.store.rows import REPORT_COLUMNS
 from tasks.store.spill import SpilledTable, plain_schema, read_split, write_parts, write_whole
@@ -62,7 +62,7 @@ def reports_on_cluster(
     from tasks.index.embed_table import embed_table
     from tasks.runtime.llm_client import Usage
 
-    work = workfs.join(_work(ctx), "reports")
+    work = workfs.join(graph_work(ctx), "reports")
     workfs.mkdirs(work)
     above = workfs.join(work, "entities-above.parquet")
     write_whole(pa.table({c: [e[c] for e in entities] for c in ENTITY_COLUMNS}, schema=ENTITY_SCHEMA), above)

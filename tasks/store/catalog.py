@@ -29,11 +29,11 @@ from tasks.errors import DiskFull, IndexDamaged, IndexError_, IndexNotFound, Sto
 from tasks.store.leases import Lease
 from tasks.store.remote import (
     STORE_ATTEMPTS,
-    _default_storage,
     _disk_full,
-    _s3_client,
     _transient,
+    default_storage,
     is_local,
+    s3_client,
     storage_options,
 )
 from tasks.store.rows import (
@@ -95,7 +95,7 @@ class Catalog:
     @property
     def storage(self) -> StorageConfig:
         if self._storage is None:
-            self._storage = _default_storage()
+            self._storage = default_storage()
         return self._storage
 
     # ------------------------------------------------------------------ locations
@@ -128,7 +128,7 @@ class Catalog:
             bucket, _, prefix = self._db_uri.split("://", 1)[1].partition("/")
             try:
                 pages = (
-                    _s3_client(self.storage)
+                    s3_client(self.storage)
                     .get_paginator("list_objects_v2")
                     .paginate(Bucket=bucket, Prefix=f"{prefix.strip('/')}/{SNAPSHOTS}.lance/_versions/")
                 )

@@ -57,6 +57,6 @@ def write_part(
 def _options(index_uri: str) -> dict[str, str] | None:
     """How this process reaches the index: none for a folder; for object storage, its own environment's settings
     (a worker's credentials are its own: they never travel in a task)."""
-    from tasks.store.remote import _default_storage, is_local, storage_options
+    from tasks.store.remote import default_storage, is_local, storage_options
 
-    return None if is_local(index_uri) else storage_options(index_uri, _default_storage())
+    return None if is_local(index_uri) else storage_options(index_uri, default_storage())

@@ -197,13 +197,13 @@ class S3Lease(Lease):
     """The lease on an s3:// index (boto3, the index's endpoint, region, credentials and retries)."""
 
     def __init__(self, uri: str, storage: StorageConfig, client: Any = None):
-        from tasks.store.remote import _s3_client
+        from tasks.store.remote import s3_client
 
         super().__init__(uri, storage)
         self.bucket, _, prefix = uri.split("://", 1)[1].partition("/")
         self.key = _lock_key(prefix)
         self.location = f"s3://{self.bucket}/{self.key}"
-        self.client = client or _s3_client(storage)
+        self.client = client or s3_client(storage)
 
     def _put(self, body: bytes, **condition: str) -> str:
         try:

@@ -85,7 +85,7 @@ def storage_options(uri: str, storage: StorageConfig, environ: dict[str, str] | 
     return opts
 
 
-def _default_storage() -> StorageConfig:
+def default_storage() -> StorageConfig:
     """The ``storage`` settings of ``$STRATA_CONFIG`` and the environment (``STRATA_STORAGE__*``), for a catalog
     opened without a loaded config (``validate``, ``export``, ``rollback``, ``gc``)."""
     from schemas.config import load_config
@@ -94,7 +94,7 @@ def _default_storage() -> StorageConfig:
 
 
 # ---------------------------------------------------------------------------- an S3 client of the index's own
-def _s3_client(storage: StorageConfig) -> Any:
+def s3_client(storage: StorageConfig) -> Any:
     """A boto3 S3 client for the lock object: the index's endpoint, region and credentials, and the same retries
     (standard mode: 503 SlowDown, 5xx and dropped connections, with backoff)."""
     import boto3

@@ -60,9 +60,9 @@ def use_storage(storage: Any) -> None:
 def _s3() -> pafs.FileSystem:
     """This process's S3 client: the endpoint, region and credentials of the run's settings in the run's process,
     of its own environment elsewhere, with retries."""
-    from tasks.store.remote import _default_storage, s3_settings
+    from tasks.store.remote import default_storage, s3_settings
 
-    storage = _storage or _default_storage()
+    storage = _storage or default_storage()
     s3 = s3_settings(storage)
     endpoint = s3.get("endpoint")
     return pafs.S3FileSystem(
