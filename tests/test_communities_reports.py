@@ -246,8 +246,9 @@ def test_a_summary_reads_each_sentence_once_when_its_pieces_split_differently_si
 
 def test_a_hand_made_communitys_report_read_sentence_by_sentence():
     """Title: its named members; summary: their descriptions' first sentences, each once and ended; findings: what
-    members say of each other, a statement first, each with the one sentence that names both ends (not a
-    summary's membership, not the same sentence pasted twice from two overlapping chunks); a rating with its reason."""
+    members say of each other, a statement first, each with the one sentence that names both ends and says its label
+    (not one that only names both, not a summary's membership, not the same sentence pasted twice from two
+    overlapping chunks); a rating with its reason."""
     ents = [
         {"id": "s", "name": "Scrooge", "type": "person", "layer": 0,
          "description": "Scrooge was a squeezing, grasping old sinner. He kept the office cold."},
@@ -259,7 +260,8 @@ def test_a_hand_made_communitys_report_read_sentence_by_sentence():
     ]
     rels = [
         {**_rel("s", "b", 2.0), "label": "employs", "label_from": "s",
-         "description": "Marley was dead. Scrooge employs Bob Cratchit in the office. Scrooge employs Bob Cratchit in"},
+         "description": "Marley was dead. Scrooge watched Bob Cratchit. Scrooge employs Bob Cratchit in the office. "
+                        "Scrooge employs Bob Cratchit in"},
         _rel("b", "o", 1.0) | {"description": "Bob Cratchit sat in the office by a small fire."},
         _rel("s", "S", kind="summary_of"),
     ]

@@ -16,6 +16,7 @@ import asyncio
 import functools
 import json
 import math
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -129,23 +130,27 @@ def _finding(r: dict[str, Any], ents: dict[str, dict[str, Any]], one_sentence: b
     said = f"{a} {r['label']} {b}" if r.get("label") else f"{a} — {b}"
     text = r["description"]
     if one_sentence:
-        text = _naming(a, b, [s for s in map(as_ended, _sentences(text)) if s]) or text
+        text = _naming(a, b, [s for s in map(as_ended, _sentences(text)) if s], r.get("label")) or text
     return f"{said}: {clip_tokens(text, 60)}"
 
 
-def _naming(a: str, b: str, sentences: list[str]) -> str:
-    """The first of ``sentences`` that names both ``a`` and ``b`` (any case), else the first run of up to three
-    consecutive ones that does (a parser's sentence split in two: "'Christmas Day." "I'll drink his health for
-    your sake…'"), else the first sentence ("" where there is none)."""
+def _naming(a: str, b: str, sentences: list[str], label: str | None = None) -> str:
+    """The first of ``sentences`` that names both ``a`` and ``b`` (any case) and says ``label``'s words (the
+    sentence the relation was read from: "employs" where another sentence only names the two), else the first
+    that names both, else the first run of up to three consecutive ones that does (a parser's sentence split in
+    two: "'Christmas Day." "I'll drink his health for your sake…'"), else the first sentence ("" where there is
+    none)."""
+    said = re.compile(r"\b" + r"\W+".join(map(re.escape, label.lower().split())) + r"\b") if label else None
 
-    def names(s: str) -> bool:
+    def names(s: str, saying: bool) -> bool:
         low = s.lower()
-        return a.lower() in low and b.lower() in low
+        return a.lower() in low and b.lower() in low and (not saying or bool(said and said.search(low)))
 
     for n in (1, 2, 3):
-        for i in range(len(sentences) - n + 1):
-            if names(run := " ".join(sentences[i : i + n])):
-                return run
+        for saying in (True, False) if said else (False,):
+            for i in range(len(sentences) - n + 1):
+                if names(run := " ".join(sentences[i : i + n]), saying):
+                    return run
     return sentences[0] if sentences else ""
 
 
