@@ -19,7 +19,6 @@ only with ``serve.log_questions``.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import json
 import logging
@@ -27,19 +26,18 @@ import os
 import secrets
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPBearer
 
 from flows.serve_api import ERRORS, IndexInfo, QueryRequest, QueryResponse, Snapshot, Status
-from flows.serve_browse import PREFIXES, add_browse_routes
+from flows.serve_browse import PREFIXES, add_browse_routes, add_page_routes
 from flows.serve_conn import use as connection_limits
-from flows.serve_guard import OPEN_ROUTES, STATIC, VENDOR, RequestGuard, configure_access_log
+from flows.serve_guard import OPEN_ROUTES, Admission, RequestGuard, configure_access_log
 from flows.serve_metrics import Metrics
 from schemas.config import StrataConfig
 from tasks.errors import RefusedError, UsageError
@@ -48,7 +46,6 @@ if TYPE_CHECKING:
     from tasks.query.reader import Reader
     from tasks.retrieval.view import IndexView
 
-PAGE = Path(__file__).resolve().parent / "explorer.html"
 #: the paths /metrics labels by name (the browsing routes that name an id: by their prefix, ``serve_browse.PREFIXES``)
 ROUTES = {
     "/query",
@@ -252,15 +249,10 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
     without ``serve.auth = "none"``) it requires this process's token (``api_key``)."""
     from contextlib import asynccontextmanager
 
-    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
-    from fastapi.staticfiles import StaticFiles
-
     key = api_key(cfg)
     metrics = Metrics(ROUTES, PREFIXES)
     connection_limits(cfg.serve, metrics)  # this process's connections (``flows.serve_conn``)
     service = Service(index, cfg, metrics)
-    slots = asyncio.Semaphore(cfg.serve.max_concurrency)
-    waiting = [0]  # queries waiting for a slot (the event loop's thread alone counts them)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -279,8 +271,6 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
     )
     app.state.service = service
     app.add_middleware(RequestGuard, cfg=cfg, key=key, metrics=metrics)
-    app.mount(STATIC.rstrip("/"), StaticFiles(directory=_docs_assets()), name="static")
-    app.mount(VENDOR.rstrip("/"), StaticFiles(directory=PAGE.parent / "vendor"), name="vendor")
     bearer = (
         [
             Depends(
@@ -294,6 +284,17 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
         if key
         else []
     )
+    _error_handlers(app)
+    _query_route(app, service, Admission(cfg.serve, metrics), bearer)
+    _status_routes(app, service, bearer)
+    add_browse_routes(app, service, bearer)
+    add_page_routes(app)
+    return app
+
+
+def _error_handlers(app: FastAPI) -> None:
+    """Errors as short JSON: a request's validation errors without what it sent, an HTTP error's detail clipped,
+    anything else a 500 whose cause goes to the service log only."""
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -308,9 +309,14 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
         logging.getLogger("strata.serve").error("internal error: %s: %s", type(exc).__name__, _short(exc))
         return JSONResponse({"detail": "internal error; the service log has the cause"}, status_code=500)
 
+
+def _query_route(app: FastAPI, service: Service, admission: Admission, bearer: list[Any]) -> None:
+    """``POST /query``: a question checked, admitted (``Admission``), answered on a worker thread."""
+    serve = service.cfg.serve
+
     def ready() -> Service:
         if not service.ready:
-            metrics.rejected.labels("loading").inc()
+            service.metrics.rejected.labels("loading").inc()
             raise HTTPException(503, "the snapshot is still loading", headers={"Retry-After": "1"})
         return service
 
@@ -326,43 +332,17 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
         request.state.question = req.question
         if not req.question.strip():
             raise HTTPException(422, "the question is empty")
-        if req.token_budget is not None and not 100 <= req.token_budget <= cfg.serve.max_budget:
-            raise HTTPException(422, f"token_budget must be between 100 and {cfg.serve.max_budget}")
-        await _take_slot()
-        metrics.in_flight.inc()
-        try:
-            return await run_in_threadpool(svc.answer, req, request.scope["state"])
-        except NotFoundError as exc:  # an as_of that was never published
-            raise HTTPException(404, str(exc)) from exc
-        finally:
-            metrics.in_flight.dec()
-            slots.release()
+        if req.token_budget is not None and not 100 <= req.token_budget <= serve.max_budget:
+            raise HTTPException(422, f"token_budget must be between 100 and {serve.max_budget}")
+        async with admission.slot():
+            try:
+                return await run_in_threadpool(svc.answer, req, request.scope["state"])
+            except NotFoundError as exc:  # an as_of that was never published
+                raise HTTPException(404, str(exc)) from exc
 
-    async def _take_slot() -> None:
-        """A running slot: at once, or after waiting in the queue (``serve.queue_size`` places) for at most
-        ``serve.request_timeout_s``; a full queue or a passed deadline is a 503 with Retry-After."""
-        if not slots.locked():
-            await slots.acquire()
-            return
-        busy = f"{cfg.serve.max_concurrency} queries running and {waiting[0]} waiting"
-        if waiting[0] >= cfg.serve.queue_size:
-            metrics.rejected.labels("queue_full").inc()
-            raise HTTPException(503, f"{busy} (serve.queue_size): retry shortly", headers={"Retry-After": "1"})
-        waiting[0] += 1
-        metrics.queued.inc()
-        try:
-            async with asyncio.timeout(cfg.serve.request_timeout_s):
-                await slots.acquire()
-        except TimeoutError:
-            metrics.rejected.labels("deadline").inc()
-            raise HTTPException(
-                503,
-                f"no free slot within serve.request_timeout_s ({cfg.serve.request_timeout_s:g} s): retry shortly",
-                headers={"Retry-After": "1"},
-            ) from None
-        finally:
-            waiting[0] -= 1
-            metrics.queued.dec()
+
+def _status_routes(app: FastAPI, service: Service, bearer: list[Any]) -> None:
+    """What the service and its index are: ``/metrics``, ``/snapshots``, ``/index``, ``/healthz``, ``/readyz``."""
 
     @app.get(
         "/metrics",
@@ -372,7 +352,7 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
         responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text exposition format"}},
     )
     async def metrics_page() -> Response:
-        body, content_type = metrics.render()
+        body, content_type = service.metrics.render()
         return Response(body, media_type=content_type)
 
     @app.get(
@@ -393,8 +373,6 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
             }
             for s in reversed(await run_in_threadpool(service.catalog.snapshots))
         ]
-
-    add_browse_routes(app, service, bearer)
 
     @app.get(
         "/index",
@@ -424,37 +402,6 @@ def create_app(index: str, cfg: StrataConfig, load: bool = True) -> FastAPI:
             return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "1"})
         return JSONResponse({"status": "ready"})
 
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    async def explorer() -> str:
-        return PAGE.read_text(encoding="utf-8")
-
-    @app.get("/favicon.ico", include_in_schema=False)
-    async def favicon() -> Response:  # no icon, and no 401 in a browser's console
-        return Response(status_code=204)
-
-    @app.get("/docs", include_in_schema=False)
-    async def docs() -> HTMLResponse:
-        return get_swagger_ui_html(
-            openapi_url="/openapi.json",
-            title="Strata API",
-            swagger_js_url=f"{STATIC}swagger-ui-bundle.js",
-            swagger_css_url=f"{STATIC}swagger-ui.css",
-            swagger_favicon_url=f"{STATIC}favicon.png",
-            swagger_ui_parameters={"validatorUrl": None, "persistAuthorization": True},
-        )
-
-    @app.get("/redoc", include_in_schema=False)
-    async def redoc() -> HTMLResponse:
-        return get_redoc_html(
-            openapi_url="/openapi.json",
-            title="Strata API",
-            redoc_js_url=f"{STATIC}redoc.standalone.js",
-            redoc_favicon_url=f"{STATIC}favicon.png",
-            with_google_fonts=False,
-        )
-
-    return app
-
 
 #: where ``strata serve`` puts, for its worker processes (``serve.workers > 1``), the index and settings it resolved
 APP_ENV = "STRATA_SERVE_APP"
@@ -468,10 +415,3 @@ def app_from_env() -> FastAPI:
     spec = json.loads(os.environ[APP_ENV])
     configure_access_log()
     return create_app(spec["index"], load_config(spec["config"], spec["overrides"]))
-
-
-def _docs_assets() -> str:
-    """The folder of the packaged Swagger UI and ReDoc files (fastapi-offline ships them; no CDN is ever asked)."""
-    import fastapi_offline
-
-    return str(Path(fastapi_offline.__file__).resolve().parent / "static")

@@ -1,8 +1,10 @@
 """``strata serve``'s browsing routes (the explorer's graph, communities and documents), each over one snapshot's
-view (``as_of``, or the latest) through ``tasks.query.browse``; a missing entity, community or document is 404."""
+view (``as_of``, or the latest) through ``tasks.query.browse``; a missing entity, community or document is 404;
+and the pages that hold no data: the explorer, the API docs, their packaged assets."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
 from fastapi import FastAPI, HTTPException, Query
@@ -127,3 +129,54 @@ def add_browse_routes(app: FastAPI, service: Views, bearer: list[Any]) -> None:
     )
     async def document(document_id: str, as_of: int | None = AsOf) -> dict[str, Any]:
         return await on_view(as_of, browse.document_card, document_id)
+
+
+PAGE = Path(__file__).resolve().parent / "explorer.html"
+
+
+def add_page_routes(app: FastAPI) -> None:
+    """The explorer page, the API docs (Swagger UI, ReDoc) and their assets, served from packaged copies (no CDN)."""
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+    from fastapi.responses import HTMLResponse, Response
+    from fastapi.staticfiles import StaticFiles
+
+    from flows.serve_guard import STATIC, VENDOR
+
+    app.mount(STATIC.rstrip("/"), StaticFiles(directory=_docs_assets()), name="static")
+    app.mount(VENDOR.rstrip("/"), StaticFiles(directory=PAGE.parent / "vendor"), name="vendor")
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def explorer() -> str:
+        return PAGE.read_text(encoding="utf-8")
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> Response:  # no icon, and no 401 in a browser's console
+        return Response(status_code=204)
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="Strata API",
+            swagger_js_url=f"{STATIC}swagger-ui-bundle.js",
+            swagger_css_url=f"{STATIC}swagger-ui.css",
+            swagger_favicon_url=f"{STATIC}favicon.png",
+            swagger_ui_parameters={"validatorUrl": None, "persistAuthorization": True},
+        )
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(
+            openapi_url="/openapi.json",
+            title="Strata API",
+            redoc_js_url=f"{STATIC}redoc.standalone.js",
+            redoc_favicon_url=f"{STATIC}favicon.png",
+            with_google_fonts=False,
+        )
+
+
+def _docs_assets() -> str:
+    """The folder of the packaged Swagger UI and ReDoc files (fastapi-offline ships them; no CDN is ever asked)."""
+    import fastapi_offline
+
+    return str(Path(fastapi_offline.__file__).resolve().parent / "static")

@@ -168,3 +168,52 @@ def configure_access_log(stream: Any = None) -> None:
     access_log.addHandler(handler)
     access_log.setLevel(logging.INFO)
     access_log.propagate = False
+
+
+class Admission:
+    """The queries admitted at once: ``serve.max_concurrency`` run, the next ``serve.queue_size`` wait for a slot
+    at most ``serve.request_timeout_s``; a full queue or a passed deadline is a 503 with Retry-After (counted in
+    ``metrics``). Used on the event loop's thread only (its count of waiters needs no lock)."""
+
+    def __init__(self, serve: Any, metrics: Metrics):
+        self.serve, self.metrics = serve, metrics
+        self._slots = asyncio.Semaphore(serve.max_concurrency)
+        self._waiting = 0
+
+    @contextlib.asynccontextmanager
+    async def slot(self):
+        """Hold a running slot for the ``async with`` body: at once, or after waiting in the queue."""
+        await self._take()
+        self.metrics.in_flight.inc()
+        try:
+            yield
+        finally:
+            self.metrics.in_flight.dec()
+            self._slots.release()
+
+    async def _take(self) -> None:
+        from fastapi import HTTPException
+
+        if not self._slots.locked():
+            await self._slots.acquire()
+            return
+        serve, metrics = self.serve, self.metrics
+        busy = f"{serve.max_concurrency} queries running and {self._waiting} waiting"
+        if self._waiting >= serve.queue_size:
+            metrics.rejected.labels("queue_full").inc()
+            raise HTTPException(503, f"{busy} (serve.queue_size): retry shortly", headers={"Retry-After": "1"})
+        self._waiting += 1
+        metrics.queued.inc()
+        try:
+            async with asyncio.timeout(serve.request_timeout_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            metrics.rejected.labels("deadline").inc()
+            raise HTTPException(
+                503,
+                f"no free slot within serve.request_timeout_s ({serve.request_timeout_s:g} s): retry shortly",
+                headers={"Retry-After": "1"},
+            ) from None
+        finally:
+            self._waiting -= 1
+            metrics.queued.dec()
