@@ -216,9 +216,10 @@ def commented_toml() -> list[str]:
     ]
     for p in DEFAULT_PROMPTS.values():
         fields = "; ".join(f"${k} ({v})" for k, v in p.fields.items()) or "none"
-        lines += ["", f"# {p.name}: {p.about}. Fields: {fields}.", f"# [llm.prompts.{p.name}]"]
+        lines += ["", f"# {p.name}: {p.about}.", f"# [llm.prompts.{p.name}]"]
         if p.system is not None:
-            lines.append(f"# system = {_toml_string(p.system)}")
+            lines += ["# # its system message", f"# system = {_toml_string(p.system)}"]
+        lines.append(f"# # its user message; fields: {fields}")
         lines += [f"# {line}" if line else "#" for line in f"user = {_toml_string(p.user)}".split("\n")]
     return lines
 

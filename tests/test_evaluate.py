@@ -113,7 +113,7 @@ def test_eval_cli_writes_every_budget(tmp_path, monkeypatch):
     import tasks.store.catalog
     from rich.console import Console
 
-    import flows.cli.ask
+    import flows.cli.evaluate
     from flows.cli import app
 
     (tmp_path / "queries.jsonl").write_text(json.dumps({"id": "q1", "question": "?", "supporting_passage_ids": ["p1"]}))
@@ -133,7 +133,7 @@ def test_eval_cli_writes_every_budget(tmp_path, monkeypatch):
     monkeypatch.setattr(tasks.store.catalog, "Catalog", lambda uri, **_k: catalog)
     monkeypatch.setattr(tasks.query.reader, "open_reader", lambda *a, **k: tasks.query.reader.Reader(
         None, catalog, view, SimpleNamespace(embed=None), None))
-    monkeypatch.setattr(flows.cli.ask, "out", Console(width=250))  # one line per table row
+    monkeypatch.setattr(flows.cli.evaluate, "out", Console(width=250))  # one line per table row
     out = tmp_path / "out"
     r = CliRunner().invoke(app, ["eval", "-d", str(tmp_path), "-i", "mem://x", "-m", "hi", "-m", "naive",
                                  "-b", "1000", "-b", "4000", "--out", str(out)])
