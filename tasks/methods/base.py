@@ -36,7 +36,12 @@ if TYPE_CHECKING:
     from schemas.llm import Stage as LLMStage
     from tasks.retrieval.context import Context
     from tasks.retrieval.view import IndexView
+    from tasks.runtime.llm import LLMClient
+    from tasks.runtime.llm_client import Usage
+    from tasks.runtime.parallel import Mapper
     from tasks.runtime.stages import Stage
+    from tasks.store.catalog import Catalog
+    from tasks.store.rows import TableDelta
     from tasks.store.spill import SpilledTable
 
 
@@ -59,12 +64,12 @@ class Layer0:
     # and ``vectors`` are then empty, and a method that needs them all in this process reads them (``whole``)
     entity_parts: SpilledTable | None = None
     # layer 0's ``merge_state``: a build's parts, an update's change (None: the snapshot it updates has none)
-    state: Any = None
+    state: SpilledTable | TableDelta | None = None
     # an update's extracted relations recomputed (``TableDelta``: the ids of the previous rows that went or were
     # recomputed, the recomputed rows with every column); None for a build. An update's ``relations`` are then
     # empty: the rest of the graph is the snapshot's (``tasks.methods.common.update_graph``), and
     # ``relation_count`` says how many relations layer 0 holds
-    relation_change: Any = None
+    relation_change: TableDelta | None = None
     relation_count: int | None = None
     # an update's vectors of the entities this run embedded (added and changed), by id, and then none in
     # ``vectors``: the others keep the snapshot's (``vectors_of``; 176 MB for all of them at 100k chunks)
@@ -72,6 +77,12 @@ class Layer0:
     # an update's layer-0 entities whose rows it does not write, by id: ``entities`` holds only those it does
     # (recomputed, or a new degree), and these are the snapshot's rows (``rows_of``)
     kept: set[str] | None = None
+
+    def recomputed(self) -> TableDelta:
+        """An update's extracted relations recomputed (``relation_change``): what every update path reads."""
+        if self.relation_change is None:
+            raise ValueError("a build's layer 0 has no relation change: only an update's does")
+        return self.relation_change
 
     def count(self) -> int:
         if self.entity_parts is not None:
@@ -155,24 +166,24 @@ class Hierarchy:
     layers: list[LayerRow] | None  # None: the previous snapshot's layer statistics still hold
     quarantine: list[QuarantineRow] = field(default_factory=list)  # LLM output that fell back to offline
     #: layer 0's relations and ``relations`` as the one table the method already built them into (``with_above``)
-    graph_relations: Any = None
+    graph_relations: pa.Table | None = None
 
 
 class MethodContext(Protocol):
     """What the pipeline hands a method: settings, named stages, the embedder, the LLM, the previous snapshot."""
 
     cfg: StrataConfig
-    mapper: Any  # where tasks run: the run's Dask cluster (``tasks.runtime.parallel.Mapper``)
+    mapper: Mapper  # where tasks run: the run's Dask cluster
     version: int  # the snapshot the run writes
-    usage: Any  # the run's LLM usage (``Usage``): a task's own client adds its share
-    catalog: Any  # the index (its ``cache_dir`` holds the LLM response cache)
+    usage: Usage  # the run's LLM usage: a task's own client adds its share
+    catalog: Catalog  # the index (its ``cache_dir`` holds the LLM response cache)
 
     @property
     def spill_dir(self) -> str:  # the run's work folder (a path or a URI), which every worker reaches
         ...
 
     def stage(self, name: str, total: int | None = None) -> AbstractContextManager[Stage]: ...
-    def llm_for(self, stage: LLMStage) -> Any:  # the stage's LiteLLMClient in this process, or None (offline)
+    def llm_for(self, stage: LLMStage) -> LLMClient | None:  # the stage's client in this process, or None (offline)
         ...
     def cap_for(self, stage: LLMStage) -> tuple[str, float] | None:  # what the stage's tasks may spend (USD), named
         ...

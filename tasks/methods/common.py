@@ -104,7 +104,7 @@ def update_graph(layer0: Layer0, above: list[dict[str, Any]] | pa.Table) -> pa.T
     added entity's relations are all among these (``place_in_communities`` needs no others), and
     ``report_relations`` reads the kept ones among the members of the reports it rewrites."""
     mine = relation_table(above).select(REPORT_COLUMNS)
-    made = layer0.relation_change.add.select(REPORT_COLUMNS).cast(mine.schema)
+    made = layer0.recomputed().add.select(REPORT_COLUMNS).cast(mine.schema)
     return pa.concat_tables([made, mine])
 
 
@@ -322,7 +322,7 @@ def update_tree(
         comms,
         lambda ids: entity_rows(ctx, layer0, summaries, ids),
         update_graph(layer0, links),
-        layer0.relation_change.values,
+        layer0.recomputed().values,
         lambda old: (changed | (set(c["id"] for c in comms) - set(old)), {}),
     )
     layers = restate_layers(

@@ -105,7 +105,7 @@ class HiRAG:
             comms,
             lambda ids: entity_rows(ctx, layer0, att.entities, ids),
             made,
-            layer0.relation_change.values,
+            layer0.recomputed().values,
             lambda old: reports_to_rewrite(comms, old, grown, forced, cfg.incremental.refresh_staleness),
         )
         layers = restate_layers(
