@@ -292,8 +292,7 @@ def recompute_layer0(
 
 def _pairs_in(relations: pa.Table, pairs: set[str]) -> pa.Array:
     """Whether each relation's "source_id|target_id" is one of ``pairs``: a hash join of the two ends against the
-    pairs' (at 100k chunks, joining the ends into strings for the rows whose source begins a pair held +223 MB,
-    this +45 MB)."""
+    pairs' (no string made per relation, so the memory is the pairs', not the relations')."""
     ends = [p.split("|", 1) for p in pairs]
     wanted = pa.table(
         {

@@ -236,16 +236,16 @@ def applied(old: pa.Table, delta: TableDelta) -> pa.Table:
 #: stage needs whole)
 GRAPH_COLUMNS = ("id", "source_id", "target_id", "kind", "weight")
 
-#: a Lance scan one batch ahead (``Catalog.batches``, ``PipelineRun.previous_in``): LanceDB's query stream reads far
-#: ahead (a scan of the 9.6M mentions of 100k chunks held +596 MB, this +5 MB, in the same 2.6 s)
+#: a Lance scan one batch ahead (``Catalog.batches``, ``PipelineRun.previous_in``): a scan holds one batch more than
+#: the one read, however large the table (LanceDB's query stream reads far ahead: docs/benchmarks.md)
 ONE_AHEAD = {"batch_readahead": 1, "fragment_readahead": 1}
 
 #: what a community report reads of a relation (``tasks.methods.reports.RelationIndex``)
 REPORT_COLUMNS = ["id", "source_id", "target_id", "kind", "description", "weight", "label", "label_from"]
 
 
-#: rows per batch handed to LanceDB: its writer's memory grows with the batches it is given (100k chunks as one
-#: 225 MB batch: +630 MB while written; in batches of 8,192 rows: +140 MB)
+#: rows per batch handed to LanceDB: its writer's memory grows with the batches it is given, so a table is written
+#: in batches of this many rows whatever its size (docs/benchmarks.md)
 WRITE_BATCH_ROWS = 8192
 
 
