@@ -15,7 +15,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import pyarrow as pa
@@ -143,6 +143,18 @@ class Grown:
     state: Callable[[Iterable[str]], pa.Table]
 
 
+class Recomputed(NamedTuple):
+    """Layer 0 after an update's delta (``recompute_layer0``)."""
+
+    entities: list[EntityRow]  # every layer-0 row, sorted by id, degrees set
+    relations: pa.Table | int  # the extracted relations kept and made (their number, without ``keep_graph``)
+    added: set[str]  # entity ids new since the previous snapshot
+    removed: set[str]  # entity ids gone
+    changed: set[str]  # entity ids whose name, type or description changed
+    state_change: TableDelta  # of ``merge_state``
+    relation_change: TableDelta  # the previous relation rows that went or were recomputed, and the recomputed rows
+
+
 def recompute_layer0(
     old_entities: list[dict[str, Any]],
     old_relations: pa.Table | list[dict[str, Any]] | Callable[[], Any],
@@ -153,12 +165,10 @@ def recompute_layer0(
     grown: Grown | None = None,
     old_rows: Callable[[list[str]], pa.Table] | None = None,
     keep_graph: bool = True,
-) -> tuple[list[EntityRow], pa.Table | int, set[str], set[str], set[str], TableDelta, TableDelta]:
-    """Layer-0 entities/extracted relations after the delta. Returns (entities, relations (a table with the
-    columns of ``old_relations``; without ``keep_graph``, their number), added, removed, changed ids, the change of
-    ``merge_state``, the relations recomputed: the ids of the previous rows that went or were recomputed, and the
-    recomputed rows, every column (most come out as they were: ``publish_steps.relation_change`` keeps those that
-    differ)).
+) -> Recomputed:
+    """Layer-0 entities/extracted relations after the delta (``Recomputed``: the relations a table with the columns
+    of ``old_relations``, or without ``keep_graph`` their number; the relations recomputed with every column, most
+    as they were: ``publish_steps.relation_change`` keeps those that differ).
 
     ``old_relations`` may hold only some columns (an update's: the graph's, ``GRAPH_COLUMNS``); ``old_rows(ids)``
     then reads the previous rows of ``ids`` whole (None: ``old_relations`` holds them). A callable is called for
@@ -279,7 +289,7 @@ def recompute_layer0(
         e["degree"] = degree.get(e["id"], 0)
     added_state = added_state.filter(pc.is_in(added_state.column("id"), value_set=pa.array(sorted(live), pa.string())))
     state_delta = TableDelta("id", sorted(touched_ids | dropped), added_state.sort_by("id"))
-    return (
+    return Recomputed(
         cast("list[EntityRow]", sorted(entities, key=lambda e: e["id"])),
         relations,
         added,
