@@ -110,6 +110,7 @@ def measure(label: str, command: list[str], index: Path, flags: list[str]) -> di
         "run": label,
         "corpus_tokens": tokens,
         "names": est.get("names"),
+        "entities": est.get("entities"),  # the offline graph's, where extraction is offline
         "stages": rows,
         "est_input": est_total,
         "input": total,
@@ -117,7 +118,8 @@ def measure(label: str, command: list[str], index: Path, flags: list[str]) -> di
         "per_corpus_token": round(every / tokens, 3),
     }
     print(f"\n{label}: {tokens:,} corpus tokens, {summary['per_corpus_token']} LLM tokens per corpus token "
-          f"(input estimated {est_total:,} vs {total:,}: {summary['error_pct']} %)", flush=True)
+          f"(input estimated {est_total:,} vs {total:,}: {summary['error_pct']} %; entities {est.get('entities')})",
+          flush=True)
     print(f"  {'stage':<11}{'calls est/run':>16}{'input est':>12}{'input run':>12}{'error %':>9}{'tok/corpus tok':>16}  basis")
     for r in rows:
         print(f"  {r['stage']:<11}{r['est_calls']:>7,}/{r['calls']:<8,}{r['est_input']:>12,}{r['input']:>12,}"

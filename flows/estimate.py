@@ -41,6 +41,7 @@ def estimate_run(
         extraction_estimate,
         learned_ratios,
         names_in,
+        offline_entities,
         scaled_estimate,
         stage_ratios,
     )
@@ -103,6 +104,12 @@ def estimate_run(
         if not rows or rows[0].calls == 0:
             same = answered_by(runs, result["kind"], delta.digest, cfg.fingerprint())
         stages: tuple[Stage, ...] = ("summaries", "reports") if cfg.hierarchy.enabled else ("reports",)
+        scaled = [s for s in stages if cfg.llm.stage(s) is not None and (same is None or cache is None)]
+        if extractor == "nlp" and scaled and not learned.keys() >= set(scaled):
+            # the graph the model's summaries and reports are made from is the offline extractor's: found, not
+            # guessed (its tokens are free; its time is the extraction stage's)
+            with run.stage("estimate: offline entities", chunks.num_rows) as st:
+                units["entity"] = offline_entities(_chunk_rows(chunks, st), cfg.extract)
         for stage in stages:
             model = cfg.llm.stage(stage)
             if model is None:
@@ -120,10 +127,19 @@ def estimate_run(
             "chunks": chunks.num_rows,
             "corpus_tokens": tokens,
             "names": units["name"],
+            "entities": units.get("entity"),
             "stages": out,
             "total": _total(out),
             "max_cost_usd": cfg.llm.max_cost_usd,
         }
+
+
+def _chunk_rows(chunks: Any, stage: Any) -> Iterator[dict[str, Any]]:
+    """Each chunk as ``{id, text, title}``, a part at a time, advancing ``stage``'s progress."""
+    for part in chunks.parts(["id", "text", "title"]):
+        rows = part.to_pylist()
+        yield from rows
+        stage.advance(len(rows))
 
 
 def _total(rows: list[dict[str, Any]]) -> dict[str, Any]:

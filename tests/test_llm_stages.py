@@ -62,19 +62,23 @@ def test_offline_extraction_with_llm_summaries_and_reports_each_on_its_own_endpo
     try:
         monkeypatch.setenv("OPENAI_API_KEY", "sk-fake")
         index = tmp_path / "index"
-        res = CliRunner().invoke(app, [
-            "index", str(small_corpus), "--index", str(index), "--quiet", *SMALL,
+        mix = [
             "--set", "llm.model=openai/fake-reports", "--set", f"llm.api_base={reports.url}",
             "--set", "llm.extraction.model=offline",
             "--set", "llm.summaries.model=openai/fake-summaries", "--set", f"llm.summaries.api_base={summaries.url}",
             "--set", f"llm.prompts.report.system={AUDITORS}",  # a prompt replaced from the config, on every worker
-        ])
+        ]
+        # the estimate of this mix scales the model's stages by the offline graph it finds: the build's own
+        est = estimate("index", small_corpus, index, [*SMALL, *mix])
+        assert [s["basis"] for s in est["stages"]] == ["default, per entity"] * 2 and not summaries.systems
+        res = CliRunner().invoke(app, ["index", str(small_corpus), "--index", str(index), "--quiet", *SMALL, *mix])
         assert res.exit_code == 0, res.output
         assert reports.systems and all(s == AUDITORS for s in reports.systems)
         assert summaries.systems and all("into a hierarchy" in s for s in summaries.systems)
         cat = Catalog(index)
         layer0 = [e for e in cat.read("entities").to_pylist() if e["layer"] == 0]
         assert layer0 and not any("appears in the text" in e["description"] for e in layer0)  # spaCy's, not the LLM's
+        assert est["entities"] == len(layer0)
         assert any(e["name"].startswith("Theme of ") for e in cat.read("entities").to_pylist() if e["layer"] > 0)
         assert any(r["title"].startswith("Community of ") for r in cat.read("community_reports").to_pylist())
         # the run says which stage used which model, and what each stage's calls were

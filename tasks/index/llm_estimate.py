@@ -43,20 +43,21 @@ class Ratios:
     per: str = "corpus token"
 
 
-#: stated ratios where this index has no run of the kind to learn from, per distinct thing the run's chunks name, by
-#: stage, extractor ("llm": a model's graph; "nlp": the offline extractor's, denser) and kind of run ("update": a
-#: small delta rewrites the summaries and reports of every ancestor it touches), with every cluster and community
-#: sent to the model (``min_members`` 0). Measured on MuSiQue (1,871 passages, then 19 more) with the local server's
-#: answers of a model's length (``benchmarks/bench_llm_cost.py``); their error on the book is in docs/benchmarks.md.
+#: stated ratios where this index has no run of the kind to learn from, by stage, extractor ("llm": a model's graph,
+#: per distinct thing the run's chunks name; "nlp": the offline extractor's, per layer-0 entity it finds) and kind of
+#: run ("update": a small delta rewrites the summaries and reports of every ancestor it touches), with every cluster
+#: and community sent to the model (``min_members`` 0). Measured on MuSiQue (1,871 passages, then 19 more) with the
+#: local server's answers of a model's length (``benchmarks/bench_llm_cost.py``); their error on the book is in
+#: docs/benchmarks.md.
 DEFAULT_RATIOS: dict[str, Ratios] = {
     "summaries/llm/build": Ratios(0.070, 74.9, 0.11, "default", "name"),
     "summaries/llm/update": Ratios(0.179, 127.8, 0.11, "default", "name"),
     "reports/llm/build": Ratios(0.308, 176.9, 0.50, "default", "name"),
     "reports/llm/update": Ratios(0.369, 302.0, 0.50, "default", "name"),
-    "summaries/nlp/build": Ratios(0.099, 138.2, 0.084, "default", "name"),
-    "summaries/nlp/update": Ratios(0.240, 281.5, 0.084, "default", "name"),
-    "reports/nlp/build": Ratios(0.478, 396.8, 0.38, "default", "name"),
-    "reports/nlp/update": Ratios(0.626, 701.2, 0.38, "default", "name"),
+    "summaries/nlp/build": Ratios(0.0626, 84.6, 0.084, "default", "entity"),
+    "summaries/nlp/update": Ratios(0.150, 146.3, 0.084, "default", "entity"),
+    "reports/nlp/build": Ratios(0.290, 229.1, 0.38, "default", "entity"),
+    "reports/nlp/update": Ratios(0.324, 329.6, 0.38, "default", "entity"),
 }
 #: an entity's line in a relation prompt ("- Bob Cratchit (person)"), and what a model writes per entity and per
 #: relation it finds (a name, a type, a sentence of description), in tokens
@@ -66,6 +67,30 @@ _NOT_NAMES = frozenset(
     "a an and as at but by for from he her his i if in it its my no not of on or our she so that the their then "
     "there these they this those to we what when with you your".split()
 )
+
+
+def offline_entities(chunks: Iterable[dict[str, Any]], cfg: Any, batch: int = 64) -> int:
+    """How many layer-0 entities a build of ``chunks`` (``{id, text, title}``) has with the offline extractor
+    (``cfg``: the run's ``ExtractConfig``): the distinct resolution keys of what it finds and of the documents'
+    titles, as merge resolves them. Summaries and reports are made from this graph, and their prompts scale with it
+    rather than with the corpus's tokens (narrative text names fewer things per token than encyclopedic passages:
+    docs/benchmarks.md)."""
+    from tasks.index.extract import extract_batch
+    from tasks.index.merge import title_mentions
+    from tasks.store.ids import normalize_name
+
+    keys: set[str] = set()
+    pending: list[dict[str, Any]] = []
+    for chunk in [*chunks, None]:
+        if chunk is not None:
+            pending.append(chunk)
+        if pending and (chunk is None or len(pending) == batch):
+            found = extract_batch(pending, cfg)
+            ok = set(found.ok)
+            titled = title_mentions([c for c in pending if c["id"] in ok], cfg.max_sentence_chars)
+            keys.update(normalize_name(e["name"]) for e in [*found.entities, *titled])
+            pending = []
+    return len(keys - {""})
 
 
 def names_in(text: str) -> set[str]:
@@ -176,7 +201,8 @@ def extraction_estimate(texts: Iterable[str], llm: LLMConfig, gleanings: int, ca
 
 def scaled_estimate(stage: Stage, llm: LLMConfig, units: dict[str, int], ratios: Ratios) -> StageEstimate:
     """A stage whose prompts are made from what extraction finds: ``ratios`` of the run's ``units`` ("corpus token":
-    the corpus tokens it extracts; "name": the distinct things its chunks name)."""
+    the corpus tokens it extracts; "name": the distinct things its chunks name; "entity": the layer-0 entities the
+    offline extractor finds in them, ``offline_entities``)."""
     n = units[ratios.per]
     prompt = round(n * ratios.prompt)
     calls = max(round(n * ratios.calls), 1) if prompt else 0
