@@ -184,10 +184,7 @@ class PromptSet:
 
     def __init__(self, overrides: dict[str, PromptText] | None = None):
         self._prompts = dict(DEFAULT_PROMPTS)
-        for name, text in (overrides or {}).items():
-            problems = prompt_problems(name, text)
-            if problems:
-                raise ValueError("; ".join(problems))
+        for name, text in check_overrides(overrides or {}).items():
             default = self._prompts[name]
             self._prompts[name] = replace(
                 default,
