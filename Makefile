@@ -34,9 +34,10 @@ demo: setup
 test: setup lint
 	$(BIN)/python -m pytest -q -ra --durations=15 tests
 
-# ruff (lint + format check) and mypy over the package code, configured in pyproject.toml
+# ruff (lint over the package code and the tests, format check over the package code) and mypy over both,
+# configured in pyproject.toml
 lint: setup
-	$(BIN)/ruff check flows tasks schemas
+	$(BIN)/ruff check flows tasks schemas tests
 	$(BIN)/ruff format --check flows tasks schemas
 	$(BIN)/mypy
 

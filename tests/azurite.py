@@ -101,7 +101,7 @@ def start_azurite() -> Azurite:
             return Azurite(process, f"http://127.0.0.1:{port}/{ACCOUNT}", port)
         except OSError:
             if process.poll() is not None:
-                raise RuntimeError(f"Azurite exited with {process.returncode}")
+                raise RuntimeError(f"Azurite exited with {process.returncode}") from None
             time.sleep(0.2)
     process.kill()
     raise RuntimeError("Azurite did not listen within 60 s")

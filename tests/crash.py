@@ -30,8 +30,8 @@ def _die(point: str) -> None:
 
 def arm(point: str) -> None:
     """Patch the stage runner (or the catalog's table writer) so that ``point`` kills the process group."""
-    from tasks.store.catalog import Catalog
     from tasks.runtime.stages import Stages
+    from tasks.store.catalog import Catalog
 
     when, _, target = point.partition(":")
     name, _, nth = target.partition("#")
@@ -50,9 +50,9 @@ def arm(point: str) -> None:
                     _die(point)
             return write(self, *args, **kwargs)
 
-        Catalog._write = write_then_die
+        setattr(Catalog, "_write", write_then_die)  # noqa: B010 - patched for this process only
 
-    call = Stages.__call__.__wrapped__  # the generator behind the context manager
+    call = getattr(Stages.__call__, "__wrapped__")  # noqa: B009 - the generator behind the context manager
 
     @contextlib.contextmanager
     def stage(self, stage_name, total=None):
@@ -70,7 +70,7 @@ def arm(point: str) -> None:
         if armed and when == "after":
             _die(point)
 
-    Stages.__call__ = stage
+    setattr(Stages, "__call__", stage)  # noqa: B010 - patched for this process only
 
 
 def run(point: str | None, args: list[str]) -> int:
@@ -96,15 +96,15 @@ def serve() -> None:
     line ``{"point", "args", "env", "log"}`` — in a forked child with a process group of its own, its output
     in ``log``, and answers one JSON line ``{"status"}`` (the child's exit code, or minus the signal)."""
     import json
-
     import warnings
 
     # nothing runs in this process but imports: no LanceDB operation can be in flight at a fork
     warnings.filterwarnings("ignore", message="lancedb fork support is experimental")
-    import flows.index_flow  # noqa: F401 - prefect, lancedb, pyarrow, polars
-    import flows.pipeline  # noqa: F401
     import great_expectations  # noqa: F401
     import spacy  # noqa: F401
+
+    import flows.index_flow  # noqa: F401 - prefect, lancedb, pyarrow, polars
+    import flows.pipeline  # noqa: F401
 
     for line in sys.stdin:
         req = json.loads(line)

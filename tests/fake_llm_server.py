@@ -30,6 +30,12 @@ def _clip(text: str, words: int) -> str:
     return " ".join(parts[:words]) + ("..." if len(parts) > words else "")
 
 
+def _text_of(user: str) -> str:
+    """The chunk's text a prompt quotes (its whole user message where it quotes none)."""
+    found = _TEXT.search(user)
+    return found.group(1) if found else user
+
+
 def _sentence_naming(text: str, *names: str) -> str:
     """The first sentence of ``text`` that names all of ``names`` ("" if none)."""
     return next((s for s in re.split(r"(?<=[.!?])\s+", text) if all(n in s for n in names)), "")
@@ -42,7 +48,7 @@ def answer_for(messages: list[dict], realistic: bool = False) -> str:
     system = messages[0]["content"] if messages else ""
     user = next((m["content"] for m in messages if m["role"] == "user"), "")
     if "Identify every meaningful entity" in system:
-        text = (_TEXT.search(user) or re.search(r"(.*)", user, re.DOTALL)).group(1)
+        text = _text_of(user)
         names = list(dict.fromkeys(m.group(1) for m in _CAPS.finditer(text)))[: None if realistic else 12]
         if len(messages) > 2:  # gleaning: nothing missed
             names = []
@@ -54,7 +60,7 @@ def answer_for(messages: list[dict], realistic: bool = False) -> str:
                                          "description": said(n)} for n in names]})
     if "clearly related" in system:
         names = _LISTED.findall(user)
-        text = (_TEXT.search(user) or re.search(r"(.*)", user, re.DOTALL)).group(1)
+        text = _text_of(user)
 
         def how(a: str, b: str) -> str:
             return _clip(_sentence_naming(text, a, b) or f"{a} and {b} are named in the same passage.", 25) \
@@ -145,7 +151,7 @@ class FakeLLM:
                     return name
         return None
 
-    def start(self) -> "FakeLLM":
+    def start(self) -> FakeLLM:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):

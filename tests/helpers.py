@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 
@@ -25,7 +25,7 @@ def vec(i: int) -> np.ndarray:
 
 
 def tiny_tables(version: int = 1, suffix: str = "") -> dict:
-    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
     docs = [{"id": "doc-1", "uri": "/c/a.txt", "root": "/c", "source_id": "a.txt", "title": "A", "text": "Scrooge. London.",
              "content_hash": "0" * 64, "n_tokens": 4, "ingested_at": now}]
     chunks = [
@@ -199,4 +199,5 @@ def heartbeat_keeps_the_lock(uri: str, storage) -> None:
             with Catalog(uri, storage=storage).writer_lock(0):
                 pass
         cat.publish(tiny_tables(1), "run-1", "full", 8)
-    assert Catalog(uri, storage=storage).snapshot()["version"] == 1
+    snap = Catalog(uri, storage=storage).snapshot()
+    assert snap is not None and snap["version"] == 1

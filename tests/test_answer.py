@@ -28,7 +28,8 @@ class WordPieces:
         from tasks.query.answer import _SKIP
 
         self.ids = {w: i for i, w in enumerate(sorted(_SKIP) + [".", "?"])}
-        self.delay, self.dim, self.calls = delay, dim, []
+        self.delay, self.dim = delay, dim
+        self.calls: list[list[str]] = []
 
     def vocabulary(self) -> dict[str, int]:
         return dict(self.ids)

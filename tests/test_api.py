@@ -6,7 +6,6 @@ import importlib.util
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

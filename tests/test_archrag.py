@@ -75,9 +75,9 @@ def test_an_archrag_index_builds_searches_top_down_and_updates(small_corpus, tmp
     from flows.pipeline import build_index, update_index
     from schemas.config import load_config
     from schemas.tables import SNAPSHOT_TABLES
-    from tasks.store.catalog import Catalog
     from tasks.index.validate import validate_tables
     from tasks.methods.registry import relation_kinds
+    from tasks.store.catalog import Catalog
     from tests.conftest import SMALL
 
     cfg = load_config(overrides={"index": {"method": "archrag"}, "chunking": SMALL["chunking"], "extract": {"batch_size": 4},
@@ -119,8 +119,8 @@ def test_an_archrag_index_builds_searches_top_down_and_updates(small_corpus, tmp
 
 
 def test_with_an_llm_the_map_step_drops_useless_pieces_and_orders_the_rest():
-    from tasks.query.answer import answer
     from schemas.prompts import DEFAULT_PROMPTS, PromptSet
+    from tasks.query.answer import answer
     from tasks.retrieval.context import Context
 
     calls, seen = [], {}

@@ -6,7 +6,6 @@ throttling and dropped connections cost retries, not the snapshot."""
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 
 import pytest

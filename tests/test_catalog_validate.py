@@ -6,9 +6,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.errors import IndexError_, LockTimeout
-from tasks.store.catalog import Catalog
 from tasks.index.validate import validate_tables
 from tasks.runtime.parallel import LocalMapper
+from tasks.store.catalog import Catalog
 from tasks.store.spill import SpilledTable
 from tests.helpers import DIM, tiny_tables
 

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -38,7 +39,8 @@ def external_cluster(env: dict[str, str]):
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     dask = str(Path(sys.executable).parent / "dask")
-    quiet = {"env": dict(env, PYTHONPATH=str(REPO)), "cwd": REPO, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    quiet: dict[str, Any] = {"env": dict(env, PYTHONPATH=str(REPO)), "cwd": REPO, "stdout": subprocess.DEVNULL,
+                             "stderr": subprocess.DEVNULL}
     procs = [
         subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], **quiet)
     ]

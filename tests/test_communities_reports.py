@@ -144,8 +144,8 @@ def test_a_report_summary_reads_sentence_by_sentence_without_stray_quotes_fragme
 def test_a_report_reads_a_long_first_sentence_whole_and_cuts_nothing_inside_a_word():
     """A description whose first sentence runs past the 400 characters a report reads was cut there, inside a
     word ("…to raise the Ghos"): it is read to its end now; and a text over its budget ends at a whole word, marked."""
-    from tasks.runtime.tokens import clip_tokens, count_tokens
     from tasks.methods.reports import SENTENCE_PREFIX_CHARS, central_sentences
+    from tasks.runtime.tokens import clip_tokens, count_tokens
 
     long = "Marley was dead, " + ", ".join(f"and the clerk signed it on day {i}" for i in range(40)) + "."
     assert len(long) > SENTENCE_PREFIX_CHARS

@@ -69,21 +69,23 @@ class Forks:
         self.logs, self.n = logs, 0
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.crash", "--serve"], cwd=REPO, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
 
     def kill_at(self, point: str, args: list[str], env: dict[str, str] | None = None) -> str | None:
         """Run the CLI on ``args`` until ``point`` kills it; None, or what went wrong."""
         self.n += 1
         log = self.logs / f"{self.n:03d}.log"
-        self.proc.stdin.write(json.dumps({"point": point, "args": args, "env": env, "log": str(log)}) + "\n")
-        self.proc.stdin.flush()
-        status = json.loads(self.proc.stdout.readline())["status"]
+        self.stdin.write(json.dumps({"point": point, "args": args, "env": env, "log": str(log)}) + "\n")
+        self.stdin.flush()
+        status = json.loads(self.stdout.readline())["status"]
         text = log.read_text(errors="replace")
         if status != -9 or f"KILLED {point}" not in text:
             return f"{point}: not killed there (exit {status}): {text[-2000:]}"
         return None
 
     def close(self) -> None:
-        self.proc.stdin.close()
+        self.stdin.close()
         self.proc.wait(timeout=60)
 
 

@@ -265,7 +265,7 @@ def test_a_damaged_table_file_is_named_with_its_version_not_a_stack_trace(built,
         res = runner.invoke(app, [command, "--index", str(index)])
         assert res.exit_code == 4, res.output  # damaged
         text = " ".join(res.output.split())
-        assert f"table entities (version" in text and f"of snapshot v{version}) cannot be read" in text, res.output
+        assert "table entities (version" in text and f"of snapshot v{version}) cannot be read" in text, res.output
         assert "Traceback" not in res.output and "strata rollback --to" in text
 
 

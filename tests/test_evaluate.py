@@ -108,12 +108,12 @@ def test_eval_cli_rejects_small_budget(tmp_path):
 
 def test_eval_cli_writes_every_budget(tmp_path, monkeypatch):
     """The command with evaluate() and the index stubbed: files, results.json shape and the tables."""
-    import tasks.query.evaluate
-    import tasks.query.reader
-    import tasks.store.catalog
     from rich.console import Console
 
     import flows.cli.evaluate
+    import tasks.query.evaluate
+    import tasks.query.reader
+    import tasks.store.catalog
     from flows.cli import app
 
     (tmp_path / "queries.jsonl").write_text(json.dumps({"id": "q1", "question": "?", "supporting_passage_ids": ["p1"]}))

@@ -91,16 +91,16 @@ def test_merge_in_parts_equals_merge_whole(tmp_path):
     """Spilled mentions are merged part by part (split by key); the graph is the same as merged at once."""
     import random
 
-    from tasks.store.rows import to_table
     from tasks.index.merge import dictionary_encoded, graph_from_mentions, in_chunk_order, mention_rows
     from tasks.runtime.parallel import LocalMapper
+    from tasks.store.rows import to_table
     from tasks.store.spill import gather, write_split
 
     rnd = random.Random(3)
     names = ["Scrooge", "scrooge", "Marley", "Bob Cratchit", "London", "Fezziwig", "Belle", "Tiny Tim", "Fred"]
     types = ["person", "location", "concept"]
     ents, rels = [], []
-    for c in range(40):
+    for _ in range(40):
         chunk = f"c{rnd.randrange(10**6):06d}"
         for _ in range(rnd.randrange(1, 6)):
             ents.append(

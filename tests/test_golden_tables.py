@@ -17,9 +17,13 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pytest
+
+if TYPE_CHECKING:
+    import numpy as np
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden_digests.json"
 #: columns that legitimately differ between two runs: where the corpus lies, when it was read, how long it took
@@ -80,7 +84,7 @@ class HashingEmbedder:
     client = None  # no usage to report
     dim = 64
 
-    def embed(self, texts: list[str]) -> "np.ndarray":
+    def embed(self, texts: list[str]) -> np.ndarray:
         import re
 
         import numpy as np

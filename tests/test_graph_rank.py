@@ -141,15 +141,15 @@ SECOND_HOP = [
 
 @pytest.mark.slow
 def test_ppr_finds_the_second_hop_that_naive_misses(tmp_path):
-    from flows.pipeline import build_index
-    from schemas.config import load_config
-    from tasks.store.catalog import Catalog
-    from tasks.index.embed import get_embedder
-    from tasks.retrieval.view import load_view
-    from tasks.query.retrieve import retrieve
-
     import tempfile
     from pathlib import Path
+
+    from flows.pipeline import build_index
+    from schemas.config import load_config
+    from tasks.index.embed import get_embedder
+    from tasks.query.retrieve import retrieve
+    from tasks.retrieval.view import load_view
+    from tasks.store.catalog import Catalog
 
     corpus = Path(tempfile.gettempdir()) / "strata-second-hop" / "hops.jsonl"  # ids hash the root: one fixed place
     corpus.parent.mkdir(exist_ok=True)

@@ -83,9 +83,9 @@ def test_a_small_bucket_joins_the_nearest_big_one():
 def test_layers_put_every_entity_and_chunk_under_one_summary_with_the_summary_first_in_its_community():
 
     from schemas.config import HyGRAGConfig
-    from tasks.store.rows import relation_table
     from tasks.methods.hygrag import build_layers
     from tasks.methods.summarize import OfflineSummarizer
+    from tasks.store.rows import relation_table
 
     rng = np.random.default_rng(5)
     ents = [{"id": f"e{i}", "name": f"Entity {i}", "type": "person", "description": f"Entity {i} did thing {i % 7}.",
@@ -180,8 +180,8 @@ def test_hygrag_builds_are_deterministic_and_an_update_attaches(hygrag_index, sm
 
     from flows.pipeline import build_index, update_index
     from schemas.config import load_config
-    from tasks.store.catalog import Catalog
     from tasks.index.validate import validate_tables
+    from tasks.store.catalog import Catalog
     from tests.conftest import SMALL
     from tests.test_golden_tables import table_digests
 

@@ -11,12 +11,12 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.pipeline import build_index, update_index
 from schemas.config import load_config
-from tasks.store.catalog import Catalog
-from tasks.methods.attach import attach
-from tasks.index.delta import diff_documents
-from tasks.methods.hirag.placement import place_in_communities, reports_to_rewrite
-from tasks.index.validate import validate_tables
 from schemas.tables import SNAPSHOT_TABLES
+from tasks.index.delta import diff_documents
+from tasks.index.validate import validate_tables
+from tasks.methods.attach import attach
+from tasks.methods.hirag.placement import place_in_communities, reports_to_rewrite
+from tasks.store.catalog import Catalog
 from tests.conftest import SMALL
 
 
@@ -442,10 +442,9 @@ def test_an_update_validates_the_rows_it_changes_and_a_bad_one_stops_it(corpus_c
 
     from flows import publish_steps
     from flows.run import PipelineRun, SnapshotReads
-    from tasks.store.rows import GRAPH_COLUMNS
     from tasks.index import validate as validate_module
     from tasks.index.validate import ValidationFailed
-    from tasks.store.rows import TableDelta
+    from tasks.store.rows import GRAPH_COLUMNS, TableDelta
 
     index = tmp_path / "index"
     extra = corpus_copy / "notes" / "scrooge.md"

@@ -5,9 +5,9 @@ import pyarrow.parquet as pq
 
 from schemas.config import ChunkingConfig, CorpusConfig
 from tasks.index.chunk import chunk_document, token_windows
+from tasks.index.ingest import ingest_corpus
 from tasks.runtime.tokens import count_tokens, get_encoding
 from tasks.store.ids import normalize_name
-from tasks.index.ingest import ingest_corpus
 from tests.conftest import CAROL
 
 

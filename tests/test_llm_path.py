@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from schemas.config import LLMConfig
-from tasks.store.catalog import Catalog
 from tasks.runtime.llm import ParseError, parse_json
 from tasks.runtime.llm_client import AsyncRateLimiter, LiteLLMClient, LLMError
+from tasks.store.catalog import Catalog
 from tests.fake_llm_server import FakeLLM
 
 ENTITY_MSGS = [

@@ -199,8 +199,8 @@ def test_the_estimate_counts_extraction_prompts_and_what_the_cache_answers(tmp_p
     relation; the first chunk's entity answer cached with one entity (no relation pass follows): the second's two."""
     from schemas.prompts import PromptSet
     from tasks.index.extract_llm import entity_messages, relation_messages
-    from tasks.runtime.llm_client import ResponseCache, cache_key
     from tasks.index.llm_estimate import extraction_estimate, names_in, prompt_tokens
+    from tasks.runtime.llm_client import ResponseCache, cache_key
 
     llm = LLMConfig(model="openai/fake", input_cost_per_mtok=1.0, output_cost_per_mtok=2.0)
     texts = ["Marley was dead, to begin with. Scrooge signed it.",

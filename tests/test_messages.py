@@ -4,11 +4,10 @@ reasons, the comments ``strata init`` writes and the answer when the budget left
 from __future__ import annotations
 
 import json
-
 import re
 import time
 import tomllib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +17,11 @@ from typer.testing import CliRunner
 from flows.cli import app
 from schemas.config import RetrievalConfig, default_toml
 from tasks.errors import EXIT_CODES
-from tasks.store.rows import TableDelta
 from tasks.query.answer import NOT_FOUND, extractive_answer
 from tasks.query.retrieve import retrieve
 from tasks.retrieval.view import IndexView
 from tasks.store.catalog import Catalog
+from tasks.store.rows import TableDelta
 from tests.helpers import DIM, _to_table, tiny_tables, vec
 
 runner = CliRunner()
@@ -230,7 +229,7 @@ def test_every_setting_strata_init_writes_has_a_comment(tmp_path):
 # ---------------------------------------------------------------------------- a small budget
 def _long_source_index(tmp_path) -> IndexView:
     """One document whose only chunk is long (~400 tokens), its sentence naming what the question asks."""
-    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
     text = "Alpha met Beta in Paris in 1843. " + "The fog came down on the counting-house all day. " * 40
     docs = [{"id": "doc1", "uri": "/c/a.txt", "root": "/c", "source_id": "a.txt", "title": "Doc 1", "text": text,
              "content_hash": "0" * 64, "n_tokens": 400, "ingested_at": now}]

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from tests.helpers import _to_table
 from schemas.config import RetrievalConfig
-from tasks.store.catalog import Catalog
-from tasks.query.evaluate import answer_in_context, normalize_answer, passage_recall
-from tasks.retrieval.view import IndexView
 from tasks.query.answer import extractive_answer
+from tasks.query.evaluate import answer_in_context, normalize_answer, passage_recall
 from tasks.query.retrieve import retrieve
+from tasks.retrieval.view import IndexView
+from tasks.store.catalog import Catalog
+from tests.helpers import _to_table
 
 DIM = 4
 
@@ -36,8 +36,8 @@ COMMS = {"c1": ["A", "B", "C", "S1"], "c2": ["D", "E", "S2"], "c3": ["T"]}
 
 
 def build(tmp_path, empty=False, ann_min_rows=None, reports_said=None, labels=None) -> IndexView:
-    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    docs = [{"id": f"doc{i}", "uri": f"/c#{i}", "root": "/c", "source_id": f"p{i}", "title": f"Doc {i}", "text": t,
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    docs: list[dict[str, Any]] = [{"id": f"doc{i}", "uri": f"/c#{i}", "root": "/c", "source_id": f"p{i}", "title": f"Doc {i}", "text": t,
              "content_hash": "0" * 64, "n_tokens": 5, "ingested_at": now}
             for i, t in ((1, "Alpha met Beta in Paris."), (2, "Delta married Epsilon."))]
     chunks = [{"id": f"ch{i}", "document_id": f"doc{i}", "chunk_index": 0, "text": d["text"], "n_tokens": 5, "start": 0,

@@ -18,11 +18,10 @@ from typer.testing import CliRunner
 from flows.cli import app
 from schemas.config import StorageConfig, load_config
 from schemas.tables import SNAPSHOT_TABLES
-from tasks.errors import LockTimeout, StoreUnavailable
+from tasks.errors import EXIT_CODES, StoreUnavailable, UsageError
 from tasks.store.catalog import Catalog
 from tasks.store.leases import S3Lease
 from tasks.store.remote import storage_options
-from tasks.errors import EXIT_CODES, UsageError
 from tests.conftest import SMALL
 from tests.helpers import heartbeat_keeps_the_lock, publish_concurrently, take_over_a_stale_lock, tiny_tables
 from tests.s3_server import FAKE_CREDENTIALS, Fault, bucket_name

@@ -209,9 +209,7 @@ def test_queries_during_a_publish_all_succeed_on_one_version_each_and_the_new_on
         assert pinned["version"] == 1
         assert [s["version"] for s in client.get("/snapshots").json()] == [2, 1]
         # gc removes v1 under a request that resolved it before: a retryable 503 naming gc, then the newest answers
-        from tasks.retrieval.view import IndexView
-
-        from tasks.retrieval.view import load_view
+        from tasks.retrieval.view import IndexView, load_view
 
         resolved = IndexView.load(Catalog(index), 1)  # its passage graph not built yet: read on first use
         held = load_view(Catalog(index), 2)

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 from flows.serve import TOKEN_ENV, create_app, refuse_open_network
 from schemas.config import load_config
 from tasks.errors import EXIT_CODES, RefusedError
-from tests.test_serve import OVERRIDES, served_index  # noqa: F401  (the module's index fixture)
 from tests.helpers import stop_server
+from tests.test_serve import OVERRIDES, served_index  # noqa: F401  (the module's index fixture)
 
 STRATA = Path(sys.executable).parent / "strata"
 

@@ -6,9 +6,9 @@ import pyarrow as pa
 import pytest
 
 from tasks.index.merge import graph_from_mentions, in_chunk_order, mention_rows
+from tasks.index.validate import unique_mask, validate_tables
 from tasks.runtime.parallel import LocalMapper
 from tasks.store.spill import gather, plain_schema, read_split, write_parts, write_split
-from tasks.index.validate import unique_mask, validate_tables
 from tests.helpers import DIM, tiny_tables
 
 

@@ -70,7 +70,7 @@ def test_any_sequence_of_updates_keeps_the_invariants(steps):
     try:
         corpus = work / "corpus"
         corpus.mkdir()
-        for k in range(5):
+        for _ in range(5):
             apply(corpus, "add", 0)
         index = work / "index"
         build_index(str(corpus), Catalog(index), CFG)
