@@ -36,7 +36,7 @@ def init(
     path: Path = typer.Argument(Path("strata.toml"), help="Where to write the config."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
 ) -> None:
-    """Write a commented strata.toml with every setting at its default."""
+    """Write a commented strata.toml with every setting at its default, and every LLM prompt (commented out)."""
     if path.exists() and not force:
         raise RefusedError(f"{path} exists (use --force to overwrite)")
     path.write_text(default_toml(), encoding="utf-8")
