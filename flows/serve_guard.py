@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from flows.serve_metrics import Metrics
-from schemas.config import StrataConfig
+from schemas.config import ServeConfig, StrataConfig
 
 #: routes that hold no data: the health checks, the explorer page (its calls carry the key), its favicon and the API
 #: docs
@@ -175,7 +175,7 @@ class Admission:
     at most ``serve.request_timeout_s``; a full queue or a passed deadline is a 503 with Retry-After (counted in
     ``metrics``). Used on the event loop's thread only (its count of waiters needs no lock)."""
 
-    def __init__(self, serve: Any, metrics: Metrics):
+    def __init__(self, serve: ServeConfig, metrics: Metrics):
         self.serve, self.metrics = serve, metrics
         self._slots = asyncio.Semaphore(serve.max_concurrency)
         self._waiting = 0

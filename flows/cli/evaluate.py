@@ -67,12 +67,12 @@ def eval_(
     results, rows = evaluate(reader.view, reader.embedder.embed, queries, modes, cfg.retrieval, budgets, reader.client)
     cat = reader.catalog
     target = out_dir or (Path(cat.root) / "eval" if cat.root else Path("eval"))
-    summary = _write_eval(target, dataset, cat.uri, reader.view.version, len(queries), budgets, results, rows)
+    by_budget = {b: [r for r in results if r.token_budget == b] for b in budgets}
+    summary = _write_eval(target, dataset, cat.uri, reader.view.version, len(queries), by_budget, rows)
     if as_json:
         out.print_json(json.dumps(summary, default=str))
         return
-    for b in budgets:
-        rs = [r for r in results if r.token_budget == b]
+    for b, rs in by_budget.items():
         out.print(_eval_table(dataset.name, len(queries), b, rs, reader.client is not None))
     out.print(f"results: {summary['files']['results']}  plots: {', '.join(summary['files']['plots'])}")
 
@@ -97,19 +97,18 @@ def _write_eval(
     index_uri: str,
     version: int,
     n_queries: int,
-    budgets: list[int],
-    results: list[Any],
+    by_budget: dict[int, list[Any]],
     rows: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """``results.json`` (every budget's modes; the first budget's also at the top level, as before budgets were
-    many), ``per_query.csv`` and a bar chart per budget in ``target``; returns the summary with their paths."""
+    """``results.json`` (each budget's modes, ``by_budget``; the first budget's also at the top level, as before
+    budgets were many), ``per_query.csv`` and a bar chart per budget in ``target``; returns the summary with their
+    paths."""
     import csv
     import dataclasses
 
     from tasks.query.evaluate import plot_results
 
     target.mkdir(parents=True, exist_ok=True)
-    by_budget = {b: [r for r in results if r.token_budget == b] for b in budgets}
     per_budget = [{"token_budget": b, "modes": [dataclasses.asdict(r) for r in rs]} for b, rs in by_budget.items()]
     summary = {
         "dataset": str(dataset),

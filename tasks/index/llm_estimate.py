@@ -12,6 +12,7 @@ of short passages names many more things a token than a novel, and its graph is 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 from collections.abc import Iterable
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from schemas.llm import LLMConfig, Stage
+from schemas.sections import ExtractConfig
 from tasks.runtime.llm_cost import model_prices, register_price
 
 log = logging.getLogger("strata.llm")
@@ -69,7 +71,7 @@ _NOT_NAMES = frozenset(
 )
 
 
-def offline_entities(chunks: Iterable[dict[str, Any]], cfg: Any, batch: int = 64) -> int:
+def offline_entities(chunks: Iterable[dict[str, Any]], cfg: ExtractConfig, batch: int = 64) -> int:
     """How many layer-0 entities a build of ``chunks`` (``{id, text, title}``) has with the offline extractor
     (``cfg``: the run's ``ExtractConfig``): the distinct resolution keys of what it finds and of the documents'
     titles, as merge resolves them. Summaries and reports are made from this graph, and their prompts scale with it
@@ -80,16 +82,12 @@ def offline_entities(chunks: Iterable[dict[str, Any]], cfg: Any, batch: int = 64
     from tasks.store.ids import normalize_name
 
     keys: set[str] = set()
-    pending: list[dict[str, Any]] = []
-    for chunk in [*chunks, None]:
-        if chunk is not None:
-            pending.append(chunk)
-        if pending and (chunk is None or len(pending) == batch):
-            found = extract_batch(pending, cfg)
-            ok = set(found.ok)
-            titled = title_mentions([c for c in pending if c["id"] in ok], cfg.max_sentence_chars)
-            keys.update(normalize_name(e["name"]) for e in [*found.entities, *titled])
-            pending = []
+    rows = iter(chunks)
+    while pending := list(itertools.islice(rows, batch)):  # a batch at a time: the chunks are never held whole
+        found = extract_batch(pending, cfg)
+        ok = set(found.ok)
+        titled = title_mentions([c for c in pending if c["id"] in ok], cfg.max_sentence_chars)
+        keys.update(normalize_name(e["name"]) for e in [*found.entities, *titled])
     return len(keys - {""})
 
 
