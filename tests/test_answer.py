@@ -12,6 +12,7 @@ import pytest
 from tasks.query.answer import (
     NOT_FOUND,
     TokenVectors,
+    answer_kind,
     best_sentences,
     extractive_answer,
     late_scores,
@@ -66,6 +67,17 @@ def test_late_scores_by_hand():
     assert late_scores(query, [t1, t2, t3]) == pytest.approx([0.568, 0.568 * 0.6 + 0.432, 0.432], abs=0.01)
     empty = pieces([], np.zeros((0, 2)))
     assert late_scores(query, [empty, t1]).tolist()[0] == 0.0 and late_scores(empty, [t1]).tolist() == [0.0]
+
+
+def test_the_kind_asked_for_is_read_from_the_question_word():
+    from tasks.query.answer import _CAPITAL, _DATE, _NUMBER
+
+    assert answer_kind("When did Scrooge meet Marley?") is _DATE
+    assert answer_kind("In which year was the firm founded?") is _DATE
+    assert answer_kind("How many spirits visit Scrooge?") is _NUMBER
+    # "when" after the question word is a clause, not what is asked for
+    assert answer_kind("What did Scrooge see in the knocker when he came home?") is _CAPITAL
+    assert answer_kind("Who was the clerk, when the story begins, and how many children had he?") is _CAPITAL
 
 
 def test_a_window_keeps_the_words_asked_about():

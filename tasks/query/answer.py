@@ -84,10 +84,16 @@ _CAPITAL = re.compile(r"\b[A-Z][\w'-]+")
 _TITLES = set("mr mrs ms miss dr sir lady lord st mister madam master".split())
 
 
+_ASKED = re.compile(r"\b(?:what|which|when|who|whom|whose|where|how|why)\b")
+
+
 def answer_kind(question: str) -> re.Pattern[str]:
-    """What the question asks for, as the pattern of its answer: a date, a number, or a name."""
+    """What the question asks for, as the pattern of its answer: a date, a number, or a name, read from its first
+    question word on ("What did he see when he came home?" asks for a thing, not a date)."""
     q = question.lower()
-    return _DATE if _KIND_DATE.search(q) else _NUMBER if _KIND_NUMBER.search(q) else _CAPITAL
+    asked = _ASKED.search(q)
+    q = q[asked.start() :] if asked else q
+    return _DATE if _KIND_DATE.match(q) else _NUMBER if _KIND_NUMBER.match(q) else _CAPITAL
 
 
 def known_words(known: str) -> set[str]:
