@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.config import StrataConfig, load_config
+from tasks.errors import NotFoundError, UsageError
 
 __all__ = ["Index", "QueryResult", "RunResult", "build", "estimate", "open_index", "settings_of", "update"]
 
@@ -120,7 +121,6 @@ def write(
 
 def check_corpus(corpus: Path) -> None:
     """A corpus that is not there, or a folder with no file to read, fails before Prefect starts."""
-    from tasks.errors import NotFoundError
     from tasks.index.ingest import corpus_files
 
     if not corpus.exists():
@@ -195,7 +195,6 @@ class Index:
     def query(self, question: str, mode: str | None = None, budget: int | None = None) -> QueryResult:
         """Retrieve a context of at most ``budget`` tokens (default ``retrieval.token_budget``) in ``mode`` (default
         the method's) and answer from it."""
-        from tasks.errors import UsageError
 
         if not question.strip():
             raise UsageError("the question is empty")

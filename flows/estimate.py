@@ -9,10 +9,27 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from flows.env import apply_offline_defaults
+from flows.pipeline import corpus_root
 from flows.run import PipelineRun
+from flows.steps import chunk, extraction_method, ingest
 from schemas.config import StrataConfig
 from schemas.llm import Stage
 from tasks.errors import IndexNotFound
+from tasks.index.llm_estimate import (
+    answered_by,
+    cached_stage,
+    extraction_estimate,
+    learned_ratios,
+    names_in,
+    offline_entities,
+    scaled_estimate,
+    stage_ratios,
+)
+from tasks.runtime.llm_client import ResponseCache, Usage
+from tasks.runtime.parallel import LocalMapper
+from tasks.runtime.progress import LogReporter
+from tasks.runtime.stages import Stages
 from tasks.store.catalog import Catalog
 
 
@@ -32,23 +49,6 @@ def estimate_run(
     """Per LLM stage, the calls, input and expected output tokens and USD of the run ``index``/``update`` would make on
     ``corpus`` now (an update: of its diff against the published snapshot; ``full``: of every document), with the
     answers already in the index's response cache subtracted."""
-    from flows.env import apply_offline_defaults
-    from flows.pipeline import corpus_root
-    from flows.steps import chunk, extraction_method, ingest
-    from tasks.index.llm_estimate import (
-        answered_by,
-        cached_stage,
-        extraction_estimate,
-        learned_ratios,
-        names_in,
-        offline_entities,
-        scaled_estimate,
-        stage_ratios,
-    )
-    from tasks.runtime.llm_client import ResponseCache, Usage
-    from tasks.runtime.parallel import LocalMapper
-    from tasks.runtime.progress import LogReporter
-    from tasks.runtime.stages import Stages
 
     apply_offline_defaults()
     with tempfile.TemporaryDirectory(prefix="strata-estimate-") as folder:

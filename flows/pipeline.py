@@ -33,11 +33,12 @@ from flows.steps import (
 from schemas.config import StrataConfig
 from schemas.tables import QuarantineRow
 from tasks.errors import CostCapReached
+from tasks.index import extract_llm
 from tasks.index.extract import warm as warm_extraction
 from tasks.index.validate import warm as warm_validation
 from tasks.methods.base import Hierarchy, Layer0
 from tasks.runtime.parallel import DaskPool, LocalMapper, Mapper, ProcessMapper
-from tasks.runtime.process import blas_on_one_thread
+from tasks.runtime.process import blas_on_one_thread, lower_priority
 from tasks.runtime.stages import TaskRunner, direct_task, limit_malloc_arenas, release_memory
 from tasks.store.catalog import Catalog
 from tasks.store.rows import relation_table
@@ -73,7 +74,6 @@ def update_index(
 
     ``replace_root``: an indexed corpus root that ``corpus`` is the new location of (a moved mount, a new
     export folder): its documents are diffed against that root's instead of being added as a new root."""
-    from tasks.runtime.process import lower_priority
 
     lower_priority(cfg.incremental.nice)
     snap = catalog.snapshot()
@@ -246,8 +246,7 @@ def corpus_root(run: PipelineRun, replace_root: str | None) -> str:
 def dask_pool(cfg: StrataConfig) -> DaskPool:
     """The run's Dask cluster, warmed for its extraction method: spaCy loaded, or litellm imported with
     ``dask.llm_batches_per_worker`` batches in flight per worker (LLM extraction is I/O bound)."""
-    from tasks.index import extract, extract_llm
 
     if extraction_method(cfg) == "llm":
         return DaskPool(cfg.dask, cfg.dask.llm_batches_per_worker, extract_llm.warm)
-    return DaskPool(cfg.dask, 1, functools.partial(extract.warm, cfg.extract.spacy_model))
+    return DaskPool(cfg.dask, 1, functools.partial(warm_extraction, cfg.extract.spacy_model))

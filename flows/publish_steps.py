@@ -18,8 +18,13 @@ from flows.run import Delta, PipelineRun
 from flows.steps import chunk_part_rows
 from schemas.config import StrataConfig
 from schemas.tables import QuarantineRow, schema_for
+from tasks.index.plots import layers_png
+from tasks.index.validate import REFERENCED, ValidationFailed, validate_tables
 from tasks.methods.base import Hierarchy, Layer0
-from tasks.runtime.parallel import Mapper
+from tasks.methods.graph_parts import with_above
+from tasks.methods.registry import relation_kinds
+from tasks.retrieval.view import IndexView, remember_view
+from tasks.runtime.parallel import LocalMapper, Mapper, ProcessMapper, release_idle_children
 from tasks.runtime.stages import release_memory
 from tasks.store.catalog import Catalog
 from tasks.store.rows import (
@@ -42,7 +47,6 @@ def assemble(
 ) -> dict[str, pa.Table]:
     """Every table of the new snapshot (kept rows of the previous one first, then what this run made); a build's
     relations stay spilled. An update's rows go from ``layer0`` and ``hierarchy`` once their tables are made."""
-    from tasks.methods.graph_parts import with_above
 
     dim, version = (run.snap or {}).get("dim") or run.embedder.dim, run.version
     quarantine = [
@@ -213,7 +217,6 @@ def _dedupe(rows: list[QuarantineRow]) -> list[QuarantineRow]:
 def parts_mapper(run: PipelineRun, tables: dict[str, Any]) -> Mapper:
     """Where validation and publish work on a spilled table (a build's mentions) a part per task: on the run's
     Dask workers when it has several parts, else in this process (the cluster is not brought up for one task)."""
-    from tasks.runtime.parallel import LocalMapper
 
     spilled = [t for t in tables.values() if isinstance(t, SpilledTable)]
     return run.mapper if any(len(t.files) > 1 for t in spilled) else LocalMapper()
@@ -223,7 +226,6 @@ def validation_mapper(run: PipelineRun, tables: dict[str, Any]) -> Mapper:
     """Where validation checks the tables a part per task: ``parts_mapper``'s, but a large index's (``PipelineRun.
     large``) in a child process rather than this one: great-expectations, pandas and their frames, once loaded,
     stay mapped in the process that loaded them (at 100k chunks an update's run peaked there, +230 MB)."""
-    from tasks.runtime.parallel import LocalMapper, ProcessMapper, release_idle_children
 
     mapper, mentions = parts_mapper(run, tables), tables.get("mentions")
     if isinstance(mapper, LocalMapper) and run.small_child is not None:
@@ -238,8 +240,6 @@ def validation_mapper(run: PipelineRun, tables: dict[str, Any]) -> Mapper:
 def validate(run: PipelineRun, tables: dict[str, Any]) -> dict[str, Any]:
     """The tables checked, an update's as changes (``as_changes``): what publish writes. Raises
     ``ValidationFailed``."""
-    from tasks.index.validate import REFERENCED, ValidationFailed, validate_tables
-    from tasks.methods.registry import relation_kinds
 
     dim = (run.snap or {}).get("dim") or run.embedder.dim
     with run.stage("validate") as st:
@@ -281,7 +281,6 @@ def draw_layers(run: PipelineRun, hierarchy: Hierarchy) -> Future[bytes | None] 
     rows = hierarchy.layers
     if not rows or run.catalog.root is None:
         return None
-    from tasks.index.plots import layers_png
 
     drawn: Future[bytes | None] = Future()
 
@@ -365,7 +364,6 @@ def leave_view(catalog: Catalog, version: int, cfg: StrataConfig) -> None:
     """The published snapshot's query view, left where the next ``strata query`` reads it (``remember_view``): that
     query then imports no LanceDB and reads no table (the demo's first query after its build: as fast as a later
     one). A failure costs only that: the next query loads the view from the tables."""
-    from tasks.retrieval.view import IndexView, remember_view
 
     try:
         view = IndexView.load(catalog, version)

@@ -18,6 +18,17 @@ from flows.lineage import BuildResult, code_version, deployment_name
 from schemas.config import StrataConfig
 from schemas.llm import LLM_STAGES, Stage
 from schemas.tables import DocumentRow, LayerRow, QuarantineRow, schema_for
+from tasks.index.embed import (
+    LOCAL_MODEL,
+    CachedEmbedder,
+    ChildEmbedder,
+    EmbeddingCache,
+    LocalEmbedder,
+    MappedEmbedder,
+    check_dimension,
+    get_embedder,
+)
+from tasks.index.merge import MERGE_IN_CHILD_ROWS
 from tasks.methods.registry import get_method
 from tasks.runtime.llm_client import LiteLLMClient, Usage
 from tasks.runtime.llm_cost import CostCap
@@ -26,6 +37,7 @@ from tasks.runtime.progress import reporter
 from tasks.runtime.stages import Stages, TaskRunner, direct_task
 from tasks.store import workfs
 from tasks.store.catalog import Catalog
+from tasks.store.ids import make_id
 from tasks.store.rows import ONE_AHEAD, plain_rows, snapshot_note
 from tasks.store.spill import SpilledTable
 
@@ -165,16 +177,6 @@ class PipelineRun:
 
     def open_embedder(self):
         """The run's embedder, cached by text hash; an update checks it gives the index's vector dimension."""
-        from tasks.index.embed import (
-            LOCAL_MODEL,
-            CachedEmbedder,
-            ChildEmbedder,
-            EmbeddingCache,
-            LocalEmbedder,
-            MappedEmbedder,
-            check_dimension,
-            get_embedder,
-        )
 
         if self._embedder is None:
             inner = get_embedder(self.cfg.embedding, self.cfg.llm)
@@ -230,7 +232,6 @@ class PipelineRun:
     def large(self, more_mentions: int = 0) -> bool:
         """Whether the index is large: its snapshot's mentions and ``more_mentions`` reach ``MERGE_IN_CHILD_ROWS``.
         A large index's extraction and validation run in a child process when no Dask cluster runs them."""
-        from tasks.index.merge import MERGE_IN_CHILD_ROWS
 
         stored = SnapshotReads(self.catalog, self.snap).rows("mentions") if self.snap else 0
         return stored + more_mentions >= MERGE_IN_CHILD_ROWS
@@ -335,7 +336,6 @@ def recorded_run(
     """A ``runs`` row for the whole run: 'running' at the start, then its outcome, stage log, usage and lineage.
 
     Yields (run_id, stages, usage, done); ``done(result)`` records the result and returns it."""
-    from tasks.store.ids import make_id
 
     started = datetime.now(UTC)
     run_id = run_id or make_id("run", started.isoformat(), corpus)

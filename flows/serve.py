@@ -39,8 +39,8 @@ from flows.serve_browse import PREFIXES, add_browse_routes, add_page_routes
 from flows.serve_conn import use as connection_limits
 from flows.serve_guard import OPEN_ROUTES, Admission, RequestGuard, configure_access_log
 from flows.serve_metrics import Metrics
-from schemas.config import StrataConfig
-from tasks.errors import RefusedError, UsageError
+from schemas.config import StrataConfig, load_config
+from tasks.errors import NotFoundError, RefusedError, SnapshotGone, UsageError
 
 if TYPE_CHECKING:
     from tasks.query.reader import Reader
@@ -199,7 +199,6 @@ class Service:
         return view
 
     def answer(self, req: QueryRequest, state: dict[str, Any]) -> dict[str, Any]:
-        from tasks.errors import SnapshotGone, UsageError
 
         reader = self.reader
         assert reader is not None  # requests reach here once loaded (``Depends(ready)``)
@@ -327,8 +326,6 @@ def _query_route(app: FastAPI, service: Service, admission: Admission, bearer: l
         response_model=QueryResponse,
     )
     async def query(req: QueryRequest, request: Request, svc: Service = Depends(ready)) -> dict[str, Any]:
-        from tasks.errors import NotFoundError
-
         request.state.question = req.question
         if not req.question.strip():
             raise HTTPException(422, "the question is empty")
@@ -410,7 +407,6 @@ APP_ENV = "STRATA_SERVE_APP"
 def app_from_env() -> FastAPI:
     """The app of one worker process of ``strata serve`` (uvicorn's factory): the index and the settings (file and
     overrides) the command resolved, from ``APP_ENV``; each process loads the snapshot and the model itself."""
-    from schemas.config import load_config
 
     spec = json.loads(os.environ[APP_ENV])
     configure_access_log()

@@ -20,6 +20,8 @@ from flows.serve_api import (
     Graph,
     GraphNode,
 )
+from flows.serve_guard import STATIC, VENDOR
+from tasks.errors import NotFoundError, SnapshotGone
 
 
 class Views(Protocol):
@@ -38,7 +40,6 @@ AsOf = Query(None, description="This snapshot version instead of the latest.")
 
 
 def add_browse_routes(app: FastAPI, service: Views, bearer: list[Any]) -> None:
-    from tasks.errors import NotFoundError, SnapshotGone
     from tasks.query import browse
 
     async def on_view(as_of: int | None, fn, *args: Any) -> Any:
@@ -139,8 +140,6 @@ def add_page_routes(app: FastAPI) -> None:
     from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
     from fastapi.responses import HTMLResponse, Response
     from fastapi.staticfiles import StaticFiles
-
-    from flows.serve_guard import STATIC, VENDOR
 
     app.mount(STATIC.rstrip("/"), StaticFiles(directory=_docs_assets()), name="static")
     app.mount(VENDOR.rstrip("/"), StaticFiles(directory=PAGE.parent / "vendor"), name="vendor")

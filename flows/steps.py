@@ -17,23 +17,39 @@ from flows.lineage import digest_of
 from flows.run import Delta, DocumentPlace, PipelineRun, SnapshotReads
 from schemas.config import StrataConfig
 from schemas.tables import DocumentRow, schema_for
-from tasks.errors import NotFoundError
-from tasks.index.chunk import PLACE
-from tasks.index.merge import ChunkOrder
+from tasks.errors import NotFoundError, UsageError
+from tasks.index.chunk import PLACE, chunk_parts
+from tasks.index.delta import Grown, diff_documents, recompute_layer0, stored_mention_select
+from tasks.index.embed import LocalEmbedder, entity_text
+from tasks.index.embed_table import embed_table
+from tasks.index.extract import extract_mentions, task_rows
+from tasks.index.extract_llm import extract_batch_llm
+from tasks.index.ingest import IngestResult, iter_documents, spill_documents
+from tasks.index.merge import (
+    CHUNK_ORDER,
+    MENTION_COLUMNS,
+    MENTIONS_PER_CHUNK,
+    ChunkOrder,
+    in_chunk_order,
+    mention_frame,
+)
+from tasks.index.merge_parts import merge_spilled, unreachable_workers
+from tasks.index.query_model import export_query_model, query_model_missing
 from tasks.methods.base import ENTITY_FIELDS, Layer0
 from tasks.runtime.llm_client import Usage
-from tasks.runtime.parallel import Mapper
+from tasks.runtime.parallel import DaskPool, LocalMapper, Mapper, ProcessMapper, in_child_process
+from tasks.runtime.progress import reporter
+from tasks.runtime.stages import release_memory
+from tasks.store.ids import entity_id
 from tasks.store.rows import GRAPH_COLUMNS, TableDelta, plain_rows, relation_table
-from tasks.store.spill import SpilledTable
-from tasks.store.workfs import join, mkdirs
+from tasks.store.spill import SpilledTable, gather
+from tasks.store.workfs import is_remote, join, mkdirs
 
 
 # ---------------------------------------------------------------------------- shared stages
 def ingest(run: PipelineRun) -> Delta:
     """The corpus read into parts of the ``documents`` table (``Delta.ingested``, a part in memory at a time) and
     what the run applies: for a build every document, for an update the diff against the snapshot."""
-    from tasks.index.delta import diff_documents
-    from tasks.index.ingest import IngestResult, iter_documents, spill_documents
 
     with run.stage("ingest") as st:
         ingested = IngestResult()
@@ -97,8 +113,6 @@ def chunk(run: PipelineRun, delta: Delta) -> tuple[SpilledTable | TableDelta, Sp
     their token counts, the gone ones' ids) and the chunks of the incoming documents in parts (read from the
     ingested parts one at a time: the run never holds every text), and where each chunk is in its document
     (``CHUNK_PLACE``)."""
-    from tasks.index.chunk import chunk_parts
-    from tasks.index.extract import task_rows
 
     assert delta.ingested is not None, "ingest wrote the documents to parts"
     size = chunk_part_rows(run.cfg)
@@ -154,10 +168,6 @@ def extraction_method(cfg: StrataConfig) -> str:
 def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTable]:
     """Entities and relations of the new chunks (their parts), on the mapper (Dask), as ``mentions`` rows
     (document titles included); and the ids of the chunks quarantined (the others are extracted)."""
-    from tasks.index.extract import extract_mentions
-    from tasks.index.extract_llm import extract_batch_llm
-    from tasks.index.merge import CHUNK_ORDER, MENTIONS_PER_CHUNK, in_chunk_order
-    from tasks.store.spill import gather
 
     cfg = run.cfg
     waited = time.perf_counter()
@@ -227,8 +237,6 @@ def extraction_mapper(run: PipelineRun, chunks: int) -> Mapper:
     ``MENTIONS_PER_CHUNK`` for each of the ``chunks`` to extract), a child process ended after extraction. The
     extractor's model (spaCy: +290 MB), once loaded, stays mapped in the process that loaded it, beside every
     stage that follows over the whole index."""
-    from tasks.index.merge import MENTIONS_PER_CHUNK
-    from tasks.runtime.parallel import LocalMapper, ProcessMapper
 
     if not isinstance(run.mapper, LocalMapper):
         return run.mapper
@@ -240,9 +248,6 @@ def extraction_mapper(run: PipelineRun, chunks: int) -> Mapper:
 def _check_reach(client: Any, folder: str) -> None:
     """Extraction tasks write to the run's work folder and a build merges there: every Dask worker must reach
     it (checked before extraction, not an hour later)."""
-    from tasks.errors import UsageError
-    from tasks.index.merge_parts import unreachable_workers
-    from tasks.store.workfs import is_remote
 
     missing = unreachable_workers(client, folder)
     if missing:
@@ -324,8 +329,6 @@ def _layer0(
     leave mapped in a process would stay in the run's to its end). A build's entities (parts of about ``part_rows``
     rows), relations (stamped ``version``) and ``merge_state`` stay spilled: ``Layer0.entity_parts``,
     ``Layer0.relations``, ``Layer0.state``."""
-    from tasks.index.merge_parts import merge_spilled
-    from tasks.runtime.parallel import DaskPool, LocalMapper, in_child_process
 
     if reads is not None:
         if not in_child:
@@ -352,10 +355,6 @@ def update_layer0(
     only the rows the update writes (recomputed, or a new degree) are rows, the others' ids ``Layer0.kept``; of the
     relations only the change (``Layer0.relation_change``): the rest is the snapshot's (at 100k chunks 120k entity
     rows, ~280 MB as Python rows, and 215 MB of graph columns, not held through the stages after)."""
-    from tasks.index.delta import Grown, recompute_layer0, stored_mention_select
-    from tasks.index.merge import MENTION_COLUMNS, mention_frame
-    from tasks.runtime.stages import release_memory
-    from tasks.store.ids import entity_id
 
     def stored(columns: list[str]):
         return reads.batches("mentions", columns)
@@ -432,8 +431,6 @@ def update_layer0(
 def embed(run: PipelineRun, layer0: Layer0, chunks: SpilledTable, quarantined: set[str]) -> Layer0:
     """Vectors of new and changed entities (unchanged ones keep theirs) and of the new chunks, which go to parts
     with their vectors a part at a time (``Layer0.chunks``): from here on the run holds none of their texts."""
-    from tasks.index.embed import entity_text
-    from tasks.index.embed_table import embed_table
 
     prepare_query_model(run)  # before the stage: where the build embeds on ONNX Runtime, the export it needs too
     entity_parts = layer0.entity_parts  # a build's: every entity is new
@@ -465,10 +462,6 @@ def prepare_query_model(run: PipelineRun) -> None:
     """The ONNX export of the packaged model that questions (and a build on ONNX Runtime) are embedded with, made by
     the build that first needs it on this machine, with a line on screen: from the PyTorch model the run holds when
     it holds one, else in a child process (the model's memory goes with it)."""
-    from tasks.index.embed import LocalEmbedder
-    from tasks.index.query_model import export_query_model, query_model_missing
-    from tasks.runtime.parallel import in_child_process
-    from tasks.runtime.progress import reporter
 
     if not query_model_missing(run.cfg.embedding):
         return

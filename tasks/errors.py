@@ -6,6 +6,8 @@ Anything else that escapes a command is an internal error (exit 1): a bug, or a 
 
 from __future__ import annotations
 
+from schemas.config import ConfigError
+
 #: exit code of each kind of failure (0: success)
 EXIT_CODES = {
     "internal": 1,  # a bug or an unforeseen failure (STRATA_DEBUG=1 prints its traceback)
@@ -54,7 +56,6 @@ class SnapshotGone(RefusedError):
 
 def exit_code(exc: BaseException) -> int:
     """The exit code for ``exc``: its kind's, or a usage error's for a bad setting, or an internal error's."""
-    from schemas.config import ConfigError
 
     if isinstance(exc, StrataError):
         return exc.exit_code

@@ -15,6 +15,7 @@ from flows.cli.common import AsOfOpt, ConfigOpt, LockOpt, ReadIndexOpt, SetOpt, 
 from schemas.tables import ALL_TABLES, SNAPSHOT_TABLES
 from tasks.errors import EXIT_CODES, UsageError
 from tasks.store.gc import COMPACT_SHARE
+from tasks.store.ids import make_id
 
 
 def _table(title: str, columns: tuple[str, ...], rows: list[list[str]], justify: str = "left") -> Table:
@@ -197,8 +198,6 @@ def rollback(
 ) -> None:
     """Undo a bad refresh in seconds: publish a new snapshot that pins the tables of an earlier one (nothing rewritten)."""
     from datetime import datetime
-
-    from tasks.store.ids import make_id
 
     cat = open_catalog(index, config_path, set_)
     with cat.writer_lock(lock_timeout):

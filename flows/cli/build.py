@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from flows.api import RunResult
+from flows.api import RunResult, check_corpus, write
 from flows.cli.common import (
     ConfigOpt,
     EstimateOpt,
@@ -68,7 +68,6 @@ def run_writer(
     flow: str, corpus: Path, index: str, config_path: Path | None, set_: list[str] | None, quiet: bool, *args: Any
 ) -> RunResult:
     """A writing flow through the Python API (``flows.api``), with progress bars."""
-    from flows.api import write
 
     with progress(quiet):
         return write(flow, corpus, index, config_path, overrides(set_), *args)
@@ -196,7 +195,6 @@ def estimate_of(
     replace_root: str | None = None,
 ) -> dict[str, Any]:
     """What the run on ``corpus`` would spend on LLM calls (``flows.estimate.estimate_run``)."""
-    from flows.api import check_corpus
     from flows.estimate import estimate_run
 
     cfg = config(config_path, set_)

@@ -12,9 +12,12 @@ import pyarrow as pa
 
 from schemas.config import ChunkingConfig
 from schemas.tables import schema_for
+from tasks.index.boilerplate import segments
 from tasks.runtime.tokens import get_encoding
-from tasks.store.ids import make_id
-from tasks.store.spill import SpilledTable
+from tasks.store import workfs
+from tasks.store.ids import make_id, quarantine_row
+from tasks.store.spill import PartWriter, SpilledTable
+from tasks.store.workfs import join
 
 if TYPE_CHECKING:
     from schemas.tables import QuarantineRow
@@ -60,7 +63,6 @@ def chunk_document(
     """Chunks of one document (of its first ``max_tokens`` tokens) and its token count. ``text[start:end]`` of
     the document is the chunk text. The spans of ``doc["boilerplate"]`` (``tasks.index.boilerplate``) are left
     out: what lies between them is chunked a range at a time, and only it is counted."""
-    from tasks.index.boilerplate import segments
 
     text = doc["text"]
     chunks: list[dict[str, Any]] = []
@@ -116,7 +118,6 @@ def chunk_documents(
 ) -> tuple[list[dict[str, Any]], dict[str, int], list[QuarantineRow]]:
     """Chunks of every document, in document order, each document's token count (by id), and a quarantine
     row for every document cut at ``max_tokens`` (what was not indexed is said, never dropped silently)."""
-    from tasks.store.ids import quarantine_row
 
     out: list[dict[str, Any]] = []
     tokens: dict[str, int] = {}
@@ -167,8 +168,6 @@ def chunk_parts(
     ``documents`` table; their chunks, as parts of ``part_rows`` rows with their document's own title
     (``CHUNK_PART_SCHEMA``) and row groups of ``group_rows(number of chunks)`` rows, one extraction task each;
     the chunks' ``PLACE`` columns; the documents cut at ``max_tokens``)."""
-    from tasks.store.spill import PartWriter
-    from tasks.store.workfs import join
 
     docs = PartWriter(join(folder, "documents"), schema_for("documents", 0), part_rows)
     raw = PartWriter(join(folder, "raw"), CHUNK_PART_SCHEMA, part_rows)
@@ -204,8 +203,6 @@ PLACE = ("id", "document_id", "chunk_index")
 def regroup(raw: SpilledTable, folder: str, part_rows: int, group_rows: Callable[[int], int]) -> SpilledTable:
     """The chunk parts ``raw`` written again (and removed) with row groups of ``group_rows(all their rows)``
     rows: one extraction task each."""
-    from tasks.store import workfs
-    from tasks.store.spill import PartWriter
 
     out = PartWriter(folder, CHUNK_PART_SCHEMA, part_rows, group_rows(raw.num_rows))
     for f in raw.files:

@@ -21,8 +21,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.tables import EntityRow
-from tasks.index.merge import ChunkOrder, graph_from_mentions
+from schemas.tables import EntityRow, schema_for
+from tasks.index.merge import (
+    ChunkOrder,
+    corpus_places,
+    entity_rows,
+    graph_from_mentions,
+    in_corpus_order,
+    mention_frame,
+    relation_degrees,
+    relation_frame,
+)
+from tasks.index.merge_state import grow, state_table
+from tasks.runtime.stages import release_memory
+from tasks.store.ids import entity_id, relation_id
 from tasks.store.rows import TableDelta, relation_table
 
 
@@ -98,7 +110,6 @@ def _with_ends(frame):
 
 def mention_select(mentions: Any) -> MentionSelect:
     """Selection from mentions held in memory (rows, an Arrow table or a polars frame)."""
-    from tasks.index.merge import mention_frame
 
     return _with_ends(mention_frame(mentions)).filter
 
@@ -110,8 +121,6 @@ def stored_mention_select(
     chunks, and the ``new`` ones: each selection reads the stored table batch by batch and holds only the rows
     it keeps, so an update never loads the whole table."""
     import polars as pl
-
-    from tasks.index.merge import mention_frame
 
     gone_ids = sorted(gone)
 
@@ -181,10 +190,6 @@ def recompute_layer0(
     snapshot has a ``merge_state``) are computed from their state and their new mentions, the others from all
     their mentions."""
     import polars as pl
-
-    from tasks.index.merge import corpus_places, mention_frame, relation_degrees
-    from tasks.runtime.stages import release_memory
-    from tasks.store.ids import entity_id
 
     ent_keys = {k for k in touched_keys if "|" not in k}
     pair_keys = {k for k in touched_keys if "|" in k}
@@ -337,11 +342,6 @@ def _refolded_entities(
     mentions (at 100k chunks, a 1 % update recomputes 79 keys, years among them: 1.16M mentions)."""
     import polars as pl
 
-    from schemas.tables import schema_for
-    from tasks.index.merge import entity_rows, in_corpus_order
-    from tasks.index.merge_state import grow, state_table
-    from tasks.store.ids import entity_id
-
     state = schema_for("merge_state", 0).empty_table()
     frame, chunks, held, rows = None, [], [], 0
 
@@ -373,10 +373,6 @@ def _grown_entities(
     """Entity rows of ``keys`` from their state and new mentions (``merge_state.grow``), and their ``merge_state``
     rows."""
     import polars as pl
-
-    from tasks.index.merge import in_corpus_order
-    from tasks.index.merge_state import grow, state_table
-    from tasks.store.ids import entity_id
 
     ids = {entity_id(0, k): k for k in keys}
     state = _state_by(grown, ids)
@@ -416,10 +412,6 @@ def _grown_relations(
     """Relation rows of the relation ``keys`` whose two ends live, from their state and new mentions, and their
     ``merge_state`` rows. ``old_rows(ids)``: the previous rows of ``ids``."""
     import polars as pl
-
-    from tasks.index.merge import in_corpus_order, relation_frame
-    from tasks.index.merge_state import grow, state_table
-    from tasks.store.ids import entity_id, relation_id
 
     pairs, first, second = {}, {}, {}  # key -> the pair of ids in order, the id of the key's first end, its second's
     for k in keys:

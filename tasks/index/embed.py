@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from schemas.config import LLMConfig
+from tasks.errors import UsageError
 from tasks.index.onnx_export import export_onnx
+from tasks.runtime.llm import run_sync
+from tasks.runtime.llm_client import LiteLLMClient
+from tasks.runtime.parallel import LocalMapper, ProcessMapper
 from tasks.runtime.text import clip_at_word
 from tasks.runtime.tokens import model_cache_dir
 
@@ -238,8 +243,6 @@ class LiteLLMEmbedder:
     asked once, with a one-word request, when first needed."""
 
     def __init__(self, cfg: EmbeddingConfig, llm: LLMConfig | None = None):
-        from schemas.config import LLMConfig
-        from tasks.runtime.llm_client import LiteLLMClient
 
         base = llm or LLMConfig()
         self.name = cfg.model
@@ -259,7 +262,6 @@ class LiteLLMEmbedder:
         return self._dim
 
     def _request(self, texts: list[str]) -> np.ndarray:
-        from tasks.runtime.llm import run_sync
 
         async def all_batches():
             parts = [texts[i : i + self.batch_size] for i in range(0, len(texts), self.batch_size)]
@@ -418,7 +420,6 @@ class ChildEmbedder(MappedEmbedder):
     parts give the same vectors in either process."""
 
     def __init__(self, local: LocalEmbedder, cfg: EmbeddingConfig):
-        from tasks.runtime.parallel import ProcessMapper
 
         super().__init__(local, cfg, ProcessMapper())
         self.large = False  # a call has been large: every later one goes to a child (started again if released)
@@ -436,8 +437,6 @@ class ChildEmbedder(MappedEmbedder):
     def embed_parts(self, parts: list[list[str]], on_done: Callable[[int, np.ndarray], None]) -> None:
         self.expect(sum(len(p) for p in parts))
         if not self.large:
-            from tasks.runtime.parallel import LocalMapper
-
             LocalMapper()(self.local.embed, parts, on_done=on_done, keep=False)
         else:
             super().embed_parts(parts, on_done)
@@ -480,8 +479,6 @@ def question_embedder(cfg: EmbeddingConfig, llm: LLMConfig | None = None, thread
 def check_dimension(embedder: Embedder, index_dim: int) -> None:
     """An index answers only to the embedding model it was built with: same vector dimension, or a clear error."""
     if embedder.dim != index_dim:
-        from tasks.errors import UsageError
-
         raise UsageError(
             f"the index holds {index_dim}-d vectors but embedding model {embedder.name!r} gives {embedder.dim}-d ones: "
             "use the model the index was built with, or rebuild it (`strata update --full`, `strata index`)"

@@ -11,7 +11,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from schemas.tables import schema_for
 from tasks.store import workfs
+from tasks.store.rows import with_vectors
+from tasks.store.spill import SpilledTable
 
 #: texts embedded at a time across a table's parts: a multiple of the embedder's batch (256), so a text's batch,
 #: and its vector to the last bit, does not depend on where the table was cut into parts or slices
@@ -30,9 +33,6 @@ def embed_table(
     with the vectors of their ``text(rows)`` (``ctx.embed``) and the run's version, written as that table's parts
     (one file a part, a row group a slice) under the run's work folder: a ``SpilledTable``. The rows go ``step``
     (a multiple of the embedder's batch) at a time, so the run holds at most two steps of rows and one of vectors."""
-    from schemas.tables import schema_for
-    from tasks.store.rows import with_vectors
-    from tasks.store.spill import SpilledTable
 
     schema = schema_for(name, ctx.embedder.dim)
     folder = workfs.join(ctx.spill_dir, "tables", name)

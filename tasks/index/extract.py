@@ -20,6 +20,7 @@ from typing import Any, NotRequired, TypedDict, cast
 from schemas.config import ExtractConfig
 from schemas.tables import QuarantineRow
 from tasks.index import furniture
+from tasks.index.merge import mention_rows, title_mentions
 from tasks.index.statements import statements
 from tasks.runtime.parallel import Mapper
 from tasks.runtime.text import CLAUSE_BREAK, LIST_BREAK, squash_clip
@@ -362,7 +363,6 @@ def batch_mentions(
     """One task: its chunks extracted a batch at a time, then their raw entities, document titles and relations
     as ``mentions`` rows, written to the task's file in ``spill`` = (folder, parts) split by key hash
     (``spill.write_split``). Returns all but the rows (their count in ``mention_rows``, ``entity_mentions``)."""
-    from tasks.index.merge import mention_rows, title_mentions
     from tasks.store.rows import to_table
     from tasks.store.spill import write_split
     from tasks.store.workfs import join, parquet_file

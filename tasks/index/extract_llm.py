@@ -16,6 +16,7 @@ from schemas.config import ExtractConfig, LLMConfig
 from schemas.prompts import ENTITY_TYPES, PromptSet
 from tasks.index.extract import ExtractionResult
 from tasks.runtime.llm import ParseError, event_loop, parse_json, run_sync
+from tasks.runtime.llm_client import shared_client, usage_scope
 from tasks.store.ids import quarantine_row
 
 
@@ -152,7 +153,6 @@ def extract_batch_llm(
     cap's too: the run stops after the stage, ``flows.pipeline.stop_at_cap``).
 
     ``share`` is how many workers split the global concurrency, rate limits and ``cap`` (``shared_client``)."""
-    from tasks.runtime.llm_client import shared_client, usage_scope
 
     client = client or shared_client(llm, cache_dir, share or 1, cap)
 

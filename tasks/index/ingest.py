@@ -20,7 +20,12 @@ import pyarrow as pa
 
 from schemas.config import CorpusConfig
 from schemas.tables import schema_for
+from tasks.index import boilerplate
+from tasks.index.chunk import STEP
+from tasks.store import workfs
 from tasks.store.ids import content_hash, make_id, quarantine_row
+from tasks.store.rows import to_table
+from tasks.store.spill import PartWriter
 
 if TYPE_CHECKING:
     from schemas.tables import QuarantineRow
@@ -238,12 +243,6 @@ def spill_documents(
     documents or more), written again with the spans left out and the ids they give (``boilerplate``).
     Returns (the parts, a quarantine row per boilerplate paragraph)."""
     import itertools
-
-    from tasks.index import boilerplate
-    from tasks.index.chunk import STEP
-    from tasks.store import workfs
-    from tasks.store.rows import to_table
-    from tasks.store.spill import PartWriter
 
     out = PartWriter(workfs.join(folder, "read"), INGESTED_SCHEMA, part_rows)
     keys = []

@@ -20,8 +20,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from schemas.llm import LLMConfig, Stage
+from schemas.prompts import PromptSet
 from schemas.sections import ExtractConfig
+from tasks.runtime.llm_client import cache_key, request_params
 from tasks.runtime.llm_cost import model_prices, register_price
+from tasks.runtime.tokens import count_tokens
+from tasks.store.ids import normalize_name
 
 log = logging.getLogger("strata.llm")
 
@@ -79,7 +83,6 @@ def offline_entities(chunks: Iterable[dict[str, Any]], cfg: ExtractConfig, batch
     docs/benchmarks.md)."""
     from tasks.index.extract import extract_batch
     from tasks.index.merge import title_mentions
-    from tasks.store.ids import normalize_name
 
     keys: set[str] = set()
     rows = iter(chunks)
@@ -125,8 +128,6 @@ def prompt_tokens(model: str, messages: list[dict[str, str]]) -> int:
 
         return int(litellm.token_counter(model=model, messages=messages))
     except Exception:  # noqa: BLE001 - a tokenizer litellm would fetch, or a model it cannot parse
-        from tasks.runtime.tokens import count_tokens
-
         return sum(count_tokens(m["content"]) + 3 for m in messages) + 3
 
 
@@ -135,9 +136,7 @@ def extraction_estimate(texts: Iterable[str], llm: LLMConfig, gleanings: int, ca
     then the relation pass, as ``tasks.index.extract_llm`` sends them; answers in ``cache`` (a ``ResponseCache``, or
     None) are not counted, nor is a relation pass that a cached entity answer shows will not be made. Output: the
     entities a chunk names, and a relation between each and the next, at a model's length a piece."""
-    from schemas.prompts import PromptSet
     from tasks.index.extract_llm import entity_messages, glean_messages, parse_entities, relation_messages
-    from tasks.runtime.llm_client import cache_key, request_params
 
     params = request_params(llm, json_mode=True)  # the client's, so that the keys are the client's
     est = StageEstimate("extraction", llm.model, basis="prompts counted")

@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
+from schemas.tables import schema_for
 from tasks.index.merge_state import (
     ENTITY_STATE,
     STATE,
@@ -394,8 +395,6 @@ def relation_frame(frame, version: int = 0):
     """A polars frame with the relation columns as an Arrow table of the ``relations`` schema (stamped
     ``version``)."""
     import polars as pl
-
-    from schemas.tables import schema_for
 
     schema = schema_for("relations", 0)
     return frame.with_columns(version=pl.lit(version, pl.Int64)).select(schema.names).to_arrow().cast(schema)

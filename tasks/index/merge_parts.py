@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from schemas.tables import schema_for
 from tasks.index.merge import (
+    MENTION_COLUMNS,
     ChunkOrder,
     corpus_places,
     entity_part,
@@ -207,7 +208,6 @@ def sort_relations(job: tuple[int, str, str], files: list[str], version: int) ->
 
 
 def _mentions(part: str, kind: str):
-    from tasks.index.merge import MENTION_COLUMNS
 
     if not workfs.exists(part):
         raise FileNotFoundError(

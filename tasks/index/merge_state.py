@@ -25,6 +25,7 @@ from typing import Any, cast
 
 import pyarrow as pa
 
+from schemas.tables import schema_for
 from tasks.runtime.tokens import count_tokens
 
 #: named types win over the generic noun-phrase type when counts tie
@@ -201,8 +202,6 @@ def described(out, kept, left, group: str):
 def state_table(frame, kind: str) -> pa.Table:
     """``merge_state`` rows (version 0) of ``merge.entity_part`` / ``relation_part`` frames with state."""
     import polars as pl
-
-    from schemas.tables import schema_for
 
     schema = schema_for("merge_state", 0)
     columns = []

@@ -14,8 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.tables import SHARED_RELATION_KINDS
+from schemas.tables import REFERENCES, SHARED_RELATION_KINDS
+from tasks.runtime.stages import release_memory
 from tasks.store import workfs
+from tasks.store.spill import SpilledTable, key_hash, read_part, write_whole
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -99,7 +101,6 @@ _DERIVED_INPUTS: dict[str, tuple[set[str], set[str]]] = {
 def frame_inputs(name: str) -> tuple[set[str], set[str]]:
     """The columns and the reference sets (``refs`` keys) that table ``name``'s frame reads beyond its suite's
     columns: what a task validating one part of it must be given."""
-    from schemas.tables import REFERENCES
 
     columns, refs = _DERIVED_INPUTS.get(name, (set(), set()))
     references = REFERENCES.get(name, {})
@@ -108,7 +109,6 @@ def frame_inputs(name: str) -> tuple[set[str], set[str]]:
 
 def _frame(name: str, table: pa.Table, refs: dict[str, set[str]], columns: set[str]) -> pd.DataFrame:
     """The pandas frame a suite reads: the table's ``columns`` that are scalar, plus the derived columns."""
-    from schemas.tables import REFERENCES
 
     scalar = [
         f.name
@@ -167,8 +167,6 @@ def unique_mask(columns) -> np.ndarray:
     larger than memory (a spilled table's) is checked holding its hashes and the repeated values only."""
     from collections import Counter
 
-    from tasks.store.spill import key_hash
-
     hashes, nulls = [], []
     for col in columns():
         hashes.append(key_hash(col))
@@ -200,7 +198,6 @@ def unique_mask(columns) -> np.ndarray:
 
 def _slices(table: Any, batch_rows: int, columns: list[str] | None = None):
     """(first row, slice) of ``batch_rows`` rows at most, over the whole table (a spilled one: ``columns`` only)."""
-    from tasks.runtime.stages import release_memory
 
     start = 0
     for piece in _parts(table, columns):
@@ -214,7 +211,6 @@ def _slices(table: Any, batch_rows: int, columns: list[str] | None = None):
 
 def _parts(table: Any, columns: list[str] | None = None):
     """A table's pieces: an Arrow table whole, a spilled one part by part (only ``columns``, if given)."""
-    from tasks.store.spill import SpilledTable
 
     return table.parts(columns) if isinstance(table, SpilledTable) else [table]
 
@@ -237,7 +233,6 @@ def validate_tables(
     ``workdir`` for what the tasks share (``validate_spilled``; a table in memory is written there as one part),
     and this process never loads great-expectations. ``relation_kinds``: the kinds a relation may have (the
     flow passes every registered method's; default: the shared ones, ``SHARED_RELATION_KINDS``)."""
-    from tasks.store.spill import SpilledTable, write_whole
 
     def ids(name: str) -> list[str]:
         return tables[name].column("id").to_pylist() if name in tables else []
@@ -362,8 +357,6 @@ def validate_spilled(
     """The failures of table ``name``'s suite over the spilled ``table``, checked part by part on ``mapper``, and
     the number of expectations its suite has (0: none)."""
 
-    from tasks.store.spill import write_whole
-
     work = workfs.join(workdir, f"validate-{name}")
     workfs.mkdirs(work)
     ref_files = {}
@@ -421,7 +414,6 @@ def check_part(
     import numpy as np
 
     from schemas.expectations import suites
-    from tasks.store.spill import key_hash, read_part, write_whole
 
     path, order, order_by, part = job
     suite = suites(dim, kinds).get(name, [])

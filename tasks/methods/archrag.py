@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from tasks.methods.archrag_search import adaptive_filter, fill_archrag
+from tasks.methods.base import Hierarchy
 from tasks.methods.common import (
     bucket_communities,
     fallbacks,
@@ -24,6 +25,8 @@ from tasks.methods.common import (
     update_tree,
     write_reports,
 )
+from tasks.store.ids import relation_id
+from tasks.store.rows import relation_table
 
 
 def _nearest(x: np.ndarray, k: int, batch: int = 4096):
@@ -171,7 +174,6 @@ def build_layers(
 def link_rows(layer_ids: list[list[str]], layers: list[np.ndarray], m: int) -> list[dict]:
     """C-HNSW as ``relations`` rows: ``chnsw`` from a node to each of its M nearest of its layer (weight: cosine),
     ``chnsw_down`` from a node to its nearest node of the layer below."""
-    from tasks.store.ids import relation_id
 
     intra, inter = chnsw_links(layers, m)
     rows = []
@@ -218,9 +220,6 @@ class ArchRAG:
 
     def build(self, ctx, layer0):
         import pyarrow as pa
-
-        from tasks.methods.base import Hierarchy
-        from tasks.store.rows import relation_table
 
         cfg = ctx.cfg
         base = relation_table(layer0.relations)  # read whole: this method clusters over the whole graph at once

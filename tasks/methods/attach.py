@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from tasks.store.ids import relation_id
+
 #: where a description's sentences end (an extractive description joins whole sentences)
 SENTENCE_END = re.compile(r"(?<=[.!?…])\s+")
 
@@ -85,7 +87,6 @@ def attach(
     member summary; any other change (a member added, changed or removed without a trace in its text) adds to its
     ``staleness`` (changes / members), and it is re-summarised once that reaches ``refresh_staleness`` (0: on
     every change). Only a re-summarised or dropped summary touches its own parents."""
-    from tasks.store.ids import relation_id
 
     by_id = {e["id"]: e for e in list(layer0) + list(summaries)}
     vec = dict(vectors)

@@ -27,6 +27,7 @@ from schemas.tables import (
     ReportRow,
     schema_for,
 )
+from tasks.store.rows import plain_rows, vector_matrix
 
 #: an entity row's fields (``EntityRow``): its table's columns but the vector and the version
 ENTITY_FIELDS = tuple(n for n in schema_for("entities", 0).names if n not in ("vector", "version"))
@@ -100,7 +101,6 @@ class Layer0:
     def rows_of(self, ctx: MethodContext, ids: Iterable[str]) -> list[EntityRow]:
         """Layer-0 entities ``ids``' rows (of those that are live), in id order: this run's, or the snapshot's for
         the ones an update keeps."""
-        from tasks.store.rows import plain_rows
 
         wanted, mine = set(ids), {e["id"]: e for e in self.entities}
         stored = sorted(i for i in wanted & (self.kept or set()) if i not in mine)
@@ -111,7 +111,6 @@ class Layer0:
     def vectors_of(self, ctx: MethodContext, ids: list[str]) -> np.ndarray:
         """An update's vectors of layer-0 entities ``ids``, in order: this run's (``fresh``), or the snapshot's
         (an entity whose text did not change keeps its vector), read for those ids only."""
-        from tasks.store.rows import vector_matrix
 
         fresh = self.fresh or {}
         stored = ctx.previous_in("entities", "id", [i for i in ids if i not in fresh], ("id", "vector"))
@@ -126,8 +125,6 @@ class Layer0:
         every id ``added``): for a method that reads them all in this process rather than as tasks over the parts
         (a build), or an update's rather than by id (``vectors_of``: ``ctx`` reads the snapshot's)."""
         from dataclasses import replace
-
-        from tasks.store.rows import plain_rows, vector_matrix
 
         if self.fresh is not None and ctx is not None:
             rows = self.rows_of(ctx, self.ids())
@@ -144,7 +141,6 @@ class Layer0:
 
     def chunk_rows(self) -> tuple[list[ChunkRow], np.ndarray]:
         """This run's new chunks as rows and their vector matrix, read whole (for a method that needs them all)."""
-        from tasks.store.rows import plain_rows, vector_matrix
 
         table = self.chunks.read_all() if self.chunks is not None else None
         if table is None or not table.num_rows:

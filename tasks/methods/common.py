@@ -14,6 +14,7 @@ from schemas.tables import CommunityRow, QuarantineRow
 from tasks.methods.base import Hierarchy, Layer0, MethodContext
 from tasks.store.ids import make_id, quarantine_row
 from tasks.store.rows import REPORT_COLUMNS, plain_rows, relation_table, vector_matrix
+from tasks.store.spill import SpilledTable
 
 SUMMARY_FALLBACK = "LLM summary unusable, offline summary used: "
 REPORT_FALLBACK = "LLM report unusable, offline report used: "
@@ -65,7 +66,6 @@ def write_reports(ctx: MethodContext, communities, entities: list[dict[str, Any]
     come back as the ``community_reports`` table's parts with their vectors (and no separate vectors)."""
     from tasks.methods.report_parts import reports_on_cluster
     from tasks.methods.reports import build_reports
-    from tasks.store.spill import SpilledTable
 
     with ctx.stage(
         "reports", communities.num_rows if isinstance(communities, SpilledTable) else len(communities)

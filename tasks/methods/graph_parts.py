@@ -14,8 +14,13 @@ from typing import Any, cast
 
 import pyarrow as pa
 
+from schemas.tables import schema_for
+from tasks.index.embed import entity_text
+from tasks.methods.hirag.communities import detect_communities
+from tasks.methods.hirag.hierarchy import build_hierarchy, build_layers, converged
+from tasks.methods.layer_parts import LayerOne
 from tasks.store import workfs
-from tasks.store.rows import relation_table, stamped
+from tasks.store.rows import relation_table, stamped, to_table
 from tasks.store.spill import SpilledTable, write_whole
 
 
@@ -39,7 +44,6 @@ def find_communities(ctx: Any, entity_ids: list[str] | pa.ChunkedArray, relation
     """``communities.detect_communities`` with the run's settings: in this process over a table (a list of
     rows), as one task on the run's cluster over spilled relations (the ``communities`` table's rows, spilled).
     ``entity_ids``: a list, or an Arrow column (a build's: its ids never become Python strings in the run)."""
-    from tasks.methods.hirag.communities import detect_communities
 
     if isinstance(relations, SpilledTable):
         return communities_on_cluster(ctx, entity_ids, relations)
@@ -51,7 +55,6 @@ def communities_on_cluster(ctx: Any, entity_ids: list[str] | pa.ChunkedArray, re
     """``communities.detect_communities`` over spilled ``relations``, as one task on the run's mapper (the
     community settings of ``ctx.cfg``): the ``communities`` table (stamped with the run's version) in a file
     the run never reads."""
-    from schemas.tables import schema_for
 
     cfg, work = ctx.cfg.communities, graph_work(ctx)
     ids, out = workfs.join(work, "entity-ids.parquet"), workfs.join(work, "communities.parquet")
@@ -75,8 +78,6 @@ def communities_task(
 ) -> int:
     """The communities of the graph whose relations are ``files`` (a task); written to ``out`` as the
     ``communities`` table's rows (stamped ``version``), their number returned."""
-    from tasks.methods.hirag.communities import detect_communities
-    from tasks.store.rows import to_table
 
     edges = _read(files, ["source_id", "target_id", "weight"])
     rows = detect_communities(
@@ -97,12 +98,6 @@ def hierarchy_on_cluster(
     stamped with the run's version: layer 1's (one per layer-0 entity and cluster it joins) are never read by
     the run. ``detail`` (a dict) gets layer 1's number of global clusters and the largest one's entities."""
     import numpy as np
-
-    from schemas.tables import schema_for
-    from tasks.index.embed import entity_text
-    from tasks.methods.hirag.hierarchy import build_hierarchy, build_layers, converged
-    from tasks.methods.layer_parts import LayerOne
-    from tasks.store.rows import relation_table
 
     cfg, dim = ctx.cfg, layer0.schema.field("vector").type.list_size
     if not cfg.hierarchy.enabled:
@@ -148,7 +143,6 @@ def graph_work(ctx: Any) -> str:
 
 
 def _read(files: list[str], columns: list[str]) -> pa.Table:
-    from schemas.tables import schema_for
 
     empty = schema_for("relations", 0).empty_table().select(columns)
     return pa.concat_tables([empty, *(workfs.read_table(f, columns=columns) for f in files)])

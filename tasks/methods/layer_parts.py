@@ -33,6 +33,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tasks.methods.hirag.hierarchy import (
+    fit_gmm_model,
+    global_candidates,
+    local_clusters,
+    pca_from_moments,
+    project,
+    sample_rows,
+    soft_members,
+)
+from tasks.runtime.llm_client import Usage, shared_client, usage_scope
 from tasks.store import workfs
 from tasks.store.rows import relation_table, stamped, vector_matrix
 from tasks.store.spill import SpilledTable, key_hash, plain_schema, read_split, write_parts, write_whole
@@ -65,7 +75,6 @@ class LayerOne:
 
     def cluster(self, _features: Any, seed: int) -> list[range]:
         """``gmm_clusters`` over the parts (steps 1-4): the clusters as ranges of their sizes."""
-        from tasks.methods.hirag.hierarchy import global_candidates, pca_from_moments, sample_rows
 
         cfg, mapper = self.cfg, self.ctx.mapper
         counts = [workfs.parquet_file(f).metadata.num_rows for f in self.files]
@@ -112,7 +121,6 @@ class LayerOne:
 
     def build(self, layer: int, _below: Any, _features: Any, _clusters: Any) -> tuple[list[dict[str, Any]], Any]:
         """The summary entities of the clusters (steps 5-6), in the clusters' order; their links written."""
-        from tasks.runtime.llm_client import Usage
 
         ctx, cfg = self.ctx, self.cfg
         kept: list[list[int]] = [[] for _ in self.globals]
@@ -171,7 +179,6 @@ def fit_task(
     """The global GMM (a task): the sample the parts saved (``samples``, in part order), reduced (``reducer``: a
     PCA's (mean, components), None, or "umap": fitted here on the sample), the BIC sweep on them; (reducer, GMM)
     pickled to ``out``. Returns the GMM's size."""
-    from tasks.methods.hirag.hierarchy import fit_gmm_model, project
 
     x = np.concatenate([workfs.load_array(f) for f in samples])
     if reducer == "umap":
@@ -190,7 +197,6 @@ def assign_task(job: tuple[str, str, int], model: str, threshold: float) -> np.n
     """A part's rows soft-assigned to the global GMM's components (a task; no ``model``: all to one): written to
     ``job[1]`` with their number ``g`` (``job[2]`` + row), a row group per component. Returns each component's
     rows here."""
-    from tasks.methods.hirag.hierarchy import project, soft_members
 
     src, out, offset = job
     table = workfs.read_table(src, columns=COLUMNS)
@@ -222,7 +228,6 @@ def local_task(
     """Global cluster ``job[1]`` (the ``job[0]``-th non-empty one) split by its local GMM (a task): writes its
     clusters (``job[2]``.clusters) and their class documents' term counts (``job[2]``.terms, a row group per term
     bucket). Returns (key, first member, size, terms) per cluster, in the local GMM's order."""
-    from tasks.methods.hirag.hierarchy import local_clusters
     from tasks.methods.summarize import Cluster, class_documents, over_documents
 
     gi, k, out = job
@@ -313,7 +318,6 @@ def summary_task(
     written to ``job[2]`` stamped ``version``. Returns the entities by local cluster, the LLM summaries that fell
     back to offline ones, the LLM usage and the links written."""
     from tasks.methods.summarize import TOP_PHRASES, Cluster, LLMSummarizer, OfflineSummarizer, summary_rows
-    from tasks.runtime.llm_client import shared_client, usage_scope
 
     gi, k, out = job
     js = kept[gi]

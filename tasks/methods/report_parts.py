@@ -23,7 +23,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.tables import schema_for
+from tasks.index.embed import report_text
+from tasks.index.embed_table import embed_table
 from tasks.methods.graph_parts import graph_work
+from tasks.methods.reports import build_reports, level_weights
+from tasks.runtime.llm_client import Usage, shared_client, usage_scope
 from tasks.store import workfs
 from tasks.store.rows import REPORT_COLUMNS
 from tasks.store.spill import SpilledTable, plain_schema, read_split, write_parts, write_whole
@@ -58,9 +62,6 @@ def reports_on_cluster(
     mapper (with an LLM, each task's own client: same settings and response cache; its usage added to the
     run's); the entities are ``layer0``'s parts, then ``entities``. The reports are then embedded a step at a
     time into the ``community_reports`` table's parts: the run never holds them whole."""
-    from tasks.index.embed import report_text
-    from tasks.index.embed_table import embed_table
-    from tasks.runtime.llm_client import Usage
 
     work = workfs.join(graph_work(ctx), "reports")
     workfs.mkdirs(work)
@@ -188,7 +189,6 @@ def _part(p: int, communities: str, relations: list[str], entities: list[str]):
 
 def weights_task(p: int, communities: str, relations: list[str], entities: list[str]) -> dict[int, float]:
     """Part ``p``'s strongest community of each level (a task: ``reports.level_weights``)."""
-    from tasks.methods.reports import level_weights
 
     comms, ents, rels = _part(p, communities, relations, entities)
     return level_weights(comms, [e["id"] for e in ents], rels)
@@ -209,8 +209,6 @@ def reports_task(
 ) -> tuple[list[dict[str, str]], dict[str, Any]]:
     """A report per community of part ``job[0]`` (a task), written to ``job[1]`` in row groups of what the run
     reads at a time. Returns the LLM failures (offline reports kept) and the LLM usage."""
-    from tasks.methods.reports import build_reports
-    from tasks.runtime.llm_client import shared_client, usage_scope
 
     p, out = job
     comms, ents, rels = _part(p, communities, relations, entities)

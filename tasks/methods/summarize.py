@@ -28,6 +28,7 @@ from sklearn.feature_extraction.text import CountVectorizer
 from schemas.prompts import PromptSet
 from tasks.methods.reports import central_sentences
 from tasks.runtime.llm import LLMClient, ParseError, parse_json, run_sync
+from tasks.runtime.parallel import in_child_process
 from tasks.runtime.tokens import clip_tokens, count_tokens, truncate_tokens
 from tasks.store.ids import make_id, relation_id
 
@@ -97,7 +98,6 @@ def key_phrases(clusters: list[Cluster], top: int = TOP_PHRASES) -> list[list[st
 
 def over_documents(fn: Any, docs: list[str], *args: Any) -> Any:
     """``fn(docs, *args)``, in a child process when the documents pass ``KEY_PHRASES_IN_CHILD_CHARS``."""
-    from tasks.runtime.parallel import in_child_process
 
     if sum(map(len, docs)) < KEY_PHRASES_IN_CHILD_CHARS:
         return fn(docs, *args)

@@ -8,10 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
+from schemas.config import EmbeddingConfig
 from schemas.prompts import PromptSet
+from tasks.index.embed import question_embedder
 from tasks.query.candidates import MAX_CANDIDATES, STOP_WORDS, WORD, answer_candidates, chunk_sentences, preselect
 from tasks.retrieval.context import Context
 from tasks.runtime.llm import run_sync
+from tasks.store.locks import file_lock
 
 
 def answer_messages(ctx: Context, prompts: PromptSet) -> list[dict[str, str]]:
@@ -377,8 +380,6 @@ def answer_embedder(embedder=None):
     model), else the packaged model on ONNX Runtime (an index embedded by an API model answers offline too)."""
     if embedder is not None and hasattr(embedder, "token_vectors"):
         return embedder
-    from schemas.config import EmbeddingConfig
-    from tasks.index.embed import question_embedder
 
     return question_embedder(EmbeddingConfig())
 
@@ -411,7 +412,6 @@ def warm_saved(view, vectors: TokenVectors, limit: int, path: Path, model: str) 
     """``warm_sentences`` starting from the vectors saved at ``path`` (for ``model``), saved again when it added
     any; one process at a time (a service's workers start together: the first embeds, the others read what it
     saved). Returns (the sentences held, the vectors read)."""
-    from tasks.store.locks import file_lock
 
     with file_lock(path.with_suffix(".lock")):
         had = vectors.load(path, model)

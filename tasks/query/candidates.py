@@ -9,6 +9,7 @@ import re
 import numpy as np
 
 from tasks.retrieval.context import Context
+from tasks.runtime.text import split_sentences
 
 WORD = re.compile(r"[a-z0-9]+")
 
@@ -42,7 +43,6 @@ def source_sentences(text: str) -> tuple[str, ...]:
     """``split_sentences`` of a source, kept for the next question it answers: pySBD builds a regular expression per
     abbreviation it meets, past what Python's pattern cache holds, so a warm query spent half its time (~45 ms of
     ~90 on MuSiQue) splitting the same sources again."""
-    from tasks.runtime.text import split_sentences
 
     return tuple(split_sentences(text))
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from schemas.config import RetrievalConfig
 from tasks.query.answer import TokenVectors, answer_embedder, best_sentences
+from tasks.query.answer import answer as answer_with
 from tasks.query.retrieve import retrieve
 from tasks.retrieval.context import Context
 from tasks.retrieval.view import IndexView
@@ -193,7 +194,6 @@ def _run_mode(
 ) -> tuple[ModeResult, list[dict[str, Any]]]:
     """Every question through one mode at ``cfg.token_budget``: the summary and one row per question (with
     ``client``, the answer model's answer, its exact match and F1)."""
-    from tasks.query.answer import answer as answer_with
 
     rows: list[dict[str, Any]] = []
     for q in queries:

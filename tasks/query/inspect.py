@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, cast
 
+from schemas.llm import LLM_STAGES, LLMConfig
 from tasks.methods.registry import all_methods, get_method
 from tasks.store.catalog import Catalog
 from tasks.store.rows import snapshot_note
@@ -85,8 +86,6 @@ def run_models(parameters: str | None) -> dict[str, str]:
     """The model each LLM stage of a run used ("offline" where none), from the settings the run recorded; empty for a
     run recorded without them."""
     import json
-
-    from schemas.llm import LLM_STAGES, LLMConfig
 
     try:
         llm = LLMConfig.model_validate(

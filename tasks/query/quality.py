@@ -24,7 +24,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tasks.runtime.text import CLAUSE_BREAK, LIST_BREAK, SENTENCE_END
+from tasks.methods.reports import sentence_key
+from tasks.runtime.text import CLAUSE_BREAK, LIST_BREAK, SENTENCE_END, split_sentences
 from tasks.store.catalog import Catalog
 
 TOP_ENTITIES = 100
@@ -70,8 +71,6 @@ def named_by_members(name: str, member_names: set[str]) -> bool:
 
 
 def repeats_or_is_cut(summary: str) -> bool:
-    from tasks.methods.reports import sentence_key
-    from tasks.runtime.text import split_sentences
 
     text = summary.strip()
     if not text:

@@ -16,7 +16,10 @@ from typing import Any
 
 from schemas.config import StrataConfig
 from tasks.errors import UsageError
+from tasks.index.embed import check_dimension, question_embedder
 from tasks.methods.registry import all_modes, index_modes
+from tasks.runtime.process import one_blas_thread
+from tasks.runtime.tokens import get_encoding
 from tasks.store.catalog import Catalog
 
 
@@ -55,7 +58,7 @@ class Reader:
 
     def refresh(self) -> bool:
         """Move to the newest published snapshot; True when it changed."""
-        from tasks.retrieval.view import load_view
+        from tasks.retrieval.view import load_view  # lazy: open_reader imports it beside the model's loading
 
         view = load_view(self.catalog)
         changed, self.view = view.version != self.view.version, view
@@ -66,6 +69,7 @@ class Reader:
     ) -> tuple[Any, dict[str, Any], float]:
         """Retrieve a context for ``question`` from ``view`` (default: the reader's) and answer it: the context,
         the answer (``tasks.query.answer.answer``) and the retrieval's milliseconds."""
+        # lazy: open_reader imports them beside the model's loading
         from tasks.query.answer import answer
         from tasks.query.retrieve import retrieve
         from tasks.retrieval.view import removed_meanwhile
@@ -97,9 +101,6 @@ def open_reader(
     loads where they can. BLAS runs on one thread in this process from here on (``one_blas_thread``): a query's
     products are small, and a second OpenBLAS thread only spins (``strata eval`` on MuSiQue's subset: 41 s of CPU
     with it, 28 s without, the same wall time and figures)."""
-    from tasks.index.embed import check_dimension, question_embedder
-    from tasks.runtime.process import one_blas_thread
-
     one_blas_thread(with_scipy=False)  # a query's scipy is sparse products and graph searches, no BLAS
 
     if mode is not None:
@@ -109,7 +110,8 @@ def open_reader(
     # the model and token tables load while the query's modules import and the snapshot is read
     loading = _warm_up(embedder) if warm else None
     try:
-        import tasks.query.retrieve  # noqa: F401  (imported here to overlap the loading; ``ask`` uses it)
+        # lazy: imported here, beside the model's loading (``ask`` uses retrieve)
+        import tasks.query.retrieve  # noqa: F401
         from tasks.query.answer import SENTENCE_CACHE, TokenVectors, answer_embedder
         from tasks.retrieval.view import load_view
         from tasks.runtime.llm_client import LiteLLMClient
@@ -130,7 +132,6 @@ def _warm_up(embedder: Any) -> threading.Thread:
     """A thread that loads what a query needs besides its snapshot: the embedding model's session and tokenizer
     (``prepare``, where the embedder has one) and the token-count tables (native code, which runs beside the
     snapshot's unpickling; a cold query is ~0.2 s shorter on two cores)."""
-    from tasks.runtime.tokens import get_encoding
 
     def load() -> None:
         with contextlib.suppress(Exception):  # a failure shows again, with its message, where the query embeds

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from schemas.tables import SNAPSHOT_TABLES, schema_for
+from tasks.errors import DamagedError, NotFoundError, SnapshotGone, StrataError
 from tasks.index.chunk import explicit_title
 from tasks.retrieval.graph_rank import PassageGraph, RankParams, build_passage_graph
 from tasks.retrieval.lexical import BM25Index, bm25s
@@ -299,7 +300,6 @@ def removed_meanwhile(catalog: Catalog, version: int, tables: dict[str, int] | N
     files missing, say) while that snapshot is no longer published, or pins other table versions — ``strata gc``
     removed it, or wrote its tables' history again, under the reader — is ``SnapshotGone``, a clear and retryable
     error, not an internal one; the view of it is dropped, so the next read resolves the snapshot again."""
-    from tasks.errors import DamagedError, NotFoundError, SnapshotGone, StrataError
 
     try:
         yield

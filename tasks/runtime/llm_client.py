@@ -39,6 +39,7 @@ from schemas.config import LLMConfig
 from schemas.prompts import PromptSet
 from tasks.runtime.llm import ParseError
 from tasks.runtime.llm_cost import CostCap, model_prices, register_price, shared_cap
+from tasks.runtime.tokens import count_tokens
 
 log = logging.getLogger("strata.llm")
 
@@ -358,7 +359,6 @@ class LiteLLMClient:
 
     def worst_cost(self, messages: list[dict[str, str]], max_tokens: int) -> float:
         """The most a request of ``messages`` answered in ``max_tokens`` may cost (``CostCap``), in USD."""
-        from tasks.runtime.tokens import count_tokens
 
         prompt = sum(max(count_tokens(m["content"]), len(m["content"]) // 3) + 4 for m in messages) + 4
         return prompt * self.prices[0] + max_tokens * self.prices[1]

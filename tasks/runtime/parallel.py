@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 from schemas.config import DaskConfig
 from tasks.runtime.process import one_blas_thread
+from tasks.runtime.stages import limit_malloc_arenas
 
 R = TypeVar("R")
 
@@ -423,8 +424,6 @@ def in_child_process(fn: Callable[..., R], *args: Any, workdir: os.PathLike[str]
 
 def _child_main(call: str, result: str) -> None:
     import pickle
-
-    from tasks.runtime.stages import limit_malloc_arenas
 
     limit_malloc_arenas()  # as in the run's process: freed memory reused across the child's threads
     one_blas_thread()  # as every process of a run: the same bits (``one_blas_thread``)

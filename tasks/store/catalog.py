@@ -26,7 +26,11 @@ import pyarrow.compute as pc
 
 from schemas.tables import LOG_TABLES, SNAPSHOT_SCHEMA, SNAPSHOT_TABLES, SNAPSHOTS, schema_for
 from tasks.errors import DiskFull, IndexDamaged, IndexError_, IndexNotFound, StoreUnavailable, UsageError
+from tasks.runtime.parallel import LocalMapper
+from tasks.store.fragments import write_spilled
+from tasks.store.gc import collect_garbage
 from tasks.store.leases import Lease
+from tasks.store.locks import writer_lock
 from tasks.store.remote import (
     STORE_ATTEMPTS,
     _disk_full,
@@ -285,9 +289,6 @@ class Catalog:
         if isinstance(data, TableDelta):
             return self._apply_delta(name, data, pinned)
         if isinstance(data, SpilledTable) and data.files:
-            from tasks.runtime.parallel import LocalMapper
-            from tasks.store.fragments import write_spilled
-
             current = self.db.open_table(name).version if self.has_table(name) else None
             options = None if self.root is not None else storage_options(self.uri, self.storage)
             write_spilled(mapper or LocalMapper(), data, f"{self._db_uri}/{name}.lance", self.uri, options, current)
@@ -456,7 +457,6 @@ class Catalog:
     def gc(self, keep: int, **compaction: Any) -> dict[str, Any]:
         """Keep the newest ``keep`` snapshots, drop the table versions no kept one pins, compact what updates
         deleted (``tasks.store.gc``)."""
-        from tasks.store.gc import collect_garbage
 
         return collect_garbage(self, keep, **compaction)
 
@@ -489,7 +489,6 @@ class Catalog:
     def writer_lock(self, timeout_s: float = 0.0) -> Iterator[None]:
         """One writer per index: a second one waits up to ``timeout_s`` and then fails with a clear message
         (``tasks.store.locks.writer_lock``)."""
-        from tasks.store.locks import writer_lock
 
         with writer_lock(self, timeout_s) as lease:
             self._lease = lease

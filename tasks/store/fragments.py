@@ -13,6 +13,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from tasks.runtime.parallel import LocalMapper
+from tasks.store.remote import default_storage, is_local, storage_options
+from tasks.store.rows import WRITE_BATCH_ROWS
 from tasks.store.spill import SpilledTable, read_part
 
 
@@ -22,8 +25,6 @@ def write_spilled(
     """``data`` as the new version of the Lance table at ``table_uri`` (created if missing); its version.
     ``options``: how this process reaches the store (its tasks on other processes use their own)."""
     import lance
-
-    from tasks.runtime.parallel import LocalMapper
 
     parts = [(str(f), data.order) for f in data.files]
     here = options if isinstance(mapper, LocalMapper) else None  # credentials never travel in a task
@@ -45,8 +46,6 @@ def write_part(
     A task retried after its worker died writes new files; those of the lost attempt stay unreferenced."""
     from lance.fragment import write_fragments
 
-    from tasks.store.rows import WRITE_BATCH_ROWS
-
     path, order = part
     table = read_part(path, order).cast(schema)
     reader = pa.RecordBatchReader.from_batches(schema, table.to_batches(max_chunksize=WRITE_BATCH_ROWS))
@@ -57,6 +56,5 @@ def write_part(
 def _options(index_uri: str) -> dict[str, str] | None:
     """How this process reaches the index: none for a folder; for object storage, its own environment's settings
     (a worker's credentials are its own: they never travel in a task)."""
-    from tasks.store.remote import default_storage, is_local, storage_options
 
     return None if is_local(index_uri) else storage_options(index_uri, default_storage())

@@ -29,6 +29,7 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
 from tasks.errors import LockTimeout, UsageError
+from tasks.store.remote import s3_client
 
 if TYPE_CHECKING:
     from schemas.config import StorageConfig
@@ -197,7 +198,6 @@ class S3Lease(Lease):
     """The lease on an s3:// index (boto3, the index's endpoint, region, credentials and retries)."""
 
     def __init__(self, uri: str, storage: StorageConfig, client: Any = None):
-        from tasks.store.remote import s3_client
 
         super().__init__(uri, storage)
         self.bucket, _, prefix = uri.split("://", 1)[1].partition("/")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from schemas.config import load_config
+
 if TYPE_CHECKING:
     from schemas.config import StorageConfig
 
@@ -88,7 +90,6 @@ def storage_options(uri: str, storage: StorageConfig, environ: dict[str, str] | 
 def default_storage() -> StorageConfig:
     """The ``storage`` settings of ``$STRATA_CONFIG`` and the environment (``STRATA_STORAGE__*``), for a catalog
     opened without a loaded config (``validate``, ``export``, ``rollback``, ``gc``)."""
-    from schemas.config import load_config
 
     return load_config().storage
 

@@ -13,7 +13,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.tables import schema_for
-from tasks.store.spill import SpilledTable, plain_schema
+from tasks.store import workfs
+from tasks.store.spill import SpilledTable, plain_schema, write_whole
 
 
 def rows_to_table(
@@ -98,8 +99,6 @@ def spilled_rows(
     slice in memory as Arrow at a time), ``pieces`` one after another: (rows, their vector matrix or None),
     each taken from the iterable only when the one before is written. The spilled table holds the rows in that
     order: what validation and publish then read part by part."""
-    from tasks.store import workfs
-    from tasks.store.spill import write_whole
 
     workfs.mkdirs(directory)
     files: list[str] = []
