@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import networkx as nx
 
@@ -77,15 +77,16 @@ def imports() -> list[Import]:
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
             elif name == "tasks.methods.registry" and isinstance(node, ast.Constant) and ":" in str(node.value):
                 targets = [str(node.value).partition(":")[0]]
-            said = bool(targets) and _said_lazy(lines, node.lineno)
+            if not targets:
+                continue
+            at = cast("ast.stmt", node).lineno
+            said = _said_lazy(lines, at)
             for target in targets:
                 while target and target not in modules:  # `import tasks.x.y` names tasks.x.y; a symbol names its module
                     target = target.rpartition(".")[0]
                 if target and target != name:
                     inside = id(node) in local
-                    out.append(
-                        Import(name, target, node.lineno, inside, not inside and id(node) not in typing_only, said)
-                    )
+                    out.append(Import(name, target, at, inside, not inside and id(node) not in typing_only, said))
     return out
 
 
