@@ -37,8 +37,9 @@ from tasks.index import extract_llm
 from tasks.index.extract import warm as warm_extraction
 from tasks.index.validate import warm as warm_validation
 from tasks.methods.base import Hierarchy, Layer0
+from tasks.runtime import process
 from tasks.runtime.parallel import DaskPool, LocalMapper, Mapper, ProcessMapper
-from tasks.runtime.process import blas_on_one_thread, lower_priority
+from tasks.runtime.process import blas_on_one_thread
 from tasks.runtime.stages import TaskRunner, direct_task, limit_malloc_arenas, release_memory
 from tasks.store.catalog import Catalog
 from tasks.store.rows import relation_table
@@ -75,7 +76,7 @@ def update_index(
     ``replace_root``: an indexed corpus root that ``corpus`` is the new location of (a moved mount, a new
     export folder): its documents are diffed against that root's instead of being added as a new root."""
 
-    lower_priority(cfg.incremental.nice)
+    process.lower_priority(cfg.incremental.nice)
     snap = catalog.snapshot()
     return _execute(
         corpus, catalog, cfg, task, mapper or LocalMapper(), run_id, flow_name, None if full else snap, replace_root

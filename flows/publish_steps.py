@@ -18,8 +18,9 @@ from flows.run import Delta, PipelineRun
 from flows.steps import chunk_part_rows
 from schemas.config import StrataConfig
 from schemas.tables import QuarantineRow, schema_for
+from tasks.index import validate as checks
 from tasks.index.plots import layers_png
-from tasks.index.validate import REFERENCED, ValidationFailed, validate_tables
+from tasks.index.validate import REFERENCED, ValidationFailed
 from tasks.methods.base import Hierarchy, Layer0
 from tasks.methods.graph_parts import with_above
 from tasks.methods.registry import relation_kinds
@@ -253,7 +254,7 @@ def validate(run: PipelineRun, tables: dict[str, Any]) -> dict[str, Any]:
         mapper = validation_mapper(run, tables)
         try:
             report = st.run(
-                validate_tables,
+                checks.validate_tables,
                 {"layers": run.previous("layers"), **written},
                 dim,
                 mapper=mapper,

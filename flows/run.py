@@ -18,6 +18,8 @@ from flows.lineage import BuildResult, code_version, deployment_name
 from schemas.config import StrataConfig
 from schemas.llm import LLM_STAGES, Stage
 from schemas.tables import DocumentRow, LayerRow, QuarantineRow, schema_for
+from tasks.index import embed as embedding
+from tasks.index import merge as merging
 from tasks.index.embed import (
     LOCAL_MODEL,
     CachedEmbedder,
@@ -26,9 +28,7 @@ from tasks.index.embed import (
     LocalEmbedder,
     MappedEmbedder,
     check_dimension,
-    get_embedder,
 )
-from tasks.index.merge import MERGE_IN_CHILD_ROWS
 from tasks.methods.registry import get_method
 from tasks.runtime.llm_client import LiteLLMClient, Usage
 from tasks.runtime.llm_cost import CostCap
@@ -179,7 +179,7 @@ class PipelineRun:
         """The run's embedder, cached by text hash; an update checks it gives the index's vector dimension."""
 
         if self._embedder is None:
-            inner = get_embedder(self.cfg.embedding, self.cfg.llm)
+            inner = embedding.get_embedder(self.cfg.embedding, self.cfg.llm)
             if self.cfg.dask.address and self.cfg.embedding.model == LOCAL_MODEL and isinstance(self.mapper, DaskPool):
                 inner = MappedEmbedder(inner, self.cfg.embedding, self.mapper)  # on the cluster's workers
             elif isinstance(inner, LocalEmbedder):
@@ -234,7 +234,7 @@ class PipelineRun:
         A large index's extraction and validation run in a child process when no Dask cluster runs them."""
 
         stored = SnapshotReads(self.catalog, self.snap).rows("mentions") if self.snap else 0
-        return stored + more_mentions >= MERGE_IN_CHILD_ROWS
+        return stored + more_mentions >= merging.MERGE_IN_CHILD_ROWS
 
     def forget_previous(self, name: str | None = None) -> None:
         """Drop the previous snapshot's tables read so far, or those of table ``name`` (read again if asked for)."""

@@ -36,8 +36,9 @@ from tasks.index.merge import (
 from tasks.index.merge_parts import merge_spilled, unreachable_workers
 from tasks.index.query_model import export_query_model, query_model_missing
 from tasks.methods.base import ENTITY_FIELDS, Layer0
+from tasks.runtime import parallel
 from tasks.runtime.llm_client import Usage
-from tasks.runtime.parallel import DaskPool, LocalMapper, Mapper, ProcessMapper, in_child_process
+from tasks.runtime.parallel import DaskPool, LocalMapper, Mapper, ProcessMapper
 from tasks.runtime.progress import reporter
 from tasks.runtime.stages import release_memory
 from tasks.store.ids import entity_id
@@ -334,13 +335,13 @@ def _layer0(
         if not in_child:
             return update_layer0(reads, gone, new_mentions, max_tokens, order)
         with tempfile.TemporaryDirectory(prefix="strata-merge-") as child:
-            return in_child_process(update_layer0, reads, gone, new_mentions, max_tokens, order, workdir=child)
+            return parallel.in_child_process(update_layer0, reads, gone, new_mentions, max_tokens, order, workdir=child)
     args = (new_mentions, max_tokens, order, workdir, version, part_rows)
     if isinstance(mapper, DaskPool):
         parts, relations, states = merge_spilled(mapper, *args)
     elif in_child:
         with tempfile.TemporaryDirectory(prefix="strata-merge-") as child:
-            parts, relations, states = in_child_process(merge_spilled, LocalMapper(), *args, workdir=child)
+            parts, relations, states = parallel.in_child_process(merge_spilled, LocalMapper(), *args, workdir=child)
     else:
         parts, relations, states = merge_spilled(LocalMapper(), *args)
     return Layer0([], np.zeros((0, 0)), relations, entity_parts=parts, state=states), new_mentions
@@ -472,7 +473,7 @@ def prepare_query_model(run: PipelineRun) -> None:
         path = export_query_model(inner)
     else:
         with tempfile.TemporaryDirectory(prefix="strata-export-") as child:
-            path = in_child_process(export_query_model, workdir=child)
+            path = parallel.in_child_process(export_query_model, workdir=child)
     reporter().finish(name, f"the embedding model exported to ONNX for questions, once per machine: {path}")
 
 

@@ -14,7 +14,7 @@ from schemas.config import load_config
 from schemas.tables import SNAPSHOT_TABLES
 from tasks.index.delta import diff_documents
 from tasks.index.validate import validate_tables
-from tasks.methods.attach import attach
+from tasks.methods.attach import Change, Layer0Rows, Rewrite, attach
 from tasks.methods.hirag.placement import place_in_communities, reports_to_rewrite
 from tasks.store.catalog import Catalog
 from tests.conftest import SMALL
@@ -66,6 +66,10 @@ def _so(a, b):
             "source_chunk_ids": []}
 
 
+def ONES(rows):  # noqa: N802 - an embedder for tests: every vector the same
+    return np.ones((len(rows), 3), np.float32)
+
+
 def test_attach_lowest_layer_passing_tau_climbs_and_refreshes_ancestors():
     l0 = [_e("a", 0, [1, 0, 0]), _e("b", 0, [0, 1, 0]), _e("gone", 0, [0, 0, 1]),
           _e("new1", 0, [0.95, 0.1, 0]), _e("new2", 0, [0.5, 0.5, 0.1])]
@@ -77,8 +81,8 @@ def test_attach_lowest_layer_passing_tau_climbs_and_refreshes_ancestors():
         calls.append((layer, [[m["id"] for m in ms] for ms in member_lists]))
         return [{"name": "+".join(m["id"] for m in ms), "type": "concept", "description": "d"} for ms in member_lists]
 
-    res = attach(l0[:2] + l0[3:], summaries, rels, _vecs(l0 + summaries), added={"new1", "new2"}, removed={"gone"}, changed=set(), tau=0.65,
-                 summarize=summarize, embed=lambda rows: np.ones((len(rows), 3), np.float32))
+    res = attach(Layer0Rows(l0[:2] + l0[3:], _vecs(l0 + summaries)), summaries, rels,
+                 Change(added={"new1", "new2"}, removed={"gone"}), 0.65, Rewrite(summarize, ONES))
     # new1 is .99 similar to S1, new2 .70 (>= tau): both join layer 1
     assert res.attached == {"new1": "S1", "new2": "S1"}
     assert res.removed == {"S3"}  # lost its only member
@@ -104,8 +108,8 @@ def test_attach_reads_the_vectors_of_kept_members_only_for_the_summaries_it_rewr
 
     def run(vectors, more=None):
         seen.clear()
-        res = attach(l0, summaries, rels, vectors, added={"new"}, removed=set(), changed=set(), tau=0.65,
-                     summarize=summarize, embed=lambda rows: np.ones((len(rows), 3), np.float32), more_vectors=more)
+        res = attach(Layer0Rows(l0, vectors, more_vectors=more), summaries, rels, Change(added={"new"}), 0.65,
+                     Rewrite(summarize, ONES))
         return res, list(seen)
 
     asked = []
@@ -125,9 +129,9 @@ def test_attach_reads_the_vectors_of_kept_members_only_for_the_summaries_it_rewr
 def test_attach_climbs_when_no_lower_node_passes_tau():
     l0 = [_e("a", 0, [1, 0, 0]), _e("new", 0, [0.1, 0.1, 1])]
     summaries = [_e("S1", 1, [1, 0, 0]), _e("T", 2, [0, 0, 1])]
-    res = attach(l0, summaries, [_so("a", "S1"), _so("S1", "T")], _vecs(l0 + summaries), added={"new"}, removed=set(), changed=set(), tau=0.65,
-                 summarize=lambda l, ms, vs: [{"name": "x", "type": "concept", "description": "d"} for _ in ms],
-                 embed=lambda rows: np.ones((len(rows), 3), np.float32))
+    res = attach(Layer0Rows(l0, _vecs(l0 + summaries)), summaries, [_so("a", "S1"), _so("S1", "T")],
+                 Change(added={"new"}), 0.65,
+                 Rewrite(lambda l, ms, vs: [{"name": "x", "type": "concept", "description": "d"} for _ in ms], ONES))
     assert res.attached == {"new": "T"}  # layer-1 best is .10 < tau, layer 2 passes
     assert res.refreshed == {"T"} and res.operations == 1  # only the node on the path
 
@@ -164,15 +168,15 @@ def test_attach_accumulates_staleness_below_threshold():
     rels = [_so(f"m{i}", "S1") for i in range(9)] + [_so("c", "S2"), _so("S1", "T"), _so("S2", "T")]
     summarize = lambda l, ms, vs: [{"name": "x", "type": "concept", "description": "d"} for _ in ms]  # noqa: E731
     embed = lambda rows: np.ones((len(rows), 3), np.float32)  # noqa: E731
-    res = attach(l0, summaries, rels, _vecs(l0 + summaries), added={"new"}, removed=set(), changed=set(), tau=0.65,
-                 summarize=summarize, embed=embed, refresh_staleness=0.2)
+    res = attach(Layer0Rows(l0, _vecs(l0 + summaries)), summaries, rels, Change(added={"new"}), 0.65,
+                 Rewrite(summarize, embed, 0.2))
     by = {e["id"]: e for e in res.entities}
     # S1 gained 1 member of 10: 0.05 + 0.1 = 0.15 < 0.2, kept; its parent is not touched
     assert res.attached == {"new": "S1"} and res.refreshed == set() and res.operations == 0
     assert by["S1"]["staleness"] == pytest.approx(0.15) and by["S1"]["degree"] == 10 and by["S1"]["name"] == "S1"
     # a changed member of S2 (1 of 1) passes the threshold: S2 is re-summarised, then its parent T (1 of 2 = 0.5)
-    res = attach(l0, summaries, rels, _vecs(l0 + summaries), added=set(), removed=set(), changed={"c"}, tau=0.65,
-                 summarize=summarize, embed=embed, refresh_staleness=0.2)
+    res = attach(Layer0Rows(l0, _vecs(l0 + summaries)), summaries, rels, Change(changed={"c"}), 0.65,
+                 Rewrite(summarize, embed, 0.2))
     assert res.refreshed == {"S2", "T"} and {e["id"]: e for e in res.entities}["S2"]["staleness"] == 0.0
 
 
@@ -207,9 +211,8 @@ def test_attach_rewrites_a_summary_now_only_when_its_text_shows_what_is_gone():
     before["m5"]["description"] = "m5 was seen in 1850. m5 sailed."
 
     def run(removed, changed, rows=l0):
-        return attach([r for r in rows if r["id"] not in removed], summaries, rels, _vecs(l0 + summaries), added=set(),
-                      removed=removed, changed=changed, tau=0.65, summarize=summarize, embed=embed,
-                      refresh_staleness=0.5, before=before)
+        return attach(Layer0Rows([r for r in rows if r["id"] not in removed], _vecs(l0 + summaries)), summaries, rels,
+                      Change(removed=removed, changed=changed, before=before), 0.65, Rewrite(summarize, embed, 0.5))
 
     res = run({"m9"}, set())  # not in the summary's text: 1 of 9 members, below 0.5
     assert res.refreshed == set() and {e["id"]: e for e in res.entities}["S1"]["staleness"] == pytest.approx(1 / 9)
@@ -219,8 +222,8 @@ def test_attach_rewrites_a_summary_now_only_when_its_text_shows_what_is_gone():
     kept = [dict(r, description="m5 was seen in 1850.") if r["id"] == "m5" else r for r in l0]
     assert run(set(), {"m5"}, kept).refreshed == set()  # what the summary quotes still stands
     # without the former rows (``before``), a removed member counts as shown, as before
-    res = attach(l0[:9], summaries, rels, _vecs(l0 + summaries), added=set(), removed={"m9"}, changed=set(), tau=0.65,
-                 summarize=summarize, embed=embed, refresh_staleness=0.5)
+    res = attach(Layer0Rows(l0[:9], _vecs(l0 + summaries)), summaries, rels, Change(removed={"m9"}), 0.65,
+                 Rewrite(summarize, embed, 0.5))
     assert res.refreshed == {"S1", "T"}
 
 # ------------------------------------------------------------------------------------------ end to end

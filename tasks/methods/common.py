@@ -194,7 +194,7 @@ def attach_stage(ctx: MethodContext, layer0: Layer0, **llm_prompt: Any):
     """HyGRAG attachment (stage ``attach``): new layer-0 entities join the summary nodes they are closest to
     (τ), the summaries on touched paths are rewritten. Returns the ``AttachResult`` and the summarizer used."""
     from tasks.index.embed import entity_text
-    from tasks.methods.attach import attach
+    from tasks.methods.attach import Change, Layer0Rows, Rewrite, attach
     from tasks.methods.summarize import Cluster
 
     cfg = ctx.cfg
@@ -219,24 +219,16 @@ def attach_stage(ctx: MethodContext, layer0: Layer0, **llm_prompt: Any):
         vectors.update(zip([s["id"] for s in summaries], vector_matrix(upper)))
         links = plain_rows(ctx.previous("relations", where="kind = 'summary_of'"))
         before = previous_rows(ctx, "entities", sorted(layer0.removed | layer0.changed), ("id", "name", "description"))
-        att = st.run(
-            attach,
-            layer0.entities,
-            summaries,
-            links,
+        rows = Layer0Rows(
+            cast("list[dict[str, Any]]", layer0.entities),
             vectors,
-            layer0.added,
-            layer0.removed,
-            layer0.changed,
-            cfg.incremental.tau,
-            summarize,
-            embed_rows,
-            cfg.incremental.refresh_staleness,
-            before,
-            lambda ids: dict(zip(ids, layer0.vectors_of(ctx, ids))),
             layer0.kept or set(),
-            lambda ids: list(layer0.rows_of(ctx, ids)),
+            lambda ids: cast("list[dict[str, Any]]", layer0.rows_of(ctx, ids)),
+            lambda ids: dict(zip(ids, layer0.vectors_of(ctx, ids))),
         )
+        change = Change(layer0.added, layer0.removed, layer0.changed, before)
+        rewrite = Rewrite(summarize, embed_rows, cfg.incremental.refresh_staleness)
+        att = st.run(attach, rows, summaries, links, change, cfg.incremental.tau, rewrite)
         st.done(
             f"{len(att.attached)} attached, {len(att.refreshed)} summaries refreshed",
             attached=len(att.attached),

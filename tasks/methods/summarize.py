@@ -27,8 +27,8 @@ from sklearn.feature_extraction.text import CountVectorizer
 
 from schemas.prompts import PromptSet
 from tasks.methods.reports import central_sentences
+from tasks.runtime import parallel
 from tasks.runtime.llm import LLMClient, ParseError, parse_json, run_sync
-from tasks.runtime.parallel import in_child_process
 from tasks.runtime.tokens import clip_tokens, count_tokens, truncate_tokens
 from tasks.store.ids import make_id, relation_id
 
@@ -102,7 +102,7 @@ def over_documents(fn: Any, docs: list[str], *args: Any) -> Any:
     if sum(map(len, docs)) < KEY_PHRASES_IN_CHILD_CHARS:
         return fn(docs, *args)
     with tempfile.TemporaryDirectory(prefix="strata-phrases-") as work:
-        return in_child_process(fn, docs, *args, workdir=work)
+        return parallel.in_child_process(fn, docs, *args, workdir=work)
 
 
 def class_documents(clusters: list[Cluster], top: int = TOP_PHRASES) -> tuple[list[str], list[list[str]]]:

@@ -18,7 +18,7 @@ from schemas.config import StrataConfig
 from tasks.errors import UsageError
 from tasks.index.embed import check_dimension, question_embedder
 from tasks.methods.registry import all_modes, index_modes
-from tasks.runtime.process import one_blas_thread
+from tasks.runtime import process
 from tasks.runtime.tokens import get_encoding
 from tasks.store.catalog import Catalog
 
@@ -101,7 +101,7 @@ def open_reader(
     loads where they can. BLAS runs on one thread in this process from here on (``one_blas_thread``): a query's
     products are small, and a second OpenBLAS thread only spins (``strata eval`` on MuSiQue's subset: 41 s of CPU
     with it, 28 s without, the same wall time and figures)."""
-    one_blas_thread(with_scipy=False)  # a query's scipy is sparse products and graph searches, no BLAS
+    process.one_blas_thread(with_scipy=False)  # a query's scipy is sparse products and graph searches, no BLAS
 
     if mode is not None:
         check_modes([mode])
