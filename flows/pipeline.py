@@ -36,13 +36,12 @@ from tasks.errors import CostCapReached
 from tasks.index import extract_llm
 from tasks.index.extract import warm as warm_extraction
 from tasks.index.validate import warm as warm_validation
-from tasks.methods.base import Hierarchy, Layer0
+from tasks.methods.base import BuildLayer0, Hierarchy, UpdateLayer0
 from tasks.runtime import process
 from tasks.runtime.parallel import DaskPool, LocalMapper, Mapper, ProcessMapper
 from tasks.runtime.process import blas_on_one_thread
 from tasks.runtime.stages import TaskRunner, direct_task, limit_malloc_arenas, release_memory
 from tasks.store.catalog import Catalog
-from tasks.store.rows import relation_table
 from tasks.store.workfs import remove_tree
 
 
@@ -104,7 +103,7 @@ def run_stages(run: PipelineRun) -> BuildResult:
     del places
     layer0 = embed(run, layer0, chunks, quarantined)  # the chunks with their vectors: ``Layer0.chunks``
     del quarantined
-    if run.snap:
+    if isinstance(layer0, UpdateLayer0):
         hierarchy = run.method.update(run, layer0 if run.method.vectors_by_id else layer0.whole(run))
         # what the method read of the snapshot (its summaries, links, communities, reports: 120 MB at 100k chunks)
         for name in ("entities", "relations", "communities", "community_reports", "layers"):
@@ -115,12 +114,13 @@ def run_stages(run: PipelineRun) -> BuildResult:
     tables = assemble(run, delta, documents, layer0, hierarchy, mentions)
     # from here on the tables hold every row: the Python rows and vector matrices they were made from go
     del documents, mentions
-    layer0, hierarchy = what_publish_reads(layer0, hierarchy)
+    added, hierarchy = what_publish_reads(layer0, hierarchy)
+    del layer0
     run.forget_previous()
     release_memory()  # before validation reads the spilled mentions part by part
     drawn = draw_layers(run, hierarchy)  # the layers' figure, drawn while the run validates
     tables = validate(run, tables)
-    return publish(run, delta, tables, layer0, hierarchy, drawn)
+    return publish(run, delta, tables, added, hierarchy, drawn)
 
 
 #: what an item the cost cap left undone is, by the stage of its quarantine row
@@ -193,14 +193,12 @@ def release_prewarmed() -> None:
         _PREWARMED.pop().release()
 
 
-def what_publish_reads(layer0: Layer0, hierarchy: Hierarchy) -> tuple[Layer0, Hierarchy]:
-    """What publish still reads of a run's layer 0 and hierarchy (the ids added, the layer statistics), without
-    their rows and vectors: at 100k chunks those are a gigabyte beside the assembled tables."""
+def what_publish_reads(layer0: BuildLayer0 | UpdateLayer0, hierarchy: Hierarchy) -> tuple[int, Hierarchy]:
+    """What publish still reads of a run's layer 0 and hierarchy (how many entities an update added, the layer
+    statistics), without their rows and vectors: at 100k chunks those are a gigabyte beside the assembled tables."""
     empty = np.zeros((0, 0), np.float32)
-    return (
-        Layer0([], empty, relation_table([]), added=layer0.added),
-        Hierarchy([], empty, [], [], [], empty, hierarchy.layers),
-    )
+    added = len(layer0.added) if isinstance(layer0, UpdateLayer0) else 0
+    return added, Hierarchy([], empty, [], [], [], empty, hierarchy.layers)
 
 
 def _execute(corpus, catalog, cfg, task, mapper, run_id, flow_name, snap, replace_root) -> BuildResult:

@@ -21,7 +21,7 @@ from schemas.tables import QuarantineRow, schema_for
 from tasks.index import validate as checks
 from tasks.index.plots import layers_png
 from tasks.index.validate import REFERENCED, ValidationFailed
-from tasks.methods.base import Hierarchy, Layer0
+from tasks.methods.base import BuildLayer0, Hierarchy, UpdateLayer0
 from tasks.methods.graph_parts import with_above
 from tasks.methods.registry import relation_kinds
 from tasks.retrieval.view import IndexView, remember_view
@@ -44,7 +44,7 @@ from tasks.store.workfs import join
 
 
 def assemble(
-    run: PipelineRun, delta: Delta, documents, layer0: Layer0, hierarchy: Hierarchy, mentions
+    run: PipelineRun, delta: Delta, documents, layer0: BuildLayer0 | UpdateLayer0, hierarchy: Hierarchy, mentions
 ) -> dict[str, pa.Table]:
     """Every table of the new snapshot (kept rows of the previous one first, then what this run made); a build's
     relations stay spilled. An update's rows go from ``layer0`` and ``hierarchy`` once their tables are made."""
@@ -57,7 +57,8 @@ def assemble(
     ]
     quarantine += run.quarantine + hierarchy.quarantine
     chunks: Any = layer0.chunks if layer0.chunks is not None else SpilledTable([], schema_for("chunks", dim), 0)
-    if layer0.entity_parts is not None:  # a build's chunks and entities as parts: validated and published a
+    if isinstance(layer0, BuildLayer0):  # a build's chunks and entities as parts: validated and published a
+        assert layer0.entity_parts is not None, "a build's layer 0 is in parts (flows.steps.merge)"
         above = spilled_rows(  # part per task
             "entities",
             [(hierarchy.entities, hierarchy.vectors)],
@@ -72,7 +73,7 @@ def assemble(
         chunks = TableDelta("id", sorted(delta.gone_chunks), chunks.read_all())
         # the rows go into tables, and go: the method's relations first (at 100k chunks 358k summary links, 254 MB
         # as rows, 45 MB as a table), then the entities a slice at a time (publish reads only the ids added)
-        if hierarchy.graph_relations is None and layer0.relation_change is not None:
+        if hierarchy.graph_relations is None:
             hierarchy.relations = relation_table(hierarchy.relations)
         summaries = dict(zip([e["id"] for e in hierarchy.entities], hierarchy.vectors.reshape(-1, dim)))
         mine = [e["id"] for e in layer0.entities] + sorted(layer0.removed)  # layer 0's ids the change can touch
@@ -88,10 +89,10 @@ def assemble(
             own = dict(zip(below, layer0.vectors_of(run, below)))
             return np.stack([summaries[i] if i in summaries else own[i] for i in ids]).reshape(-1, dim)
 
-        all_entities = entity_change(run, bare, vectors_of, version, mine, layer0.kept or set())
+        all_entities = entity_change(run, bare, vectors_of, version, mine, layer0.kept)
         del bare, summaries, mine
     relations = hierarchy.graph_relations  # the method's own graph table, when it made one
-    if relations is None and layer0.relation_change is not None:  # an update's: as a change
+    if relations is None and isinstance(layer0, UpdateLayer0):  # an update's: as a change
         above, hierarchy.relations = relation_table(hierarchy.relations), []  # a table already: not copied
         relations = relation_change(run, layer0.relation_change, above, version)
         del above
@@ -299,7 +300,7 @@ def publish(
     run: PipelineRun,
     delta: Delta,
     tables: dict[str, Any],
-    layer0: Layer0,
+    added: int,
     hierarchy: Hierarchy,
     drawn: Future[bytes | None] | None = None,
 ) -> BuildResult:
@@ -310,7 +311,7 @@ def publish(
         note["roots"] = roots  # locations that are the new place of an indexed root
     if run.snap:
         previous = run.note
-        added = previous.get("added_since_full", 0) + len(layer0.added)
+        added += previous.get("added_since_full", 0)
         note |= {
             "added_since_full": added,
             "drift": round(added / max(1, _rows(run, "entities", tables["entities"])), 4),

@@ -35,7 +35,7 @@ from tasks.index.merge import (
 )
 from tasks.index.merge_parts import merge_spilled, unreachable_workers
 from tasks.index.query_model import export_query_model, query_model_missing
-from tasks.methods.base import ENTITY_FIELDS, Layer0
+from tasks.methods.base import ENTITY_FIELDS, BuildLayer0, UpdateLayer0
 from tasks.runtime import parallel
 from tasks.runtime.llm_client import Usage
 from tasks.runtime.parallel import DaskPool, LocalMapper, Mapper, ProcessMapper
@@ -263,7 +263,9 @@ def _check_reach(client: Any, folder: str) -> None:
         raise UsageError(f"Dask worker(s) cannot reach the run's work folder {folder} ({reasons}): {fix}")
 
 
-def merge(run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable) -> tuple[Layer0, Any]:
+def merge(
+    run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable
+) -> tuple[BuildLayer0 | UpdateLayer0, Any]:
     """Layer 0 from the mentions: merged whole for a build, recomputed for the keys the delta touched for an
     update. Returns it with the new snapshot's ``mentions``: the whole table for a build, the change (rows of
     the chunks that went, rows of the new ones) for an update."""
@@ -283,14 +285,15 @@ def merge(run: PipelineRun, delta: Delta, places: pa.Table, new: SpilledTable) -
             run.large(new.num_rows),
         )
         run.mapper.release()  # idle workers would slow the CPU-bound stages that follow
-        relations = layer0.relations.num_rows if layer0.relation_count is None else layer0.relation_count
+        update = layer0 if isinstance(layer0, UpdateLayer0) else None
+        relations = update.relation_count if update else layer0.relations.num_rows
         st.done(
             f"{layer0.count()} entities, {relations} relations",
             entities=layer0.count(),
             relations=relations,
-            added=layer0.count() if layer0.entity_parts is not None else len(layer0.added),
-            removed=len(layer0.removed),
-            changed=len(layer0.changed),
+            added=len(update.added) if update else layer0.count(),
+            removed=len(update.removed) if update else 0,
+            changed=len(update.changed) if update else 0,
         )
     return layer0, mentions
 
@@ -323,13 +326,13 @@ def _layer0(
     version: int = 0,
     part_rows: int = 20_000,
     in_child: bool = False,
-) -> tuple[Layer0, pa.Table | TableDelta]:
+) -> tuple[BuildLayer0 | UpdateLayer0, pa.Table | TableDelta]:
     """Layer 0 merged whole (a build: ``reads`` is None; a task per spilled part on the run's Dask cluster, or in
     this process) or recomputed for the keys the delta touched (an update: ``update_layer0``); either in a child
     process with ``in_child`` (a large index, ``PipelineRun.large``: what the merge's transient frames and rows
     leave mapped in a process would stay in the run's to its end). A build's entities (parts of about ``part_rows``
-    rows), relations (stamped ``version``) and ``merge_state`` stay spilled: ``Layer0.entity_parts``,
-    ``Layer0.relations``, ``Layer0.state``."""
+    rows), relations (stamped ``version``) and ``merge_state`` stay spilled: ``BuildLayer0.entity_parts``,
+    ``BuildLayer0.relations``, ``BuildLayer0.state``."""
 
     if reads is not None:
         if not in_child:
@@ -344,17 +347,17 @@ def _layer0(
             parts, relations, states = parallel.in_child_process(merge_spilled, LocalMapper(), *args, workdir=child)
     else:
         parts, relations, states = merge_spilled(LocalMapper(), *args)
-    return Layer0([], np.zeros((0, 0)), relations, entity_parts=parts, state=states), new_mentions
+    return BuildLayer0([], np.zeros((0, 0)), relations, entity_parts=parts, state=states), new_mentions
 
 
 def update_layer0(
     reads: SnapshotReads, gone: set[str], new_mentions: SpilledTable, max_tokens: int, order: ChunkOrder
-) -> tuple[Layer0, TableDelta]:
+) -> tuple[UpdateLayer0, TableDelta]:
     """An update's layer 0: the keys the delta touched recomputed from the snapshot's mentions (scanned batch by
     batch), those whose mentions only grow from their ``merge_state`` rows when the snapshot has them; the others'
     rows (``ENTITY_FIELDS``) and relations as they were. Returns it with the change to ``mentions``. Of the entities
-    only the rows the update writes (recomputed, or a new degree) are rows, the others' ids ``Layer0.kept``; of the
-    relations only the change (``Layer0.relation_change``): the rest is the snapshot's (at 100k chunks 120k entity
+    only the rows the update writes (recomputed, or a new degree) are rows, the others' ids ``UpdateLayer0.kept``; of the
+    relations only the change (``UpdateLayer0.relation_change``): the rest is the snapshot's (at 100k chunks 120k entity
     rows, ~280 MB as Python rows, and 215 MB of graph columns, not held through the stages after)."""
 
     def stored(columns: list[str]):
@@ -412,30 +415,34 @@ def update_layer0(
     del entities, was
     release_memory()  # the recomputation's frames, before its result is handed on
     return (
-        Layer0(
+        UpdateLayer0(
             sorted(rows, key=lambda e: e["id"]),
             np.zeros((0, 0)),
             relation_table([]),
-            added,
-            removed,
-            changed,
-            gone,
-            state=state_delta if grown else None,
             relation_change=relation_change,
             relation_count=cast(int, relations),
+            added=added,
+            removed=removed,
+            changed=changed,
+            gone_chunks=gone,
+            state=state_delta if grown else None,
             kept=kept,
         ),
         TableDelta("chunk_id", sorted(gone), new),
     )
 
 
-def embed(run: PipelineRun, layer0: Layer0, chunks: SpilledTable, quarantined: set[str]) -> Layer0:
-    """Vectors of new and changed entities (unchanged ones keep theirs) and of the new chunks, which go to parts
-    with their vectors a part at a time (``Layer0.chunks``): from here on the run holds none of their texts."""
+def embed(
+    run: PipelineRun, layer0: BuildLayer0 | UpdateLayer0, chunks: SpilledTable, quarantined: set[str]
+) -> BuildLayer0 | UpdateLayer0:
+    """Vectors of a build's entities (every one is new: in its parts), an update's new and changed ones (unchanged
+    ones keep theirs), and of the new chunks, which go to parts with their vectors a part at a time
+    (``Layer0.chunks``): from here on the run holds none of their texts."""
 
     prepare_query_model(run)  # before the stage: where the build embeds on ONNX Runtime, the export it needs too
-    entity_parts = layer0.entity_parts  # a build's: every entity is new
-    fresh = [e for e in layer0.entities if e["id"] in layer0.added | layer0.changed]
+    entity_parts = layer0.entity_parts if isinstance(layer0, BuildLayer0) else None
+    update = layer0 if isinstance(layer0, UpdateLayer0) else None
+    fresh = [e for e in layer0.entities if e["id"] in update.added | update.changed] if update else []
     n = (entity_parts.num_rows if entity_parts else len(fresh)) + chunks.num_rows
     if hasattr(run.embedder.inner, "expect"):  # the texts come a step at a time: as large as all of them at once
         run.embedder.inner.expect(n)
@@ -443,7 +450,7 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: SpilledTable, quarantined: s
         if entity_parts is not None:
             texts = lambda t: [entity_text(*e) for e in zip(*(t.column(c).to_pylist() for c in ENTITY_TEXT))]  # noqa: E731
             entity_parts = st.run(embed_table, run, "entities", entity_parts.parts(), texts, st.advance)
-        # an update's: those it embeds, by id (the others keep the snapshot's: ``Layer0.vectors_of``)
+        # an update's: those it embeds, by id (the others keep the snapshot's: ``UpdateLayer0.vectors_of``)
         vectors = st.run(run.embed, [entity_text(e["name"], e["type"], e["description"]) for e in fresh], st.advance)
         parts = (with_status(part, quarantined) for part in chunks.parts())
         text = lambda t: t.column("text").to_pylist()  # noqa: E731
@@ -453,7 +460,7 @@ def embed(run: PipelineRun, layer0: Layer0, chunks: SpilledTable, quarantined: s
             vectors=n,
             cache_hits=run.embedder.hits,
         )
-    if entity_parts is not None:
+    if isinstance(layer0, BuildLayer0):
         return replace(layer0, chunks=new_chunks, entity_parts=entity_parts)
     empty = np.zeros((0, run.embedder.dim), np.float32)
     return replace(layer0, vectors=empty, fresh=dict(zip([e["id"] for e in fresh], vectors)), chunks=new_chunks)

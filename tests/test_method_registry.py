@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.pipeline import build_index
 from schemas.config import load_config
-from tasks.methods.base import Hierarchy, Layer0
+from tasks.methods.base import BuildLayer0, Hierarchy
 from tasks.methods.registry import all_methods, all_modes, get_method, index_modes, register, relation_kinds
 from tasks.retrieval.context import fill, top_k
 from tasks.store.catalog import Catalog
@@ -28,7 +28,7 @@ class NearestOnly:
     relation_kinds = ("nearest_to",)
     reads_parts = vectors_by_id = False  # handed layer 0 whole, every vector
 
-    def build(self, ctx, layer0: Layer0) -> Hierarchy:
+    def build(self, ctx, layer0: BuildLayer0) -> Hierarchy:
         vecs = layer0.vectors
         sims = vecs @ vecs.T - 2 * np.eye(len(vecs), dtype=np.float32)
         links = [{"id": f"near-{e['id']}", "source_id": e["id"], "target_id": layer0.entities[int(j)]["id"],

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from tasks.methods.archrag_search import adaptive_filter, fill_archrag
-from tasks.methods.base import Hierarchy
+from tasks.methods.base import BuildLayer0, Hierarchy, MethodContext, UpdateLayer0
 from tasks.methods.common import (
     bucket_communities,
     fallbacks,
@@ -210,7 +210,7 @@ def link_rows(layer_ids: list[list[str]], layers: list[np.ndarray], m: int) -> l
 class ArchRAG:
     name = "archrag"
     reads_parts = False  # a build is handed layer 0 whole
-    vectors_by_id = True  # an update reads the vectors of the layer-0 entities it needs (``Layer0.vectors_of``)
+    vectors_by_id = True  # an update reads the vectors of the layer-0 entities it needs (``UpdateLayer0.vectors_of``)
     modes = {"archrag": ("entities", "communities", "bridge")}
     relation_kinds = ("chnsw", "chnsw_down")  # C-HNSW: within a layer, and from a layer to the one below
 
@@ -218,7 +218,7 @@ class ArchRAG:
         """ArchRAG's adaptive filtering: the LLM rates the retrieved pieces before the answer is written."""
         return adaptive_filter(ctx, client)
 
-    def build(self, ctx, layer0):
+    def build(self, ctx: MethodContext, layer0: BuildLayer0) -> Hierarchy:
         import pyarrow as pa
 
         cfg = ctx.cfg
@@ -252,7 +252,7 @@ class ArchRAG:
             ents, vecs, rels + links, communities, reports, report_vecs, stats, fallbacks(summarizer, failures)
         )
 
-    def update(self, ctx, layer0):
+    def update(self, ctx: MethodContext, layer0: UpdateLayer0) -> Hierarchy:
         """The summary-tree update (``common.update_tree``: new entities attach to their nearest summary per layer,
         τ; communities are read again from the summaries, changed ones get new reports); the C-HNSW links are
         computed again over the updated layers."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
@@ -48,70 +48,96 @@ if TYPE_CHECKING:
 
 @dataclass
 class Layer0:
-    """The extracted graph after merge and embed: what every method builds on."""
+    """The extracted graph after merge and embed, what every method builds on: what a build's (``BuildLayer0``) and
+    an update's (``UpdateLayer0``) share."""
 
     entities: list[EntityRow]
     vectors: np.ndarray  # aligned with ``entities``
     # the ``relations`` schema (``tasks.store.rows.relation_table``): they outnumber all other rows, and a build's
     # stay in the parts merge wrote (a ``SpilledTable``, read on the workers: ``tasks.methods.graph_parts``)
     relations: pa.Table | SpilledTable
-    added: set[str] = field(default_factory=set)  # update: ids new since the previous snapshot
-    removed: set[str] = field(default_factory=set)  # update: ids gone
-    changed: set[str] = field(default_factory=set)  # update: ids whose name, type or description changed
-    gone_chunks: set[str] = field(default_factory=set)  # update: chunk ids deleted or replaced
     # this run's new chunks (a build: all of them) with their vectors, in the parts embed wrote (``chunk_rows``)
     chunks: SpilledTable | None = None
-    # a build's entities stay in parts, key order (merge writes them, embed adds their vectors): ``entities``
-    # and ``vectors`` are then empty, and a method that needs them all in this process reads them (``whole``)
-    entity_parts: SpilledTable | None = None
-    # layer 0's ``merge_state``: a build's parts, an update's change (None: the snapshot it updates has none)
-    state: SpilledTable | TableDelta | None = None
-    # an update's extracted relations recomputed (``TableDelta``: the ids of the previous rows that went or were
-    # recomputed, the recomputed rows with every column); None for a build. An update's ``relations`` are then
-    # empty: the rest of the graph is the snapshot's (``tasks.methods.common.update_graph``), and
-    # ``relation_count`` says how many relations layer 0 holds
-    relation_change: TableDelta | None = None
-    relation_count: int | None = None
-    # an update's vectors of the entities this run embedded (added and changed), by id, and then none in
-    # ``vectors``: the others keep the snapshot's (``vectors_of``; 176 MB for all of them at 100k chunks)
-    fresh: dict[str, np.ndarray] | None = None
-    # an update's layer-0 entities whose rows it does not write, by id: ``entities`` holds only those it does
-    # (recomputed, or a new degree), and these are the snapshot's rows (``rows_of``)
-    kept: set[str] | None = None
-
-    def recomputed(self) -> TableDelta:
-        """An update's extracted relations recomputed (``relation_change``): what every update path reads."""
-        if self.relation_change is None:
-            raise ValueError("a build's layer 0 has no relation change: only an update's does")
-        return self.relation_change
 
     def count(self) -> int:
-        if self.entity_parts is not None:
-            return self.entity_parts.num_rows
-        return len(self.entities) + len(self.kept or ())
+        return len(self.entities)
+
+    def chunk_rows(self) -> tuple[list[ChunkRow], np.ndarray]:
+        """This run's new chunks as rows and their vector matrix, read whole (for a method that needs them all)."""
+        table = self.chunks.read_all() if self.chunks is not None else None
+        if table is None or not table.num_rows:
+            return [], np.zeros((0, 0), np.float32)
+        return cast("list[ChunkRow]", plain_rows(table)), vector_matrix(table)
+
+
+@dataclass
+class BuildLayer0(Layer0):
+    """A build's layer 0: every entity is new. Its entities stay in the parts merge wrote (``entity_parts``, key
+    order; embed adds their vectors): ``entities`` and ``vectors`` are then empty, and a method that needs them all
+    in this process reads them (``whole``). Its relations and ``merge_state`` (``state``) stay in parts too."""
+
+    entity_parts: SpilledTable | None = None
+    state: SpilledTable | None = None
+
+    def count(self) -> int:
+        return self.entity_parts.num_rows if self.entity_parts is not None else len(self.entities)
+
+    def whole(self) -> BuildLayer0:
+        """This layer 0 with its entity rows and vectors in memory (``entities``, ``vectors`` aligned with them): for
+        a method that clusters them in this process rather than as tasks over the parts."""
+        if self.entity_parts is None:
+            return self
+        table = self.entity_parts.read_all()
+        return replace(
+            self,
+            entities=cast("list[EntityRow]", plain_rows(table)),
+            vectors=vector_matrix(table),
+            entity_parts=None,
+        )
+
+
+@dataclass(kw_only=True)
+class UpdateLayer0(Layer0):
+    """An update's layer 0: what changed against the snapshot it updates. ``entities`` holds only the rows it writes
+    (recomputed, or a new degree), ``kept`` the ids of the others (the snapshot's rows: ``rows_of``); ``vectors`` is
+    empty and ``fresh`` holds the vectors this run embedded (added and changed), the others read by id
+    (``vectors_of``; 176 MB for all of them at 100k chunks); ``relations`` is empty and ``relation_change`` holds the
+    extracted relations recomputed (the ids of the previous rows that went or were recomputed, the recomputed rows
+    with every column): the rest of the graph is the snapshot's (``tasks.methods.common.update_graph``)."""
+
+    relation_change: TableDelta
+    relation_count: int  # the relations layer 0 holds after the update
+    added: set[str] = field(default_factory=set)  # ids new since the previous snapshot
+    removed: set[str] = field(default_factory=set)  # ids gone
+    changed: set[str] = field(default_factory=set)  # ids whose name, type or description changed
+    gone_chunks: set[str] = field(default_factory=set)  # chunk ids deleted or replaced
+    state: TableDelta | None = None  # ``merge_state``'s change (None: the snapshot it updates has none)
+    fresh: dict[str, np.ndarray] | None = None
+    kept: set[str] = field(default_factory=set)
+
+    def count(self) -> int:
+        return len(self.entities) + len(self.kept)
 
     def ids(self) -> set[str]:
-        """Every layer-0 entity's id (an update's: those it writes and those it keeps)."""
-        return {e["id"] for e in self.entities} | (self.kept or set())
+        """Every layer-0 entity's id: those it writes and those it keeps."""
+        return {e["id"] for e in self.entities} | self.kept
 
     def layer_of(self, summaries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-        """Every entity id after an update, with its layer: layer 0's ids, then the ``summaries``'."""
+        """Every entity id after the update, with its layer: layer 0's ids, then the ``summaries``'."""
         return {**dict.fromkeys(sorted(self.ids()), 0), **{s["id"]: s["layer"] for s in summaries}}
 
     def rows_of(self, ctx: MethodContext, ids: Iterable[str]) -> list[EntityRow]:
         """Layer-0 entities ``ids``' rows (of those that are live), in id order: this run's, or the snapshot's for
-        the ones an update keeps."""
-
+        the ones it keeps."""
         wanted, mine = set(ids), {e["id"]: e for e in self.entities}
-        stored = sorted(i for i in wanted & (self.kept or set()) if i not in mine)
+        stored = sorted(i for i in wanted & self.kept if i not in mine)
         rows: list[Any] = [mine[i] for i in wanted if i in mine]
         rows += plain_rows(ctx.previous_in("entities", "id", stored, ENTITY_FIELDS))
         return cast("list[EntityRow]", sorted(rows, key=lambda e: e["id"]))
 
     def vectors_of(self, ctx: MethodContext, ids: list[str]) -> np.ndarray:
-        """An update's vectors of layer-0 entities ``ids``, in order: this run's (``fresh``), or the snapshot's
-        (an entity whose text did not change keeps its vector), read for those ids only."""
-
+        """The vectors of layer-0 entities ``ids``, in order: this run's (``fresh``), or the snapshot's (an entity
+        whose text did not change keeps its vector), read for those ids only."""
         fresh = self.fresh or {}
         stored = ctx.previous_in("entities", "id", [i for i in ids if i not in fresh], ("id", "vector"))
         kept = dict(zip(stored.column("id").to_pylist(), vector_matrix(stored)))
@@ -120,32 +146,15 @@ class Layer0:
         dim = stored.schema.field("vector").type.list_size
         return np.stack([fresh[i] if i in fresh else kept[i] for i in ids]) if ids else np.zeros((0, dim), np.float32)
 
-    def whole(self, ctx: MethodContext | None = None) -> Layer0:
-        """This layer 0 with its entity rows and vectors in memory (``entities``, ``vectors`` aligned with them,
-        every id ``added``): for a method that reads them all in this process rather than as tasks over the parts
-        (a build), or an update's rather than by id (``vectors_of``: ``ctx`` reads the snapshot's)."""
-        from dataclasses import replace
-
-        if self.fresh is not None and ctx is not None:
-            rows = self.rows_of(ctx, self.ids())
-            return replace(
-                self, entities=rows, vectors=self.vectors_of(ctx, [e["id"] for e in rows]), fresh=None, kept=None
-            )
-        if self.entity_parts is None:
+    def whole(self, ctx: MethodContext) -> UpdateLayer0:
+        """This layer 0 with every entity's row and vector in memory (``entities``, ``vectors`` aligned with them):
+        for a method that reads them all rather than by id (``ctx`` reads the snapshot's)."""
+        if self.fresh is None:
             return self
-        table = self.entity_parts.read_all()
-        rows = cast("list[EntityRow]", plain_rows(table))
+        rows = self.rows_of(ctx, self.ids())
         return replace(
-            self, entities=rows, vectors=vector_matrix(table), entity_parts=None, added={e["id"] for e in rows}
+            self, entities=rows, vectors=self.vectors_of(ctx, [e["id"] for e in rows]), fresh=None, kept=set()
         )
-
-    def chunk_rows(self) -> tuple[list[ChunkRow], np.ndarray]:
-        """This run's new chunks as rows and their vector matrix, read whole (for a method that needs them all)."""
-
-        table = self.chunks.read_all() if self.chunks is not None else None
-        if table is None or not table.num_rows:
-            return [], np.zeros((0, 0), np.float32)
-        return cast("list[ChunkRow]", plain_rows(table)), vector_matrix(table)
 
 
 @dataclass
@@ -203,24 +212,24 @@ class IndexMethod(Protocol):
     #: relation kinds it writes besides ``extracted`` and ``summary_of`` (validation accepts them; ``strata
     #: inspect`` counts them per layer)
     relation_kinds: tuple[str, ...]
-    #: a build reads layer 0 in parts (``Layer0`` as it comes, spilled or not); False: the pipeline hands it whole
+    #: a build reads layer 0 in parts (``BuildLayer0.entity_parts``); False: the pipeline hands it whole
     reads_parts: bool
-    #: an update reads only the layer-0 vectors it needs (``Layer0.vectors_of``); False: handed every vector
+    #: an update reads only the layer-0 vectors it needs (``UpdateLayer0.vectors_of``); False: handed every vector
     vectors_by_id: bool
 
-    def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
+    def build(self, ctx: MethodContext, layer0: BuildLayer0) -> Hierarchy:
         """Everything above a build's layer 0: its rows and vectors in ``entities`` and ``vectors``, or, for a
         method that ``reads_parts`` (HiRAG), only in ``entity_parts``, which tasks read."""
 
-    def update(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
+    def update(self, ctx: MethodContext, layer0: UpdateLayer0) -> Hierarchy:
         """Everything above an update's layer 0: its rows in ``entities`` and their vectors in ``vectors``, or, for
         a method with ``vectors_by_id`` (the built-in ones), only those this run embedded (``fresh``),
-        the others read for the ids it needs (``Layer0.vectors_of``)."""
+        the others read for the ids it needs (``UpdateLayer0.vectors_of``)."""
 
     def levels(
         self, view: IndexView, ctx: Context, scores: np.ndarray, budgets: dict[str, int], cfg: RetrievalConfig
     ) -> None:
         """Fill the context's method sections for one question (``scores``: similarity of every entity)."""
 
-    def refine(self, ctx: Context, client: Any) -> Context:
+    def refine(self, ctx: Context, client: LLMClient) -> Context:
         """What the answer step reads of a context of this method's modes, given an LLM (identity: all of it)."""

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from schemas.tables import CommunityRow, QuarantineRow
-from tasks.methods.base import Hierarchy, Layer0, MethodContext
+from tasks.methods.base import Hierarchy, MethodContext, UpdateLayer0
 from tasks.store.ids import make_id, quarantine_row
 from tasks.store.rows import REPORT_COLUMNS, plain_rows, relation_table, vector_matrix
 from tasks.store.spill import SpilledTable
@@ -98,13 +98,13 @@ def summary_pairs(links: pa.Table) -> list[tuple[str, str]]:
     return list(zip(of.column("source_id").to_pylist(), of.column("target_id").to_pylist()))
 
 
-def update_graph(layer0: Layer0, above: list[dict[str, Any]] | pa.Table) -> pa.Table:
+def update_graph(layer0: UpdateLayer0, above: list[dict[str, Any]] | pa.Table) -> pa.Table:
     """The relation rows an update made, whole (``REPORT_COLUMNS``): layer 0's recomputed ones
-    (``Layer0.relation_change``) and the method's ``above``. The rest of the graph is the snapshot's, not read: an
+    (``UpdateLayer0.relation_change``) and the method's ``above``. The rest of the graph is the snapshot's, not read: an
     added entity's relations are all among these (``place_in_communities`` needs no others), and
     ``report_relations`` reads the kept ones among the members of the reports it rewrites."""
     mine = relation_table(above).select(REPORT_COLUMNS)
-    made = layer0.recomputed().add.select(REPORT_COLUMNS).cast(mine.schema)
+    made = layer0.relation_change.add.select(REPORT_COLUMNS).cast(mine.schema)
     return pa.concat_tables([made, mine])
 
 
@@ -179,9 +179,9 @@ def rewrite_reports(
 
 
 def entity_rows(
-    ctx: MethodContext, layer0: Layer0, summaries: list[dict[str, Any]], ids: set[str]
+    ctx: MethodContext, layer0: UpdateLayer0, summaries: list[dict[str, Any]], ids: set[str]
 ) -> list[dict[str, Any]]:
-    """The rows of entities ``ids`` after an update: layer 0's (``Layer0.rows_of``), then the summaries'."""
+    """The rows of entities ``ids`` after an update: layer 0's (``UpdateLayer0.rows_of``), then the summaries'."""
     return [*cast("list[dict[str, Any]]", layer0.rows_of(ctx, ids)), *(s for s in summaries if s["id"] in ids)]
 
 
@@ -190,7 +190,7 @@ def previous_rows(ctx: MethodContext, name: str, ids: list[str], columns: tuple[
     return {r["id"]: r for r in plain_rows(ctx.previous_in(name, "id", ids, columns))}
 
 
-def attach_stage(ctx: MethodContext, layer0: Layer0, **llm_prompt: Any):
+def attach_stage(ctx: MethodContext, layer0: UpdateLayer0, **llm_prompt: Any):
     """HyGRAG attachment (stage ``attach``): new layer-0 entities join the summary nodes they are closest to
     (τ), the summaries on touched paths are rewritten. Returns the ``AttachResult`` and the summarizer used."""
     from tasks.index.embed import entity_text
@@ -222,7 +222,7 @@ def attach_stage(ctx: MethodContext, layer0: Layer0, **llm_prompt: Any):
         rows = Layer0Rows(
             cast("list[dict[str, Any]]", layer0.entities),
             vectors,
-            layer0.kept or set(),
+            layer0.kept,
             lambda ids: cast("list[dict[str, Any]]", layer0.rows_of(ctx, ids)),
             lambda ids: dict(zip(ids, layer0.vectors_of(ctx, ids))),
         )
@@ -285,7 +285,7 @@ def without_empty(
 
 def update_tree(
     ctx: MethodContext,
-    layer0: Layer0,
+    layer0: UpdateLayer0,
     llm_prompt: dict[str, Any],
     more_links: Callable[[list[dict[str, Any]], np.ndarray], list[dict[str, Any]]] | None = None,
 ) -> Hierarchy:
@@ -314,7 +314,7 @@ def update_tree(
         comms,
         lambda ids: entity_rows(ctx, layer0, summaries, ids),
         update_graph(layer0, links),
-        layer0.recomputed().values,
+        layer0.relation_change.values,
         lambda old: (changed | (set(c["id"] for c in comms) - set(old)), {}),
     )
     layers = restate_layers(

@@ -32,7 +32,7 @@ import pyarrow as pa
 import scipy.sparse as sp
 
 from schemas.config import HyGRAGConfig
-from tasks.methods.base import Hierarchy, Layer0, MethodContext
+from tasks.methods.base import BuildLayer0, Hierarchy, MethodContext, UpdateLayer0
 from tasks.methods.common import (
     below,
     bucket_communities,
@@ -227,14 +227,14 @@ def build_layers(
 class HyGRAG:
     name = "hygrag"
     reads_parts = False  # a build is handed layer 0 whole
-    vectors_by_id = True  # an update reads the vectors of the layer-0 entities it needs (``Layer0.vectors_of``)
+    vectors_by_id = True  # an update reads the vectors of the layer-0 entities it needs (``UpdateLayer0.vectors_of``)
     modes = {"hygrag": ("entities", "communities", "bridge")}
     relation_kinds: tuple[str, ...] = ()
 
     def refine(self, ctx, client):
         return ctx
 
-    def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
+    def build(self, ctx: MethodContext, layer0: BuildLayer0) -> Hierarchy:
         cfg = ctx.cfg
         base = relation_table(layer0.relations)  # read whole: this method clusters over the whole graph at once
         with ctx.stage("hierarchy") as st:
@@ -264,7 +264,7 @@ class HyGRAG:
         reports, report_vecs, failures = write_reports(ctx, communities, entities, relations)
         return Hierarchy(ents, vecs, rels, communities, reports, report_vecs, layers, fallbacks(summarizer, failures))
 
-    def update(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
+    def update(self, ctx: MethodContext, layer0: UpdateLayer0) -> Hierarchy:
         """The summary-tree update (``common.update_tree``). New chunks reach the hierarchy through their entities."""
         return update_tree(ctx, layer0, _synthesis())
 

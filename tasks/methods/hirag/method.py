@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pyarrow as pa
 
-from tasks.methods.base import Hierarchy, Layer0, MethodContext
+from tasks.methods.base import BuildLayer0, Hierarchy, MethodContext, UpdateLayer0
 from tasks.methods.common import (
     attach_stage,
     entity_rows,
@@ -33,7 +33,7 @@ class HiRAG:
     }
     relation_kinds: tuple[str, ...] = ()
     reads_parts = True  # a build's layer 0 stays in parts (``graph_parts``): the pipeline does not read it whole
-    vectors_by_id = True  # an update reads the vectors of the layer-0 entities it needs (``Layer0.vectors_of``)
+    vectors_by_id = True  # an update reads the vectors of the layer-0 entities it needs (``UpdateLayer0.vectors_of``)
 
     def refine(self, ctx, client):
         return ctx
@@ -44,7 +44,7 @@ class HiRAG:
 
         fill_levels(view, ctx, scores, budgets, cfg)
 
-    def build(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
+    def build(self, ctx: MethodContext, layer0: BuildLayer0) -> Hierarchy:
         """A build over layer 0's parts: layer 1 (every layer-0 entity clustered and summarised), Leiden and the
         reports are tasks on the run's cluster that read the parts; this process holds the summary entities."""
         from tasks.methods.graph_parts import find_communities, hierarchy_on_cluster, with_above
@@ -80,7 +80,7 @@ class HiRAG:
             ents, vecs, rels, communities, reports, report_vecs, layers, fallbacks(summarizer, failures), relations
         )
 
-    def update(self, ctx: MethodContext, layer0: Layer0) -> Hierarchy:
+    def update(self, ctx: MethodContext, layer0: UpdateLayer0) -> Hierarchy:
         from tasks.methods.hirag.hierarchy import restate_layers
         from tasks.methods.hirag.placement import place_in_communities, reports_to_rewrite
 
@@ -105,7 +105,7 @@ class HiRAG:
             comms,
             lambda ids: entity_rows(ctx, layer0, att.entities, ids),
             made,
-            layer0.recomputed().values,
+            layer0.relation_change.values,
             lambda old: reports_to_rewrite(comms, old, grown, forced, cfg.incremental.refresh_staleness),
         )
         layers = restate_layers(
