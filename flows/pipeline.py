@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from flows.lineage import BuildResult
+from flows.merge_steps import merge
 from flows.publish_steps import assemble, draw_layers, publish, validate
 from flows.run import PipelineRun, recorded_run
 from flows.steps import (
@@ -28,7 +29,6 @@ from flows.steps import (
     extract,
     extraction_method,
     ingest,
-    merge,
 )
 from schemas.config import StrataConfig
 from schemas.tables import QuarantineRow

@@ -58,7 +58,7 @@ def assemble(
     quarantine += run.quarantine + hierarchy.quarantine
     chunks: Any = layer0.chunks if layer0.chunks is not None else SpilledTable([], schema_for("chunks", dim), 0)
     if isinstance(layer0, BuildLayer0):  # a build's chunks and entities as parts: validated and published a
-        assert layer0.entity_parts is not None, "a build's layer 0 is in parts (flows.steps.merge)"
+        assert layer0.entity_parts is not None, "a build's layer 0 is in parts (flows.merge_steps.merge)"
         above = spilled_rows(  # part per task
             "entities",
             [(hierarchy.entities, hierarchy.vectors)],

@@ -293,7 +293,7 @@ def rows_in(
 
 
 class SnapshotReads:
-    """What an update's merge reads of the snapshot it updates (``flows.steps.update_layer0``), by table name; it
+    """What an update's merge reads of the snapshot it updates (``flows.merge_steps.update_layer0``), by table name; it
     pickles as the index's address, so a child process opens the catalog again (``in_child_process``)."""
 
     def __init__(self, catalog: Catalog, snap: dict[str, Any]):

@@ -50,7 +50,7 @@ class HiRAG:
         from tasks.methods.graph_parts import find_communities, hierarchy_on_cluster, with_above
 
         cfg, parts = ctx.cfg, layer0.entity_parts
-        assert parts is not None, "a build's layer 0 is in parts (flows.steps.merge)"
+        assert parts is not None, "a build's layer 0 is in parts (flows.merge_steps.merge)"
         with ctx.stage("hierarchy") as st:
             per_cluster = cfg.hierarchy.summaries_per_cluster
             summarizer = summarizer_for(ctx, per_cluster)
