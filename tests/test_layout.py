@@ -202,3 +202,11 @@ def test_no_docstring_cites_a_document_the_repository_lacks():
     for name, path in _modules().items():
         text = path.read_text(encoding="utf-8")
         assert "DESIGN §" not in text and "seed 00" not in text, name
+
+
+def test_the_figures_that_hold_today_fit_one_page():
+    """docs/benchmarks.md leads with what holds today, at most 150 lines; the archive follows."""
+    lines = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8").splitlines()
+    start = lines.index("## What holds today")
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("## "))
+    assert end - start <= 150
