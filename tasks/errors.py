@@ -50,6 +50,10 @@ class CostCapReached(RefusedError):
     the answers already paid for (the response cache)."""
 
 
+class TooLargeForTask(RefusedError):
+    """A step that runs as one task would need more memory than a worker has: refused before it starts."""
+
+
 class SnapshotGone(RefusedError):
     """The snapshot a read was pinned to was removed (``strata gc``) while it read: reading again takes the newest."""
 

@@ -3,7 +3,7 @@ import json
 
 import numpy as np
 
-from tasks.methods.hirag.communities import detect_communities
+from tasks.methods.hirag.communities import detect_communities, graph_arrays, hierarchical_leiden
 from tasks.methods.reports import build_reports
 from tasks.methods.summarize import Cluster, LLMSummarizer, OfflineSummarizer
 from tasks.runtime.text import split_sentences
@@ -44,6 +44,56 @@ def test_small_max_cluster_size_adds_levels_with_parents():
     for c in comms:
         if c["level"] > 0:
             assert c["parent_id"] in ids
+
+
+def test_graph_arrays_merge_each_pair_once_without_loops():
+    rels = [_rel("a", "b", 1.0), _rel("b", "a", 2.0), _rel("a", "a", 5.0), _rel("c", "b", 1.0)]
+    g = graph_arrays(rels)
+    assert g.names.to_pylist() == ["a", "b", "c"]
+    assert g.lo.tolist() == [0, 1] and g.hi.tolist() == [1, 2] and g.weight.tolist() == [3.0, 1.0]
+
+
+def _grouped_graph(n=400, draws=4000, seed=3):
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, n, draws)
+    dst = np.where(rng.random(draws) < 0.8, src // 40 * 40 + rng.integers(0, 40, draws), rng.integers(0, n, draws))
+    return [_rel(f"n{a:03d}", f"n{b:03d}", float(w)) for a, b, w in zip(src, dst, rng.integers(1, 4, draws))]
+
+
+def _partition(labels):
+    groups = {}
+    for node, label in labels:
+        groups.setdefault(label, set()).add(node)
+    return sorted(sorted(g) for g in groups.values())
+
+
+def test_level_0_is_graspologic_natives_partition():
+    # the engine's own hierarchical Leiden over the edge list it was handed before (names, merged pairs, in order)
+    import graspologic_native as gn
+
+    g = graph_arrays(_grouped_graph())
+    names = g.names.to_pylist()
+    edges = [(names[a], names[b], w) for a, b, w in zip(g.lo.tolist(), g.hi.tolist(), g.weight.tolist())]
+    theirs = [(h.node, h.cluster) for h in gn.hierarchical_leiden(edges=edges, max_cluster_size=10, seed=42) if h.level == 0]
+    [ours, *_] = hierarchical_leiden(g, max_cluster_size=10, seed=42)
+    assert _partition(zip([names[i] for i in ours.nodes], ours.cluster.tolist())) == _partition(theirs)
+
+
+def test_a_level_cuts_each_large_community_into_parts():
+    comms = detect_communities([], _grouped_graph(), max_cluster_size=10, seed=42)
+    by_id = {c["id"]: c for c in comms}
+    children = {}
+    for c in comms:
+        if c["parent_id"]:
+            children.setdefault(c["parent_id"], []).append(c)
+    assert max(c["level"] for c in comms) >= 2
+    for parent_id, kids in children.items():
+        parent = by_id[parent_id]
+        assert parent["size"] >= 10 and all(k["level"] == parent["level"] + 1 for k in kids)
+        assert sorted(e for k in kids for e in k["entity_ids"]) == parent["entity_ids"]  # a partition of it
+        assert len(kids) >= 2
+    again = detect_communities([], _grouped_graph(), max_cluster_size=10, seed=42)
+    assert again == comms
 
 
 def test_reports_one_per_community_and_bottom_up_when_over_budget():
@@ -322,3 +372,47 @@ def test_only_clusters_and_communities_of_min_members_are_sent_to_the_model():
     by = {r["community_id"]: r for r in reports}
     assert fake.calls == 1 and by["x"]["title"] == "The ABCD group" and not failures
     assert by["y"]["title"] == build_reports(comms[1:], ents, rels, budget=500)[0][0]["title"]  # offline's
+
+
+def test_a_graph_too_large_for_a_worker_is_refused_before_the_stage_starts(tmp_path):
+    from types import SimpleNamespace
+
+    import pytest
+
+    from schemas.config import load_config
+    from schemas.tables import schema_for
+    from tasks.errors import TooLargeForTask, exit_code
+    from tasks.methods.graph_parts import LEIDEN_BYTES_PER_RELATION, check_task_memory, communities_on_cluster
+    from tasks.store.spill import SpilledTable
+
+    class SmallWorkers:
+        def task_memory(self):
+            return 1000 * LEIDEN_BYTES_PER_RELATION  # 80 %: room for 800 relations
+
+        def __call__(self, *args, **kwargs):
+            raise AssertionError("no task may start")
+
+    ctx = SimpleNamespace(cfg=load_config(), mapper=SmallWorkers(), spill_dir=str(tmp_path), version=0)
+    with pytest.raises(TooLargeForTask, match="its 801 relations need") as refused:
+        communities_on_cluster(ctx, ["a"], SpilledTable([], schema_for("relations", 0), 801))
+    assert exit_code(refused.value) == 5 and "--memory-limit" in str(refused.value)
+    assert not list(tmp_path.iterdir())  # refused before the stage wrote anything
+    check_task_memory(800, 1000 * LEIDEN_BYTES_PER_RELATION)  # what fits goes ahead
+
+
+def test_a_task_may_use_the_smallest_worker_memory_limit():
+    import contextlib
+
+    from schemas.config import load_config
+    from tasks.runtime.parallel import DaskPool, LocalMapper
+    from tasks.runtime.process import machine_memory
+
+    def pool_of(*limits):
+        pool = DaskPool(load_config().dask)
+        workers = {f"tcp://w{i}": {"memory_limit": m} for i, m in enumerate(limits)}
+        client = type("Client", (), {"scheduler_info": lambda self: {"workers": workers}})()
+        pool._open = lambda: (contextlib.ExitStack(), client)  # no real cluster
+        return pool
+
+    assert pool_of(3 * 2**30, 2 * 2**30, 0).task_memory() == 2 * 2**30  # 0: a worker without a limit
+    assert pool_of(0).task_memory() == machine_memory() == LocalMapper().task_memory() > 2**28

@@ -25,6 +25,7 @@ from tasks.methods.common import (
     update_tree,
     write_reports,
 )
+from tasks.methods.hirag.communities import leiden_arrays
 from tasks.store.ids import relation_id
 from tasks.store.rows import relation_table
 
@@ -76,13 +77,11 @@ def attributed_edges(
 def leiden_groups(n: int, edges: list[tuple[int, int, float]], resolution: float, seed: int) -> list[np.ndarray]:
     """Weighted Leiden (graspologic-native) over ``n`` nodes; a node without edges is a group of its own.
     Groups are ordered by their smallest node."""
-    import graspologic_native as gn
-
     group = np.arange(n) + n  # isolated nodes: ids past every Leiden community
     if edges:
-        _, found = gn.leiden(edges=[(str(a), str(b), w) for a, b, w in edges], resolution=resolution, seed=seed)
-        for node, c in found.items():
-            group[int(node)] = c
+        lo, hi, w = (np.asarray(column) for column in zip(*edges))
+        nodes, found = leiden_arrays(lo.astype(np.int64), hi.astype(np.int64), w.astype(np.float64), seed, resolution)
+        group[nodes] = found
     out: dict[int, list[int]] = {}
     for i, g in enumerate(group.tolist()):
         out.setdefault(g, []).append(i)

@@ -3,9 +3,8 @@ on the run's cluster (Dask workers, or this process without one) that read the p
 and write their rows there, so the run process never holds the relations. Layer 1 is tasks over layer 0's parts
 (``layer_parts``).
 
-Leiden needs the whole graph at once, so communities are one task over an edge list of (source, target, weight)
-read from the parts (``communities.graph_edges``: ~300 bytes an edge with Leiden's own; docs/benchmarks.md, "Past
-one machine"). The reports are tasks over parts of the community trees (``report_parts``).
+Leiden needs the whole graph at once, so communities are one task over the graph read from the parts as integer
+arrays (``communities.graph_arrays``; its memory per edge: docs/benchmarks.md, "Leiden on arrays"). The reports are tasks over parts of the community trees (``report_parts``).
 """
 
 from __future__ import annotations
@@ -15,8 +14,9 @@ from typing import Any, cast
 import pyarrow as pa
 
 from schemas.tables import schema_for
+from tasks.errors import TooLargeForTask
 from tasks.index.embed import entity_text
-from tasks.methods.hirag.communities import detect_communities
+from tasks.methods.hirag.communities import detect_communities, graph_arrays
 from tasks.methods.hirag.hierarchy import build_hierarchy, build_layers, converged
 from tasks.methods.layer_parts import LayerOne
 from tasks.store import workfs
@@ -56,6 +56,7 @@ def communities_on_cluster(ctx: Any, entity_ids: list[str] | pa.ChunkedArray, re
     community settings of ``ctx.cfg``): the ``communities`` table (stamped with the run's version) in a file
     the run never reads."""
 
+    check_task_memory(relations.num_rows, ctx.mapper.task_memory())
     cfg, work = ctx.cfg.communities, graph_work(ctx)
     ids, out = workfs.join(work, "entity-ids.parquet"), workfs.join(work, "communities.parquet")
     column = entity_ids if isinstance(entity_ids, pa.ChunkedArray) else pa.chunked_array([entity_ids], pa.string())
@@ -73,17 +74,37 @@ def communities_on_cluster(ctx: Any, entity_ids: list[str] | pa.ChunkedArray, re
     return SpilledTable([out], schema_for("communities", 0), n)
 
 
+#: the memory the communities task needs per relation, at most: its reading of them into ``graph_arrays``, then
+#: Leiden over the arrays (``benchmarks/bench_leiden.py``, docs/benchmarks.md "Leiden on arrays"), with room to spare
+LEIDEN_BYTES_PER_RELATION = 300
+#: the share of a worker's memory a task is planned to use (Dask pauses a worker at 80 % and restarts it at 95 %)
+TASK_MEMORY_SHARE = 0.8
+
+
+def check_task_memory(relations: int, room: int) -> None:
+    """Refuse, before the communities stage starts, a graph whose one Leiden task would need more than
+    ``TASK_MEMORY_SHARE`` of ``room`` (a worker's memory, in bytes): a clear error, not a worker killed hours in."""
+    need = relations * LEIDEN_BYTES_PER_RELATION
+    if need > TASK_MEMORY_SHARE * room:
+        raise TooLargeForTask(
+            f"the communities stage runs Leiden over the whole graph as one task: its {relations:,} relations need "
+            f"about {need / 2**30:.1f} GB, more than {TASK_MEMORY_SHARE:.0%} of the {room / 2**30:.1f} GB a worker "
+            "has. Run it on workers with more memory (`dask worker --memory-limit`, dask.address), or make the graph "
+            "smaller (extract.relation_window)."
+        )
+
+
 def communities_task(
     out: str, files: list[str], ids: str, max_cluster_size: int, seed: int, resolution: float, version: int = 0
 ) -> int:
     """The communities of the graph whose relations are ``files`` (a task); written to ``out`` as the
     ``communities`` table's rows (stamped ``version``), their number returned."""
 
-    edges = _read(files, ["source_id", "target_id", "weight"])
+    graph = graph_arrays(_read(files, ["source_id", "target_id", "weight"]))  # the relations not held past this
     rows = detect_communities(
-        workfs.read_table(ids).column("id").to_pylist(), edges, max_cluster_size, seed, resolution
+        workfs.read_table(ids).column("id").to_pylist(), graph, max_cluster_size, seed, resolution
     )
-    del edges
+    del graph
     write_whole(to_table("communities", rows, 0, version), out)
     return len(rows)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from schemas.config import DaskConfig
-from tasks.runtime.process import one_blas_thread
+from tasks.runtime.process import machine_memory, one_blas_thread
 from tasks.runtime.stages import limit_malloc_arenas
 
 R = TypeVar("R")
@@ -115,6 +115,7 @@ class Mapper(Protocol):
     def start(self) -> Any: ...
     def ready(self) -> Any: ...
     def release(self) -> None: ...
+    def task_memory(self) -> int: ...  # bytes one task may hold
     def __call__(
         self, fn: Callable[..., R], batches: list[Any], on_done=None, keep: bool = True, **kwargs: Any
     ) -> list[R]: ...
@@ -125,6 +126,9 @@ class LocalMapper:
 
     def start(self) -> LocalMapper:
         return self
+
+    def task_memory(self) -> int:
+        return machine_memory()  # a task runs in this process
 
     def ready(self) -> None:
         return None
@@ -170,6 +174,9 @@ class ProcessMapper:
     @property
     def started(self) -> bool:
         return self._pool is not None
+
+    def task_memory(self) -> int:
+        return machine_memory()  # a task runs in the child, on this machine
 
     def start(self, warm: Callable[[], Any] | None = None, then: Callable[[], Any] | None = None) -> ProcessMapper:
         """The child, started now; ``warm`` (imports, loads) runs in it first, while this process goes on (the
@@ -287,6 +294,12 @@ class DaskPool:
     def ready(self) -> Any:
         """The client, once the cluster is up and warm (starting it now if nobody did)."""
         return self.start()._started.result()[1]  # type: ignore[union-attr]
+
+    def task_memory(self) -> int:
+        """The smallest memory limit of the cluster's workers (started if need be), else this machine's memory."""
+        workers = self.ready().scheduler_info().get("workers", {}).values()
+        limits = [int(w.get("memory_limit") or 0) for w in workers]
+        return min((m for m in limits if m > 0), default=machine_memory())
 
     def __call__(
         self, fn: Callable[..., Any], batches: list[Any], on_done=None, keep: bool = True, **kwargs: Any

@@ -14,6 +14,11 @@ def lower_priority(niceness: int) -> None:
         os.nice(niceness - current)
 
 
+def machine_memory() -> int:
+    """Bytes of memory this machine has."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def one_blas_thread(with_scipy: bool = True) -> None:
     """BLAS (OpenBLAS under numpy and scipy) on one thread in this process. In a build's processes (the run's, its
     children, its Dask workers, an external cluster's included) so that its tables are the same bits whatever the

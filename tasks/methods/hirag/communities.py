@@ -1,32 +1,50 @@
 """Communities: seeded hierarchical Leiden over the whole hierarchical KG G_k (all layers).
 
-Uses graspologic-native, graspologic's own Leiden engine. Every connected component takes
-part (GraphRAG and the HiRAG reference keep only the largest one), and entities with no edge
-at all become singleton communities, so every node of G_k belongs to a level-0 community.
+Uses graspologic-native, graspologic's own Leiden engine, on the graph as integer arrays (``leiden_csr`` reads a
+CSR matrix in place), never as a Python edge list (a tuple and two strings an edge, which the engine then copies
+into a network of its own; docs/benchmarks.md, "Leiden on arrays", measures both). Every connected component takes
+part (GraphRAG and the HiRAG reference keep only the largest one), and entities with no edge at all become
+singleton communities, so every node of G_k belongs to a level-0 community.
+
+The hierarchy is graspologic-native's ``hierarchical_leiden``'s: Leiden over the whole graph is level 0; each
+community of at least ``max_cluster_size`` entities is cut by Leiden over its own edges a level down, and so on,
+until none is that large or none of those left splits. Level 0 is the same partition as ``hierarchical_leiden``'s
+for the same edges and seed (nodes are numbered in the order its edge list first names them; a test pins this).
+The levels below may differ from it: it draws every sub-run's randomness from one generator that its Python API
+does not expose, where each sub-run here starts from ``seed``, so a community's split does not depend on which
+others split before it.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 
 from tasks.store.ids import make_id
 from tasks.store.rows import relation_table
 
 
-def graph_edges(relations: pa.Table | list[dict[str, Any]]) -> list[tuple[str, str, float]]:
-    """Undirected weighted edges of G_k (extracted and summary_of), merged per endpoint pair (weights summed in
-    relation order), sorted."""
-    import numpy as np
+class Graph(NamedTuple):
+    """Undirected weighted edges, each pair once: ``names[lo[i]]`` — ``names[hi[i]]`` of weight ``weight[i]``, with
+    ``lo < hi``, sorted by (lo, hi); ``names`` sorted."""
+
+    names: pa.Array
+    lo: np.ndarray
+    hi: np.ndarray
+    weight: np.ndarray
+
+
+def graph_arrays(relations: pa.Table | list[dict[str, Any]]) -> Graph:
+    """G_k's undirected weighted edges (extracted and summary_of), merged per endpoint pair (weights summed in
+    relation order), self-loops left out; endpoints as positions in the sorted node names (2.3M relations at 100k
+    chunks: no string per edge, no Python object per edge)."""
     import pyarrow.compute as pc
 
     t = relation_table(relations)
     ends = [t.column(c) for c in ("source_id", "target_id")]
-    # endpoints as positions in the sorted node names: pairs are merged and sorted as integers (2.3M relations at
-    # 100k chunks: grouping them as strings held ~800 MB at the communities stage's peak), and each node is one
-    # Python string shared by its edges
     names = pc.unique(pa.chunked_array([c for e in ends for c in e.chunks], pa.string()))
     names = names.take(pc.sort_indices(names))
     a, b = (pc.index_in(e, value_set=names).to_numpy().astype(np.int64) for e in ends)
@@ -38,10 +56,95 @@ def graph_edges(relations: pa.Table | list[dict[str, Any]]) -> list[tuple[str, s
     order = np.argsort(key, kind="stable")
     key, w = key[order], w[order]
     first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, dtype=np.int64)
-    total = np.add.reduceat(w, first) if len(key) else w
-    node = names.to_pylist()
-    pairs = zip((key[first] // n).tolist(), (key[first] % n).tolist(), total.tolist())
-    return [(node[i], node[j], s) for i, j, s in pairs]
+    total = np.add.reduceat(w, first) if len(key) else w.astype(np.float64)
+    key = key[first]
+    width = np.int32 if n < 2**31 else np.int64
+    return Graph(names, (key // n).astype(width), (key % n).astype(width), total.astype(np.float64))
+
+
+def _first_named(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The nodes of edges (lo, hi) in the order a walk over the edges first names them: graspologic-native's
+    numbering of an edge list's nodes."""
+    both = np.empty(2 * len(lo), dtype=np.int64)
+    both[0::2], both[1::2] = lo, hi
+    nodes, first = np.unique(both, return_index=True)
+    return nodes[np.argsort(first, kind="stable")]
+
+
+def leiden_arrays(
+    lo: np.ndarray, hi: np.ndarray, w: np.ndarray, seed: int, resolution: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Leiden (modularity) over the edges (lo, hi, w) of node ids, each pair once: (the nodes, each one's
+    community), the nodes in ``_first_named`` order, communities numbered from 0. The partition is
+    graspologic-native's ``leiden`` over the same edges as (name, name, weight) tuples, from the same seed."""
+    import graspologic_native as gn
+
+    nodes = _first_named(lo, hi)
+    local = np.zeros(int(nodes.max()) + 1, dtype=np.int32)  # a node's number in ``nodes``
+    local[nodes] = np.arange(len(nodes), dtype=np.int32)
+    rows = np.concatenate([local[lo], local[hi]])  # each edge both ways: the symmetric matrix the engine reads
+    indices = np.concatenate([local[hi], local[lo]])
+    del local
+    order = np.lexsort((indices, rows))
+    indptr = np.zeros(len(nodes) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=len(nodes)), out=indptr[1:])
+    del rows
+    indices = indices[order]
+    data = np.concatenate([w, w])[order]
+    del order
+    _, found = gn.leiden_csr(indptr, indices, data, len(nodes), resolution=resolution, seed=seed, use_modularity=True)
+    return nodes, np.fromiter((found[i] for i in range(len(nodes))), dtype=np.int64, count=len(nodes))
+
+
+class Level(NamedTuple):
+    """One level's assignments: ``nodes[i]`` is in community ``cluster[i]``, a part of ``parent[i]`` a level up
+    (level 0: no parent)."""
+
+    level: int
+    nodes: np.ndarray
+    cluster: np.ndarray
+    parent: np.ndarray | None
+
+
+def hierarchical_leiden(graph: Graph, max_cluster_size: int, seed: int, resolution: float = 1.0) -> list[Level]:
+    """The levels of hierarchical Leiden over ``graph`` (module docstring): level 0 covers every node an edge
+    names; a level below holds the nodes of the communities it split. Community numbers are unique across levels."""
+    lo, hi, w = graph.lo, graph.hi, graph.weight
+    if not len(lo):
+        return []
+    nodes, cluster = leiden_arrays(lo, hi, w, seed, resolution)
+    levels = [Level(0, nodes, cluster, None)]
+    where = np.full(len(graph.names), -1, dtype=np.int64)  # each node's community, the deepest so far
+    where[nodes] = cluster
+    unsplit: set[int] = set()
+    following = int(cluster.max()) + 1
+    while True:
+        sizes = np.bincount(where[where >= 0])
+        cut = [int(k) for k in np.flatnonzero(sizes >= max(2, max_cluster_size)) if int(k) not in unsplit]
+        if not cut:
+            return levels
+        inside = (where[lo] == where[hi]) & np.isin(where[lo], cut)
+        ea, eb, ew = lo[inside], hi[inside], w[inside]
+        owner = where[ea]
+        order = np.argsort(owner, kind="stable")
+        ea, eb, ew, owner = ea[order], eb[order], ew[order], owner[order]
+        bounds = np.searchsorted(owner, cut + [max(cut) + 1])  # ``cut`` is ascending: each community's edges
+        parts: list[tuple[np.ndarray, np.ndarray, int]] = []
+        for k, start, end in zip(cut, bounds[:-1], bounds[1:]):
+            sub, found = leiden_arrays(ea[start:end], eb[start:end], ew[start:end], seed, resolution)
+            if found.max() == 0:  # Leiden keeps it whole: it is not cut again
+                unsplit.add(k)
+                continue
+            parts.append((sub, found + following, k))
+            following += int(found.max()) + 1
+        if not parts:
+            return levels
+        sub_nodes = np.concatenate([p[0] for p in parts])
+        sub_cluster = np.concatenate([p[1] for p in parts])
+        levels.append(
+            Level(len(levels), sub_nodes, sub_cluster, np.concatenate([np.full(len(p[0]), p[2]) for p in parts]))
+        )
+        where[sub_nodes] = sub_cluster
 
 
 def community_id(level: int, members: list[str]) -> str:
@@ -50,27 +153,25 @@ def community_id(level: int, members: list[str]) -> str:
 
 def detect_communities(
     entity_ids: list[str],
-    relations: pa.Table | list[dict[str, Any]],
+    relations: pa.Table | list[dict[str, Any]] | Graph,
     max_cluster_size: int,
     seed: int,
     resolution: float = 1.0,
 ) -> list[dict[str, Any]]:
-    """Community rows ``{id, level, parent_id, entity_ids, size}``; level 0 covers every entity."""
-    import graspologic_native as gn
-
-    edges = graph_edges(relations)
-    assignments: list[tuple[str, int, int | None, int]] = []
-    if edges:
-        for hc in gn.hierarchical_leiden(
-            edges=edges, max_cluster_size=max_cluster_size, seed=seed, resolution=resolution, use_modularity=True
-        ):
-            assignments.append((hc.node, hc.cluster, hc.parent_cluster, hc.level))
+    """Community rows ``{id, level, parent_id, entity_ids, size}``; level 0 covers every entity. ``relations``: G_k's
+    relations, or their ``graph_arrays`` (a caller that need not hold the relations while Leiden runs)."""
+    graph = relations if isinstance(relations, Graph) else graph_arrays(relations)
     members: dict[tuple[int, int], list[str]] = defaultdict(list)
     parent_of: dict[tuple[int, int], int | None] = {}
-    for node, cluster, parent, level in assignments:
-        members[(level, cluster)].append(node)
-        parent_of[(level, cluster)] = parent
-    # ids are content hashes of (level, members); parents map by (level - 1, parent cluster)
+    covered: set[str] = set()
+    for lv in hierarchical_leiden(graph, max_cluster_size, seed, resolution):
+        names = graph.names.take(pa.array(lv.nodes)).to_pylist()
+        parents = lv.parent.tolist() if lv.parent is not None else [None] * len(names)
+        for node, cluster, parent in zip(names, lv.cluster.tolist(), parents):
+            members[(lv.level, cluster)].append(node)
+            parent_of[(lv.level, cluster)] = parent
+        covered.update(names)
+    # ids are content hashes of (level, members); parents map by (level - 1, parent community)
     ids = {key: community_id(key[0], m) for key, m in members.items()}
     rows = []
     for (level, cluster), m in members.items():
@@ -84,7 +185,6 @@ def detect_communities(
                 "size": len(m),
             }
         )
-    covered = {node for node, *_ in assignments}
     for eid in sorted(set(entity_ids) - covered):  # isolated entities: kept as singletons
         rows.append({"id": community_id(0, [eid]), "level": 0, "parent_id": None, "entity_ids": [eid], "size": 1})
     return sorted(rows, key=lambda r: (r["level"], r["id"]))
