@@ -35,6 +35,22 @@ def test_leiden_groups_cover_every_node_once_isolated_ones_alone():
     assert [g.tolist() for g in leiden_groups(7, edges, 1.0, seed=1)] == [g.tolist() for g in groups]
 
 
+def test_leiden_groups_are_graspologic_natives_leiden_over_the_same_edges():
+    import graspologic_native as gn
+
+    rng = np.random.default_rng(5)
+    ends = rng.integers(0, 300, (2000, 2))
+    ends[: len(ends) * 4 // 5, 1] = ends[: len(ends) * 4 // 5, 0] // 20 * 20 + rng.integers(0, 20, len(ends) * 4 // 5)
+    pairs = sorted({(int(min(a, b)), int(max(a, b))) for a, b in ends if a != b})
+    edges = [(a, b, float(w)) for (a, b), w in zip(pairs, rng.random(len(pairs)) + 1e-3)]
+    _, theirs = gn.leiden(edges=[(str(a), str(b), w) for a, b, w in edges], resolution=1.0, seed=7)
+    groups: dict[int, list[int]] = {}
+    for node, c in sorted(theirs.items(), key=lambda kv: int(kv[0])):
+        groups.setdefault(c, []).append(int(node))
+    ours = [g.tolist() for g in leiden_groups(300, edges, 1.0, seed=7) if str(int(g[0])) in theirs]
+    assert ours == sorted(groups.values())
+
+
 def test_chnsw_links_point_within_a_layer_and_down_to_the_nearest():
     bottom = _unit([[1, 0], [0.95, 0.05], [0, 1], [0.05, 0.95]])
     top = _unit([[1, 0.02], [0.02, 1]])

@@ -131,6 +131,9 @@ def hierarchical_leiden(graph: Graph, max_cluster_size: int, seed: int, resoluti
         bounds = np.searchsorted(owner, cut + [max(cut) + 1])  # ``cut`` is ascending: each community's edges
         parts: list[tuple[np.ndarray, np.ndarray, int]] = []
         for k, start, end in zip(cut, bounds[:-1], bounds[1:]):
+            if start == end:  # no edge inside (Leiden's communities are connected: not seen)
+                unsplit.add(k)
+                continue
             sub, found = leiden_arrays(ea[start:end], eb[start:end], ew[start:end], seed, resolution)
             if found.max() == 0:  # Leiden keeps it whole: it is not cut again
                 unsplit.add(k)
