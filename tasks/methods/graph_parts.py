@@ -4,7 +4,9 @@ and write their rows there, so the run process never holds the relations. Layer 
 (``layer_parts``).
 
 Leiden needs the whole graph at once, so communities are one task over the graph read from the parts as integer
-arrays (``communities.graph_arrays``; its memory per edge: docs/benchmarks.md, "Leiden on arrays"). The reports are tasks over parts of the community trees (``report_parts``).
+arrays (``communities.graph_arrays``; its memory per edge: docs/benchmarks.md, "Leiden on arrays"), refused before
+it starts where that cannot fit a worker (``check_task_memory``). The reports are tasks over parts of the community
+trees (``report_parts``).
 """
 
 from __future__ import annotations
