@@ -357,9 +357,11 @@ def publish(
     return run.result("published", delta, version, counts, hierarchy.layers, plot)
 
 
-#: a snapshot of at most this many entities and chunks leaves its query view on disk at publish (the demo's 2,700
-#: load in ~0.35 s; this many in seconds, with ~80 MB of vectors): past it the first query loads it, as before
-VIEW_AT_PUBLISH_ROWS = 50_000
+#: a snapshot of at most this many entities and chunks leaves its query view on disk at publish, built in the run's
+#: process: a small index's first query is then as fast as a later one. The view holds tens of KB a row (docs/
+#: benchmarks.md, "... the query view at publish"), so past this the first query builds it, not the run: a mid-size
+#: build's peak would otherwise be the view's
+VIEW_AT_PUBLISH_ROWS = 5_000
 
 
 def leave_view(catalog: Catalog, version: int, cfg: StrataConfig) -> None:
