@@ -140,9 +140,10 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     results = []
+    work = tempfile.TemporaryDirectory(prefix="bench-leiden-")  # the graphs the children read, removed at the end
     for m in args.edges:
         pair = {}
-        saved = os.path.join(tempfile.mkdtemp(prefix="bench-leiden-"), "graph.npz")
+        saved = os.path.join(work.name, f"graph-{m}.npz")
         generate(m, args.seed, saved)
         for way in ("tuples", "arrays"):
             out = subprocess.run(
@@ -168,6 +169,7 @@ def main() -> None:
             f"{a['leiden_s'] / t['leiden_s']:.2f}x; level 0 the same partition: {a['level0'] == t['level0']}",
             flush=True,
         )
+    work.cleanup()
     for way in ("tuples", "arrays"):  # what one edge more costs, the process's fixed part left out
         mine = sorted((r for r in results if r["way"] == way), key=lambda r: r["edges"])
         if len(mine) > 1 and mine[-1]["edges"] > mine[0]["edges"]:
