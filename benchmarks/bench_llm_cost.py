@@ -7,7 +7,8 @@ beside what the run recorded (``runs.stage_counts``), and the run's prompt + com
 
 Mixes: ``full`` (every stage calls the model), ``fast`` (offline extraction; summaries and reports by the model:
 GraphRAG's "fast" mix), and each with ``-min10``: only clusters and communities of 10 entities or more sent to the
-model (``llm.summaries.min_members``, ``llm.reports.min_members``). Corpora: a folder or a .jsonl file of passages (``{"title", "text"}`` rows) or a .txt book.
+model (``llm.summaries.min_members``, ``llm.reports.min_members``); ``packed`` (``-min10``): every stage on the model,
+extraction in one pass over packs of chunks of up to 1,200 tokens (``llm.extraction.pack_tokens``). Corpora: a folder or a .jsonl file of passages (``{"title", "text"}`` rows) or a .txt book.
 
     .venv/bin/python benchmarks/bench_llm_cost.py ../shared/datasets/musique/corpus.jsonl \\
         ../shared/datasets/christmas_carol/book.txt [--mixes full fast] [--passages 1890] [--no-update]
@@ -30,11 +31,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 PAYS = ["--set", "llm.summaries.min_members=10", "--set", "llm.reports.min_members=10"]
+PACK = ["--set", "llm.extraction.pack_tokens=1200"]
 MIXES = {
     "full": [],
     "fast": ["--set", "llm.extraction.model=offline"],
     "full-min10": PAYS,
     "fast-min10": ["--set", "llm.extraction.model=offline", *PAYS],
+    "packed": PACK,
+    "packed-min10": [*PACK, *PAYS],
 }
 STAGES = ("extraction", "summaries", "reports")
 

@@ -16,6 +16,7 @@ from flows.steps import chunk, extraction_method, ingest
 from schemas.config import StrataConfig
 from schemas.llm import Stage
 from tasks.errors import IndexNotFound
+from tasks.index.extract import extraction_batches
 from tasks.index.llm_estimate import (
     answered_by,
     cached_stage,
@@ -86,16 +87,18 @@ def estimate_run(
         extraction = cfg.llm.stage("extraction")
         names: set[str] = set()
 
-        def texts() -> Iterator[str]:  # a part at a time; the things they name noted on the way
-            for part in chunks.parts(["text"]):
-                for text in part.column("text").to_pylist():
+        def batches() -> Iterator[list[str]]:  # as extraction's tasks read them; the things they name noted
+            for texts in extraction_batches(chunks, cfg.extract.batch_size):
+                for text in texts:
                     names.update(names_in(text))
-                    yield text
+                yield texts
 
         if extraction is not None and extractor == "llm":
-            rows.append(extraction_estimate(texts(), extraction, cfg.llm.gleanings, cache))
+            rows.append(
+                extraction_estimate(batches(), extraction, cfg.llm.gleanings, cache, cfg.llm.extraction.pack_tokens)
+            )
         else:
-            for _ in texts():
+            for _ in batches():
                 pass
         units = {"corpus token": tokens, "name": len(names)}
         # extraction answered from the cache (or offline): a finished run on the same documents and settings made

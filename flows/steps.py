@@ -176,6 +176,7 @@ def extract(run: PipelineRun, chunks: SpilledTable) -> tuple[set[str], SpilledTa
             "cache_dir": str(run.catalog.cache_dir),
             "share": None,
             "cap": run.cap_for("extraction"),
+            "pack_tokens": cfg.llm.extraction.pack_tokens,
         }
         if extraction_method(cfg) == "llm"
         else {}

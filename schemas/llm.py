@@ -49,6 +49,13 @@ class LLMStageConfig(_Section):
         "model, a smaller one gets the offline summary or report (0: every one). Most communities are small and most "
         "of a report stage's calls are theirs: docs/benchmarks.md measures the tokens this saves.",
     )
+    pack_tokens: int = Field(
+        0,
+        ge=0,
+        description="Extraction: consecutive chunks of a batch packed into one prompt of up to this many tokens of "
+        "text, entities and relations asked in one pass (a longer chunk alone, in one pass too); 0: HiRAG's two passes "
+        "per chunk. On short passages most of a call is instructions: docs/benchmarks.md measures the tokens this saves.",
+    )
 
 
 class LLMConfig(_Section):

@@ -80,6 +80,20 @@ _DEFAULTS = (
         {"entities": 'one line per entity: "- name (type)"', "text": "the chunk's text"},
     ),
     Prompt(
+        "extract_packed",
+        "extract-packed/1",
+        "extraction in one pass over several short chunks (llm.extraction.pack_tokens): entities and relations of each",
+        "You build a knowledge graph from text. For each numbered passage, identify every meaningful entity it names "
+        "(people, organizations, places, events, works, technologies, important concepts and dates) and the pairs of "
+        "those entities the passage clearly relates. Answer with JSON only.",
+        "Entity types: $types.\n\n$passages\n\n"
+        'Return {"entities": [{"passage": <its number>, "name": "<as written in the passage>", '
+        '"type": "<one entity type>", "description": "<what the passage says about it, one or two sentences>"}], '
+        '"relations": [{"passage": <its number>, "source": "<entity name>", "target": "<entity name>", '
+        '"description": "<how they are related, from the passage>", "strength": <1-10>}]}',
+        {"types": "the entity types, comma separated", "passages": 'each chunk as "Passage N:" and its quoted text'},
+    ),
+    Prompt(
         "summary",
         "summary-entities/1",
         "a summary entity of the hierarchy: the concepts above one cluster of entities",

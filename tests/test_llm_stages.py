@@ -206,7 +206,7 @@ def test_the_estimate_counts_extraction_prompts_and_what_the_cache_answers(tmp_p
     texts = ["Marley was dead, to begin with. Scrooge signed it.",
              "Scrooge's name was good upon 'Change, and Bob Cratchit knew it."]
     assert [len(names_in(t)) for t in texts] == [2, 3]
-    est = extraction_estimate(texts, llm, 0, None)
+    est = extraction_estimate([texts], llm, 0, None)
     assert (est.calls, est.cached) == (4, 0)
     said = PromptSet()
     prompts = sum(prompt_tokens(llm.model, entity_messages(t, said))
@@ -218,9 +218,9 @@ def test_the_estimate_counts_extraction_prompts_and_what_the_cache_answers(tmp_p
     params = {"temperature": 0.0, "max_tokens": 2000, "response_format": {"type": "json_object"}}
     key = cache_key(llm.model, entity_messages(texts[0], said), params, said["extract_entities"].version)
     cache.put(key, json.dumps({"entities": [{"name": "Marley", "type": "person", "description": "Dead."}]}))
-    rest = extraction_estimate(texts, llm, 0, cache)
+    rest = extraction_estimate([texts], llm, 0, cache)
     assert (rest.calls, rest.cached) == (2, 1)
-    assert rest.input_tokens == extraction_estimate(texts[1:], llm, 0, None).input_tokens
+    assert rest.input_tokens == extraction_estimate([texts[1:]], llm, 0, None).input_tokens
 
 
 def test_the_estimate_learns_a_stage_from_the_index_s_last_run_of_its_kind():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NotRequired, TypedDict, cast
 
@@ -339,6 +340,20 @@ def extract_mentions(
             **fn_kwargs,
         )
     )
+
+
+def extraction_batches(chunks: Any, batch_size: int) -> Iterator[list[str]]:
+    """The texts of each batch extraction hands its extractor, in its order: a task per row group of the chunk
+    parts (``extract_mentions``), ``batch_size`` chunks at a time (``batch_mentions``); what ``--estimate`` counts
+    the prompts of (packs are made within a batch)."""
+    from tasks.store.workfs import parquet_file
+
+    for f in chunks.files:
+        parts = parquet_file(f)
+        for g in range(parts.num_row_groups):
+            texts = parts.read_row_group(g, columns=["text"]).column("text").to_pylist()
+            for s in range(0, len(texts), batch_size):
+                yield texts[s : s + batch_size]
 
 
 #: chunks per extraction task at most (each writes one file of mentions, which every part of merge reads a row

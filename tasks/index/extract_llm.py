@@ -1,5 +1,7 @@
 """Extract, LLM path: HiRAG's two passes per chunk — typed entities, then relations between them —
-with optional gleaning. Output rows match the offline extractor's, so merge is shared.
+with optional gleaning; or, with ``llm.extraction.pack_tokens``, one pass for both over several short chunks at
+once (the instructions paid once for the pack, the text once instead of twice). Output rows match the offline
+extractor's, so merge is shared.
 
 ``extract_batch_llm`` is the parallel unit (one Dask task per batch of chunks); inside it all
 calls of the batch run concurrently under the client's limits. A chunk whose answers stay
@@ -9,14 +11,17 @@ unusable is quarantined with the reason; the run goes on.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import asdict
 from typing import Any
 
 from schemas.config import ExtractConfig, LLMConfig
 from schemas.prompts import ENTITY_TYPES, PromptSet
+from tasks.errors import CostCapReached
 from tasks.index.extract import ExtractionResult
 from tasks.runtime.llm import ParseError, event_loop, parse_json, run_sync
 from tasks.runtime.llm_client import shared_client, usage_scope
+from tasks.runtime.tokens import count_tokens
 from tasks.store.ids import quarantine_row
 
 
@@ -44,24 +49,24 @@ def parse_entities(text: str) -> list[dict[str, Any]]:
     items = data.get("entities") if isinstance(data, dict) else data
     if not isinstance(items, list):
         raise ParseError("no 'entities' list")
-    out = []
-    for it in items:
-        if isinstance(it, str):
-            it = {"name": it}
-        if not isinstance(it, dict):
-            continue
-        name = str(it.get("name") or it.get("entity_name") or "").strip()
-        if not name or len(name) > 200:
-            continue
-        etype = str(it.get("type") or it.get("entity_type") or "concept").strip().lower()
-        out.append(
-            {
-                "name": name,
-                "type": etype if etype in ENTITY_TYPES else "concept",
-                "description": str(it.get("description") or "").strip(),
-            }
-        )
-    return out
+    return [e for e in map(_entity, items) if e is not None]
+
+
+def _entity(it: Any) -> dict[str, Any] | None:
+    """One entity of an answer (a name alone, or an object), or None where it names nothing usable."""
+    if isinstance(it, str):
+        it = {"name": it}
+    if not isinstance(it, dict):
+        return None
+    name = str(it.get("name") or it.get("entity_name") or "").strip()
+    if not name or len(name) > 200:
+        return None
+    etype = str(it.get("type") or it.get("entity_type") or "concept").strip().lower()
+    return {
+        "name": name,
+        "type": etype if etype in ENTITY_TYPES else "concept",
+        "description": str(it.get("description") or "").strip(),
+    }
 
 
 def parse_relations(known: set[str]):
@@ -70,26 +75,102 @@ def parse_relations(known: set[str]):
         items = data.get("relations", data.get("relationships")) if isinstance(data, dict) else data
         if not isinstance(items, list):
             raise ParseError("no 'relations' list")
-        out = []
-        for it in items:
-            if not isinstance(it, dict):
-                continue
-            src, tgt = str(it.get("source", "")).strip(), str(it.get("target", "")).strip()
-            if src.lower() not in known or tgt.lower() not in known or src.lower() == tgt.lower():
-                continue  # relations must join extracted entities
-            try:
-                raw: Any = it.get("strength", it.get("weight", 1))  # JSON: a null fails float() as a string may
-                strength = float(raw)
-            except (TypeError, ValueError):
-                strength = 1.0
-            out.append(
-                {
-                    "source": src,
-                    "target": tgt,
-                    "description": str(it.get("description") or "").strip(),
-                    "weight": max(0.1, min(strength, 10.0)),
-                }
-            )
+        return [r for r in (_relation(it, known) for it in items) if r is not None]
+
+    return parse
+
+
+def _relation(it: Any, known: set[str]) -> dict[str, Any] | None:
+    """One relation of an answer, or None where it does not join two different entities of ``known`` (lowercase
+    names): relations must join extracted entities."""
+    if not isinstance(it, dict):
+        return None
+    src, tgt = str(it.get("source", "")).strip(), str(it.get("target", "")).strip()
+    if src.lower() not in known or tgt.lower() not in known or src.lower() == tgt.lower():
+        return None
+    try:
+        raw: Any = it.get("strength", it.get("weight", 1))  # JSON: a null fails float() as a string may
+        strength = float(raw)
+    except (TypeError, ValueError):
+        strength = 1.0
+    return {
+        "source": src,
+        "target": tgt,
+        "description": str(it.get("description") or "").strip(),
+        "weight": max(0.1, min(strength, 10.0)),
+    }
+
+
+def packs(chunks: list[dict[str, Any]], pack_tokens: int) -> list[list[dict[str, Any]]]:
+    """The chunks of a batch in packs of one prompt: consecutive chunks while their texts come to at most
+    ``pack_tokens`` tokens (a longer chunk alone). The same batch gives the same packs, so a re-run asks the
+    prompts its cache holds."""
+    out: list[list[dict[str, Any]]] = []
+    size = 0
+    for chunk in chunks:
+        n = count_tokens(chunk["text"])
+        if out and size + n <= pack_tokens:
+            out[-1].append(chunk)
+            size += n
+        else:
+            out.append([chunk])
+            size = n
+    return out
+
+
+def packed_messages(texts: list[str], prompts: PromptSet) -> list[dict[str, str]]:
+    passages = "\n\n".join(f'Passage {i}:\n"""\n{t}\n"""' for i, t in enumerate(texts, 1))
+    return prompts["extract_packed"].messages(types=", ".join(ENTITY_TYPES), passages=passages)
+
+
+def packed_glean_messages(texts: list[str], found: list[list[dict[str, Any]]], prompts: PromptSet):
+    """The packed prompt, the entities found so far (by passage) as the model's answer, then the gleaning prompt."""
+    listed = [{"passage": p, "name": e["name"]} for p, ents in enumerate(found, 1) for e in ents]
+    return [
+        *packed_messages(texts, prompts),
+        {"role": "assistant", "content": json.dumps({"entities": listed}, ensure_ascii=False)},
+        *prompts["extract_gleaning"].messages(),
+    ]
+
+
+Found = list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]  # (entities, relations) of each passage
+
+
+def parse_packed(n: int, known: list[set[str]] | None = None):
+    """The parser of a packed answer over ``n`` passages: each passage's entities and relations (a relation joins
+    two entities of its passage: those of this answer, or ``known``, the lowercase names found before). An item
+    whose passage number is missing or out of range is dropped (one passage: it is that one); an answer with
+    entities none of which names its passage is a ParseError (asked again, then the pack's chunks one by one)."""
+
+    def passage(it: Any) -> int | None:
+        raw: Any = it.get("passage", 1 if n == 1 else None) if isinstance(it, dict) else (1 if n == 1 else None)
+        try:
+            p = int(raw)
+        except (TypeError, ValueError):
+            return None
+        return p - 1 if 1 <= p <= n else None
+
+    def parse(text: str) -> Found:
+        data = parse_json(text)
+        if not isinstance(data, dict) or not isinstance(data.get("entities"), list):
+            raise ParseError("no 'entities' list")
+        relations = data.get("relations", data.get("relationships")) or []
+        if not isinstance(relations, list):
+            raise ParseError("'relations' is not a list")
+        out: Found = [([], []) for _ in range(n)]
+        placed = 0
+        for it in data["entities"]:
+            p, entity = passage(it), _entity(it)
+            if entity is not None and p is not None:
+                out[p][0].append(entity)
+                placed += 1
+        if data["entities"] and not placed:
+            raise ParseError(f"no entity names its passage (a number from 1 to {n})")
+        names = [{e["name"].lower() for e in ents} | (known[i] if known else set()) for i, (ents, _) in enumerate(out)]
+        for it in relations:
+            p = passage(it)
+            if p is not None and (relation := _relation(it, names[p])) is not None:
+                out[p][1].append(relation)
         return out
 
     return parse
@@ -118,12 +199,54 @@ async def extract_chunk_llm(client, chunk: dict[str, Any], gleanings: int) -> tu
             json_mode=True,
             parse=parse_relations({e["name"].lower() for e in entities}),
         )
+    return _rows(chunk, entities, relations)
+
+
+def _rows(chunk: dict[str, Any], entities: list[dict[str, Any]], relations: list[dict[str, Any]]) -> tuple[list, list]:
+    """A chunk's raw entities and relations as extraction hands them to merge (an empty description: the name)."""
     ents = [dict(e, description=e["description"] or e["name"], chunk_id=chunk["id"]) for e in entities]
     rels = [
         dict(r, description=r["description"] or f"{r['source']} and {r['target']}", chunk_id=chunk["id"])
         for r in relations
     ]
     return ents, rels
+
+
+async def extract_pack_llm(client, pack: list[dict[str, Any]], gleanings: int) -> Found:
+    """One pack's entities and relations in one pass (and ``gleanings``), each chunk's apart."""
+    texts, prompts = [c["text"] for c in pack], client.prompts
+    version = prompts["extract_packed"].version
+    found = await client.complete(
+        packed_messages(texts, prompts), prompt_version=version, json_mode=True, parse=parse_packed(len(pack))
+    )
+    for _ in range(gleanings):
+        seen = [{e["name"].lower() for e in ents} for ents, _ in found]
+        more = await client.complete(
+            packed_glean_messages(texts, [ents for ents, _ in found], prompts),
+            prompt_version=version,
+            json_mode=True,
+            parse=parse_packed(len(pack), seen),
+        )
+        new = [[e for e in ents if e["name"].lower() not in seen[i]] for i, (ents, _) in enumerate(more)]
+        if not any(new):
+            break
+        found = [(ents + new[i], rels + more[i][1]) for i, (ents, rels) in enumerate(found)]
+    return found
+
+
+async def extract_packed_llm(
+    client, pack: list[dict[str, Any]], gleanings: int
+) -> list[tuple[list, list] | BaseException]:
+    """A pack's chunks' rows; where the pack's answer stays unusable, each of its chunks asked alone (so one bad
+    answer costs no other chunk), and a chunk that fails alone is the exception it failed with."""
+    try:
+        found = await extract_pack_llm(client, pack, gleanings)
+    except Exception as exc:  # noqa: BLE001 - the pack fails as a whole: its chunks one by one
+        if len(pack) == 1 or isinstance(exc, CostCapReached):  # past the cap no chunk is asked again
+            return [exc] * len(pack)
+        alone = await asyncio.gather(*(extract_packed_llm(client, [c], gleanings) for c in pack))
+        return [one[0] for one in alone]
+    return [_rows(chunk, ents, rels) for chunk, (ents, rels) in zip(pack, found)]
 
 
 def warm() -> None:
@@ -148,9 +271,11 @@ def extract_batch_llm(
     share: int | None = 1,
     client=None,
     cap: tuple[str, float] | None = None,
+    pack_tokens: int = 0,
 ) -> ExtractionResult:
-    """The LLM parallel unit: all chunks of the batch concurrently; per-chunk failures are quarantined (the cost
-    cap's too: the run stops after the stage, ``flows.pipeline.stop_at_cap``).
+    """The LLM parallel unit: all chunks of the batch concurrently (HiRAG's two passes per chunk; with
+    ``pack_tokens``, one pass per pack of chunks, ``packs``); per-chunk failures are quarantined (the cost cap's
+    too: the run stops after the stage, ``flows.pipeline.stop_at_cap``).
 
     ``share`` is how many workers split the global concurrency, rate limits and ``cap`` (``shared_client``)."""
 
@@ -158,9 +283,15 @@ def extract_batch_llm(
 
     async def run_all():
         with usage_scope() as usage:  # this batch's calls only, though other batches share the client
-            results = await asyncio.gather(
-                *(extract_chunk_llm(client, c, llm.gleanings) for c in chunks), return_exceptions=True
-            )
+            if not pack_tokens:
+                results = await asyncio.gather(
+                    *(extract_chunk_llm(client, c, llm.gleanings) for c in chunks), return_exceptions=True
+                )
+            else:
+                by_pack = await asyncio.gather(
+                    *(extract_packed_llm(client, p, llm.gleanings) for p in packs(chunks, pack_tokens))
+                )
+                results = [r for rows in by_pack for r in rows]
         return results, usage
 
     results, usage = run_sync(run_all())

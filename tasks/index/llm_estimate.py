@@ -131,57 +131,80 @@ def prompt_tokens(model: str, messages: list[dict[str, str]]) -> int:
         return sum(count_tokens(m["content"]) + 3 for m in messages) + 3
 
 
-def extraction_estimate(texts: Iterable[str], llm: LLMConfig, gleanings: int, cache: Any) -> StageEstimate:
-    """The extraction stage's calls and tokens for the chunks ``texts``: HiRAG's entity pass (and ``gleanings``),
-    then the relation pass, as ``tasks.index.extract_llm`` sends them; answers in ``cache`` (a ``ResponseCache``, or
-    None) are not counted, nor is a relation pass that a cached entity answer shows will not be made. Output: the
-    entities a chunk names, and a relation between each and the next, at a model's length a piece."""
-    from tasks.index.extract_llm import entity_messages, glean_messages, parse_entities, relation_messages
+def extraction_estimate(
+    batches: Iterable[list[str]], llm: LLMConfig, gleanings: int, cache: Any, pack_tokens: int = 0
+) -> StageEstimate:
+    """The extraction stage's calls and tokens for the chunks' texts, a batch of extraction at a time (``batches``,
+    as its tasks read them): HiRAG's entity pass (and ``gleanings``), then the relation pass, as
+    ``tasks.index.extract_llm`` sends them; with ``pack_tokens``, one pass per pack of a batch's chunks. Answers in
+    ``cache`` (a ``ResponseCache``, or None) are not counted, nor is a relation pass that a cached entity answer
+    shows will not be made. Output: the entities a chunk names, and a relation between each and the next, at a
+    model's length a piece."""
+    from tasks.index.extract_llm import packs
 
-    params = request_params(llm, json_mode=True)  # the client's, so that the keys are the client's
     est = StageEstimate("extraction", llm.model, basis="prompts counted")
-    prompts = PromptSet(llm.prompts)  # the client's
-    versions = {"entities": prompts["extract_entities"].version, "relations": prompts["extract_relations"].version}
+    ask = _Asker(llm, cache, est)
+    for batch in batches:
+        if pack_tokens:
+            for pack in packs([{"text": t} for t in batch], pack_tokens):
+                ask.pack([c["text"] for c in pack], gleanings)
+        else:
+            for text in batch:
+                ask.chunk(text, gleanings)
+    return est.priced(llm)
 
-    def cached(messages: list[dict[str, str]], kind: str = "entities") -> str | None:
-        if cache is None:
+
+class _Asker:
+    """What extraction would ask, counted into ``est``: a prompt whose answer ``cache`` holds costs nothing."""
+
+    def __init__(self, llm: LLMConfig, cache: Any, est: StageEstimate):
+        self.llm, self.cache, self.est = llm, cache, est
+        self.params = request_params(llm, json_mode=True)  # the client's, so that the keys are the client's
+        self.prompts = PromptSet(llm.prompts)  # the client's
+
+    def cached(self, messages: list[dict[str, str]], prompt: str) -> str | None:
+        if self.cache is None:
             return None
-        key = cache_key(llm.model, messages, params, versions[kind])
-        hit = cache.get(key)
-        if hit is None and not llm.retry_unparseable and cache.failure(key) is not None:
+        key = cache_key(self.llm.model, messages, self.params, self.prompts[prompt].version)
+        hit = self.cache.get(key)
+        if hit is None and not self.llm.retry_unparseable and self.cache.failure(key) is not None:
             return ""  # remembered as unparseable: not asked again
         return hit
 
-    def pay(messages: list[dict[str, str]], more_prompt: int, answer: int) -> None:
-        est.calls += 1
-        est.input_tokens += prompt_tokens(llm.model, messages) + more_prompt
-        est.output_tokens += answer
+    def pay(self, messages: list[dict[str, str]], more_prompt: int, answer: int) -> None:
+        self.est.calls += 1
+        self.est.input_tokens += prompt_tokens(self.llm.model, messages) + more_prompt
+        self.est.output_tokens += answer
 
-    for text in texts:
+    def chunk(self, text: str, gleanings: int) -> None:
+        """HiRAG's two passes over one chunk."""
+        from tasks.index.extract_llm import entity_messages, glean_messages, parse_entities, relation_messages
+
+        prompts = self.prompts
         first = entity_messages(text, prompts)
-        answer = cached(first)
+        answer = self.cached(first, "extract_entities")
         if answer is None:
             n = max(len(names_in(text)), 1)
-            pay(first, 0, n * ENTITY_ANSWER_TOKENS)
+            self.pay(first, 0, n * ENTITY_ANSWER_TOKENS)
             for _ in range(gleanings):  # the first answer's names listed, and a line more to ask
-                pay(first, n * LISTED_TOKENS + 30, 2 * ENTITY_ANSWER_TOKENS)
+                self.pay(first, n * LISTED_TOKENS + 30, 2 * ENTITY_ANSWER_TOKENS)
             if n > 1:
-                pay(relation_messages(text, [], prompts), n * LISTED_TOKENS, (n - 1) * RELATION_ANSWER_TOKENS)
-            continue
-        est.cached += 1
+                self.pay(relation_messages(text, [], prompts), n * LISTED_TOKENS, (n - 1) * RELATION_ANSWER_TOKENS)
+            return
+        self.est.cached += 1
         try:
             entities = parse_entities(answer) if answer else []
         except Exception:  # noqa: BLE001 - an unparseable answer: the chunk is quarantined, no relation pass
-            continue
+            return
         exact = True
         for _ in range(gleanings):  # each gleaning prompt lists what the passes before it found
             more = glean_messages(text, entities, prompts)
-            found = cached(more)
+            found = self.cached(more, "extract_entities")
             if found is None:
-                pay(more, 0, 2 * ENTITY_ANSWER_TOKENS)
+                self.pay(more, 0, 2 * ENTITY_ANSWER_TOKENS)
                 exact = False  # what it would add is not known: the relation pass is counted on what is
                 break
-            est.cached += 1
+            self.est.cached += 1
             seen = {e["name"].lower() for e in entities}
             new = [e for e in (parse_entities(found) if found else []) if e["name"].lower() not in seen]
             if not new:
@@ -189,11 +212,47 @@ def extraction_estimate(texts: Iterable[str], llm: LLMConfig, gleanings: int, ca
             entities += new
         if len(entities) > 1 or not exact:
             second = relation_messages(text, entities, prompts)
-            if exact and cached(second, "relations") is not None:
-                est.cached += 1
+            if exact and self.cached(second, "extract_relations") is not None:
+                self.est.cached += 1
             else:
-                pay(second, 0, max(len(entities) - 1, 1) * RELATION_ANSWER_TOKENS)
-    return est.priced(llm)
+                self.pay(second, 0, max(len(entities) - 1, 1) * RELATION_ANSWER_TOKENS)
+
+    def pack(self, texts: list[str], gleanings: int) -> None:
+        """One pass over a pack of chunks (an entity or relation of the answer names its passage: a few tokens)."""
+        from tasks.index.extract_llm import packed_glean_messages, packed_messages, parse_packed
+
+        messages = packed_messages(texts, self.prompts)
+        answer = self.cached(messages, "extract_packed")
+        names = [max(len(names_in(t)), 1) for t in texts]
+        if answer is None:
+            self.pay(
+                messages, 0, sum(n * (ENTITY_ANSWER_TOKENS + 5) + (n - 1) * (RELATION_ANSWER_TOKENS + 5) for n in names)
+            )
+            for _ in range(gleanings):
+                self.pay(messages, sum(names) * (LISTED_TOKENS + 5) + 30, 2 * ENTITY_ANSWER_TOKENS * len(texts))
+            return
+        self.est.cached += 1
+        try:
+            found = [ents for ents, _ in parse_packed(len(texts))(answer)] if answer else []
+        except Exception:  # noqa: BLE001 - asked again chunk by chunk: counted as one pass each
+            for text in texts:
+                self.pack([text], gleanings)
+            return
+        for _ in range(gleanings if found else 0):
+            more = packed_glean_messages(texts, found, self.prompts)
+            hit = self.cached(more, "extract_packed")
+            if hit is None:
+                self.pay(more, 0, 2 * ENTITY_ANSWER_TOKENS * len(texts))
+                return
+            self.est.cached += 1
+            seen = [{e["name"].lower() for e in ents} for ents in found]
+            new = [
+                [e for e in ents if e["name"].lower() not in seen[i]]
+                for i, (ents, _) in enumerate(parse_packed(len(texts), seen)(hit) if hit else [])
+            ]
+            if not any(new):
+                return
+            found = [ents + new[i] for i, ents in enumerate(found)]
 
 
 def scaled_estimate(stage: Stage, llm: LLMConfig, units: dict[str, int], ratios: Ratios) -> StageEstimate:

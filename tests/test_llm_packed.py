@@ -1,0 +1,136 @@
+"""Extraction in one pass over packs of short chunks (``llm.extraction.pack_tokens``): the packs, the answer read
+passage by passage, a failed pack asked chunk by chunk, and a run against the local server that makes the same graph
+with fewer calls and is estimated as it runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from schemas.config import ExtractConfig, LLMConfig
+from schemas.prompts import PromptSet
+from tasks.index.extract_llm import extract_batch_llm, packed_messages, packs, parse_packed
+from tasks.runtime.llm import ParseError
+from tasks.runtime.tokens import count_tokens
+from tasks.store.catalog import Catalog
+from tests.fake_llm_server import FakeLLM, answer_for
+
+SMALL = ["--set", "chunking.size=300", "--set", "chunking.overlap=30", "--set", "dask.processes=false",
+         "--set", "llm.backoff_base_s=0.05"]
+
+
+def test_packs_take_consecutive_chunks_while_their_text_fits_and_a_longer_chunk_alone():
+    texts = ["Marley was dead.", "Scrooge signed it.", "Bob Cratchit kept the door of his dismal little cell open.",
+             "Fred came."]
+    sizes = [count_tokens(t) for t in texts]
+    chunks = [{"id": str(i), "text": t} for i, t in enumerate(texts)]
+    budget = sizes[0] + sizes[1]  # the first two fit together; the third is longer than the budget: alone
+    assert sizes[2] > budget
+    assert [[c["id"] for c in p] for p in packs(chunks, budget)] == [["0", "1"], ["2"], ["3"]]
+    assert [[c["id"] for c in p] for p in packs(chunks, sum(sizes))] == [["0", "1", "2", "3"]]
+    assert [[c["id"] for c in p] for p in packs(chunks, 1)] == [["0"], ["1"], ["2"], ["3"]]
+
+
+def test_a_packed_answer_is_read_passage_by_passage():
+    answer = json.dumps({
+        "entities": [
+            {"passage": 1, "name": "Marley", "type": "person", "description": "Dead."},
+            {"passage": "2", "name": "Scrooge", "type": "person"},
+            {"passage": 2, "name": "Bob Cratchit", "type": "clerk"},  # not a type: concept
+            {"passage": 3, "name": "Fred"},  # no such passage: dropped
+            {"name": "Fan"},  # no passage: dropped
+        ],
+        "relations": [
+            {"passage": 2, "source": "Scrooge", "target": "Bob Cratchit", "description": "employs", "strength": 8},
+            {"passage": 1, "source": "Marley", "target": "Scrooge"},  # Scrooge is passage 2's: dropped
+            {"passage": 2, "source": "Scrooge", "target": "Scrooge"},  # no self-relation
+        ],
+    })
+    (ents1, rels1), (ents2, rels2) = parse_packed(2)(answer)
+    assert [(e["name"], e["type"], e["description"]) for e in ents1] == [("Marley", "person", "Dead.")]
+    assert [(e["name"], e["type"]) for e in ents2] == [("Scrooge", "person"), ("Bob Cratchit", "concept")]
+    assert rels1 == [] and [(r["source"], r["target"], r["weight"]) for r in rels2] == [("Scrooge", "Bob Cratchit", 8.0)]
+    # one passage: an item without a number is that passage's
+    [(ents, _)] = parse_packed(1)(json.dumps({"entities": [{"name": "Fan"}]}))
+    assert [e["name"] for e in ents] == ["Fan"]
+    # entities none of which says its passage: unusable (asked again, then chunk by chunk)
+    with pytest.raises(ParseError):
+        parse_packed(2)(json.dumps({"entities": [{"name": "Fan"}, {"name": "Fred"}]}))
+    with pytest.raises(ParseError):
+        parse_packed(2)(json.dumps({"relations": []}))
+    assert parse_packed(2)(json.dumps({"entities": []})) == [([], []), ([], [])]  # nothing named: nothing found
+
+
+class _Client:
+    """A client whose answer to a prompt of several passages stays unusable; one passage is answered."""
+
+    def __init__(self):
+        self.prompts = PromptSet()
+        self.asked: list[int] = []
+
+    async def complete(self, messages, *, prompt_version, json_mode, parse):
+        n = messages[-1]["content"].count("Passage ")
+        self.asked.append(n)
+        if n > 1:
+            raise ParseError("no 'entities' list")
+        return parse(answer_for(messages))
+
+
+def test_a_pack_whose_answer_stays_unusable_is_asked_chunk_by_chunk_and_nothing_is_lost():
+    chunks = [{"id": f"c{i}", "text": t} for i, t in enumerate(
+        ["Marley was dead. Scrooge signed it.", "Bob Cratchit worked for Scrooge.", "Fred visited Scrooge."])]
+    client = _Client()
+    res = extract_batch_llm(chunks, ExtractConfig(), LLMConfig(model="openai/fake"), "", client=client,
+                            pack_tokens=1000)
+    assert client.asked == [3, 1, 1, 1]  # the pack once (the client's own retry is inside), then each chunk
+    assert res.ok == ["c0", "c1", "c2"] and not res.quarantine
+    assert {(e["chunk_id"], e["name"]) for e in res.entities} == {
+        ("c0", "Marley"), ("c0", "Scrooge"), ("c1", "Bob Cratchit"), ("c1", "Scrooge"), ("c2", "Fred"),
+        ("c2", "Scrooge")}
+    assert {(r["chunk_id"], r["source"], r["target"]) for r in res.relations} == {
+        ("c0", "Marley", "Scrooge"), ("c1", "Bob Cratchit", "Scrooge"), ("c2", "Fred", "Scrooge")}
+
+
+def test_packed_messages_quote_each_passage_under_its_number():
+    user = packed_messages(["One.", "Two."], PromptSet())[-1]["content"]
+    assert 'Passage 1:\n"""\nOne.\n"""\n\nPassage 2:\n"""\nTwo.\n"""' in user
+
+
+def test_a_packed_run_makes_the_graph_of_the_two_passes_with_fewer_calls_and_is_estimated_as_it_runs(
+        tmp_path, small_corpus, monkeypatch):
+    """The local server names the same things of a chunk whichever prompt asks, so the two ways must give the same
+    layer 0; the packed one in fewer calls and prompt tokens, and ``--estimate`` counts its prompts."""
+    fake = FakeLLM().start()
+    try:
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-fake")
+        base = [*SMALL, "--set", "llm.model=openai/fake", "--set", f"llm.api_base={fake.url}",
+                "--set", "llm.summaries.model=offline", "--set", "llm.reports.model=offline"]
+        graphs, extract = [], []
+        for way, sets in (("two", []), ("packed", ["--set", "llm.extraction.pack_tokens=1200"])):
+            index = tmp_path / way
+            if way == "packed":
+                est = CliRunner().invoke(app, ["index", str(small_corpus), "--index", str(index), *base, *sets,
+                                               "--estimate", "--json"])
+                assert est.exit_code == 0, est.output
+                [stage] = [s for s in json.loads(est.output)["stages"] if s["stage"] == "extraction"]
+            res = CliRunner().invoke(app, ["index", str(small_corpus), "--index", str(index), "--quiet", *base, *sets])
+            assert res.exit_code == 0, res.output
+            cat = Catalog(index)
+            names = {e["id"]: e["name"] for e in cat.read("entities").to_pylist() if e["layer"] == 0}
+            graphs.append((
+                sorted((e["name"], e["description"]) for e in cat.read("entities").to_pylist() if e["layer"] == 0),
+                sorted((names[r["source_id"]], names[r["target_id"]]) for r in cat.read("relations").to_pylist()
+                       if r["kind"] == "extracted"),
+            ))
+            extract.append(json.loads(cat.runs()[-1]["stage_counts"])["extract"])
+        assert graphs[0][0] and graphs[0][1] and graphs[0] == graphs[1]
+        two, packed = extract
+        assert packed["llm_calls"] * 4 <= two["llm_calls"]  # several chunks a call, one pass instead of two
+        assert packed["llm_prompt_tokens"] < 0.6 * two["llm_prompt_tokens"]
+        assert stage["calls"] == packed["llm_calls"]
+        assert stage["input_tokens"] == pytest.approx(packed["llm_prompt_tokens"], rel=0.05)
+    finally:
+        fake.stop()
