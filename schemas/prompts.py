@@ -82,15 +82,17 @@ _DEFAULTS = (
     Prompt(
         "extract_packed",
         "extract-packed/1",
-        "extraction in one pass over several short chunks (llm.extraction.pack_tokens): entities and relations of each",
-        "You build a knowledge graph from text. For each numbered passage, identify every meaningful entity it names "
+        "extraction in one pass over several short chunks (llm.extraction.pack_tokens): the entities of each and the "
+        "relations among them, each relation with the words that relate its ends (the chunk's sentences describe them)",
+        "You build a knowledge graph from text. For each numbered passage, list every meaningful entity it names "
         "(people, organizations, places, events, works, technologies, important concepts and dates) and the pairs of "
-        "those entities the passage clearly relates. Answer with JSON only.",
+        "those entities the passage clearly relates, each with the verb or role that relates them. Answer with JSON "
+        "only.",
         "Entity types: $types.\n\n$passages\n\n"
         'Return {"entities": [{"passage": <its number>, "name": "<as written in the passage>", '
-        '"type": "<one entity type>", "description": "<what the passage says about it, one or two sentences>"}], '
-        '"relations": [{"passage": <its number>, "source": "<entity name>", "target": "<entity name>", '
-        '"description": "<how they are related, from the passage>", "strength": <1-10>}]}',
+        '"type": "<one entity type>"}], "relations": [{"passage": <its number>, "source": "<entity name>", '
+        '"target": "<entity name>", "label": "<the verb or role relating source to target, as the passage says it: '
+        'a few words>", "strength": <1-10>}]}',
         {"types": "the entity types, comma separated", "passages": 'each chunk as "Passage N:" and its quoted text'},
     ),
     Prompt(

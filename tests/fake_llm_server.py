@@ -43,23 +43,29 @@ def _sentence_naming(text: str, *names: str) -> str:
     return next((s for s in re.split(r"(?<=[.!?])\s+", text) if all(n in s for n in names)), "")
 
 
+def _between(text: str, a: str, b: str) -> str:
+    """A label for the pair: the first three lowercase words between ``a`` and ``b`` in a sentence naming both, else
+    "related to"."""
+    sentence = _sentence_naming(text, a, b)
+    middle = sentence.split(a, 1)[-1].split(b, 1)[0] if sentence else ""
+    words = [w for w in re.findall(r"[a-z]+", middle)][:3]
+    return " ".join(words) or "related to"
+
+
 def answer_for(messages: list[dict], realistic: bool = False) -> str:
     """An answer in the shape each of Strata's prompts asks for. ``realistic``: descriptions, summaries and findings
     of a model's length (a sentence of the text per entity and relation, a few sentences per summary and report)
     and every name of a chunk (not the first 12) — what a cost measurement needs."""
     system = messages[0]["content"] if messages else ""
     user = next((m["content"] for m in messages if m["role"] == "user"), "")
-    if "For each numbered passage" in system:  # extraction in one pass over a pack of passages
+    if "For each numbered passage" in system:  # one pass over a pack: names, types, labelled pairs (no descriptions)
         entities, relations = [], []
         for number, text in _PASSAGES.findall(user) if len(messages) <= 2 else []:  # gleaning: nothing missed
             names = list(dict.fromkeys(m.group(1) for m in _CAPS.finditer(text)))[: None if realistic else 12]
-            entities += [{"passage": int(number), "name": n, "type": "person" if len(n.split()) == 2 else "concept",
-                          "description": _clip(_sentence_naming(text, n), 30) if realistic else f"{n} appears in the text."}
+            entities += [{"passage": int(number), "name": n, "type": "person" if len(n.split()) == 2 else "concept"}
                          for n in names]
-            relations += [{"passage": int(number), "source": a, "target": b, "strength": 5,
-                           "description": _clip(_sentence_naming(text, a, b) or f"{a} and {b} are named in the same "
-                                                "passage.", 25) if realistic else f"{a} is mentioned with {b}."}
-                          for a, b in zip(names, names[1:])]
+            relations += [{"passage": int(number), "source": a, "target": b, "label": _between(text, a, b),
+                           "strength": 5} for a, b in zip(names, names[1:])]
         return json.dumps({"entities": entities, "relations": relations})
     if "Identify every meaningful entity" in system:
         text = _text_of(user)

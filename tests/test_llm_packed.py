@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from schemas.config import ExtractConfig, LLMConfig
 from schemas.prompts import PromptSet
-from tasks.index.extract_llm import extract_batch_llm, packed_messages, packs, parse_packed
+from tasks.index.extract_llm import extract_batch_llm, grounded_rows, packed_messages, packs, parse_packed
 from tasks.runtime.llm import ParseError
 from tasks.runtime.tokens import count_tokens
 from tasks.store.catalog import Catalog
@@ -44,7 +44,8 @@ def test_a_packed_answer_is_read_passage_by_passage():
             {"name": "Fan"},  # no passage: dropped
         ],
         "relations": [
-            {"passage": 2, "source": "Scrooge", "target": "Bob Cratchit", "description": "employs", "strength": 8},
+            {"passage": 2, "source": "Scrooge", "target": "Bob Cratchit", "label": "Employs", "strength": 8},
+            {"passage": 2, "source": "Bob Cratchit", "target": "Scrooge", "label": "is the one clerk who works for"},
             {"passage": 1, "source": "Marley", "target": "Scrooge"},  # Scrooge is passage 2's: dropped
             {"passage": 2, "source": "Scrooge", "target": "Scrooge"},  # no self-relation
         ],
@@ -52,7 +53,8 @@ def test_a_packed_answer_is_read_passage_by_passage():
     (ents1, rels1), (ents2, rels2) = parse_packed(2)(answer)
     assert [(e["name"], e["type"], e["description"]) for e in ents1] == [("Marley", "person", "Dead.")]
     assert [(e["name"], e["type"]) for e in ents2] == [("Scrooge", "person"), ("Bob Cratchit", "concept")]
-    assert rels1 == [] and [(r["source"], r["target"], r["weight"]) for r in rels2] == [("Scrooge", "Bob Cratchit", 8.0)]
+    assert rels1 == [] and [(r["source"], r["target"], r["weight"], r["label"]) for r in rels2] == [
+        ("Scrooge", "Bob Cratchit", 8.0, "employs"), ("Bob Cratchit", "Scrooge", 1.0, None)]  # six words: no label
     # one passage: an item without a number is that passage's
     [(ents, _)] = parse_packed(1)(json.dumps({"entities": [{"name": "Fan"}]}))
     assert [e["name"] for e in ents] == ["Fan"]
@@ -62,6 +64,29 @@ def test_a_packed_answer_is_read_passage_by_passage():
     with pytest.raises(ParseError):
         parse_packed(2)(json.dumps({"relations": []}))
     assert parse_packed(2)(json.dumps({"entities": []})) == [([], []), ([], [])]  # nothing named: nothing found
+
+
+def test_a_packed_answer_is_described_by_the_chunk_s_own_sentences():
+    chunk = {"id": "c", "text": "Marley was dead: to begin with.\nScrooge signed it. Old\n  Marley was as dead as a "
+                                "door-nail. Nobody else came."}
+    found = ([{"name": "Marley", "type": "person", "description": ""},
+              {"name": "Old Marley", "type": "person", "description": ""},
+              {"name": "Fan", "type": "person", "description": ""}],
+             [{"source": "Scrooge", "target": "Marley", "label": "signed for", "weight": 5.0, "description": ""},
+              {"source": "Fan", "target": "Scrooge", "label": None, "weight": 1.0, "description": ""}])
+    ents, rels = grounded_rows(chunk, found, 40)
+    assert [(e["name"], e["description"]) for e in ents] == [
+        ("Marley", "Marley was dead: to begin with."),  # a mention a sentence that names it
+        ("Marley", "Old Marley was as dead as a door-nail."),
+        ("Old Marley", "Old Marley was as dead as a door-nail."),  # across a line break
+        ("Fan", "Fan"),  # named by no sentence: its name
+    ]
+    assert [(r["description"], r["label"]) for r in rels] == [
+        ("Scrooge signed for Marley.", "signed for"),  # no sentence names both: the statement
+        ("Fan and Scrooge.", None),
+    ]
+    assert {e["chunk_id"] for e in ents} | {r["chunk_id"] for r in rels} == {"c"}
+    assert grounded_rows(chunk, found, 20)[0][1]["description"] == "Old Marley was as d…"  # clipped as offline
 
 
 class _Client:
@@ -119,14 +144,18 @@ def test_a_packed_run_makes_the_graph_of_the_two_passes_with_fewer_calls_and_is_
             res = CliRunner().invoke(app, ["index", str(small_corpus), "--index", str(index), "--quiet", *base, *sets])
             assert res.exit_code == 0, res.output
             cat = Catalog(index)
-            names = {e["id"]: e["name"] for e in cat.read("entities").to_pylist() if e["layer"] == 0}
-            graphs.append((
-                sorted((e["name"], e["description"]) for e in cat.read("entities").to_pylist() if e["layer"] == 0),
-                sorted((names[r["source_id"]], names[r["target_id"]]) for r in cat.read("relations").to_pylist()
-                       if r["kind"] == "extracted"),
-            ))
+            layer0 = [e for e in cat.read("entities").to_pylist() if e["layer"] == 0]
+            names = {e["id"]: e["name"] for e in layer0}
+            extracted = [r for r in cat.read("relations").to_pylist() if r["kind"] == "extracted"]
+            graphs.append((sorted((e["name"], e["type"]) for e in layer0),
+                           sorted((names[r["source_id"]], names[r["target_id"]]) for r in extracted)))
             extract.append(json.loads(cat.runs()[-1]["stage_counts"])["extract"])
-        assert graphs[0][0] and graphs[0][1] and graphs[0] == graphs[1]
+        assert graphs[0][0] and graphs[0][1] and graphs[0] == graphs[1]  # the same things named, the same pairs
+        # the packed run's descriptions are the chunks' sentences, its relations labelled by the model
+        texts = " ".join(" ".join(c["text"].split()) for c in cat.read("chunks").to_pylist())
+        assert all(e["description"].split(" ")[0] in texts for e in layer0)
+        assert not any("appears in the text" in e["description"] for e in layer0)
+        assert sum(bool(r["label"]) for r in extracted) > len(extracted) / 2
         two, packed = extract
         assert packed["llm_calls"] * 4 <= two["llm_calls"]  # several chunks a call, one pass instead of two
         assert packed["llm_prompt_tokens"] < 0.6 * two["llm_prompt_tokens"]

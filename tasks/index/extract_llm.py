@@ -1,6 +1,7 @@
 """Extract, LLM path: HiRAG's two passes per chunk — typed entities, then relations between them —
 with optional gleaning; or, with ``llm.extraction.pack_tokens``, one pass for both over several short chunks at
-once (the instructions paid once for the pack, the text once instead of twice). Output rows match the offline
+once (the instructions paid once for the pack, the text once instead of twice), the model naming and relating,
+the chunk's own sentences describing (most of a model's answer was descriptions). Output rows match the offline
 extractor's, so merge is shared.
 
 ``extract_batch_llm`` is the parallel unit (one Dask task per batch of chunks); inside it all
@@ -19,8 +20,10 @@ from schemas.config import ExtractConfig, LLMConfig
 from schemas.prompts import ENTITY_TYPES, PromptSet
 from tasks.errors import CostCapReached
 from tasks.index.extract import ExtractionResult
+from tasks.index.statements import MAX_LABEL_WORDS
 from tasks.runtime.llm import ParseError, event_loop, parse_json, run_sync
 from tasks.runtime.llm_client import shared_client, usage_scope
+from tasks.runtime.text import split_sentences, squash_clip
 from tasks.runtime.tokens import count_tokens
 from tasks.store.ids import quarantine_row
 
@@ -170,10 +173,17 @@ def parse_packed(n: int, known: list[set[str]] | None = None):
         for it in relations:
             p = passage(it)
             if p is not None and (relation := _relation(it, names[p])) is not None:
-                out[p][1].append(relation)
+                out[p][1].append(dict(relation, label=_label(it.get("label"))))
         return out
 
     return parse
+
+
+def _label(raw: Any) -> str | None:
+    """A relation's label as the model gave it: its words lowercased, None where it gives none or more than a
+    statement's label holds (``statements.MAX_LABEL_WORDS``)."""
+    words = str(raw or "").lower().split()
+    return " ".join(words) if 0 < len(words) <= MAX_LABEL_WORDS else None
 
 
 async def extract_chunk_llm(client, chunk: dict[str, Any], gleanings: int) -> tuple[list, list]:
@@ -212,6 +222,32 @@ def _rows(chunk: dict[str, Any], entities: list[dict[str, Any]], relations: list
     return ents, rels
 
 
+def grounded_rows(chunk: dict[str, Any], found: tuple[list, list], max_chars: int) -> tuple[list, list]:
+    """A chunk's entities and relations from a packed answer, described by the chunk's own sentences (the model
+        gives names, types and labels, not descriptions, as the offline extractor does): an entity mention per
+        sentence that names it (whitespace and case aside), or one described by its name where none does (a name across
+    a paragraph break); a relation
+        by the first sentence that names both ends, else by its statement ("Scrooge employs Bob Cratchit.")."""
+    entities, relations = found
+    sentences = [(squash_clip(s, max_chars), " ".join(s.split()).lower()) for s in split_sentences(chunk["text"])]
+
+    def naming(*names: str) -> list[str]:
+        wanted = [" ".join(n.split()).lower() for n in names]
+        return [said for said, low in sentences if all(w in low for w in wanted)]
+
+    ents = [
+        dict(e, description=said, chunk_id=chunk["id"])
+        for e in entities
+        for said in naming(e["name"]) or [" ".join(e["name"].split())]
+    ]
+    rels = []
+    for r in relations:
+        both = naming(r["source"], r["target"])
+        statement = f"{r['source']} {r['label'] or 'and'} {r['target']}."
+        rels.append(dict(r, description=both[0] if both else statement, chunk_id=chunk["id"]))
+    return ents, rels
+
+
 async def extract_pack_llm(client, pack: list[dict[str, Any]], gleanings: int) -> Found:
     """One pack's entities and relations in one pass (and ``gleanings``), each chunk's apart."""
     texts, prompts = [c["text"] for c in pack], client.prompts
@@ -235,18 +271,18 @@ async def extract_pack_llm(client, pack: list[dict[str, Any]], gleanings: int) -
 
 
 async def extract_packed_llm(
-    client, pack: list[dict[str, Any]], gleanings: int
+    client, pack: list[dict[str, Any]], gleanings: int, max_chars: int
 ) -> list[tuple[list, list] | BaseException]:
-    """A pack's chunks' rows; where the pack's answer stays unusable, each of its chunks asked alone (so one bad
-    answer costs no other chunk), and a chunk that fails alone is the exception it failed with."""
+    """A pack's chunks' rows (``grounded_rows``); where the pack's answer stays unusable, each of its chunks asked
+    alone (so one bad answer costs no other chunk), and a chunk that fails alone is the exception it failed with."""
     try:
         found = await extract_pack_llm(client, pack, gleanings)
     except Exception as exc:  # noqa: BLE001 - the pack fails as a whole: its chunks one by one
         if len(pack) == 1 or isinstance(exc, CostCapReached):  # past the cap no chunk is asked again
             return [exc] * len(pack)
-        alone = await asyncio.gather(*(extract_packed_llm(client, [c], gleanings) for c in pack))
+        alone = await asyncio.gather(*(extract_packed_llm(client, [c], gleanings, max_chars) for c in pack))
         return [one[0] for one in alone]
-    return [_rows(chunk, ents, rels) for chunk, (ents, rels) in zip(pack, found)]
+    return [grounded_rows(chunk, one, max_chars) for chunk, one in zip(pack, found)]
 
 
 def warm() -> None:
@@ -289,7 +325,10 @@ def extract_batch_llm(
                 )
             else:
                 by_pack = await asyncio.gather(
-                    *(extract_packed_llm(client, p, llm.gleanings) for p in packs(chunks, pack_tokens))
+                    *(
+                        extract_packed_llm(client, p, llm.gleanings, cfg.max_sentence_chars)
+                        for p in packs(chunks, pack_tokens)
+                    )
                 )
                 results = [r for rows in by_pack for r in rows]
         return results, usage

@@ -68,6 +68,8 @@ DEFAULT_RATIOS: dict[str, Ratios] = {
 #: an entity's line in a relation prompt ("- Bob Cratchit (person)"), and what a model writes per entity and per
 #: relation it finds (a name, a type, a sentence of description), in tokens
 LISTED_TOKENS, ENTITY_ANSWER_TOKENS, RELATION_ANSWER_TOKENS = 8, 45, 40
+#: a packed answer's entity (passage, name, type) and relation (passage, ends, label, strength): no description
+PACKED_ENTITY_TOKENS, PACKED_RELATION_TOKENS = 20, 35
 _NAME = re.compile(r"\b[A-Z][\w'’-]*(?:\s+(?:of\s+|the\s+)?[A-Z][\w'’-]*)*")
 _NOT_NAMES = frozenset(
     "a an and as at but by for from he her his i if in it its my no not of on or our she so that the their then "
@@ -218,18 +220,16 @@ class _Asker:
                 self.pay(second, 0, max(len(entities) - 1, 1) * RELATION_ANSWER_TOKENS)
 
     def pack(self, texts: list[str], gleanings: int) -> None:
-        """One pass over a pack of chunks (an entity or relation of the answer names its passage: a few tokens)."""
+        """One pass over a pack of chunks: names, types and labelled pairs, no descriptions."""
         from tasks.index.extract_llm import packed_glean_messages, packed_messages, parse_packed
 
         messages = packed_messages(texts, self.prompts)
         answer = self.cached(messages, "extract_packed")
         names = [max(len(names_in(t)), 1) for t in texts]
         if answer is None:
-            self.pay(
-                messages, 0, sum(n * (ENTITY_ANSWER_TOKENS + 5) + (n - 1) * (RELATION_ANSWER_TOKENS + 5) for n in names)
-            )
+            self.pay(messages, 0, sum(n * PACKED_ENTITY_TOKENS + (n - 1) * PACKED_RELATION_TOKENS for n in names))
             for _ in range(gleanings):
-                self.pay(messages, sum(names) * (LISTED_TOKENS + 5) + 30, 2 * ENTITY_ANSWER_TOKENS * len(texts))
+                self.pay(messages, sum(names) * (LISTED_TOKENS + 5) + 30, 2 * PACKED_ENTITY_TOKENS * len(texts))
             return
         self.est.cached += 1
         try:
@@ -242,7 +242,7 @@ class _Asker:
             more = packed_glean_messages(texts, found, self.prompts)
             hit = self.cached(more, "extract_packed")
             if hit is None:
-                self.pay(more, 0, 2 * ENTITY_ANSWER_TOKENS * len(texts))
+                self.pay(more, 0, 2 * PACKED_ENTITY_TOKENS * len(texts))
                 return
             self.est.cached += 1
             seen = [{e["name"].lower() for e in ents} for ents in found]
