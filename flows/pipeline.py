@@ -36,7 +36,7 @@ from tasks.errors import CostCapReached
 from tasks.index import extract_llm
 from tasks.index.extract import warm as warm_extraction
 from tasks.index.validate import warm as warm_validation
-from tasks.methods.base import BuildLayer0, Hierarchy, UpdateLayer0
+from tasks.methods.base import BuildLayer0, Hierarchy, UpdateLayer0, check_whole_memory
 from tasks.runtime import process
 from tasks.runtime.parallel import DaskPool, LocalMapper, Mapper, ProcessMapper
 from tasks.runtime.process import blas_on_one_thread
@@ -108,7 +108,9 @@ def run_stages(run: PipelineRun) -> BuildResult:
         # what the method read of the snapshot (its summaries, links, communities, reports: 120 MB at 100k chunks)
         for name in ("entities", "relations", "communities", "community_reports", "layers"):
             run.forget_previous(name)
-    else:  # layer 0 in parts, read whole for a method that clusters it in this process
+    else:  # layer 0 in parts, read whole for a method that clusters it in this process (if it fits)
+        if not run.method.reads_parts:
+            check_whole_memory(run.method, layer0.count(), process.machine_memory())
         hierarchy = run.method.build(run, layer0 if run.method.reads_parts else layer0.whole())
     stop_at_cap(run, hierarchy.quarantine)
     tables = assemble(run, delta, documents, layer0, hierarchy, mentions)

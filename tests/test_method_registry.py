@@ -27,6 +27,7 @@ class NearestOnly:
     modes = {"nearest": ("entities",)}
     relation_kinds = ("nearest_to",)
     reads_parts = vectors_by_id = False  # handed layer 0 whole, every vector
+    whole_bytes_per_entity = 0  # not stated: not checked
 
     def build(self, ctx, layer0: BuildLayer0) -> Hierarchy:
         vecs = layer0.vectors
@@ -75,3 +76,32 @@ def test_a_fourth_method_registered_in_one_line_builds_queries_and_inspects(smal
     assert info["relations_by_kind"]["nearest_to"] == info["tables"]["entities"]
     assert info["nodes"][0]["nearest_to"] == info["tables"]["entities"]  # counted per layer, as ArchRAG's links
     assert runner.invoke(app, ["validate", "--index", str(index)]).exit_code == 0
+
+
+def test_a_method_handed_layer_0_whole_is_refused_before_its_build_where_it_cannot_fit(small_corpus, tmp_path,
+                                                                                         monkeypatch):
+    """``check_whole_memory``: entities × the method's stated bytes against 80 % of the machine; in a run, the
+    build is refused before its hierarchy starts (exit 5), nothing published."""
+    import pytest
+
+    from tasks.errors import TooLargeForTask, exit_code
+    from tasks.methods.base import check_whole_memory
+    from tasks.runtime import process
+
+    archrag = get_method("archrag")
+    assert archrag.whole_bytes_per_entity > 0 and get_method("hygrag").whole_bytes_per_entity > 0
+    room = 1000 * archrag.whole_bytes_per_entity  # 80 %: room for 800 entities
+    check_whole_memory(archrag, 800, room)  # what fits goes ahead
+    with pytest.raises(TooLargeForTask, match="its 801 entities need") as refused:
+        check_whole_memory(archrag, 801, room)
+    assert exit_code(refused.value) == 5 and 'index.method = "hirag"' in str(refused.value)
+    check_whole_memory(get_method("hirag"), 10**9, 1)  # hirag is never handed layer 0 whole: no bound here
+
+    monkeypatch.setattr(process, "machine_memory", lambda: 10 * archrag.whole_bytes_per_entity)
+    index = tmp_path / "index"
+    cfg = load_config(overrides={**SMALL, "index": {"method": "archrag"}})
+    with pytest.raises(TooLargeForTask, match="the archrag method builds its hierarchy"):
+        build_index(str(small_corpus), Catalog(index), cfg)
+    assert Catalog(index).snapshot() is None  # refused before anything was published
+    runs = Catalog(index).runs()
+    assert runs and runs[-1]["status"] != "published" and "hierarchy" not in json.loads(runs[-1]["stage_counts"])

@@ -209,11 +209,6 @@ async def extract_chunk_llm(client, chunk: dict[str, Any], gleanings: int) -> tu
             json_mode=True,
             parse=parse_relations({e["name"].lower() for e in entities}),
         )
-    return _rows(chunk, entities, relations)
-
-
-def _rows(chunk: dict[str, Any], entities: list[dict[str, Any]], relations: list[dict[str, Any]]) -> tuple[list, list]:
-    """A chunk's raw entities and relations as extraction hands them to merge (an empty description: the name)."""
     ents = [dict(e, description=e["description"] or e["name"], chunk_id=chunk["id"]) for e in entities]
     rels = [
         dict(r, description=r["description"] or f"{r['source']} and {r['target']}", chunk_id=chunk["id"])
@@ -224,10 +219,10 @@ def _rows(chunk: dict[str, Any], entities: list[dict[str, Any]], relations: list
 
 def grounded_rows(chunk: dict[str, Any], found: tuple[list, list], max_chars: int) -> tuple[list, list]:
     """A chunk's entities and relations from a packed answer, described by the chunk's own sentences (the model
-        gives names, types and labels, not descriptions, as the offline extractor does): an entity mention per
-        sentence that names it (whitespace and case aside), or one described by its name where none does (a name across
-    a paragraph break); a relation
-        by the first sentence that names both ends, else by its statement ("Scrooge employs Bob Cratchit.")."""
+    gives names, types and labels, not descriptions, as the offline extractor does): an entity mention per sentence
+    that names it (whitespace and case aside), or one described by its name where none does (a name across a
+    paragraph break); a relation by the first sentence that names both ends, else by its statement ("Scrooge
+    employs Bob Cratchit.")."""
     entities, relations = found
     sentences = [(squash_clip(s, max_chars), " ".join(s.split()).lower()) for s in split_sentences(chunk["text"])]
 

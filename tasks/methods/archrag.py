@@ -209,6 +209,7 @@ def link_rows(layer_ids: list[list[str]], layers: list[np.ndarray], m: int) -> l
 class ArchRAG:
     name = "archrag"
     reads_parts = False  # a build is handed layer 0 whole
+    whole_bytes_per_entity = 64_000  # its build in the run process, measured, with room (docs/benchmarks.md)
     vectors_by_id = True  # an update reads the vectors of the layer-0 entities it needs (``UpdateLayer0.vectors_of``)
     modes = {"archrag": ("entities", "communities", "bridge")}
     relation_kinds = ("chnsw", "chnsw_down")  # C-HNSW: within a layer, and from a layer to the one below

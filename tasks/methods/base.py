@@ -27,6 +27,7 @@ from schemas.tables import (
     ReportRow,
     schema_for,
 )
+from tasks.errors import TooLargeForTask
 from tasks.store.rows import plain_rows, vector_matrix
 
 #: an entity row's fields (``EntityRow``): its table's columns but the vector and the version
@@ -204,6 +205,11 @@ class MethodContext(Protocol):
     ) -> pa.Table: ...
 
 
+#: the share of a process's memory one task, or a build handed layer 0 whole, is planned to take (a Dask worker
+#: pauses at 80 % and restarts at 95 %; in the run's process the rest is the interpreter and what it holds)
+TASK_MEMORY_SHARE = 0.8
+
+
 class IndexMethod(Protocol):
     name: str
     #: retrieval modes it offers besides the shared ppr, hybrid and naive: mode -> the context sections it
@@ -216,6 +222,10 @@ class IndexMethod(Protocol):
     reads_parts: bool
     #: an update reads only the layer-0 vectors it needs (``UpdateLayer0.vectors_of``); False: handed every vector
     vectors_by_id: bool
+    #: a method handed layer 0 whole (not ``reads_parts``): the memory its build takes in the run's process per
+    #: layer-0 entity (its relations and vectors with it), in bytes, measured (docs/benchmarks.md); checked before
+    #: the build starts (``check_whole_memory``); 0: not stated, not checked
+    whole_bytes_per_entity: int
 
     def build(self, ctx: MethodContext, layer0: BuildLayer0) -> Hierarchy:
         """Everything above a build's layer 0: its rows and vectors in ``entities`` and ``vectors``, or, for a
@@ -233,3 +243,17 @@ class IndexMethod(Protocol):
 
     def refine(self, ctx: Context, client: LLMClient) -> Context:
         """What the answer step reads of a context of this method's modes, given an LLM (identity: all of it)."""
+
+
+def check_whole_memory(method: IndexMethod, entities: int, room: int) -> None:
+    """Refuse, before its build starts, a method handed layer 0 whole whose ``entities`` would need more than
+    ``TASK_MEMORY_SHARE`` of ``room`` (the run's machine, in bytes): a clear error, not the run killed for memory
+    in its hierarchy."""
+    need = entities * method.whole_bytes_per_entity
+    if need > TASK_MEMORY_SHARE * room:
+        raise TooLargeForTask(
+            f"the {method.name} method builds its hierarchy over the whole of layer 0 in the run's process: its "
+            f"{entities:,} entities need about {need / 2**30:.1f} GB, more than {TASK_MEMORY_SHARE:.0%} of the "
+            f"{room / 2**30:.1f} GB this machine has. Run it on a machine with more memory, or build with the hirag "
+            'method (index.method = "hirag"), whose hierarchy runs as tasks over parts of layer 0.'
+        )

@@ -18,6 +18,7 @@ import pyarrow as pa
 from schemas.tables import schema_for
 from tasks.errors import TooLargeForTask
 from tasks.index.embed import entity_text
+from tasks.methods.base import TASK_MEMORY_SHARE
 from tasks.methods.hirag.communities import detect_communities, graph_arrays
 from tasks.methods.hirag.hierarchy import build_hierarchy, build_layers, converged
 from tasks.methods.layer_parts import LayerOne
@@ -79,8 +80,6 @@ def communities_on_cluster(ctx: Any, entity_ids: list[str] | pa.ChunkedArray, re
 #: the memory the communities task needs per relation, at most: its reading of them into ``graph_arrays``, then
 #: Leiden over the arrays (``benchmarks/bench_leiden.py``, docs/benchmarks.md "Leiden on arrays"), with room to spare
 LEIDEN_BYTES_PER_RELATION = 300
-#: the share of a worker's memory a task is planned to use (Dask pauses a worker at 80 % and restarts it at 95 %)
-TASK_MEMORY_SHARE = 0.8
 
 
 def check_task_memory(relations: int, room: int) -> None:

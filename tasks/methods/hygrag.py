@@ -227,6 +227,7 @@ def build_layers(
 class HyGRAG:
     name = "hygrag"
     reads_parts = False  # a build is handed layer 0 whole
+    whole_bytes_per_entity = 20_000  # its build in the run process, measured, with room (docs/benchmarks.md)
     vectors_by_id = True  # an update reads the vectors of the layer-0 entities it needs (``UpdateLayer0.vectors_of``)
     modes = {"hygrag": ("entities", "communities", "bridge")}
     relation_kinds: tuple[str, ...] = ()

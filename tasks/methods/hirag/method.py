@@ -33,6 +33,7 @@ class HiRAG:
     }
     relation_kinds: tuple[str, ...] = ()
     reads_parts = True  # a build's layer 0 stays in parts (``graph_parts``): the pipeline does not read it whole
+    whole_bytes_per_entity = 0  # never handed layer 0 whole (its communities' bound: ``graph_parts.check_task_memory``)
     vectors_by_id = True  # an update reads the vectors of the layer-0 entities it needs (``UpdateLayer0.vectors_of``)
 
     def refine(self, ctx, client):
