@@ -48,7 +48,7 @@ def _between(text: str, a: str, b: str) -> str:
     "related to"."""
     sentence = _sentence_naming(text, a, b)
     middle = sentence.split(a, 1)[-1].split(b, 1)[0] if sentence else ""
-    words = [w for w in re.findall(r"[a-z]+", middle)][:3]
+    words = re.findall(r"[a-z]+", middle)[:3]
     return " ".join(words) or "related to"
 
 

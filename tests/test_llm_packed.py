@@ -163,3 +163,32 @@ def test_a_packed_run_makes_the_graph_of_the_two_passes_with_fewer_calls_and_is_
         assert stage["input_tokens"] == pytest.approx(packed["llm_prompt_tokens"], rel=0.05)
     finally:
         fake.stop()
+
+
+def test_a_name_describes_by_the_sentences_that_name_it_as_whole_words():
+    chunk = {"id": "c", "text": "Al was there. Alas, also nobody. The US team won. Thus it ended."}
+    found = ([{"name": "Al", "type": "person", "description": ""}, {"name": "US", "type": "location",
+                                                                      "description": ""}], [])
+    ents, _ = grounded_rows(chunk, found, 100)
+    assert [(e["name"], e["description"]) for e in ents] == [("Al", "Al was there."), ("US", "The US team won.")]
+
+
+def test_the_estimate_asks_a_pack_remembered_as_unparseable_chunk_by_chunk(tmp_path):
+    """The client refuses a prompt remembered as unparseable, so extraction asks that pack's chunks one by one: the
+    estimate counts those prompts, and none for a chunk alone that is remembered so too (it is quarantined)."""
+    from tasks.index.llm_estimate import extraction_estimate
+    from tasks.runtime.llm_client import ResponseCache, cache_key
+
+    llm = LLMConfig(model="openai/fake")
+    texts = ["Marley was dead.", "Scrooge signed it."]
+    said = PromptSet()
+    params = {"temperature": 0.0, "max_tokens": 2000, "response_format": {"type": "json_object"}}
+    version = said["extract_packed"].version
+    cache = ResponseCache(tmp_path / "llm_cache.sqlite")
+    cache.put_failure(cache_key(llm.model, packed_messages(texts, said), params, version), "no 'entities' list")
+    alone = [extraction_estimate([[t]], llm, 0, None, 1000) for t in texts]
+    est = extraction_estimate([texts], llm, 0, cache, 1000)
+    assert (est.calls, est.cached) == (2, 1)
+    assert est.input_tokens == sum(a.input_tokens for a in alone)
+    cache.put_failure(cache_key(llm.model, packed_messages(texts[:1], said), params, version), "no 'entities' list")
+    assert extraction_estimate([texts[:1]], llm, 0, cache, 1000).calls == 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import asdict
 from typing import Any
 
@@ -220,15 +221,15 @@ async def extract_chunk_llm(client, chunk: dict[str, Any], gleanings: int) -> tu
 def grounded_rows(chunk: dict[str, Any], found: tuple[list, list], max_chars: int) -> tuple[list, list]:
     """A chunk's entities and relations from a packed answer, described by the chunk's own sentences (the model
     gives names, types and labels, not descriptions, as the offline extractor does): an entity mention per sentence
-    that names it (whitespace and case aside), or one described by its name where none does (a name across a
+    that names it (as whole words, whitespace and case aside: "Al" is not named by "also"), or one described by its name where none does (a name across a
     paragraph break); a relation by the first sentence that names both ends, else by its statement ("Scrooge
     employs Bob Cratchit.")."""
     entities, relations = found
     sentences = [(squash_clip(s, max_chars), " ".join(s.split()).lower()) for s in split_sentences(chunk["text"])]
 
     def naming(*names: str) -> list[str]:
-        wanted = [" ".join(n.split()).lower() for n in names]
-        return [said for said, low in sentences if all(w in low for w in wanted)]
+        wanted = [re.compile(rf"(?<!\w){re.escape(' '.join(n.split()).lower())}(?!\w)") for n in names]
+        return [said for said, low in sentences if all(w.search(low) for w in wanted)]
 
     ents = [
         dict(e, description=said, chunk_id=chunk["id"])

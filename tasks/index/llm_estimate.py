@@ -233,12 +233,14 @@ class _Asker:
             return
         self.est.cached += 1
         try:
-            found = [ents for ents, _ in parse_packed(len(texts))(answer)] if answer else []
-        except Exception:  # noqa: BLE001 - asked again chunk by chunk: counted as one pass each
-            for text in texts:
+            if not answer:
+                raise ValueError("remembered as unparseable")
+            found = [ents for ents, _ in parse_packed(len(texts))(answer)]
+        except Exception:  # noqa: BLE001 - a pack's chunks are asked again one by one; a chunk alone is quarantined
+            for text in texts if len(texts) > 1 else ():
                 self.pack([text], gleanings)
             return
-        for _ in range(gleanings if found else 0):
+        for _ in range(gleanings):
             more = packed_glean_messages(texts, found, self.prompts)
             hit = self.cached(more, "extract_packed")
             if hit is None:
