@@ -459,14 +459,14 @@ class StorageConfig(_Section):
     retry_timeout_s: int = Field(180, gt=0, description="... and not retried once this many seconds have passed.")
     writer_lock: Literal["auto", "off"] = Field(
         "auto",
-        description="auto: one writer per index (a lock file for a folder; for s3:// and az:// a lock object "
+        description="auto: one writer per index (a lock file for a folder; for s3://, gs:// and az:// a lock object "
         "written with a conditional write, heartbeated, taken over once expired). off: no lock, for a store without "
-        "one (gs://) whose writers you serialise yourself (one deployment, a concurrency limit of 1).",
+        "one whose writers you serialise yourself (one deployment, a concurrency limit of 1).",
     )
     lock_ttl_s: float = Field(
         60.0,
         ge=3,
-        description="An s3:// or az:// writer lock whose holder stopped renewing it (every "
+        description="An object store's writer lock whose holder stopped renewing it (every "
         "third of this) for this long is taken over by the next writer.",
     )
     cache_dir: str = Field(

@@ -81,6 +81,17 @@ def azurite():
 
 
 @pytest.fixture(scope="session")
+def gcs_server():
+    """A Google Cloud Storage stand-in on a free port of 127.0.0.1, in memory (``tests/gcs_server.py``: GCS's XML
+    and JSON APIs with its generation preconditions); started once per session, only by the tests that ask for it."""
+    from tests.gcs_server import start_gcs_server
+
+    server = start_gcs_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def s3_server():
     """moto's standalone S3 server on a free port of 127.0.0.1, behind a proxy that counts bytes and injects faults
     on demand (``tests/s3_server.py``); started once per session, only by the tests that ask for it."""

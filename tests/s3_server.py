@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
 
 #: credentials of the fake store (moto accepts any): never real ones
 FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "strata-test-key", "AWS_SECRET_ACCESS_KEY": "strata-test-secret",
@@ -38,7 +39,8 @@ def free_port() -> int:
 @dataclass
 class Fault:
     """Fail requests by what they are: those of ``method`` whose path matches ``path`` (a regex searched in it),
-    the ``times`` of them after the first ``after``, with ``kind`` (as ``Faults.kinds``). Lance's paths:
+    the ``times`` of them after the first ``after``, with ``kind`` (as ``Faults.kinds``); the path is read
+    percent-decoded (GCS's XML API encodes a key's every "/" and "_"). Lance's paths:
     ``/_versions/`` a manifest, ``/data/`` a data file, ``/_transactions/`` a transaction file; a GET of the bucket
     itself (``^/[^/]+$``, query aside) is a listing."""
 
@@ -54,7 +56,7 @@ class Fault:
         self.pattern = re.compile(self.path)
 
     def takes(self, method: str, path: str) -> bool:
-        if method != self.method or not self.pattern.search(path.split("?", 1)[0]):
+        if method != self.method or not self.pattern.search(unquote(path.split("?", 1)[0])):
             return False
         self.seen += 1
         if self.after < self.seen <= self.after + self.times:

@@ -346,9 +346,9 @@ def test_remote_caches_go_to_the_cache_setting_and_other_stores_need_an_explicit
     assert cat.cache_dir == tmp_path / "c" / "s3_bucket_a_b"
     assert Catalog("file://" + str(tmp_path / "x")).cache_dir == tmp_path / "x" / "_cache"
     with pytest.raises(UsageError, match="writer_lock"):
-        with Catalog("gs://bucket/idx", storage=StorageConfig()).writer_lock():
+        with Catalog("oss://bucket/idx", storage=StorageConfig()).writer_lock():
             pass
-    with Catalog("gs://bucket/idx", storage=StorageConfig(writer_lock="off")).writer_lock():
+    with Catalog("oss://bucket/idx", storage=StorageConfig(writer_lock="off")).writer_lock():
         pass
 
 

@@ -6,7 +6,9 @@ One protocol (``Lease``) over each store's conditional writes:
 * s3:// (and any S3-compatible endpoint): ``If-None-Match: *`` creates, ``If-Match: <ETag>`` replaces and deletes
   (``S3Lease``);
 * az:// and abfs[s]:// (Azure Blob Storage, Azurite): the same HTTP preconditions on the Blob service
-  (``AzureLease``).
+  (``AzureLease``);
+* gs:// (Google Cloud Storage): generation preconditions, ``ifGenerationMatch=0`` creates, ``ifGenerationMatch=<the
+  generation>`` replaces and deletes (``GCSLease``); the object's generation is its ETag here.
 
 The object ``<prefix>/.writer.lock`` names its holder. Of two writers creating it, exactly one succeeds; the holder
 rewrites it every third of ``storage.lock_ttl_s`` (a heartbeat, conditional on its own ETag). A lock not rewritten
@@ -346,6 +348,119 @@ class AzureLease(Lease):
         self.client.delete_blob(etag=etag, match_condition=MatchConditions.IfNotModified)
 
 
+# --------------------------------------------------------------------------------------------------- GCS
+_GCS_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+
+
+def _gcs_setting(opts: dict[str, str], env: Any, names: tuple[str, ...], variable: str) -> str:
+    """A GCS setting by any of object_store's names for it in ``storage.options``, else its GOOGLE_* variable."""
+    return next((opts[n] for n in names if opts.get(n)), "") or env.get(variable, "")
+
+
+def _gcs_bucket(uri: str, storage: StorageConfig, environ: dict[str, str] | None = None) -> Any:
+    """The bucket of a gs:// index, for its lock object, reached with the settings LanceDB is given
+    (``storage.options``: ``google_service_account_key`` (the key's JSON), ``google_service_account`` (its path) or
+    ``google_application_credentials``, else the GOOGLE_* variables, else the machine's application default
+    credentials). A key with ``gcs_base_url`` and ``disable_oauth`` (how object_store reaches an emulator)
+    is read the same way here."""
+    import google.auth
+    from google.auth.credentials import AnonymousCredentials
+    from google.auth.exceptions import DefaultCredentialsError
+    from google.cloud import storage as gcs
+
+    env = os.environ if environ is None else environ
+    opts = {k.lower(): v.get_secret_value() for k, v in storage.options.items()}
+    key = _gcs_setting(opts, env, ("google_service_account_key", "service_account_key"), "GOOGLE_SERVICE_ACCOUNT_KEY")
+    path = _gcs_setting(
+        opts,
+        env,
+        ("google_service_account", "service_account", "google_service_account_path", "service_account_path"),
+        "GOOGLE_SERVICE_ACCOUNT",
+    ) or _gcs_setting(opts, env, ("google_application_credentials",), "GOOGLE_APPLICATION_CREDENTIALS")
+    try:
+        info = json.loads(key) if key else (json.loads(open(path).read()) if path else None)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"the GCS service-account key of {uri} cannot be read ({exc})") from exc
+    try:
+        if info is not None and info.get("disable_oauth"):
+            credentials: Any = AnonymousCredentials()
+        elif info is not None:
+            credentials, _ = google.auth.load_credentials_from_dict(info, scopes=[_GCS_SCOPE])
+        else:
+            credentials, _ = google.auth.default(scopes=[_GCS_SCOPE])
+    except (DefaultCredentialsError, ValueError) as exc:
+        raise UsageError(
+            f"no credential for the writer lock of {uri}: set storage.options.google_service_account (a key file) "
+            "or $GOOGLE_APPLICATION_CREDENTIALS, run where application default credentials exist, or set "
+            f'storage.writer_lock = "off" ({exc})'
+        ) from exc
+    endpoint = (info or {}).get("gcs_base_url")
+    client = gcs.Client(
+        project=(info or {}).get("project_id") or "strata",
+        credentials=credentials,
+        client_options={"api_endpoint": endpoint} if endpoint else None,
+    )
+    return client.bucket(uri.split("://", 1)[1].partition("/")[0])
+
+
+class GCSLease(Lease):
+    """The lease on a gs:// index (Google Cloud Storage's generation preconditions; the generation is the ETag).
+    Requests are retried on 429, 5xx and dropped connections for up to ``storage.retry_timeout_s``, as LanceDB's
+    are; every write carries a precondition, so a retried one cannot overwrite another writer's."""
+
+    def __init__(self, uri: str, storage: StorageConfig, bucket: Any = None):
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        super().__init__(uri, storage)
+        self.bucket = bucket if bucket is not None else _gcs_bucket(uri, storage)
+        self.key = _lock_key(uri.split("://", 1)[1].partition("/")[2])
+        self.location = f"gs://{self.bucket.name}/{self.key}"
+        self.calls: dict[str, Any] = {"retry": DEFAULT_RETRY.with_timeout(storage.retry_timeout_s), "timeout": (5, 30)}
+        self._dates = threading.local()
+        session = self.bucket.client._http  # the store's clock: the Date of the last answer in this thread
+        session.hooks["response"].append(lambda r, *a, **k: setattr(self._dates, "last", r.headers.get("Date", "")))
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from google.api_core.exceptions import Conflict as Conflict409
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        try:
+            return fn(*args, **kwargs, **self.calls)
+        except (PreconditionFailed, Conflict409) as exc:
+            raise Conflict(str(exc.code)) from exc
+        except NotFound as exc:
+            raise Gone(str(exc.code)) from exc
+
+    def _upload(self, body: bytes, **condition: int) -> str:
+        blob = self.bucket.blob(self.key)
+        self._call(blob.upload_from_string, body, content_type="application/json", **condition)
+        return str(blob.generation)
+
+    def _create(self, body: bytes) -> str:
+        return self._upload(body, if_generation_match=0)
+
+    def _replace(self, body: bytes, etag: str) -> str:
+        if etag == "*":
+            return self._upload(body, if_generation_not_match=0)  # whatever generation, but one that exists
+        return self._upload(body, if_generation_match=int(etag))
+
+    def _read(self) -> tuple[str, dict[str, Any], float] | None:
+        self._dates.last = ""
+        blob = self._call(self.bucket.get_blob, self.key)
+        if blob is None:
+            return None
+        date = self._dates.last
+        try:  # that generation's content (a newer one is another write: read again next time)
+            raw = self._call(blob.download_as_bytes, checksum=None)
+        except Gone:
+            return None
+        now = parsedate_to_datetime(date) if date else datetime.now(UTC)
+        return str(blob.generation), _body_of(raw), (now - blob.updated).total_seconds()
+
+    def _delete(self, etag: str) -> None:
+        self._call(self.bucket.blob(self.key).delete, if_generation_match=int(etag))
+
+
 def lease_for(uri: str, storage: StorageConfig) -> Lease | None:
     """The lease class of ``uri``'s store, None for a store without one."""
     scheme = uri.split("://", 1)[0].lower()
@@ -353,4 +468,6 @@ def lease_for(uri: str, storage: StorageConfig) -> Lease | None:
         return S3Lease(uri, storage)
     if scheme in ("az", "azure", "abfs", "abfss"):
         return AzureLease(uri, storage)
+    if scheme == "gs":
+        return GCSLease(uri, storage)
     return None

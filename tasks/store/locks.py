@@ -1,4 +1,4 @@
-"""One writer per index. A folder: an fcntl lock on ``<index>/.writer.lock`` naming its holder. s3://, az://,
+"""One writer per index. A folder: an fcntl lock on ``<index>/.writer.lock`` naming its holder. s3://, gs://, az://,
 abfs[s]://: a lease object written with a conditional write (``tasks.store.leases``), renewed while the run lasts
 and checked before the snapshot commit.
 """
@@ -85,8 +85,8 @@ def _remote_lock(catalog: Catalog, timeout_s: float) -> Iterator[Lease | None]:
     lease = lease_for(catalog.uri, catalog.storage)
     if lease is None:
         raise UsageError(
-            f"no writer lock for {catalog.uri.split('://')[0]}:// indexes (there is one for s3://, az:// and "
-            "abfs[s]://): point --index at the store's S3-compatible endpoint (s3:// with storage.endpoint), or set "
+            f"no writer lock for {catalog.uri.split('://')[0]}:// indexes (there is one for s3://, gs://, az:// "
+            "and abfs[s]://): point --index at the store's S3-compatible endpoint (s3:// with storage.endpoint), or set "
             'storage.writer_lock = "off" when your writers are serialised otherwise (one deployment, a concurrency '
             "limit of 1)"
         )
