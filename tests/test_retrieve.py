@@ -209,6 +209,32 @@ def test_sentences_keep_abbreviations_initials_and_quotes():
         "The leader is Hon. Winnie Kiiza of the Forum.", "Fr. Brown came."]
 
 
+def test_sentences_are_found_back_as_pysbd_finds_them():
+    """The segmenter finds its sentences back in the text with ``str.find`` rather than a pattern per sentence:
+    the same spans as pySBD's own search, a repeated sentence taken at its next occurrence, trailing whitespace
+    (any kind) kept with the sentence before it."""
+    import pysbd
+
+    from tasks.runtime.text import _segmenter_class
+
+    texts = [
+        "Yes. No. Yes. No.",  # each repeat at its own place
+        "Bah!  Humbug!\tBah! \u00a0Humbug! ",
+        'He said "Go." Then "Go." again. Mr. Go went.',
+        "A. B. A. B. a. b.",
+        "",
+        "One sentence without an end",
+    ]
+    def spans(segmenter, text):
+        return [(s.sent, s.start, s.end) for s in segmenter.segment(text)]
+
+    ours = _segmenter_class()(language="en", clean=False, char_span=True)
+    theirs = pysbd.Segmenter(language="en", clean=False, char_span=True)
+    for text in texts:
+        assert spans(ours, text) == spans(theirs, text), text
+    assert spans(ours, "Yes. No. Yes. No.") == [("Yes. ", 0, 5), ("No. ", 5, 9), ("Yes. ", 9, 14), ("No.", 14, 17)]
+
+
 def test_eval_measures_by_hand():
     assert normalize_answer("The  Eiffel-Tower!") == "eiffel tower"
     assert answer_in_context(["Stanley Hall"], "...was G. Stanley Hall, who...")

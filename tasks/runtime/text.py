@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import re
+from typing import Any
 
 _SPACE = re.compile(r"\s+")
 #: punctuation that ends a clause: a span across it is two phrases the parser joined ("Much!'--Marley's voice"); a
@@ -30,9 +32,7 @@ def split_sentences(text: str) -> list[str]:
     ``"Bah!" said Scrooge.``) and imports in milliseconds (spaCy's sentencizer would load spaCy and, through thinc,
     PyTorch: ~3 s on every cold query). A piece that starts in lower case, or follows a title pySBD does not know
     ("Hon. Winnie Kiiza", "Fr. Brown"), continues the sentence before it."""
-    import pysbd
-
-    segmenter = pysbd.Segmenter(language="en", clean=False)  # a fresh one per call: nothing shared across threads
+    segmenter = _segmenter_class()(language="en", clean=False)  # a fresh one per call: nothing shared across threads
     out: list[str] = []
     for paragraph in _PARAGRAPH.split(text):
         for piece in segmenter.segment(_SPACE.sub(" ", paragraph).strip()) if paragraph.strip() else []:
@@ -46,6 +46,39 @@ def split_sentences(text: str) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def _segmenter_class() -> Any:
+    r"""pySBD's segmenter, its sentences found back in the text without a regular expression per sentence.
+
+    pySBD maps each sentence it made back to the text with ``re.finditer(re.escape(sentence) + r"\s*")``, compiling
+    one pattern per sentence, which no cache holds: two fifths of its time on short texts (docs/benchmarks.md). The
+    same search with ``str.find`` gives the same spans: the first occurrence, continuing past each match as
+    ``finditer`` does, whose end (trailing whitespace taken) passes the previous sentence's end."""
+    import pysbd
+    from pysbd.utils import TextSpan
+
+    class Segmenter(pysbd.Segmenter):
+        def sentences_with_char_spans(self, sentences: list[str]) -> list[Any]:
+            if not all(sentences):  # an empty pattern matches everywhere: pySBD's own search
+                return super().sentences_with_char_spans(sentences)
+            text, spans, prior_end = self.original_text, [], 0
+            for sent in sentences:
+                at = text.find(sent)
+                while at >= 0:
+                    end = at + len(sent)
+                    while end < len(text) and _WHITE.match(text, end):
+                        end += 1
+                    if end > prior_end:
+                        spans.append(TextSpan(text[at:end], at, end))
+                        prior_end = end
+                        break
+                    at = text.find(sent, end)
+            return spans
+
+    return Segmenter
+
+
+_WHITE = re.compile(r"\s")
 _PARAGRAPH = re.compile(r"\n\s*\n")
 #: what ends a sentence as a reader sees it: its end mark, then any closing quotes or brackets ("…" after a whole word
 #: counts: a text cut for a budget is marked so)
