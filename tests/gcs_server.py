@@ -343,7 +343,13 @@ class GCSServer:
         """``storage.options`` for a gs:// index on this server (or on ``endpoint``, a proxy in front of it): a
         service-account key that object_store reads as an emulator's (``gcs_base_url``, ``disable_oauth``), read
         the same way by the writer lock."""
-        key = {"gcs_base_url": endpoint or self.endpoint, "disable_oauth": True, "client_email": "", "private_key": "", "private_key_id": ""}
+        key = {
+            "gcs_base_url": endpoint or self.endpoint,
+            "disable_oauth": True,
+            "client_email": "",  # object_store reads a service-account key: these fields must be there
+            "private_key": "",
+            "private_key_id": "",
+        }
         return {"google_service_account_key": json.dumps(key), "allow_http": "true"}
 
     def stop(self) -> None:
