@@ -81,7 +81,7 @@ def estimate_run(
         path = catalog.cache_dir / "llm_cache.sqlite"
         cache = ResponseCache(path) if exists and cfg.llm.cache and path.exists() else None
         runs = catalog.runs() if exists else []
-        learned = learned_ratios(runs, result["kind"])
+        learned = learned_ratios(runs, result["kind"], cfg.fingerprint())
         extractor = extraction_method(cfg)
         rows = []
         extraction = cfg.llm.stage("extraction")

@@ -242,3 +242,21 @@ def test_the_estimate_learns_a_stage_from_the_index_s_last_run_of_its_kind():
     upd = learned_ratios(runs, "update")
     assert (upd["summaries"].prompt, upd["reports"].prompt, upd["reports"].calls) == (3.0, 10.0, 0.05)
     assert stage_ratios("reports", "nlp", "build", learned) == DEFAULT_RATIOS["reports/nlp/build"]  # none recorded
+
+
+def test_the_estimate_learns_a_stage_only_from_a_run_with_its_settings():
+    """A run that sent every community to the model (``min_members`` 0) says nothing of one that sends only the
+    large ones: its reports' ratios are not learned; its summaries' are where their settings did not change."""
+    from schemas.config import StrataConfig
+    from tasks.index.llm_estimate import learned_ratios
+
+    before = StrataConfig.model_validate({"llm": {"model": "openai/m"}}).fingerprint()
+    now = StrataConfig.model_validate({"llm": {"model": "openai/m", "reports": {"min_members": 10}}}).fingerprint()
+    stages = {"chunk": {"tokens": 1000}, "hierarchy": {"llm_calls": 4, "llm_prompt_tokens": 800},
+              "reports": {"llm_calls": 5, "llm_prompt_tokens": 1000, "llm_completion_tokens": 100}}
+    runs = [{"status": "published", "version": 1, "stage_counts": json.dumps(stages),
+             "parameters": json.dumps({"config": before})}]
+    assert set(learned_ratios(runs, "build", before)) == {"summaries", "reports"}
+    assert set(learned_ratios(runs, "build", now)) == {"summaries"}
+    other_model = StrataConfig.model_validate({"llm": {"model": "openai/other"}}).fingerprint()
+    assert learned_ratios(runs, "build", other_model) == {}  # both stages inherit the [llm] model

@@ -275,9 +275,22 @@ def run_kind(stage_counts: dict[str, Any]) -> str:
     return "update" if "diff" in stage_counts else "build"
 
 
-def learned_ratios(runs: list[dict[str, Any]], kind: str) -> dict[Stage, Ratios]:
+def stage_settings(fingerprint: dict[str, Any], stage: Stage) -> dict[str, Any]:
+    """What of a run's config (``StrataConfig.fingerprint``) shapes ``stage``'s prompts beyond the graph: the
+    stage's own model settings (``min_members`` included: how many clusters or communities are sent), the ``[llm]``
+    model it may inherit, and the prompts."""
+    llm = fingerprint.get("llm") or {}
+    return {"stage": llm.get(stage), "model": llm.get("model"), "prompts": llm.get("prompts")}
+
+
+def learned_ratios(
+    runs: list[dict[str, Any]], kind: str, fingerprint: dict[str, Any] | None = None
+) -> dict[Stage, Ratios]:
     """Each LLM stage's ratios as the latest run of ``kind`` of this index recorded them (a run that made that stage's
-    calls and recorded their prompt and completion tokens, ``PipelineRun.stage``), per corpus token it extracted."""
+    calls and recorded their prompt and completion tokens, ``PipelineRun.stage``), per corpus token it extracted.
+    With ``fingerprint`` (this run's config), a stage learns only from a run whose ``stage_settings`` were the same:
+    a run with another model or another ``min_members`` sent other prompts (a run recorded without its config
+    counts as the same)."""
     import json
 
     learned: dict[Stage, Ratios] = {}
@@ -289,8 +302,15 @@ def learned_ratios(runs: list[dict[str, Any]], kind: str) -> dict[Stage, Ratios]
         corpus = float(stages.get("chunk", {}).get("tokens") or 0)
         if corpus <= 0:
             continue
+        config = (json.loads(run.get("parameters") or "{}") or {}).get("config")
         for stage, names in RUN_STAGES.items():
             if stage in learned:
+                continue
+            if (
+                fingerprint is not None
+                and config
+                and stage_settings(config, stage) != stage_settings(fingerprint, stage)
+            ):
                 continue
             rows = [stages[n] for n in names if n in stages]
             calls = sum(r.get("llm_calls", 0) for r in rows)
