@@ -28,6 +28,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.errors import LockTimeout, UsageError
@@ -378,7 +379,7 @@ def _gcs_bucket(uri: str, storage: StorageConfig, environ: dict[str, str] | None
         "GOOGLE_SERVICE_ACCOUNT",
     ) or _gcs_setting(opts, env, ("google_application_credentials",), "GOOGLE_APPLICATION_CREDENTIALS")
     try:
-        info = json.loads(key) if key else (json.loads(open(path).read()) if path else None)
+        info = json.loads(key) if key else (json.loads(Path(path).read_text()) if path else None)
     except (OSError, ValueError) as exc:
         raise UsageError(f"the GCS service-account key of {uri} cannot be read ({exc})") from exc
     try:
@@ -408,11 +409,11 @@ class GCSLease(Lease):
     Requests are retried on 429, 5xx and dropped connections for up to ``storage.retry_timeout_s``, as LanceDB's
     are; every write carries a precondition, so a retried one cannot overwrite another writer's."""
 
-    def __init__(self, uri: str, storage: StorageConfig, bucket: Any = None):
+    def __init__(self, uri: str, storage: StorageConfig):
         from google.cloud.storage.retry import DEFAULT_RETRY
 
         super().__init__(uri, storage)
-        self.bucket = bucket if bucket is not None else _gcs_bucket(uri, storage)
+        self.bucket = _gcs_bucket(uri, storage)
         self.key = _lock_key(uri.split("://", 1)[1].partition("/")[2])
         self.location = f"gs://{self.bucket.name}/{self.key}"
         self.calls: dict[str, Any] = {"retry": DEFAULT_RETRY.with_timeout(storage.retry_timeout_s), "timeout": (5, 30)}
