@@ -29,6 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 from xml.sax.saxutils import escape
 
+from tests.s3_server import read_body
+
 
 @dataclass
 class Obj:
@@ -106,17 +108,6 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     # ------------------------------------------------------------------ plumbing
-    def _body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            out = b""
-            while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
-                out += self.rfile.read(size)
-                self.rfile.readline()
-            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                pass
-            return out
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
     def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
               content_type: str = "application/xml") -> None:
         self.send_response(status)
@@ -139,7 +130,7 @@ class _Handler(BaseHTTPRequestHandler):
         return self.path.startswith(("/storage/v1/", "/upload/storage/v1/", "/download/storage/v1/"))
 
     def _route(self) -> None:
-        body = self._body()
+        body = read_body(self)
         split = urlsplit(self.path)
         query = {k: v[0] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
         if self._json_api():

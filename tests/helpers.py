@@ -152,6 +152,48 @@ def publish_concurrently(uri: str, storage, writers: int = 3, each: int = 2) -> 
         assert name == "Scrooge" + s["run_id"].removeprefix("run"), (s["version"], name)
 
 
+def refused_then_waits(lease_class, uri: str, storage) -> None:
+    """A second writer's lease (``lease_class``) is refused at once while the first holds the lock ("being written
+    by", "--lock-timeout"), and waits for it where the first releases it meanwhile."""
+    import threading
+
+    import pytest
+
+    from tasks.errors import LockTimeout
+
+    holder = lease_class(uri, storage)
+    holder.acquire()
+    with pytest.raises(LockTimeout, match=f"index {uri} is being written by pid .*--lock-timeout"):
+        lease_class(uri, storage).acquire(0)
+    threading.Timer(1.5, holder.release).start()  # the first writer finishes meanwhile: the second one waits
+    second = lease_class(uri, storage)
+    second.acquire(30)
+    second.release()
+
+
+def publish_through_faults(uri: str, storage, faults, rules) -> None:
+    """A snapshot published, then a second one through the writer lock while ``faults`` (a proxy's ``Faults``)
+    fails each of ``rules`` once: it lands (version 2, its own tables), every rule fired exactly once, one
+    snapshot row per publish (no commit twice) and the first still readable."""
+    from tasks.store.catalog import Catalog
+
+    Catalog(uri, storage=storage).publish(tiny_tables(1, suffix="-1"), "run-1", "full", 8)
+    faults.injected.clear()
+    faults.rules = rules
+    try:
+        cat = Catalog(uri, storage=storage)
+        with cat.writer_lock():
+            version = cat.publish(tiny_tables(2, suffix="-2"), "run-2", "full", 8)
+    finally:
+        faults.off()
+    assert version == 2
+    assert [r.fired for r in rules] == [1] * len(rules), [(r.method, r.path, r.seen) for r in rules]
+    cat = Catalog(uri, storage=storage)
+    assert [s["version"] for s in cat.snapshots()] == [1, 2]
+    assert cat.read("entities").column("name").to_pylist()[0] == "Scrooge-2"
+    assert cat.read("entities", as_of=1).column("name").to_pylist()[0] == "Scrooge-1"
+
+
 def take_over_a_stale_lock(uri: str, storage) -> None:
     """A writer's lock stops being renewed (its heartbeat stalls): a second writer is refused at once ("renewed"),
     takes the lock over once ``storage.lock_ttl_s`` has passed, and publishes; the stalled holder's publish fails

@@ -132,6 +132,21 @@ class _Proxy(ThreadingHTTPServer):
         self.traffic = Traffic()
 
 
+def read_body(handler: BaseHTTPRequestHandler) -> bytes:
+    """A request's body, by its Content-Length or chunked."""
+    if handler.headers.get("Transfer-Encoding", "").lower() == "chunked":
+        out = b""
+        while True:
+            size = int(handler.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while handler.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass
+                return out
+            out += handler.rfile.read(size)
+            handler.rfile.readline()
+    return handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Proxy
@@ -139,21 +154,8 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:  # quiet
         pass
 
-    def _body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            out = b""
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass
-                    return out
-                out += self.rfile.read(size)
-                self.rfile.readline()
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
     def _relay(self) -> None:
-        body = self._body()
+        body = read_body(self)
         if self.server.delay_s:
             time.sleep(self.server.delay_s)
         fault = self.server.faults.pick(self.command, self.path)
@@ -292,6 +294,18 @@ def start_s3_server() -> S3Server:
     proxy = _Proxy(free_port(), port)
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     return S3Server(port, proxy, process)
+
+
+@contextmanager
+def fault_proxy(upstream: int) -> Iterator[_Proxy]:
+    """A fault-injecting proxy (``_Proxy``) on a free port in front of the server on port ``upstream``."""
+    proxy = _Proxy(free_port(), upstream)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        yield proxy
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
 
 
 @contextmanager

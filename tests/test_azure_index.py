@@ -5,17 +5,21 @@ throttling and dropped connections cost retries, not the snapshot."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import pytest
 
 from schemas.config import StorageConfig
-from tasks.errors import LockTimeout, UsageError
-from tasks.store.catalog import Catalog
+from tasks.errors import UsageError
 from tasks.store.leases import AzureLease, _azure_client, azure_location
-from tests.helpers import heartbeat_keeps_the_lock, publish_concurrently, take_over_a_stale_lock, tiny_tables
-from tests.s3_server import Fault, _Proxy, free_port
+from tests.helpers import (
+    heartbeat_keeps_the_lock,
+    publish_concurrently,
+    publish_through_faults,
+    refused_then_waits,
+    take_over_a_stale_lock,
+)
+from tests.s3_server import Fault, fault_proxy
 
 
 def _index(azurite, **settings) -> tuple[str, StorageConfig]:
@@ -59,14 +63,7 @@ def test_concurrent_writers_on_azure_lose_no_commit_and_mix_none(azurite):
 
 def test_a_second_azure_writer_is_refused_then_waits_and_a_stale_lock_is_taken_over(azurite):
     uri, storage = _index(azurite, lock_ttl_s=3)
-    holder = AzureLease(uri, storage)
-    holder.acquire()
-    with pytest.raises(LockTimeout, match=f"index {uri} is being written by pid .*--lock-timeout"):
-        AzureLease(uri, storage).acquire(0)
-    threading.Timer(1.5, holder.release).start()  # the first writer finishes meanwhile: the second one waits
-    second = AzureLease(uri, storage)
-    second.acquire(30)
-    second.release()
+    refused_then_waits(AzureLease, uri, storage)
     assert not azurite.blobs(uri.split("/")[2], "idx/.writer.lock")  # released
 
     take_over_a_stale_lock(uri, storage)
@@ -80,28 +77,13 @@ def test_throttling_and_dropped_connections_on_azure_cost_retries_not_the_snapsh
     """Through a proxy in front of Azurite that fails requests by what they are (``tests/s3_server.py``): a
     manifest write throttled, a data file's connection reset before the store has it, a manifest read dropped, the
     writer lock's lease throttled. The publish retries and lands: one snapshot, its own tables."""
-    proxy = _Proxy(free_port(), azurite.port)
-    threading.Thread(target=proxy.serve_forever, daemon=True).start()
-    try:
+    with fault_proxy(azurite.port) as proxy:
         container = azurite.create_container(f"c{uuid.uuid4().hex[:12]}")
-        uri = f"az://{container}/idx"
         storage = StorageConfig(options=azurite.options(f"http://127.0.0.1:{proxy.server_address[1]}/devstoreaccount1"))
-        Catalog(uri, storage=storage).publish(tiny_tables(1, suffix="-1"), "run-1", "full", 8)
-        proxy.faults.rules = rules = [
+        rules = [
             Fault("PUT", "/_versions/", "503"),
             Fault("PUT", "/data/", "drop"),
             Fault("GET", "/_versions/", "drop"),
             Fault("PUT", r"\.writer\.lock", "503"),
         ]
-        cat = Catalog(uri, storage=storage)
-        with cat.writer_lock():
-            version = cat.publish(tiny_tables(2, suffix="-2"), "run-2", "full", 8)
-        proxy.faults.off()
-        assert version == 2
-        assert [r.fired for r in rules] == [1] * len(rules), [(r.method, r.path, r.seen) for r in rules]
-        cat = Catalog(uri, storage=storage)
-        assert [s["version"] for s in cat.snapshots()] == [1, 2]
-        assert cat.read("entities").column("name").to_pylist()[0] == "Scrooge-2"
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
+        publish_through_faults(f"az://{container}/idx", storage, proxy.faults, rules)

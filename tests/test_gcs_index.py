@@ -7,17 +7,21 @@ not the snapshot."""
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 
 import pytest
 
 from schemas.config import StorageConfig
-from tasks.errors import LockTimeout, UsageError
-from tasks.store.catalog import Catalog
+from tasks.errors import UsageError
 from tasks.store.leases import Conflict, GCSLease, _gcs_bucket, lease_for
-from tests.helpers import heartbeat_keeps_the_lock, publish_concurrently, take_over_a_stale_lock, tiny_tables
-from tests.s3_server import Fault, _Proxy, free_port
+from tests.helpers import (
+    heartbeat_keeps_the_lock,
+    publish_concurrently,
+    publish_through_faults,
+    refused_then_waits,
+    take_over_a_stale_lock,
+)
+from tests.s3_server import Fault, fault_proxy
 
 
 def _index(gcs_server, endpoint: str = "", **settings) -> tuple[str, StorageConfig]:
@@ -86,14 +90,7 @@ def test_concurrent_writers_on_gcs_lose_no_commit_and_mix_none(gcs_server):
 
 def test_a_second_gcs_writer_is_refused_then_waits_and_a_stale_lock_is_taken_over(gcs_server):
     uri, storage = _index(gcs_server, lock_ttl_s=3)
-    holder = GCSLease(uri, storage)
-    holder.acquire()
-    with pytest.raises(LockTimeout, match=f"index {uri} is being written by pid .*--lock-timeout"):
-        GCSLease(uri, storage).acquire(0)
-    threading.Timer(1.5, holder.release).start()  # the first writer finishes meanwhile: the second one waits
-    second = GCSLease(uri, storage)
-    second.acquire(30)
-    second.release()
+    refused_then_waits(GCSLease, uri, storage)
     assert not gcs_server.objects(uri.split("/")[2], "idx/.writer.lock")  # released
 
     take_over_a_stale_lock(uri, storage)
@@ -108,12 +105,9 @@ def test_throttling_and_dropped_connections_on_gcs_cost_retries_not_the_snapshot
     manifest write throttled, a data file's connection reset before the store has it, a manifest read dropped, the
     writer lock's create throttled, then done with its answer lost. The publish retries and lands: one snapshot,
     its own tables."""
-    proxy = _Proxy(free_port(), gcs_server.port)
-    threading.Thread(target=proxy.serve_forever, daemon=True).start()
-    try:
+    with fault_proxy(gcs_server.port) as proxy:
         uri, storage = _index(gcs_server, f"http://127.0.0.1:{proxy.server_address[1]}")
-        Catalog(uri, storage=storage).publish(tiny_tables(1, suffix="-1"), "run-1", "full", 8)
-        proxy.faults.rules = rules = [
+        rules = [
             Fault("PUT", "/_versions/", "503"),
             Fault("PUT", "/data/", "drop"),
             Fault("GET", "/_versions/", "drop"),
@@ -121,15 +115,4 @@ def test_throttling_and_dropped_connections_on_gcs_cost_retries_not_the_snapshot
             Fault("POST", r"^/upload/storage/v1/b/[^/]+/o$", "lost"),  # then done, its answer lost: the retry is
             # refused (412) and the lock read back as this writer's own
         ]
-        cat = Catalog(uri, storage=storage)
-        with cat.writer_lock():
-            version = cat.publish(tiny_tables(2, suffix="-2"), "run-2", "full", 8)
-        proxy.faults.off()
-        assert version == 2
-        assert [r.fired for r in rules] == [1] * len(rules), [(r.method, r.path, r.seen) for r in rules]
-        cat = Catalog(uri, storage=storage)
-        assert [s["version"] for s in cat.snapshots()] == [1, 2]
-        assert cat.read("entities").column("name").to_pylist()[0] == "Scrooge-2"
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
+        publish_through_faults(uri, storage, proxy.faults, rules)

@@ -23,7 +23,13 @@ from tasks.store.catalog import Catalog
 from tasks.store.leases import S3Lease
 from tasks.store.remote import storage_options
 from tests.conftest import SMALL
-from tests.helpers import heartbeat_keeps_the_lock, publish_concurrently, take_over_a_stale_lock, tiny_tables
+from tests.helpers import (
+    heartbeat_keeps_the_lock,
+    publish_concurrently,
+    publish_through_faults,
+    take_over_a_stale_lock,
+    tiny_tables,
+)
 from tests.s3_server import FAKE_CREDENTIALS, Fault, bucket_name
 
 runner = CliRunner()
@@ -262,12 +268,8 @@ def test_the_heartbeat_keeps_a_live_lock(s3_env):
 
 # ---------------------------------------------------------------------------------------------- faults
 def test_throttling_and_dropped_connections_during_a_publish_are_retried(s3_env):
-    uri = _fresh(s3_env)
-    Catalog(uri).publish(tiny_tables(1, suffix="-1"), "run-1", "full", 8)
-    faults = s3_env.faults
-    faults.injected.clear()
     # by what each request is, not by its place in the stream (a read pattern that changes moves no fault)
-    faults.rules = rules = [
+    rules = [
         Fault("PUT", "/_versions/", "503"),  # a manifest, throttled
         Fault("PUT", "/_versions/", "lost"),  # the next manifest written, its answer lost (the table written again)
         Fault("PUT", "/data/", "drop"),  # a data file, its connection reset before the store has it
@@ -277,18 +279,7 @@ def test_throttling_and_dropped_connections_during_a_publish_are_retried(s3_env)
         Fault("GET", r"^/[^/]+/?$", "drop"),  # a listing
         Fault("PUT", r"\.writer\.lock", "503"),  # the writer lock's lease
     ]
-    try:
-        cat = Catalog(uri)
-        with cat.writer_lock():
-            version = cat.publish(tiny_tables(2, suffix="-2"), "run-2", "full", 8)
-    finally:
-        faults.off()
-    assert version == 2
-    assert [r.fired for r in rules] == [1] * len(rules), [(r.method, r.path, r.seen) for r in rules]
-    cat = Catalog(uri)
-    assert [s["version"] for s in cat.snapshots()] == [1, 2]  # one row per publish: no commit twice
-    assert cat.read("entities").column("name").to_pylist()[0] == "Scrooge-2"
-    assert cat.read("entities", as_of=1).column("name").to_pylist()[0] == "Scrooge-1"
+    publish_through_faults(_fresh(s3_env), None, s3_env.faults, rules)
 
 
 def test_a_store_that_keeps_failing_stops_the_publish_with_a_clear_error_and_the_previous_snapshot_intact(s3_env):
