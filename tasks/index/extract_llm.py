@@ -221,9 +221,9 @@ async def extract_chunk_llm(client, chunk: dict[str, Any], gleanings: int) -> tu
 def grounded_rows(chunk: dict[str, Any], found: tuple[list, list], max_chars: int) -> tuple[list, list]:
     """A chunk's entities and relations from a packed answer, described by the chunk's own sentences (the model
     gives names, types and labels, not descriptions, as the offline extractor does): an entity mention per sentence
-    that names it (as whole words, whitespace and case aside: "Al" is not named by "also"), or one described by its name where none does (a name across a
-    paragraph break); a relation by the first sentence that names both ends, else by its statement ("Scrooge
-    employs Bob Cratchit.")."""
+    that names it (as whole words, whitespace and case aside: "Al" is not named by "also"), or one described by its
+    name where none does (a name across a paragraph break); a relation by the first sentence that names both ends,
+    else by its statement ("Scrooge employs Bob Cratchit.")."""
     entities, relations = found
     sentences = [(squash_clip(s, max_chars), " ".join(s.split()).lower()) for s in split_sentences(chunk["text"])]
 
