@@ -72,6 +72,9 @@ class EntityRow(TypedDict):
     layer: Int  # 0 = extracted, >= 1 summary layers
     source_chunk_ids: StrList
     degree: Int
+    # layer 0: the names its mentions were written with that resolved to it within their document (a surname, a
+    # first name, a title dropped: ``tasks.index.aliases``), a form each, most frequent first; null in summaries
+    aliases: StrList
     staleness: NotRequired[Float]  # summaries: share of members changed since the text was written
     vector: NotRequired[Vector]
     version: NotRequired[Int]

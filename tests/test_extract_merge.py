@@ -290,3 +290,89 @@ def test_a_relation_takes_its_most_frequent_label_read_from_its_subject():
     assert rarely["weight"] == 4.0 and rarely["label"] is None and rarely["label_from"] is None
     tie = merge_graph(ents, rels[:2], max_description_tokens=100)[1].to_pylist()[0]
     assert (tie["label"], tie["label_from"]) == ("clerk of", ids["Bob Cratchit"])  # 1 to 1: "clerk of" < "employs"
+
+
+def test_aliases_resolve_within_a_unit_by_the_one_full_name_they_are_part_of():
+    from tasks.index.aliases import resolve
+
+    def ms(chunk, *names):
+        return [(chunk, n, "person") for n in names]
+
+    got = resolve(
+        ms("c1", "ebenezer scrooge", "scrooge", "mr. scrooge", "bob cratchit", "bob", "cratchit")
+        + ms("c2", "ebenezer", "ebenezer scrooge", "martha cratchit", "mr. ebenezer scrooge")
+        + ms("c3", "joe")
+        + ms("c4", "joe miller")
+        + [("c1", "scrooge", "organization"), ("c1", "london", "location")]
+    )
+    assert got == {
+        "scrooge": "ebenezer scrooge",  # a surname: typed person in most of its mentions
+        "mr. scrooge": "ebenezer scrooge",  # a title dropped, then a surname
+        "ebenezer": "ebenezer scrooge",  # a first name
+        "mr. ebenezer scrooge": "ebenezer scrooge",  # a title dropped
+        "bob": "bob cratchit",
+    }
+    # two people sharing a surname leave it alone ("cratchit"); "joe" and "joe miller" are never named together
+
+
+def test_an_alias_merge_makes_one_entity_that_lists_the_names_it_was_written_with():
+    from tasks.index.merge import graph_from_mentions, mention_rows
+
+    def ent(name, chunk):
+        return {"name": name, "type": "person", "description": f"{name} in {chunk}.", "chunk_id": chunk}
+
+    def rel(a, b, chunk):
+        return {"source": a, "target": b, "description": f"{a}, {b}.", "weight": 1.0, "chunk_id": chunk}
+
+    ents = [ent("Scrooge", "c1"), ent("Ebenezer Scrooge", "c1"), ent("Scrooge", "c2"), ent("Bob Cratchit", "c2")]
+    ents += [ent("Mr. Scrooge", "c2"), ent("Scrooge", "c3")]
+    rels = [
+        rel("Scrooge", "Ebenezer Scrooge", "c1"),
+        rel("Scrooge", "Bob Cratchit", "c2"),
+        rel("Scrooge", "Bob Cratchit", "c3"),
+    ]
+    resolved = {"scrooge": "ebenezer scrooge", "mr. scrooge": "ebenezer scrooge"}
+    rows = mention_rows(ents, rels, {"c1": resolved, "c2": resolved})  # c3: another document's chunk
+    order = {"c1": ("a", 0), "c2": ("a", 1), "c3": ("b", 0)}
+    entities, relations = graph_from_mentions(rows, 100, order=order)
+    by_name = {e["name"]: e for e in entities}
+    assert sorted(by_name) == ["Bob Cratchit", "Ebenezer Scrooge", "Scrooge"]
+    assert by_name["Ebenezer Scrooge"]["aliases"] == ["Scrooge", "Mr. Scrooge"]  # most frequent first
+    assert by_name["Ebenezer Scrooge"]["source_chunk_ids"] == ["c1", "c2"]
+    assert by_name["Scrooge"]["aliases"] == [] and by_name["Scrooge"]["source_chunk_ids"] == ["c3"]
+    ends = {frozenset((r["source_id"], r["target_id"])) for r in relations.to_pylist()}
+    ids = {e["name"]: e["id"] for e in entities}
+    # the two names of one person named together relate nothing; each Scrooge relates to Bob in its own chunks
+    assert ends == {
+        frozenset((ids["Ebenezer Scrooge"], ids["Bob Cratchit"])),
+        frozenset((ids["Scrooge"], ids["Bob Cratchit"])),
+    }
+
+
+def test_extraction_tasks_hold_whole_alias_units(tmp_path):
+    import pyarrow as pa
+
+    from tasks.index.aliases import UNIT_CHUNKS
+    from tasks.index.chunk import CHUNK_PART_SCHEMA, regroup
+    from tasks.store.spill import PartWriter
+    from tasks.store.workfs import parquet_file
+
+    sizes = {"d1": 3, "d2": 1, "d3": UNIT_CHUNKS + 6, "d4": 2}
+    rows = [
+        {"id": f"{d}-{i}", "document_id": d, "chunk_index": i, "text": "x", "n_tokens": 1, "start": 0, "end": 1}
+        for d, n in sizes.items()
+        for i in range(n)
+    ]
+    raw = PartWriter(tmp_path / "raw", CHUNK_PART_SCHEMA, 7)  # parts and batches that cut documents
+    for s in range(0, len(rows), 5):
+        raw.write(pa.Table.from_pylist(rows[s : s + 5], CHUNK_PART_SCHEMA))
+    parts = regroup(raw.close(), str(tmp_path / "parts"), 50, lambda n: 2)
+    groups = [
+        parquet_file(f).read_row_group(g, columns=["id"]).column("id").to_pylist()
+        for f in parts.files
+        for g in range(parquet_file(f).num_row_groups)
+    ]
+    assert [i for g in groups for i in g] == [r["id"] for r in rows]  # nothing lost, in order
+    firsts = [g[0] for g in groups]
+    assert firsts == ["d1-0", "d2-0", "d3-0", f"d3-{UNIT_CHUNKS}", "d4-0"]  # a unit is never cut, a group closes
+    assert parts.num_rows == len(rows)

@@ -118,6 +118,10 @@ def inspect(
             "  of which a verb or a noun (not a preposition alone)": ("verb_or_noun_relations", "layer0_relations"),
             "layer-0 descriptions with page furniture": ("descriptions_with_furniture", "layer0_entities"),
             "layer-0 names across a clause break or a list": ("names_across_a_break", "layer0_entities"),
+            "layer-0 entities that merged aliases (a surname, a first name, a title)": (
+                "alias_merges",
+                "layer0_entities",
+            ),
             "reports whose summary repeats a sentence or stops mid-sentence": ("reports_repeating_or_cut", "reports"),
         }
         shown = [[m, str(q[v]), str(q[n])] for m, (v, n) in measures.items()]

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from schemas.config import ChunkingConfig
 from schemas.tables import schema_for
+from tasks.index.aliases import unit_of
 from tasks.index.boilerplate import segments
 from tasks.runtime.tokens import get_encoding
 from tasks.store import workfs
@@ -201,12 +202,44 @@ PLACE = ("id", "document_id", "chunk_index")
 
 
 def regroup(raw: SpilledTable, folder: str, part_rows: int, group_rows: Callable[[int], int]) -> SpilledTable:
-    """The chunk parts ``raw`` written again (and removed) with row groups of ``group_rows(all their rows)``
-    rows: one extraction task each."""
+    """The chunk parts ``raw`` (each document's chunks in order, together) written again (and removed) with row
+    groups of about ``group_rows(all their rows)`` rows, one extraction task each: whole alias units each
+    (``aliases.unit_of``: a document, or each ``UNIT_CHUNKS`` of a longer one), so that a unit's names resolve
+    together whatever else a run holds; a group closes before the unit that would pass the size (a unit alone
+    may pass it)."""
 
-    out = PartWriter(folder, CHUNK_PART_SCHEMA, part_rows, group_rows(raw.num_rows))
+    size = group_rows(raw.num_rows)
+    out = PartWriter(folder, CHUNK_PART_SCHEMA, part_rows)
+    group: list[pa.Table] = []
+    unit: list[pa.Table] = []
+    held, current = 0, None
+
+    def close_unit() -> None:
+        nonlocal group, unit, held
+        n = sum(t.num_rows for t in unit)
+        if group and held + n > size:
+            out.write_group(pa.concat_tables(group))
+            group, held = [], 0
+        group += unit
+        held += n
+        unit = []
+
     for f in raw.files:
         for batch in workfs.parquet_file(f).iter_batches(batch_size=STEP):
-            out.write(pa.Table.from_batches([batch]))
+            table = pa.Table.from_batches([batch])
+            units = [
+                unit_of(d, i) for d, i in zip(*(table.column(c).to_pylist() for c in ("document_id", "chunk_index")))
+            ]
+            start = 0
+            for i in range(1, len(units) + 1):
+                if i == len(units) or units[i] != units[start]:
+                    if units[start] != current:
+                        close_unit()
+                        current = units[start]
+                    unit.append(table.slice(start, i - start))
+                    start = i
         workfs.remove(f)
+    close_unit()
+    if group:
+        out.write_group(pa.concat_tables(group))
     return out.close()

@@ -395,8 +395,9 @@ def _grown_entities(
                 set(old_by_id.get(r["id"], {}).get("source_chunk_ids") or []) | set(r["new_chunks"])
             ),
             "degree": 0,
+            "aliases": r["aliases"],
         }
-        for r in frame.select("id", "name", "type", "description", "new_chunks").iter_rows(named=True)
+        for r in frame.select("id", "name", "aliases", "type", "description", "new_chunks").iter_rows(named=True)
     ]
     return rows, state_table(frame, "entity")
 

@@ -21,6 +21,7 @@ from typing import Any, NotRequired, TypedDict, cast
 from schemas.config import ExtractConfig
 from schemas.tables import QuarantineRow
 from tasks.index import furniture
+from tasks.index.aliases import alias_maps, unit_of
 from tasks.index.merge import mention_rows, title_mentions
 from tasks.index.statements import statements
 from tasks.runtime.parallel import Mapper
@@ -383,14 +384,18 @@ def batch_mentions(
     from tasks.store.workfs import join, parquet_file
 
     index, (path, group) = task
-    chunks = parquet_file(path).read_row_group(group, columns=["id", "text", "title"]).to_pylist()
+    columns = ["id", "text", "title", "document_id", "chunk_index"]
+    chunks = parquet_file(path).read_row_group(group, columns=columns).to_pylist()
     res = ExtractionResult.combine(
         [batch_fn(chunks[s : s + cfg.batch_size], cfg=cfg, **fn_kwargs) for s in range(0, len(chunks), cfg.batch_size)]
     )
     ok = set(res.ok)
     titled = title_mentions([c for c in chunks if c["id"] in ok], cfg.max_sentence_chars)
     entities = cast("list[dict[str, Any]]", res.entities) + titled
-    table = to_table("mentions", mention_rows(entities, cast("list[dict[str, Any]]", res.relations)), 0, version)
+    # the task holds whole units (``chunk.regroup``): their names resolve here as in any other run
+    aliases = alias_maps(entities, {c["id"]: unit_of(c["document_id"], c["chunk_index"]) for c in chunks})
+    rows = mention_rows(entities, cast("list[dict[str, Any]]", res.relations), aliases)
+    table = to_table("mentions", rows, 0, version)
     folder, parts = spill
     out = join(folder, f"task-{index:05d}.parquet")
     write_split(table, "key", parts, out)

@@ -50,9 +50,19 @@ def title_mentions(chunks: list[dict[str, Any]], max_chars: int) -> list[dict[st
 
 
 def mention_rows(
-    extracted_entities: list[dict[str, Any]], extracted_relations: list[dict[str, Any]]
+    extracted_entities: list[dict[str, Any]],
+    extracted_relations: list[dict[str, Any]],
+    aliases: dict[str, dict[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Raw extraction output as ``mentions`` rows, numbered per chunk, in canonical (chunk id, seq) order."""
+    """Raw extraction output as ``mentions`` rows, numbered per chunk, in canonical (chunk id, seq) order. A
+    mention's key is its name's (``normalize_name``), or what its chunk's ``aliases`` (chunk id -> {key: key},
+    ``tasks.index.aliases``) resolve that to; its ``name`` stays as written. A relation whose ends resolve to one
+    entity is none."""
+    aliases = aliases or {}
+
+    def key(k: str, chunk_id: str) -> str:
+        return aliases[chunk_id].get(k, k) if chunk_id in aliases else k
+
     rows: list[dict[str, Any]] = []
     seq: dict[str, int] = defaultdict(int)
     for e in extracted_entities:
@@ -64,7 +74,7 @@ def mention_rows(
                 "chunk_id": e["chunk_id"],
                 "seq": n,
                 "kind": "entity",
-                "key": normalize_name(e["name"]),
+                "key": key(normalize_name(e["name"]), e["chunk_id"]),
                 "name": e["name"],
                 "target": None,
                 "type": e["type"],
@@ -73,9 +83,12 @@ def mention_rows(
             }
         )
     for r in extracted_relations:
+        raw = normalize_name(r["source"]), normalize_name(r["target"])
+        source, target = key(raw[0], r["chunk_id"]), key(raw[1], r["chunk_id"])
+        if source == target and raw[0] != raw[1]:
+            continue  # "Scrooge" and "Ebenezer Scrooge" named together: one person, no relation
         n = seq[r["chunk_id"]]
         seq[r["chunk_id"]] += 1
-        source, target = normalize_name(r["source"]), normalize_name(r["target"])
         a, b = sorted((source, target))
         label = r.get("label")
         rows.append(
@@ -253,7 +266,7 @@ def entity_part(mentions, places, max_description_tokens: int, state: bool = Fal
     entity = _entity_part(ents, max_description_tokens, state).sort("key")
     ids = key_ids(entity.get_column("key").to_list())
     return entity.with_columns(id=ids.get_column("id")).select(
-        "key", "id", "name", "type", "description", "source_chunk_ids", *(ENTITY_STATE if state else ())
+        "key", "id", "name", "aliases", "type", "description", "source_chunk_ids", *(ENTITY_STATE if state else ())
     )
 
 
@@ -295,6 +308,7 @@ def entity_rows(entity: Any, degree: dict[str, int]) -> list[dict[str, Any]]:
             "layer": 0,
             "source_chunk_ids": [shared.setdefault(c, c) for c in e["source_chunk_ids"]],
             "degree": degree.get(e["id"], 0),
+            "aliases": e["aliases"],
         }
         for e in entity.iter_rows(named=True)
     ]
@@ -334,7 +348,7 @@ def _entity_part(ents, max_description_tokens: int, state: bool = False):
         .join(chunks, on="key")
     )
     if not state:
-        return out.select("key", "name", "type", "description", "source_chunk_ids")
+        return out.select("key", "name", "aliases", "type", "description", "source_chunk_ids")
     return (
         out.drop("parts")
         .join(count_lists(counts["name"], "name"), on="key")

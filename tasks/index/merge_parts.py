@@ -148,6 +148,7 @@ def sort_entities(job: tuple[str | None, str | None, str], files: list[str], deg
         layer=pl.lit(0, pl.Int64),
         source_chunk_ids="source_chunk_ids",
         degree=pl.col("degree").fill_null(0).cast(pl.Int64),
+        aliases="aliases",
         staleness=pl.lit(0.0, pl.Float64),
     )
     write_whole(rows.to_arrow().cast(LAYER0_SCHEMA), out)
@@ -167,7 +168,7 @@ def merge_entities(job: tuple[str, str, str], places: str, max_tokens: int, vers
     part, out, state = job
     frame = entity_part(_mentions(part, "entity"), _read(places), max_tokens, state=True)
     write_whole(stamped(state_table(frame, "entity"), version), state)
-    _write(frame.select("key", "id", "name", "type", "description", "source_chunk_ids"), out)
+    _write(frame.select("key", "id", "name", "aliases", "type", "description", "source_chunk_ids"), out)
     return frame.height
 
 

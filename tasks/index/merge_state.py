@@ -83,20 +83,59 @@ def budgeted(frame, group: str, max_tokens: int, state: bool = False):
 
 
 def pick_name(counts):
-    """Each key's name, of its (key, name, n) counts: the most frequent; then not all capitals, no apostrophe,
-    the shortest, the first in code point order."""
+    """Each key's name and aliases, of its (key, name, n) counts. The name: of those written as the key (its
+    ``normalize_name``; others came by an alias merge, ``tasks.index.aliases``), the most frequent; then not all
+    capitals, no apostrophe, the shortest, the first in code point order. The aliases: the names written
+    otherwise, a form each, most frequent first (an empty list where there are none)."""
     import polars as pl
 
-    return (
+    from tasks.store.ids import normalize_name
+
+    written = counts.get_column("name").unique().to_list()
+    ranked = (
         counts.with_columns(
+            norm=pl.col("name").replace_strict(dict(zip(written, map(normalize_name, written))), return_dtype=pl.Utf8)
+        )
+        .with_columns(
+            own=pl.col("norm") == pl.col("key"),
             upper=(pl.col("name") == pl.col("name").str.to_uppercase())
             & (pl.col("name") != pl.col("name").str.to_lowercase()),
             apostrophe=pl.col("name").str.contains("['’]"),
             chars=pl.col("name").str.len_chars(),
         )
-        .sort("key", "n", "upper", "apostrophe", "chars", "name", descending=[False, True, False, False, False, False])
-        .unique("key", keep="first")
+        .sort(
+            "key",
+            "own",
+            "n",
+            "upper",
+            "apostrophe",
+            "chars",
+            "name",
+            descending=[False, True, True, False, False, False, False],
+        )
+    )
+    aliases = (  # a form per alias ("Scrooge", not "Scrooge's" and "SCROOGE" too): its most frequent
+        ranked.filter(~pl.col("own"))
+        .with_columns(total=pl.col("n").sum().over("key", "norm"))
+        .sort(
+            "key",
+            "total",
+            "norm",
+            "n",
+            "upper",
+            "apostrophe",
+            "name",
+            descending=[False, True, False, True, False, False, False],
+        )
+        .unique(["key", "norm"], keep="first", maintain_order=True)
+        .group_by("key", maintain_order=True)
+        .agg(aliases="name")
+    )
+    return (
+        ranked.unique("key", keep="first")
         .select("key", "name")
+        .join(aliases, on="key", how="left")
+        .with_columns(pl.col("aliases").fill_null(pl.lit([], pl.List(pl.Utf8))))
     )
 
 

@@ -113,12 +113,13 @@ def context_graph(view: IndexView, entity_ids: list[str], chunk_ids: list[str]) 
 
 
 def entity_card(view: IndexView, entity_id: str) -> dict[str, Any]:
-    """What a node's panel shows: its description, the sources that mention it (a summary entity's: its members'
+    """What a node's panel shows: the names merged into it (``aliases``), its description, the sources that mention it (a summary entity's: its members'
     sources, ``sources_of`` says which; the first ``SOURCES_SHOWN``) and the communities it belongs to."""
     i = entity_index(view, entity_id)
     mentioned = dict.fromkeys(c for m in _layer0_members(view, i) for c in view.ent_chunks[m] or [])
     sources = [c for c in mentioned if c in view.chunk_index]
     return entity_node(view, i) | {
+        "aliases": view.ent_aliases[i] or [],
         "description": view.ent_desc[i],
         "degree": int(view.graph.degree(i)),
         "n_sources": len(sources),
@@ -148,12 +149,16 @@ def _layer0_members(view: IndexView, i: int) -> list[int]:
 
 
 def search_entities(view: IndexView, text: str, limit: int = 20) -> list[dict[str, Any]]:
-    """Entities whose name holds ``text`` (any case): exact names first, then the best connected."""
+    """Entities whose name or an alias holds ``text`` (any case): exact names first, then the best connected."""
     needle = text.strip().lower()
     if not needle:
         return []
-    found = [i for i, name in enumerate(view.ent_name) if needle in name.lower()]
-    found.sort(key=lambda i: (view.ent_name[i].lower() != needle, -view.graph.degree(i), view.ent_ids[i]))
+
+    def names(i: int) -> list[str]:
+        return [view.ent_name[i].lower(), *(a.lower() for a in view.ent_aliases[i] or ())]
+
+    found = [i for i in range(len(view.ent_name)) if any(needle in n for n in names(i))]
+    found.sort(key=lambda i: (needle not in names(i), -view.graph.degree(i), view.ent_ids[i]))
     return [entity_node(view, i) for i in found[:limit]]
 
 

@@ -15,6 +15,8 @@ entities, the summaries and the reports sees, each a plain count or share over t
   glued between two sentences' words ("…Christmas Eve 16 Nobody…");
 - ``names_across_a_break``: layer-0 entities whose name runs across a clause break ("Much!'--Marley's voice"), or,
   for a lowercase noun phrase, across a list's comma ("comfortable, oily, rich, fat");
+- ``alias_merges``: layer-0 entities that merged names written otherwise (the ``aliases`` column: "Scrooge" and
+  "Ebenezer" into "Ebenezer Scrooge"), and ``aliases`` the names merged;
 - ``reports_repeating_or_cut``: community reports whose summary holds one sentence twice, or ends without a
   sentence's end (inside a word or a sentence; "…" after a whole word counts as an end).
 """
@@ -81,7 +83,8 @@ def repeats_or_is_cut(summary: str) -> bool:
 
 def graph_quality(cat: Catalog, snap: dict[str, Any]) -> dict[str, Any]:
     """The measures of the module docstring for one snapshot, with the counts behind each share."""
-    ents = cat.read("entities", snap=snap, columns=["id", "name", "type", "layer", "degree", "description"]).to_pylist()
+    columns = ["id", "name", "type", "layer", "degree", "description", "aliases"]
+    ents = cat.read("entities", snap=snap, columns=columns).to_pylist()
     rels = cat.read("relations", snap=snap, columns=["source_id", "target_id", "kind", "label"]).to_pylist()
     summaries = cat.read("community_reports", snap=snap, columns=["summary"]).column("summary").to_pylist()
     layer = {e["id"]: e["layer"] for e in ents}
@@ -116,6 +119,8 @@ def graph_quality(cat: Catalog, snap: dict[str, Any]) -> dict[str, Any]:
         "descriptions_with_furniture": furnished,
         "names_across_a_break": broken,
         "layer0_entities": sum(e["layer"] == 0 for e in ents),
+        "alias_merges": sum(bool(e["aliases"]) for e in ents),
+        "aliases": sum(len(e["aliases"] or ()) for e in ents),
         "reports_repeating_or_cut": bad,
         "reports": len(summaries),
     }

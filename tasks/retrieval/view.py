@@ -64,6 +64,7 @@ class IndexView:
     ent_desc: list[str]
     ent_layer: np.ndarray
     ent_chunks: list[list[str]]
+    ent_aliases: list[list[str] | None]  # layer 0: names merged into the entity (``entities.aliases``)
     ent_vecs: np.ndarray | None  # None: searched through the table's vector index (``ann``)
     graph: Graph
     edge_rel: dict[tuple[int, int], list[int]]
@@ -264,6 +265,7 @@ class IndexView:
             ent_desc=ents.column("description").to_pylist(),
             ent_layer=layer,
             ent_chunks=ents.column("source_chunk_ids").to_pylist(),
+            ent_aliases=ents.column("aliases").to_pylist(),
             ent_vecs=None if "entities" in ann else vector_matrix(ents),
             graph=graph,
             edge_rel=dict(edge_rel),

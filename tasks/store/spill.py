@@ -93,6 +93,18 @@ class PartWriter:
         if self._in_part == self.part_rows:
             self._end_part()
 
+    def write_group(self, table: pa.Table) -> None:
+        """``table`` as one row group of its own, whatever ``row_group_rows`` says: in the open part if it fits in
+        ``part_rows``, else at the start of the next (a group larger than ``part_rows`` is a part alone). Not to be
+        mixed with ``write``."""
+        assert not self._held, "write_group after write"
+        if self._writer is not None and self._in_part + table.num_rows > self.part_rows:
+            self._end_part()
+        self._pending, self._held = [table.select(self.schema.names).cast(self.schema)], table.num_rows
+        self._flush(table.num_rows)
+        if self._writer is not None and self._in_part >= self.part_rows:
+            self._end_part()
+
     def _end_part(self) -> None:
         assert self._writer is not None
         self._writer.close()
