@@ -107,6 +107,20 @@ def test_a_possessive_and_a_partial_name_resolve_to_the_entities_they_name():
     assert seeds["named"] == [0, 3] and s[g.n_chunks:][0] == pytest.approx(s[g.n_chunks:][3])
 
 
+def test_a_merged_name_seeds_its_entity_unless_another_entity_owns_or_shares_it():
+    names = ["Jacob Marley", "Ebenezer Scrooge", "Marley", "Tim Burton", "Tim Robbins"]
+    rows = [("c0", "jacob marley", "Jacob Marley was dead."), ("c1", "ebenezer scrooge", "Scrooge, Ebenezer."),
+            ("c2", "marley", "Marley of another book."), ("c3", "tim burton", "Tim Burton."),
+            ("c4", "tim robbins", "Tim Robbins.")]
+    aliases = [["Marley", "Jacob"], ["Scrooge", "Ebenezer"], None, ["Tim"], ["Tim"]]
+    params = RankParams(prior_weight=0.0, chain_chunks=0)
+    g = build_passage_graph({f"c{i}": i for i in range(5)}, names, ["person"] * 5, np.zeros(5, dtype=np.int64),
+                            _mentions(rows), [], params, aliases)
+    # "Scrooge" is a name merged into Ebenezer Scrooge; "Marley" is another entity's own; "Tim" is two entities'
+    assert question_entities(g, "Did Scrooge pay Marley?") == [1, 2]
+    assert question_entities(g, "Did Tim pay Jacob?") == [0]
+
+
 def test_longest_name_wins():
     g = _graph(2, ["Journal of Foo", "Foo"], [("c0", "journal of foo", "x."), ("c1", "foo", "y.")])
     assert question_entities(g, "Who publishes the Journal of Foo?") == [0]

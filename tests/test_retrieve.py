@@ -35,7 +35,7 @@ EDGES = [("A", "B", "extracted"), ("B", "C", "extracted"), ("D", "E", "extracted
 COMMS = {"c1": ["A", "B", "C", "S1"], "c2": ["D", "E", "S2"], "c3": ["T"]}
 
 
-def build(tmp_path, empty=False, ann_min_rows=None, reports_said=None, labels=None) -> IndexView:
+def build(tmp_path, empty=False, ann_min_rows=None, reports_said=None, labels=None, aliases=None) -> IndexView:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     docs: list[dict[str, Any]] = [{"id": f"doc{i}", "uri": f"/c#{i}", "root": "/c", "source_id": f"p{i}", "title": f"Doc {i}", "text": t,
              "content_hash": "0" * 64, "n_tokens": 5, "ingested_at": now}
@@ -45,7 +45,7 @@ def build(tmp_path, empty=False, ann_min_rows=None, reports_said=None, labels=No
               for i, d in ((1, docs[0]), (2, docs[1]))]
     ents = [{"id": n, "name": n, "type": "concept", "description": f"{n} is here.", "layer": LAYER[n],
              "source_chunk_ids": (["ch1"] if n in "ABC" else ["ch2"]) if LAYER[n] == 0 else [], "degree": 1,
-             "vector": VECS[n]} for n in VECS]
+             "vector": VECS[n], "aliases": (aliases or {}).get(n)} for n in VECS]
     rels = [{"id": f"{a}-{b}", "source_id": a, "target_id": b, "kind": k, "description": f"{a} to {b}", "weight": 1.0,
              "source_chunk_ids": []} for a, b, k in EDGES]
     for r in rels:  # (label, the end it reads from) given by the test
@@ -414,3 +414,11 @@ def test_a_summary_entity_card_lists_its_members_sources(tmp_path):
     assert (s2["sources_of"], [s["id"] for s in s2["sources"]]) == ("members", ["ch2"])
     a = entity_card(view, "A")
     assert (a["sources_of"], [s["id"] for s in a["sources"]]) == ("entity", ["ch1"])
+
+
+def test_an_entity_card_and_the_search_show_and_match_its_merged_names(tmp_path):
+    from tasks.query.browse import entity_card, search_entities
+
+    view = build(tmp_path, aliases={"A": ["Alf", "Mr. A"]})
+    assert entity_card(view, "A")["aliases"] == ["Alf", "Mr. A"] and entity_card(view, "B")["aliases"] == []
+    assert [e["id"] for e in search_entities(view, "alf")] == ["A"]

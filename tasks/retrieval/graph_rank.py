@@ -108,9 +108,12 @@ def build_passage_graph(
     mentions: Any,
     relations: list[tuple[int, int, float]],
     params: RankParams = RankParams(),
+    ent_aliases: list[list[str] | None] | None = None,
 ) -> PassageGraph:
     """The graph of one snapshot. ``mentions``: a polars frame of entity mentions (chunk_id, key, description);
-    ``relations``: (view entity index, view entity index, weight) of the extracted layer-0 relations."""
+    ``relations``: (view entity index, view entity index, weight) of the extracted layer-0 relations;
+    ``ent_aliases``: each entity's merged names (``entities.aliases``), which a question names it by too where no
+    entity is named so itself."""
     import polars as pl
 
     n_chunks = len(chunk_index)
@@ -120,10 +123,11 @@ def build_passage_graph(
     for i, v in enumerate(ent_view):
         keys.setdefault(normalize_name(ent_names[v]), i)
     n_ent = len(ent_view)
+    mentioned = dict(keys)  # every mention's key is an entity's own name's
 
     m = mentions.with_columns(
         pl.col("chunk_id").replace_strict(chunk_index, default=None, return_dtype=pl.Int64).alias("c"),
-        pl.col("key").replace_strict(keys, default=None, return_dtype=pl.Int64).alias("e"),
+        pl.col("key").replace_strict(mentioned, default=None, return_dtype=pl.Int64).alias("e"),
     ).drop_nulls(["c", "e"])
     pairs = m.group_by(["c", "e"]).len().sort(["c", "e"])
     c, e, cnt = (pairs[col].to_numpy() for col in ("c", "e", "len"))
@@ -146,6 +150,11 @@ def build_passage_graph(
         for w in sorted(set(words[node]) - _NOT_NAME_PARTS):
             if not _NUMERIC.match(w):
                 parts.setdefault(w, []).append(int(node))
+    holders: dict[str, set[int]] = {}
+    for i, v in enumerate(ent_view):
+        for alias in (ent_aliases[v] if ent_aliases else None) or ():
+            holders.setdefault(normalize_name(alias), set()).add(i)
+    keys.update({k: min(h) for k, h in sorted(holders.items()) if len(h) == 1 and k not in keys})
 
     sents = m.select(["c", "description", "e"]).unique().sort(["c", "description", "e"])
     sent_keys = sents.select(["c", "description"]).unique(maintain_order=True)

@@ -213,6 +213,7 @@ class IndexView:
             mentions,
             [(a, b, w) for a, b, w in relations if a is not None and b is not None],
             params,
+            self.ent_aliases,
         )
 
     @classmethod
@@ -374,7 +375,7 @@ def _cached(
 
 # ---------------------------------------------------------------------------- the view on disk
 #: bump when what a view holds changes shape (a copy of another format is ignored and rewritten)
-VIEW_FORMAT = 2
+VIEW_FORMAT = 3
 
 
 def _views_dir(catalog: Catalog) -> Path:
