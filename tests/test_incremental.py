@@ -233,7 +233,7 @@ CFG = load_config(overrides={"chunking": SMALL["chunking"], "extract": SMALL["ex
 def _layer0(cat):
     ents = cat.read("entities").to_pylist()
     rels = cat.read("relations").to_pylist()
-    l0 = {e["id"]: (e["name"], e["type"], e["description"], tuple(e["source_chunk_ids"]), e["degree"]) for e in ents if e["layer"] == 0}
+    l0 = {e["id"]: (e["name"], e["type"], e["description"], tuple(e["source_chunk_ids"]), e["degree"], tuple(e["aliases"] or ())) for e in ents if e["layer"] == 0}
     r0 = {r["id"]: (r["description"], r["weight"], tuple(r["source_chunk_ids"])) for r in rels if r["kind"] == "extracted"}
     return l0, r0
 
@@ -277,6 +277,8 @@ def test_add_edit_delete_match_a_full_rebuild(corpus_copy, tmp_path):
     full = tmp_path / "full"
     build_index(str(corpus_copy), Catalog(full), CFG)
     assert _layer0(cat) == _layer0(Catalog(full))  # layer 0 is exactly what a full build gives
+    scrooge = next(e for e in cat.read("entities").to_pylist() if e["name"] == "Ebenezer Scrooge")
+    assert "Scrooge" in scrooge["aliases"]  # the new document's aliases merged, as the full build merged them
     summary_links = [r for r in cat.read("relations").to_pylist() if r["kind"] == "summary_of"]
     new_l0 = {e["id"] for e in cat.read("entities").to_pylist() if e["layer"] == 0}
     assert new_l0 <= {r["source_id"] for r in summary_links}  # every entity, old or new, sits in the hierarchy
