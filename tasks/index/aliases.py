@@ -8,7 +8,7 @@ own mentions only (so an update, which extracts whole units, resolves them as a 
   leading title (Mr, Mrs, Dr, Sir, ...); a *full name* is a person's name whose core has two words or more;
 * a titled full name ("Mr. Ebenezer Scrooge") resolves to its core ("Ebenezer Scrooge") where the unit writes
   that too (so that every entity keeps a name written as its key);
-* a one-word name (bare or titled: "Scrooge", "Mr. Scrooge", "Ebenezer") resolves to the one full name of the
+* a one-word name (bare or titled: "Scrooge", "Mr. Scrooge", "Ebenezer"; not a rank: "Queen", "Uncle") resolves to the one full name of the
   unit whose first or last word it is, if there is exactly one such full name (two people sharing a surname,
   "Bob Cratchit" and "Martha Cratchit", leave "Cratchit" alone) and the two are named in one chunk at least (the
   text supports it: "Joe" in one scene and "Joe Miller" in another are not merged).
@@ -32,6 +32,12 @@ UNIT_CHUNKS = 64
 
 #: titles that do not make a name (a form with one resolves as its core does)
 _TITLE = re.compile(r"^(?:mr|mrs|ms|mx|miss|dr|prof|professor|sir|dame|madam|madame|mme|mlle|messrs)\.?\s+")
+#: words a parser takes for a person's name alone that name a rank, not one person ("Queen" is not "Queen Victoria"
+#: wherever she is named)
+RANKS = frozenset(
+    "mr mrs ms miss dr sir dame madam lord lady king queen prince princess duke duchess emperor empress pope saint "
+    "st president general captain colonel uncle aunt father mother brother sister".split()
+)
 
 
 def core(key: str) -> str:
@@ -73,8 +79,8 @@ def resolve(mentions: list[tuple[str, str, str]]) -> dict[str, str]:
         for w in {words[0], words[-1]}:
             by_word[w].append(name)
     for k in people:
-        word = core(k)
-        if " " in word or len(by_word.get(word, ())) != 1:
+        word = core(k).rstrip(".")
+        if " " in word or word in RANKS or len(by_word.get(word, ())) != 1:
             continue
         name = by_word[word][0]
         if chunks[k] & full[name]:
