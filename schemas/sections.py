@@ -99,7 +99,10 @@ class ExtractConfig(_Section):
     batch_size: int = Field(
         16,
         gt=0,
-        description="Chunks per extractor call (a spaCy pipe, or an LLM batch sent at once); a Dask task takes up to 512.",
+        description=(
+            "Chunks per extractor call (a spaCy pipe, or an LLM batch sent at once); a Dask task takes up to 512, "
+            "whole documents (a longer one in runs of 64 chunks, whose people's aliases merge together)."
+        ),
     )
     max_description_tokens: int = Field(
         250, gt=0, description="Merged entity/relation descriptions are cut (offline) or summarised (LLM) past this."

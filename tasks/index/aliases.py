@@ -24,6 +24,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 
+from tasks.index.merge_state import TYPE_PRIORITY
 from tasks.store.ids import normalize_name
 
 #: chunks of one document that resolve their names together (a longer document: each run of this many, by
@@ -48,8 +49,6 @@ def core(key: str) -> str:
 
 
 def _types(mentions: Iterable[tuple[str, str, str]]) -> dict[str, str]:
-    from tasks.index.merge_state import TYPE_PRIORITY
-
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     for _chunk, key, kind in mentions:
         counts[key][kind] += 1

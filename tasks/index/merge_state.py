@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from schemas.tables import schema_for
 from tasks.runtime.tokens import count_tokens
+from tasks.store.ids import normalize_name
 
 #: named types win over the generic noun-phrase type when counts tie
 TYPE_PRIORITY = [
@@ -88,8 +89,6 @@ def pick_name(counts):
     capitals, no apostrophe, the shortest, the first in code point order. The aliases: the names written
     otherwise, a form each, most frequent first (an empty list where there are none)."""
     import polars as pl
-
-    from tasks.store.ids import normalize_name
 
     written = counts.get_column("name").unique().to_list()
     ranked = (
