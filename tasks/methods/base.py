@@ -245,15 +245,26 @@ class IndexMethod(Protocol):
         """What the answer step reads of a context of this method's modes, given an LLM (identity: all of it)."""
 
 
-def check_whole_memory(method: IndexMethod, entities: int, room: int) -> None:
-    """Refuse, before its build starts, a method handed layer 0 whole whose ``entities`` would need more than
-    ``TASK_MEMORY_SHARE`` of ``room`` (the run's machine, in bytes): a clear error, not the run killed for memory
-    in its hierarchy."""
-    need = entities * method.whole_bytes_per_entity
+def check_memory(need: int, room: int, what: str, where: str, remedy: str) -> None:
+    """Refuse, before it starts, a step that runs as one task (or in the run's process) and would need ``need``
+    bytes, more than ``TASK_MEMORY_SHARE`` of ``room`` (``where``: the process's memory, in bytes): a clear error
+    saying ``what`` needs it and the ``remedy``, not a process killed for memory hours in."""
     if need > TASK_MEMORY_SHARE * room:
         raise TooLargeForTask(
-            f"the {method.name} method builds its hierarchy over the whole of layer 0 in the run's process: its "
-            f"{entities:,} entities need about {need / 2**30:.1f} GB, more than {TASK_MEMORY_SHARE:.0%} of the "
-            f"{room / 2**30:.1f} GB this machine has. Run it on a machine with more memory, or build with the hirag "
-            'method (index.method = "hirag"), whose hierarchy runs as tasks over parts of layer 0.'
+            f"{what} need about {need / 2**30:.1f} GB, more than {TASK_MEMORY_SHARE:.0%} of the "
+            f"{room / 2**30:.1f} GB {where}. {remedy}"
         )
+
+
+def check_whole_memory(method: IndexMethod, entities: int, room: int) -> None:
+    """Refuse, before its build starts, a method handed layer 0 whole whose ``entities`` would not fit in the run's
+    machine (``room`` bytes, ``check_memory``)."""
+    check_memory(
+        entities * method.whole_bytes_per_entity,
+        room,
+        f"the {method.name} method builds its hierarchy over the whole of layer 0 in the run's process: its "
+        f"{entities:,} entities",
+        "this machine has",
+        'Run it on a machine with more memory, or build with the hirag method (index.method = "hirag"), whose '
+        "hierarchy runs as tasks over parts of layer 0.",
+    )

@@ -16,9 +16,8 @@ from typing import Any, cast
 import pyarrow as pa
 
 from schemas.tables import schema_for
-from tasks.errors import TooLargeForTask
 from tasks.index.embed import entity_text
-from tasks.methods.base import TASK_MEMORY_SHARE
+from tasks.methods.base import check_memory
 from tasks.methods.hirag.communities import detect_communities, graph_arrays
 from tasks.methods.hirag.hierarchy import build_hierarchy, build_layers, converged
 from tasks.methods.layer_parts import LayerOne
@@ -83,16 +82,16 @@ LEIDEN_BYTES_PER_RELATION = 300
 
 
 def check_task_memory(relations: int, room: int) -> None:
-    """Refuse, before the communities stage starts, a graph whose one Leiden task would need more than
-    ``TASK_MEMORY_SHARE`` of ``room`` (a worker's memory, in bytes): a clear error, not a worker killed hours in."""
-    need = relations * LEIDEN_BYTES_PER_RELATION
-    if need > TASK_MEMORY_SHARE * room:
-        raise TooLargeForTask(
-            f"the communities stage runs Leiden over the whole graph as one task: its {relations:,} relations need "
-            f"about {need / 2**30:.1f} GB, more than {TASK_MEMORY_SHARE:.0%} of the {room / 2**30:.1f} GB a worker "
-            "has. Run it on workers with more memory (`dask worker --memory-limit`, dask.address), or make the graph "
-            "smaller (extract.relation_window)."
-        )
+    """Refuse, before the communities stage starts, a graph whose one Leiden task would not fit in a worker
+    (``room`` bytes, ``check_memory``)."""
+    check_memory(
+        relations * LEIDEN_BYTES_PER_RELATION,
+        room,
+        f"the communities stage runs Leiden over the whole graph as one task: its {relations:,} relations",
+        "a worker has",
+        "Run it on workers with more memory (`dask worker --memory-limit`, dask.address), or make the graph smaller "
+        "(extract.relation_window).",
+    )
 
 
 def communities_task(
