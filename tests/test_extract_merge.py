@@ -302,7 +302,7 @@ def test_aliases_resolve_within_a_unit_by_the_one_full_name_they_are_part_of():
         ms("c1", "ebenezer scrooge", "scrooge", "mr. scrooge", "bob cratchit", "bob", "cratchit")
         + ms("c2", "ebenezer", "ebenezer scrooge", "martha cratchit", "mr. ebenezer scrooge")
         + ms("c3", "joe", "queen", "queen victoria")
-        + ms("c4", "joe miller")
+        + ms("c4", "joe miller", "dracula", "satanic rites of dracula")
         + [("c1", "scrooge", "organization"), ("c1", "london", "location")]
     )
     assert got == {
@@ -313,7 +313,7 @@ def test_aliases_resolve_within_a_unit_by_the_one_full_name_they_are_part_of():
         "bob": "bob cratchit",
     }
     # two people sharing a surname leave it alone ("cratchit"); "joe" and "joe miller" are never named together; a
-    # rank alone ("queen") names no one person
+    # rank alone ("queen") names no one person; a name with a function word ("... of dracula") is a work's, no person's
 
 
 def test_an_alias_merge_makes_one_entity_that_lists_the_names_it_was_written_with():

@@ -13,7 +13,8 @@ own mentions only (so an update, which extracts whole units, resolves them as a 
   "Bob Cratchit" and "Martha Cratchit", leave "Cratchit" alone) and the two are named in one chunk at least (the
   text supports it: "Joe" in one scene and "Joe Miller" in another are not merged).
 
-Names of the same word repeated ("Scrooge Scrooge") are no full names. Possessives are already folded by
+Names of the same word repeated ("Scrooge Scrooge") or holding a function word ("Satanic Rites of Dracula", a film
+the parser typed as a person) are no full names. Possessives are already folded by
 ``normalize_name``. What was merged stays visible: the entity keeps the names its mentions were written with
 (``entities.aliases``).
 """
@@ -33,6 +34,9 @@ UNIT_CHUNKS = 64
 
 #: titles that do not make a name (a form with one resolves as its core does)
 _TITLE = re.compile(r"^(?:mr|mrs|ms|mx|miss|dr|prof|professor|sir|dame|madam|madame|mme|mlle|messrs)\.?\s+")
+#: words no person's full name holds: a title the parser typed as a person ("Satanic Rites of Dracula") is none
+_NOT_IN_NAMES = frozenset("of the and in on for at to with from by a an".split())
+
 #: words a parser takes for a person's name alone that name a rank, not one person ("Queen" is not "Queen Victoria"
 #: wherever she is named)
 RANKS = frozenset(
@@ -67,7 +71,11 @@ def resolve(mentions: list[tuple[str, str, str]]) -> dict[str, str]:
     out: dict[str, str] = {}
     # a full name -> the chunks it is named in (in any form); every name resolves to one written untitled, so the
     # entity keeps a name that is its key
-    full = {k: set(chunks[k]) for k in people if core(k) == k and 1 < len(k.split()) == len(set(k.split()))}
+    full = {
+        k: set(chunks[k])
+        for k in people
+        if core(k) == k and 1 < len(k.split()) == len(set(k.split())) and not _NOT_IN_NAMES & set(k.split())
+    }
     for k in people:
         if core(k) != k and core(k) in full:
             full[core(k)] |= chunks[k]
