@@ -38,7 +38,7 @@ from tasks.runtime.stages import Stages, TaskRunner, direct_task
 from tasks.store import workfs
 from tasks.store.catalog import Catalog
 from tasks.store.ids import make_id
-from tasks.store.rows import ONE_AHEAD, plain_rows, snapshot_note
+from tasks.store.rows import ONE_AHEAD, as_declared, plain_rows, snapshot_note
 from tasks.store.spill import SpilledTable
 
 
@@ -289,7 +289,9 @@ def rows_in(
     among = pa.array(sorted(set(values)), pa.string())
     wanted = pc.field(column).isin(among)
     wanted = wanted & pc.field(also).isin(among) if also else wanted
-    return dataset.scanner(columns=schema.names, filter=wanted, batch_size=8192, **ONE_AHEAD).to_table().cast(schema)
+    stored = [c for c in schema.names if c in dataset.schema.names]  # a column declared since: nulls (``as_declared``)
+    read = dataset.scanner(columns=stored, filter=wanted, batch_size=8192, **ONE_AHEAD).to_table()
+    return as_declared(read, schema).cast(schema)
 
 
 class SnapshotReads:
