@@ -8,15 +8,14 @@ own mentions only (so an update, which extracts whole units, resolves them as a 
   leading title (Mr, Mrs, Dr, Sir, ...); a *full name* is a person's name whose core has two words or more;
 * a titled full name ("Mr. Ebenezer Scrooge") resolves to its core ("Ebenezer Scrooge") where the unit writes
   that too (so that every entity keeps a name written as its key);
-* a one-word name (bare or titled: "Scrooge", "Mr. Scrooge", "Ebenezer"; not a rank: "Queen", "Uncle") resolves to the one full name of the
-  unit whose first or last word it is, if there is exactly one such full name (two people sharing a surname,
-  "Bob Cratchit" and "Martha Cratchit", leave "Cratchit" alone) and the two are named in one chunk at least (the
-  text supports it: "Joe" in one scene and "Joe Miller" in another are not merged).
+* a one-word name (bare or titled: "Scrooge", "Mr. Scrooge", "Ebenezer"; not a rank: "Queen", "Uncle") resolves
+  to the one full name of the unit whose first or last word it is, if there is exactly one such full name (two
+  people sharing a surname, "Bob Cratchit" and "Martha Cratchit", leave "Cratchit" alone) and the two are named in
+  one chunk at least (the text supports it: "Joe" in one scene and "Joe Miller" in another are not merged).
 
 Names of the same word repeated ("Scrooge Scrooge") or holding a function word ("Satanic Rites of Dracula", a film
-the parser typed as a person) are no full names. Possessives are already folded by
-``normalize_name``. What was merged stays visible: the entity keeps the names its mentions were written with
-(``entities.aliases``).
+the parser typed as a person) are no full names. Possessives are already folded by ``normalize_name``. What was
+merged stays visible: the entity keeps the names its mentions were written with (``entities.aliases``).
 """
 
 from __future__ import annotations

@@ -113,8 +113,9 @@ def context_graph(view: IndexView, entity_ids: list[str], chunk_ids: list[str]) 
 
 
 def entity_card(view: IndexView, entity_id: str) -> dict[str, Any]:
-    """What a node's panel shows: the names merged into it (``aliases``), its description, the sources that mention it (a summary entity's: its members'
-    sources, ``sources_of`` says which; the first ``SOURCES_SHOWN``) and the communities it belongs to."""
+    """What a node's panel shows: the names merged into it (``aliases``), its description, the sources that mention
+    it (a summary entity's: its members' sources, ``sources_of`` says which; the first ``SOURCES_SHOWN``) and the
+    communities it belongs to."""
     i = entity_index(view, entity_id)
     mentioned = dict.fromkeys(c for m in _layer0_members(view, i) for c in view.ent_chunks[m] or [])
     sources = [c for c in mentioned if c in view.chunk_index]

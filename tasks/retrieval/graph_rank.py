@@ -123,11 +123,10 @@ def build_passage_graph(
     for i, v in enumerate(ent_view):
         keys.setdefault(normalize_name(ent_names[v]), i)
     n_ent = len(ent_view)
-    mentioned = dict(keys)  # every mention's key is an entity's own name's
 
     m = mentions.with_columns(
         pl.col("chunk_id").replace_strict(chunk_index, default=None, return_dtype=pl.Int64).alias("c"),
-        pl.col("key").replace_strict(mentioned, default=None, return_dtype=pl.Int64).alias("e"),
+        pl.col("key").replace_strict(keys, default=None, return_dtype=pl.Int64).alias("e"),
     ).drop_nulls(["c", "e"])
     pairs = m.group_by(["c", "e"]).len().sort(["c", "e"])
     c, e, cnt = (pairs[col].to_numpy() for col in ("c", "e", "len"))
@@ -150,7 +149,7 @@ def build_passage_graph(
         for w in sorted(set(words[node]) - _NOT_NAME_PARTS):
             if not _NUMERIC.match(w):
                 parts.setdefault(w, []).append(int(node))
-    holders: dict[str, set[int]] = {}
+    holders: dict[str, set[int]] = {}  # merged names, after the mentions (whose keys are entities' own names)
     for i, v in enumerate(ent_view):
         for alias in (ent_aliases[v] if ent_aliases else None) or ():
             holders.setdefault(normalize_name(alias), set()).add(i)
