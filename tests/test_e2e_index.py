@@ -74,6 +74,10 @@ def test_inspect_quality_measures_the_published_graph(built):
     assert q["layer0_entities"] == len(base)
     assert q["descriptions_with_furniture"] == sum(has_furniture(e["description"]) for e in base)
     assert q["names_across_a_break"] == sum(across_a_break(e["name"], e["type"]) for e in base) == 0
+    assert q["alias_merges"] == sum(bool(e["aliases"]) for e in base)
+    # page furniture: a page number glued between two sentences' words, a figure marker; a date is none
+    assert has_furniture("on Christmas Eve 16 Nobody came") and has_furniture("[Illustration: a bell]")
+    assert not has_furniture("Malta adopted the Euro currency on 1 January 2008.")
     rels = cat.read("relations").to_pylist()
     layer = {e["id"]: e["layer"] for e in ents}
     flat = [r for r in rels if layer[r["source_id"]] == 0 and layer[r["target_id"]] == 0]

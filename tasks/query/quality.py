@@ -33,8 +33,11 @@ from tasks.store.catalog import Catalog
 TOP_ENTITIES = 100
 _WORDY = re.compile(r"\w")
 
+_MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December"
+#: a figure marker, a heading run, or a page number between two sentences' words (not a date: "on 1 January")
 _FURNITURE = re.compile(
-    r"\[(?i:illustration|figure|plate|image)\b|\b[A-Z]{2,}(?:[\W\d]+[A-Z]{2,}){2,}\b|[a-z] \d{1,3}(?:-\d{1,3})? [A-Z]"
+    r"\[(?i:illustration|figure|plate|image)\b|\b[A-Z]{2,}(?:[\W\d]+[A-Z]{2,}){2,}\b"
+    rf"|[a-z] \d{{1,3}}(?:-\d{{1,3}})? (?!(?:{_MONTHS})\b)[A-Z]"
 )
 
 
