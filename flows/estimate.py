@@ -138,8 +138,9 @@ def estimate_run(
 
 
 def _chunk_rows(chunks: Any, stage: Any) -> Iterator[dict[str, Any]]:
-    """Each chunk as ``{id, text, title}``, a part at a time, advancing ``stage``'s progress."""
-    for part in chunks.parts(["id", "text", "title"]):
+    """Each chunk as ``{id, text, title, document_id, chunk_index}``, a part at a time, advancing ``stage``'s
+    progress."""
+    for part in chunks.parts(["id", "text", "title", "document_id", "chunk_index"]):
         rows = part.to_pylist()
         yield from rows
         stage.advance(len(rows))

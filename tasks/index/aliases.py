@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from tasks.index.merge_state import TYPE_PRIORITY
 from tasks.store.ids import normalize_name
@@ -99,7 +100,7 @@ def unit_of(document_id: str, chunk_index: int) -> tuple[str, int]:
     return document_id, chunk_index // UNIT_CHUNKS
 
 
-def alias_maps(entities: Iterable[dict[str, str]], units: dict[str, tuple[str, int]]) -> dict[str, dict[str, str]]:
+def alias_maps(entities: Iterable[Mapping[str, Any]], units: dict[str, tuple[str, int]]) -> dict[str, dict[str, str]]:
     """Raw entities (``name``, ``type``, ``chunk_id``) of whole units -> {chunk id: its unit's alias map} for the
     chunks whose unit resolves some name (``units``: chunk id -> its unit)."""
     by_unit: dict[tuple[str, int], list[tuple[str, str, str]]] = defaultdict(list)

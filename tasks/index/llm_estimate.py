@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -78,21 +78,38 @@ _NOT_NAMES = frozenset(
 
 
 def offline_entities(chunks: Iterable[dict[str, Any]], cfg: ExtractConfig, batch: int = 64) -> int:
-    """How many layer-0 entities a build of ``chunks`` (``{id, text, title}``) has with the offline extractor
-    (``cfg``: the run's ``ExtractConfig``): the distinct resolution keys of what it finds and of the documents'
-    titles, as merge resolves them. Summaries and reports are made from this graph, and their prompts scale with it
-    rather than with the corpus's tokens (narrative text names fewer things per token than encyclopedic passages:
-    docs/benchmarks.md)."""
+    """How many layer-0 entities a build of ``chunks`` (``{id, text, title, document_id, chunk_index}``, each
+    document's together and in order) has with the offline extractor (``cfg``: the run's ``ExtractConfig``): the
+    distinct resolution keys of what it finds and of the documents' titles, as merge resolves them (aliases merged
+    within a unit, ``tasks.index.aliases``). Summaries and reports are made from this graph, and their prompts scale
+    with it rather than with the corpus's tokens (narrative text names fewer things per token than encyclopedic
+    passages: docs/benchmarks.md)."""
+    from tasks.index.aliases import alias_maps, unit_of
     from tasks.index.extract import extract_batch
     from tasks.index.merge import title_mentions
 
+    def place(c: dict[str, Any]) -> tuple[str, int]:
+        return unit_of(c["document_id"], c["chunk_index"])
+
+    def whole_units() -> Iterator[list[dict[str, Any]]]:  # ``batch`` chunks or so at a time, never held whole
+        pending: list[dict[str, Any]] = []
+        for _unit, rows in itertools.groupby(chunks, key=place):
+            if len(pending) >= batch:
+                yield pending
+                pending = []
+            pending += rows
+        if pending:
+            yield pending
+
     keys: set[str] = set()
-    rows = iter(chunks)
-    while pending := list(itertools.islice(rows, batch)):  # a batch at a time: the chunks are never held whole
+    for pending in whole_units():
         found = extract_batch(pending, cfg)
         ok = set(found.ok)
-        titled = title_mentions([c for c in pending if c["id"] in ok], cfg.max_sentence_chars)
-        keys.update(normalize_name(e["name"]) for e in [*found.entities, *titled])
+        named = [*found.entities, *title_mentions([c for c in pending if c["id"] in ok], cfg.max_sentence_chars)]
+        aliases = alias_maps(named, {c["id"]: place(c) for c in pending})
+        for e in named:
+            k = normalize_name(e["name"])
+            keys.add(aliases.get(e["chunk_id"], {}).get(k, k))
     return len(keys - {""})
 
 
