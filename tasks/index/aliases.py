@@ -100,11 +100,17 @@ def unit_of(document_id: str, chunk_index: int) -> tuple[str, int]:
     return document_id, chunk_index // UNIT_CHUNKS
 
 
-def alias_maps(entities: Iterable[Mapping[str, Any]], units: dict[str, tuple[str, int]]) -> dict[str, dict[str, str]]:
+def alias_maps(entities: Iterable[Mapping[str, Any]], chunks: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
     """Raw entities (``name``, ``type``, ``chunk_id``) of whole units -> {chunk id: its unit's alias map} for the
-    chunks whose unit resolves some name (``units``: chunk id -> its unit)."""
+    chunks whose unit resolves some name (``chunks``: their ``id``, ``document_id`` and ``chunk_index``)."""
+    units = {c["id"]: unit_of(c["document_id"], c["chunk_index"]) for c in chunks}
     by_unit: dict[tuple[str, int], list[tuple[str, str, str]]] = defaultdict(list)
     for e in entities:
         by_unit[units[e["chunk_id"]]].append((e["chunk_id"], normalize_name(e["name"]), e["type"]))
     maps = {u: m for u, ms in by_unit.items() if (m := resolve(ms))}
     return {c: maps[u] for c, u in units.items() if u in maps}
+
+
+def resolved(aliases: dict[str, dict[str, str]], chunk_id: str, key: str) -> str:
+    """``key`` as a mention in chunk ``chunk_id`` resolves it (``aliases``: ``alias_maps``)."""
+    return aliases[chunk_id].get(key, key) if chunk_id in aliases else key

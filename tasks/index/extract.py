@@ -21,7 +21,7 @@ from typing import Any, NotRequired, TypedDict, cast
 from schemas.config import ExtractConfig
 from schemas.tables import QuarantineRow
 from tasks.index import furniture
-from tasks.index.aliases import alias_maps, unit_of
+from tasks.index.aliases import alias_maps
 from tasks.index.merge import mention_rows, title_mentions
 from tasks.index.statements import statements
 from tasks.runtime.parallel import Mapper
@@ -393,7 +393,7 @@ def batch_mentions(
     titled = title_mentions([c for c in chunks if c["id"] in ok], cfg.max_sentence_chars)
     entities = cast("list[dict[str, Any]]", res.entities) + titled
     # the task holds whole units (``chunk.regroup``): their names resolve here as in any other run
-    aliases = alias_maps(entities, {c["id"]: unit_of(c["document_id"], c["chunk_index"]) for c in chunks})
+    aliases = alias_maps(entities, chunks)
     rows = mention_rows(entities, cast("list[dict[str, Any]]", res.relations), aliases)
     table = to_table("mentions", rows, 0, version)
     folder, parts = spill

@@ -84,7 +84,7 @@ def offline_entities(chunks: Iterable[dict[str, Any]], cfg: ExtractConfig, batch
     within a unit, ``tasks.index.aliases``). Summaries and reports are made from this graph, and their prompts scale
     with it rather than with the corpus's tokens (narrative text names fewer things per token than encyclopedic
     passages: docs/benchmarks.md)."""
-    from tasks.index.aliases import alias_maps, unit_of
+    from tasks.index.aliases import alias_maps, resolved, unit_of
     from tasks.index.extract import extract_batch
     from tasks.index.merge import title_mentions
 
@@ -106,10 +106,8 @@ def offline_entities(chunks: Iterable[dict[str, Any]], cfg: ExtractConfig, batch
         found = extract_batch(pending, cfg)
         ok = set(found.ok)
         named = [*found.entities, *title_mentions([c for c in pending if c["id"] in ok], cfg.max_sentence_chars)]
-        aliases = alias_maps(named, {c["id"]: place(c) for c in pending})
-        for e in named:
-            k = normalize_name(e["name"])
-            keys.add(aliases.get(e["chunk_id"], {}).get(k, k))
+        aliases = alias_maps(named, pending)
+        keys.update(resolved(aliases, e["chunk_id"], normalize_name(e["name"])) for e in named)
     return len(keys - {""})
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 from schemas.tables import schema_for
+from tasks.index.aliases import resolved
 from tasks.index.merge_state import (
     ENTITY_STATE,
     STATE,
@@ -60,9 +61,6 @@ def mention_rows(
     entity is none."""
     aliases = aliases or {}
 
-    def key(k: str, chunk_id: str) -> str:
-        return aliases[chunk_id].get(k, k) if chunk_id in aliases else k
-
     rows: list[dict[str, Any]] = []
     seq: dict[str, int] = defaultdict(int)
     for e in extracted_entities:
@@ -74,7 +72,7 @@ def mention_rows(
                 "chunk_id": e["chunk_id"],
                 "seq": n,
                 "kind": "entity",
-                "key": key(normalize_name(e["name"]), e["chunk_id"]),
+                "key": resolved(aliases, e["chunk_id"], normalize_name(e["name"])),
                 "name": e["name"],
                 "target": None,
                 "type": e["type"],
@@ -84,7 +82,7 @@ def mention_rows(
         )
     for r in extracted_relations:
         raw = normalize_name(r["source"]), normalize_name(r["target"])
-        source, target = key(raw[0], r["chunk_id"]), key(raw[1], r["chunk_id"])
+        source, target = (resolved(aliases, r["chunk_id"], k) for k in raw)
         if source == target and raw[0] != raw[1]:
             continue  # "Scrooge" and "Ebenezer Scrooge" named together: one person, no relation
         n = seq[r["chunk_id"]]
