@@ -166,8 +166,9 @@ def test_a_report_finds_its_statements_first_each_read_from_its_subject():
 
 def test_a_report_summary_reads_sentence_by_sentence_without_stray_quotes_fragments_or_bars():
     """What a splitter leaves on the demo book: the opening quote of the next sentence at the end of one, a fragment
-    of a sentence already taken (a chunk that starts inside a word), a table's column bar, a quotation cut off. A
-    summary has each sentence once, whole or marked "…", and ends as a sentence."""
+    of a sentence already taken (a chunk that starts inside a word), a table's column bar, a quotation cut off, a
+    chunk that opens inside a quotation's sentence ("said Bob, …"). A summary has each sentence once, whole or marked
+    "…", opens and ends as a sentence."""
     from tasks.methods.reports import central_sentences
     from tasks.query.quality import repeats_or_is_cut
 
@@ -178,6 +179,8 @@ def test_a_report_summary_reads_sentence_by_sentence_without_stray_quotes_fragme
         "ouses and sheds were overrun with grass.",
         "Every One! |Transcriber's note: The Contents were added by the transcriber. |",
         "He stooped down at the keyhole; but, at the first sound of 'God bless you, merry gentleman,",
+        "said Bob, with a sudden declension in his high spirits. His active little crutch was heard upon the floor.",
+        "growled Scrooge in his accustomed voice.",
     ]
     out = central_sentences(texts, 1000)
     assert out == [
@@ -185,10 +188,46 @@ def test_a_report_summary_reads_sentence_by_sentence_without_stray_quotes_fragme
         "The coach-houses and sheds were overrun with grass.",
         "Every One!",
         "He stooped down at the keyhole; but, at the first sound of 'God bless you, merry gentleman…",
+        "His active little crutch was heard upon the floor.",  # the text's whole sentence, not its opening fragment
+        "… growled Scrooge in his accustomed voice.",  # a text with nothing else: marked as an excerpt
         "|Transcriber's note: The Contents were added by the transcriber.",
     ]
     assert not repeats_or_is_cut(" ".join(out))
-    assert repeats_or_is_cut(" ".join(texts))
+    assert repeats_or_is_cut(" ".join(texts[:6]))
+
+
+def test_copies_of_one_sentence_from_overlapping_chunks_read_once_whole():
+    """``whole_texts``: a copy cut at a chunk's end, one cut at the next chunk's start and one whose head starts
+    another's tail (the book's "Martha" sentence) read as the whole sentence once, in the first copy's place;
+    sentences that only share words in their middle ("was first mapped by …") stay apart; the quality measure
+    flags a summary that pastes a copy in, not one that does not."""
+    from tasks.query.quality import repeats_or_is_cut
+    from tasks.runtime.text import whole_texts
+
+    whole = (
+        "Sheets and towels, a little wearing apparel, two old fashioned silver teaspoons, a pair of sugar-tongs, "
+        "and a few boots."
+    )
+    cut = "fashioned silver teaspoons, a pair of sugar-tongs, and a few boots."
+    assert whole_texts(["Scrooge went home.", "Sheets and towels, a little wearing apparel, two old", whole]) == [
+        "Scrooge went home.",
+        whole,
+    ]
+    assert whole_texts([whole, cut]) == [whole]
+    a = "Such a goose! Hurrah! And Martha warn't as late last Christmas Day by half an hour!' 'Here's"
+    b = "And Martha warn't as late last Christmas Day by half an hour!' 'Here's Martha, mother!' said a girl."
+    assert whole_texts([a, "Bob sat down.", b]) == [
+        "Such a goose! Hurrah! And Martha warn't as late last Christmas Day by half an hour!' 'Here's Martha, "
+        "mother!' said a girl.",
+        "Bob sat down.",
+    ]
+    mapped = [
+        "Mount Ida was first mapped by the United States Geological Survey from surveys.",
+        "Mount Hood was first mapped by the United States Geological Survey from surveys.",
+    ]
+    assert whole_texts(mapped) == mapped and not repeats_or_is_cut(" ".join(mapped))
+    assert repeats_or_is_cut(f"{whole} {cut}")  # a copy pasted in
+    assert repeats_or_is_cut(f"Sheets and towels, a little wearing apparel, two old {whole}")
 
 
 def test_a_report_reads_a_long_first_sentence_whole_and_cuts_nothing_inside_a_word():
@@ -288,9 +327,10 @@ def test_a_summary_reads_each_sentence_once_when_its_pieces_split_differently_si
     assert summary == [
         "Fred may rail at it.",
         "Scrooge said, 'Bah!' again.",
-        'Here is a glass of wine; and I say, "Uncle Scrooge!"\' \'Well! Uncle Scrooge!\'',
-        "The spectre joined in the dirge.",
+        'Here is a glass of wine; and I say, "Uncle Scrooge!"\' \'Well!',
+        "Uncle Scrooge!'",  # the first text's longer copy of the sentence above overlaps it: not taken
         "Uncle Scrooge had become gay.",
+        "The spectre joined in the dirge.",
     ]
 
 
@@ -346,6 +386,8 @@ def test_the_quality_measures_on_hand_written_names_and_summaries():
     assert not repeats_or_is_cut("'Bah!' said Scrooge. He went home, and…")
     assert repeats_or_is_cut("Marley was dead. Scrooge signed it. Marley was dead.")
     assert repeats_or_is_cut("Scrooge signed it. To raise the Ghos")
+    assert repeats_or_is_cut("said Bob, with a sudden declension in his high spirits.")
+    assert not repeats_or_is_cut("… said Bob, with a sudden declension.") and not repeats_or_is_cut("iPhone sold well.")
 
 
 def test_only_clusters_and_communities_of_min_members_are_sent_to_the_model():

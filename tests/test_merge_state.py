@@ -95,9 +95,30 @@ def test_a_new_mention_of_the_cut_sentence_before_it_moves_the_cut_without_readi
     assert delta.add.drop(["version"]).equals(full_state.drop(["version"]))
 
 
+def test_a_sentence_cut_at_a_chunks_edge_reads_once_whole_in_a_build_and_in_an_update():
+    """Two overlapping chunks give one sentence twice, one copy cut at the first chunk's end: the description shows
+    the whole sentence once (``whole_texts``) while the state keeps both copies, so an update that brings the whole
+    one later gives the row a build of everything gives."""
+    order = {"c0": ("a", 0), "c1": ("a", 1), "c2": ("a", 2)}
+    whole = "Ann looked at the house-fronts, black enough, and the windows blacker, with the white snow."
+    cut = "Ann looked at the house-fronts, black enough, and the windows"
+    old = mention_rows([_ent("Ann", "c0", "Ann sang."), _ent("Ann", "c1", cut)], [])
+    new = [dict(r, id=r["id"] + "n") for r in mention_rows([_ent("Ann", "c2", whole)], [])]
+    (entities, _, _, _, _, delta, _), state, _ = _update(old, new, order, 100)
+    before, _, _ = graph_from_mentions(old, 100, order=order, state=True)
+    assert [e["description"] for e in before] == [f"Ann sang. {cut}"]  # nothing whole to read it from yet
+    full, _, full_state = graph_from_mentions(old + new, 100, order=order, state=True)
+    assert [e["description"] for e in entities] == [e["description"] for e in full] == [f"Ann sang. {whole}"]
+    [row] = delta.add.to_pylist()
+    assert row["kept"] == ["Ann sang.", cut, whole]  # the state holds every copy
+    assert delta.add.drop(["version"]).equals(full_state.drop(["version"]))
+
+
 SENTENCES = [
     "{a} met {b}.",
     "{a} wrote a long letter to {b} about the harvest and the weather in the north.",
+    "{a} wrote a long letter to {b} about the harvest and",  # the sentence above cut at a chunk's edge
+    "letter to {b} about the harvest and the weather in the north.",  # and cut at the next chunk's start
     "{a} is here.",
     "{a} and {b} argued for years over the river, the mill and the old stone bridge.",
     "{a} left.",

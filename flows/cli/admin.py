@@ -122,7 +122,10 @@ def inspect(
                 "alias_merges",
                 "layer0_entities",
             ),
-            "reports whose summary repeats a sentence or stops mid-sentence": ("reports_repeating_or_cut", "reports"),
+            "reports whose summary repeats a passage, opens or stops mid-sentence": (
+                "reports_repeating_or_cut",
+                "reports",
+            ),
         }
         shown = [[m, str(q[v]), str(q[n])] for m, (v, n) in measures.items()]
         out.print(_table("graph quality", ("measure", "value", "of"), shown))

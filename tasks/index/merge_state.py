@@ -26,6 +26,7 @@ from typing import Any, cast
 import pyarrow as pa
 
 from schemas.tables import schema_for
+from tasks.runtime.text import whole_texts
 from tasks.runtime.tokens import count_tokens
 from tasks.store.ids import normalize_name
 
@@ -78,9 +79,19 @@ def budgeted(frame, group: str, max_tokens: int, state: bool = False):
     )
     keep = pl.col("first") | (pl.col("used") <= max_tokens)
     kept = distinct.filter(keep)
-    joined = kept.group_by(group, maintain_order=True).agg(pl.col("description").str.join(" "))
+    # what a reader sees: the kept sentences whole, each once (``whole_texts``: a copy cut at a chunk's edge goes);
+    # a function of the kept ones alone, so an update's row equals a build's (the state keeps every kept sentence)
+    joined = (
+        kept.group_by(group, maintain_order=True)
+        .agg(pl.col("description"))
+        .with_columns(pl.col("description").map_elements(_whole, return_dtype=pl.Utf8))
+    )
     out = joined.join(distinct.group_by(group).agg(parts=pl.len()), on=group)
     return described(out, kept, distinct.filter(~keep), group) if state else out
+
+
+def _whole(texts) -> str:
+    return texts[0] if len(texts) == 1 else " ".join(whole_texts(list(texts)))
 
 
 def pick_name(counts):

@@ -26,7 +26,8 @@ import pyarrow.compute as pc
 
 from schemas.prompts import PromptSet
 from tasks.runtime.llm import LLMClient, ParseError, parse_json, run_sync
-from tasks.runtime.text import as_ended, split_sentences
+from tasks.runtime.text import as_ended, head_of, opens_mid_sentence, split_sentences
+from tasks.runtime.text import text_key as sentence_key
 from tasks.runtime.tokens import clip_tokens, count_tokens, truncate_tokens
 from tasks.store.ids import make_id
 from tasks.store.rows import REPORT_COLUMNS, reading_order, relation_table
@@ -131,6 +132,7 @@ def _finding(r: dict[str, Any], ents: dict[str, dict[str, Any]], one_sentence: b
     text = r["description"]
     if one_sentence:
         text = _naming(a, b, [s for s in map(as_ended, _sentences(text)) if s], r.get("label")) or text
+        text = f"… {text}" if opens_mid_sentence(text) else text  # a chunk that starts inside it: an excerpt
     return f"{said}: {clip_tokens(text, 60)}"
 
 
@@ -171,22 +173,22 @@ def _sentences(text: str) -> tuple[str, ...]:
     return tuple(split_sentences(text)[:1])
 
 
-def sentence_key(sentence: str) -> str:
-    """What makes two sentences the same one: case and whitespace aside."""
-    return " ".join(sentence.lower().split())
-
-
 def _taken(sentence: str, seen: set[str]) -> bool:
-    """``sentence`` is one of ``seen`` (their keys), or a piece of one ("…" of a cut one aside)."""
-    key = sentence_key(sentence.removesuffix("…"))
-    return key in seen or any(key in k for k in seen)
+    """``sentence`` is one of ``seen`` (their keys), or overlaps one ("…" of a cut or opened one aside): its head
+    (``head_of``) inside one, or one's head inside it — the copies of one sentence two overlapping chunks give, one
+    cut at the chunk's edge."""
+    key = sentence_key(sentence.removeprefix("… ").removesuffix("…"))
+    head = head_of(key)
+    return key in seen or any(head in k or head_of(k) in key for k in seen)
 
 
 def central_sentences(texts: list[str], budget: int) -> list[str]:
     """Distinct sentences of ``texts`` (most central first) within ``budget`` tokens: each text's first sentence
     not yet taken, round after round, so the summary covers the central members before it goes deep into one;
     no sentence twice, nor one that a sentence taken holds whole (a fragment of it). Each reads as a sentence
-    (``as_ended``). A first sentence over the budget is cut to it (a summary is never empty)."""
+    (``as_ended``); a text's sentence that opens mid-sentence (``opens_mid_sentence``: a chunk that starts inside one)
+    is read only where the text has nothing else, marked "…" in front. A first sentence over the budget is cut to it
+    (a summary is never empty)."""
     pending: list[list[str] | None] = [None] * len(texts)  # each text split when its turn first comes
     out: list[str] = []
     seen: set[str] = set()
@@ -194,7 +196,7 @@ def central_sentences(texts: list[str], budget: int) -> list[str]:
     while any(q is None or q for q in pending):
         for i, queue in enumerate(pending):
             if queue is None:  # each sentence as a reader sees it, so two that read the same are one
-                queue = pending[i] = [s for s in map(as_ended, _sentences(texts[i])) if s]
+                queue = pending[i] = _whole_first([s for s in map(as_ended, _sentences(texts[i])) if s])
             while queue and _taken(queue[0], seen):
                 queue.pop(0)
             if not queue:
@@ -209,6 +211,12 @@ def central_sentences(texts: list[str], budget: int) -> list[str]:
             seen.add(sentence_key(sentence))
             used += n
     return _read_once(out)
+
+
+def _whole_first(sentences: list[str]) -> list[str]:
+    """``sentences`` without those that open mid-sentence, or, where every one does, the first marked "…" in front."""
+    whole = [s for s in sentences if not opens_mid_sentence(s)]
+    return whole if whole or not sentences else [f"… {sentences[0]}"]
 
 
 def _read_once(sentences: list[str]) -> list[str]:

@@ -17,8 +17,12 @@ entities, the summaries and the reports sees, each a plain count or share over t
   for a lowercase noun phrase, across a list's comma ("comfortable, oily, rich, fat");
 - ``alias_merges``: layer-0 entities that merged names written otherwise (the ``aliases`` column: "Scrooge" and
   "Ebenezer" into "Ebenezer Scrooge"), and ``aliases`` the names merged;
-- ``reports_repeating_or_cut``: community reports whose summary holds one sentence twice, or ends without a
-  sentence's end (inside a word or a sentence; "…" after a whole word counts as an end).
+- ``reports_repeating_or_cut``: community reports whose summary says a passage twice (one sentence's first eight
+  words inside another, or again inside itself, or its last eight earlier in it: two overlapping chunks' copies of
+  a sentence), opens
+  inside a sentence
+  (its first word in lower case: "said Bob, with…"; "…" in front marks an excerpt), or ends without a sentence's end
+  (inside a word or a sentence; "…" after a whole word counts as an end).
 """
 
 from __future__ import annotations
@@ -27,7 +31,15 @@ import re
 from typing import Any
 
 from tasks.methods.reports import sentence_key
-from tasks.runtime.text import CLAUSE_BREAK, LIST_BREAK, SENTENCE_END, split_sentences
+from tasks.runtime.text import (
+    CLAUSE_BREAK,
+    HEAD_WORDS,
+    LIST_BREAK,
+    SENTENCE_END,
+    head_of,
+    opens_mid_sentence,
+    split_sentences,
+)
 from tasks.store.catalog import Catalog
 
 TOP_ENTITIES = 100
@@ -76,12 +88,27 @@ def named_by_members(name: str, member_names: set[str]) -> bool:
 
 
 def repeats_or_is_cut(summary: str) -> bool:
-
     text = summary.strip()
     if not text:
         return False
     keys = [sentence_key(s) for s in split_sentences(text)]
-    return len(keys) != len(set(keys)) or not SENTENCE_END.search(text)
+    return (
+        any(_twice(k) or any(head_of(k) in o for o in keys[:i] + keys[i + 1 :]) for i, k in enumerate(keys))
+        or opens_mid_sentence(text)
+        or not SENTENCE_END.search(text)
+    )
+
+
+def _twice(key: str) -> bool:
+    """A copy of one sentence pasted into it: its first ``HEAD_WORDS`` words again further on (a copy cut at a
+    chunk's end, then the whole), or its last ones earlier (the whole, then a copy cut at the next chunk's start).
+    A writer's own repetition inside a sentence ("the chuckle with which he paid for the turkey, and the chuckle
+    with which he paid for the cab") is neither."""
+    words = key.split()
+    if len(words) < 2 * HEAD_WORDS:
+        return False
+    head, tail = " ".join(words[:HEAD_WORDS]), " ".join(words[-HEAD_WORDS:])
+    return key.find(head, 1) > 0 or key.find(tail) < len(key) - len(tail)
 
 
 def graph_quality(cat: Catalog, snap: dict[str, Any]) -> dict[str, Any]:

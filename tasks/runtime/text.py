@@ -101,4 +101,55 @@ def as_ended(sentence: str) -> str:
     return s if not s or SENTENCE_END.search(s) else s + "…"
 
 
+def opens_mid_sentence(sentence: str) -> bool:
+    """``sentence`` is the tail of one begun before it: its first word is in lower case ("said Bob, with a sudden
+    declension…", where a chunk starts inside a quotation's sentence); a name written in lower case with a capital
+    inside ("iPhone", "eBay") is a start."""
+    first = sentence.lstrip(" '\"‘“`([").split(" ", 1)[0]
+    return bool(first) and first[0].islower() and first.islower()
+
+
+#: words of a text's head that, found inside a longer text, make it a copy of that one cut at a chunk's edge
+HEAD_WORDS = 8
+
+
+def text_key(text: str) -> str:
+    """What makes two texts the same: case and whitespace aside."""
+    return " ".join(text.lower().split())
+
+
+def head_of(key: str) -> str:
+    """The first ``HEAD_WORDS`` words of a ``text_key`` (all of a shorter one)."""
+    return " ".join(key.split(" ", HEAD_WORDS)[:HEAD_WORDS])
+
+
+def whole_texts(texts: list[str]) -> list[str]:
+    """``texts`` (sentences of one entity or relation, in corpus order, whitespace folded) as a reader wants them:
+    two overlapping chunks give one sentence twice, one copy cut at a chunk's edge. A text that is a piece of a longer
+    one (its head, ``head_of``, inside it: "The house-fronts looked black enough, … with the smooth white" beside
+    the whole sentence; "fashioned silver teaspoons, … boots." beside "Sheets and towels, … two old fashioned silver
+    teaspoons, … boots.") goes; one whose head starts another's tail ("…Hurrah! And Martha warn't as late … 'Here's"
+    and "And Martha warn't as late … 'Here's Martha, mother!' said a girl.") is joined to it, in the first one's place."""
+    out = list(texts)
+    changed = True
+    while changed:
+        changed = False
+        keys = [text_key(t) for t in out]
+        for i, k in enumerate(keys):
+            head = head_of(k)
+            for j, o in enumerate(keys):
+                if i == j or not k or head not in o:
+                    continue
+                at = o.find(head)
+                if len(o) > len(k) and k in o or o[at:] == k[: len(o) - at]:
+                    # i is inside j, or j's tail is i's head: j, and i's text past the overlap, at j's place
+                    joined = out[j] if k in o else out[j][:at] + out[i]
+                    out = [joined if n == j else t for n, t in enumerate(out) if n != i]
+                    changed = True
+                    break
+            if changed:
+                break
+    return out
+
+
 _TITLE_END = re.compile(r"\b(?:Hon|Rt|Fr|Msgr|Revd|Pres|Ft|Insp|Pvt|Amb|Cdr|Comdr|Mme|Mlle|Atty)\.$")
