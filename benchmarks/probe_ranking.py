@@ -14,6 +14,8 @@ the index is the one ``strata eval --dataset DIR --index ./mq-sub --build`` buil
   the sentences and the passages' prior alike (needs PyStemmer, not a dependency of Strata);
 * ``sentences``: each passage scored by its best sentence's cosine too (sentences embedded alone or after their
   document's title), alone or mixed with the passage's own at a share of 0.3 / 0.5 / 0.7;
+* ``combo``: ``csls`` (k = 20) and ``sentences`` (embedded alone) together: (1 − s) · (cos(q, p) − a · r(p)) + s ·
+  the best sentence's cosine, a in 0.25 / 0.5, s in 0.3 / 0.5;
 * ``hop``: a second hop, the question with the best sentence (or the whole text) of its top one or two passages
   appended and embedded again, mixed with the first round (0.3 / 0.5) or taking the larger score.
 """
@@ -93,7 +95,7 @@ def dense_variants(view) -> dict[str, object]:
     return out
 
 
-def sentence_variants(view, embedder) -> dict[str, object]:
+def sentence_variants(view, embedder, titled: tuple[bool, ...] = (False, True)) -> dict[str, object]:
     """Each passage scored by its sentences as well: the best sentence's cosine (each sentence embedded alone, or
     after its document's title), mixed with the passage's own cosine at a share."""
     from tasks.runtime.text import split_sentences
@@ -103,16 +105,16 @@ def sentence_variants(view, embedder) -> dict[str, object]:
 
     titles = {d: explicit_title({"title": t, "source_id": view.doc_source[d]}) for d, t in view.doc_title.items()}
     out: dict[str, object] = {}
-    for titled in (False, True):
+    for with_title in titled:
         owner, texts = [], []
         for j, text in enumerate(view.chunk_text):
-            title = titles.get(view.chunk_doc[j]) if titled else None
+            title = titles.get(view.chunk_doc[j]) if with_title else None
             for s in split_sentences(text) or [text]:
                 owner.append(j)
                 texts.append(f"{title}: {s}" if title else s)
         sv = embedder.embed(texts).astype(np.float32)
         owner_a = np.array(owner)
-        print(f"{len(texts)} sentences embedded (titled={titled}, {len(titles)} titles)", flush=True)
+        print(f"{len(texts)} sentences embedded (titled={with_title}, {len(titles)} titles)", flush=True)
 
         def best(q, sv=sv, owner_a=owner_a):
             s = sv @ q
@@ -120,10 +122,25 @@ def sentence_variants(view, embedder) -> dict[str, object]:
             np.maximum.at(top, owner_a, s)
             return top
 
-        tag = "titled " if titled else ""
+        tag = "titled " if with_title else ""
         out[f"sentences {tag}max"] = best
         for a in (0.3, 0.5, 0.7):
             out[f"sentences {tag}mix a={a}"] = lambda q, a=a, best=best: (1 - a) * (chunks @ q) + a * best(q)
+    return out
+
+
+def combo_variants(view, embedder) -> dict[str, object]:
+    """The two signals that each gave about +2 points at rank 5, together: hubness reduction of the passage's cosine
+    (CSLS, k = 20) and its best sentence's cosine."""
+    chunks = view.chunk_vecs.astype(np.float32)
+    sims = chunks @ chunks.T
+    np.fill_diagonal(sims, -1.0)
+    r = np.sort(sims, axis=1)[:, -20:].mean(axis=1)
+    best = sentence_variants(view, embedder, titled=(False,))["sentences max"]
+    out: dict[str, object] = {}
+    for a in (0.25, 0.5):
+        for s in (0.3, 0.5):
+            out[f"combo a={a} s={s}"] = lambda q, a=a, s=s: (1 - s) * (chunks @ q - a * r) + s * best(q)
     return out
 
 
@@ -189,6 +206,13 @@ def main() -> None:
         view.similarity = similarity
     if "sentences" in args.variants:
         for name, score in sentence_variants(view, question_embedder(cfg.embedding, cfg.llm, threads=None)).items():
+            view.similarity = lambda kind, q, k, score=score: (
+                score(q).astype(np.float32) if kind == "chunks" else similarity(kind, q, k)
+            )
+            print(name, "|", " | ".join(f"{h} {line(run(view, queries, vecs, rcfg, h), base[h])}" for h in base))
+            view.similarity = similarity
+    if "combo" in args.variants:
+        for name, score in combo_variants(view, question_embedder(cfg.embedding, cfg.llm, threads=None)).items():
             view.similarity = lambda kind, q, k, score=score: (
                 score(q).astype(np.float32) if kind == "chunks" else similarity(kind, q, k)
             )
