@@ -7,7 +7,9 @@ beside what the run recorded (``runs.stage_counts``), and the run's prompt + com
 
 Mixes: ``full`` (every stage calls the model), ``fast`` (offline extraction; summaries and reports by the model:
 GraphRAG's "fast" mix), and each with ``-min10``: only clusters and communities of 10 entities or more sent to the
-model (``llm.summaries.min_members``, ``llm.reports.min_members``); ``packed`` (``-min10``): every stage on the model,
+model (``llm.summaries.min_members``, ``llm.reports.min_members``); ``fast-top``: the fast mix with only those of 100
+or more (the top of the hierarchy, what a global question reads first); ``reports-top``: that with offline summaries
+too, the model writing only the large communities' reports (GraphRAG's "fast" method has no summary layers); ``packed`` (``-min10``): every stage on the model,
 extraction in one pass over packs of chunks of up to 1,200 tokens (``llm.extraction.pack_tokens``). Corpora: a folder or a .jsonl file of passages (``{"title", "text"}`` rows) or a .txt book.
 
     .venv/bin/python benchmarks/bench_llm_cost.py ../shared/datasets/musique/corpus.jsonl \\
@@ -32,11 +34,15 @@ sys.path.insert(0, str(REPO))
 
 PAYS = ["--set", "llm.summaries.min_members=10", "--set", "llm.reports.min_members=10"]
 PACK = ["--set", "llm.extraction.pack_tokens=1200"]
+#: the model only for the top of the hierarchy: clusters and communities of 100 entities or more
+TOP = ["--set", "llm.summaries.min_members=100", "--set", "llm.reports.min_members=100"]
 MIXES = {
     "full": [],
     "fast": ["--set", "llm.extraction.model=offline"],
     "full-min10": PAYS,
     "fast-min10": ["--set", "llm.extraction.model=offline", *PAYS],
+    "fast-top": ["--set", "llm.extraction.model=offline", *TOP],
+    "reports-top": ["--set", "llm.extraction.model=offline", "--set", "llm.summaries.model=offline", *TOP],
     "packed": PACK,
     "packed-min10": [*PACK, *PAYS],
 }

@@ -120,9 +120,9 @@ def estimate_run(
             if same is not None and cache is not None:
                 rows.append(cached_stage(stage, model, same))
             else:
-                rows.append(
-                    scaled_estimate(stage, model, units, stage_ratios(stage, extractor, result["kind"], learned))
-                )
+                ratios = stage_ratios(stage, extractor, result["kind"], learned)
+                k = getattr(cfg.llm, stage).min_members
+                rows.append(scaled_estimate(stage, model, units, ratios, k, result["kind"]))
         out = [r.row() for r in rows]
         return {
             **result,

@@ -260,3 +260,29 @@ def test_the_estimate_learns_a_stage_only_from_a_run_with_its_settings():
     assert set(learned_ratios(runs, "build", now)) == {"summaries"}
     other_model = StrataConfig.model_validate({"llm": {"model": "openai/other"}}).fingerprint()
     assert learned_ratios(runs, "build", other_model) == {}  # both stages inherit the [llm] model
+
+
+def test_the_estimate_of_a_build_with_min_members_counts_only_the_large_communities():
+    """``min_members`` K: a build's stated ratios (every community sent) become about c · N / K calls of p tokens
+    each (``llm_estimate.SENT``); K between the measured points is interpolated in log K; an update, and ratios
+    learned from a run with the same settings, are left as they are."""
+    from schemas.llm import LLMConfig
+    from tasks.index.llm_estimate import DEFAULT_RATIOS, Ratios, scaled_estimate, sent_per_entity
+
+    llm = LLMConfig(model="openai/m", input_cost_per_mtok=1.0, output_cost_per_mtok=2.0)
+    units = {"entity": 2000}
+    ratios = DEFAULT_RATIOS["reports/nlp/build"]  # 0.290 calls and 229.1 prompt tokens an entity
+    every = scaled_estimate("reports", llm, units, ratios)
+    assert (every.calls, every.input_tokens) == (580, 458200)
+    top = scaled_estimate("reports", llm, units, ratios, min_members=100)
+    assert (top.calls, top.input_tokens) == (7, 7 * 1547)  # 0.345 · 2000 / 100 calls of 1,547 tokens
+    assert top.output_tokens == round(7 * 1547 * ratios.output) and top.basis.endswith("of 100+ members")
+    ten = scaled_estimate("reports", llm, units, ratios, min_members=10)
+    assert (ten.calls, ten.input_tokens) == (140, 140 * 1174)
+    c, p = sent_per_entity("reports", 10**1.5)  # halfway between 10 and 100 in log K
+    assert (round(c, 4), round(p, 1)) == (0.5225, 1360.5)
+    assert sent_per_entity("summaries", 1000) == sent_per_entity("summaries", 100)  # held outside
+    update = scaled_estimate("reports", llm, units, DEFAULT_RATIOS["reports/nlp/update"], 100, kind="update")
+    assert update.calls == round(2000 * DEFAULT_RATIOS["reports/nlp/update"].calls)
+    learned = Ratios(0.01, 50.0, 0.5, "learned from run v1", "entity")
+    assert scaled_estimate("reports", llm, units, learned, min_members=100).calls == 20

@@ -7,13 +7,15 @@ the entity answer is cached, else the same prompt listing as many entities as th
 runs of capitalised words, what a model lists first). Summaries and reports are made from the graph extraction
 finds: they are scaled by the ratios this index's latest run of the same kind recorded (``runs.stage_counts``), per
 corpus token it extracted, else by the stated ``DEFAULT_RATIOS``, per distinct thing the run's chunks name (a corpus
-of short passages names many more things a token than a novel, and its graph is that much larger).
+of short passages names many more things a token than a novel, and its graph is that much larger); a build whose
+stage sends only clusters or communities of ``min_members`` or more is scaled to those (``SENT``).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
@@ -272,14 +274,41 @@ class _Asker:
             found = [ents + new[i] for i, ents in enumerate(found)]
 
 
-def scaled_estimate(stage: Stage, llm: LLMConfig, units: dict[str, int], ratios: Ratios) -> StageEstimate:
+#: a build with ``min_members`` K sends a stage the clusters (summaries) or communities (reports) of K entities or
+#: more: about c · N / K of them for N entities (units), each prompt of about p tokens (the large ones near the
+#: stage's input cap). (K, c, p) measured with the offline graph at K = 10 and 100 on full MuSiQue and the book
+#: (``benchmarks/bench_llm_cost.py --mixes fast-min10 fast-top``; the two corpora within about a third of each other),
+#: interpolated in log K between, held outside; an update's touched ancestors do not follow N / K (upper bound kept).
+SENT: dict[str, tuple[tuple[int, float, float], tuple[int, float, float]]] = {
+    "summaries": ((10, 0.41, 1514.0), (100, 0.52, 2121.0)),
+    "reports": ((10, 0.70, 1174.0), (100, 0.345, 1547.0)),
+}
+
+
+def sent_per_entity(stage: str, k: int) -> tuple[float, float]:
+    """(c, p) of ``SENT`` at ``min_members`` ``k``: calls c · N / k, p prompt tokens each."""
+    (k0, c0, p0), (k1, c1, p1) = SENT[stage]
+    t = min(max((math.log(k) - math.log(k0)) / (math.log(k1) - math.log(k0)), 0.0), 1.0)
+    return c0 + t * (c1 - c0), p0 + t * (p1 - p0)
+
+
+def scaled_estimate(
+    stage: Stage, llm: LLMConfig, units: dict[str, int], ratios: Ratios, min_members: int = 0, kind: str = "build"
+) -> StageEstimate:
     """A stage whose prompts are made from what extraction finds: ``ratios`` of the run's ``units`` ("corpus token":
     the corpus tokens it extracts; "name": the distinct things its chunks name; "entity": the layer-0 entities the
-    offline extractor finds in them, ``offline_entities``)."""
+    offline extractor finds in them, ``offline_entities``). With the stage's ``min_members`` and the stated ratios
+    (which send every cluster and community), a build sends only the large ones (``SENT``); ratios learned from a
+    run with the same ``min_members`` already count only those."""
     n = units[ratios.per]
     prompt = round(n * ratios.prompt)
     calls = max(round(n * ratios.calls), 1) if prompt else 0
     basis = ratios.basis if ratios.basis != "default" else f"default, per {ratios.per}"
+    if min_members > 1 and ratios.basis == "default" and kind == "build" and calls:
+        c, p = sent_per_entity(stage, min_members)
+        sent = min(calls, max(round(c * n / min_members), 1))
+        calls, prompt = sent, min(prompt, round(sent * p))
+        basis = f"{basis}, of {min_members}+ members"
     return StageEstimate(
         stage, llm.model, calls=calls, input_tokens=prompt, output_tokens=round(prompt * ratios.output), basis=basis
     ).priced(llm)
