@@ -19,10 +19,8 @@ entities, the summaries and the reports sees, each a plain count or share over t
   "Ebenezer" into "Ebenezer Scrooge"), and ``aliases`` the names merged;
 - ``reports_repeating_or_cut``: community reports whose summary says a passage twice (one sentence's first eight
   words inside another, or again inside itself, or its last eight earlier in it: two overlapping chunks' copies of
-  a sentence), opens
-  inside a sentence
-  (its first word in lower case: "said Bob, with…"; "…" in front marks an excerpt), or ends without a sentence's end
-  (inside a word or a sentence; "…" after a whole word counts as an end).
+  a sentence), opens inside a sentence (its first word in lower case: "said Bob, with…"; "…" in front marks an
+  excerpt), or ends without a sentence's end (inside a word or a sentence; "…" after a whole word counts as one).
 """
 
 from __future__ import annotations
