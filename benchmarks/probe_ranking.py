@@ -77,11 +77,16 @@ def line(rows, base) -> str:
     )
 
 
-def dense_variants(view) -> dict[str, object]:
-    chunks = view.chunk_vecs.astype(np.float32)
+def _neighbour_cosines(chunks: np.ndarray) -> np.ndarray:
+    """Each passage's cosines to the others, ascending (its own left out): CSLS's r(p) is the mean of the last k."""
     sims = chunks @ chunks.T
     np.fill_diagonal(sims, -1.0)
-    ordered = np.sort(sims, axis=1)
+    return np.sort(sims, axis=1)
+
+
+def dense_variants(view) -> dict[str, object]:
+    chunks = view.chunk_vecs.astype(np.float32)
+    ordered = _neighbour_cosines(chunks)
     out: dict[str, object] = {}
     for k in (5, 10, 20):
         r = ordered[:, -k:].mean(axis=1)
@@ -133,9 +138,7 @@ def combo_variants(view, embedder) -> dict[str, object]:
     """The two signals that each gave about +2 points at rank 5, together: hubness reduction of the passage's cosine
     (CSLS, k = 20) and its best sentence's cosine."""
     chunks = view.chunk_vecs.astype(np.float32)
-    sims = chunks @ chunks.T
-    np.fill_diagonal(sims, -1.0)
-    r = np.sort(sims, axis=1)[:, -20:].mean(axis=1)
+    r = _neighbour_cosines(chunks)[:, -20:].mean(axis=1)
     best = sentence_variants(view, embedder, titled=(False,))["sentences max"]
     out: dict[str, object] = {}
     for a in (0.25, 0.5):
@@ -196,37 +199,24 @@ def main() -> None:
     for how, rows in base.items():
         print(f"{how:6s} as ranked: {line(rows, rows)}")
     similarity = view.similarity
-    for name, score in dense_variants(view).items():
-        if name.split()[0] not in args.variants:
-            continue
-        view.similarity = lambda kind, q, k, score=score: (
-            score(q).astype(np.float32) if kind == "chunks" else similarity(kind, q, k)
-        )
-        print(name, "|", " | ".join(f"{h} {line(run(view, queries, vecs, rcfg, h), base[h])}" for h in base))
-        view.similarity = similarity
+
+    def probe(variants: dict[str, object]) -> None:
+        """Each variant's passage scores in place of the dense ones, R@k paired against the ranking as it is."""
+        for name, score in variants.items():
+            view.similarity = lambda kind, q, k, score=score: (
+                score(q).astype(np.float32) if kind == "chunks" else similarity(kind, q, k)
+            )
+            print(name, "|", " | ".join(f"{h} {line(run(view, queries, vecs, rcfg, h), base[h])}" for h in base))
+            view.similarity = similarity
+
+    probe({name: score for name, score in dense_variants(view).items() if name.split()[0] in args.variants})
     if "sentences" in args.variants:
-        for name, score in sentence_variants(view, question_embedder(cfg.embedding, cfg.llm, threads=None)).items():
-            view.similarity = lambda kind, q, k, score=score: (
-                score(q).astype(np.float32) if kind == "chunks" else similarity(kind, q, k)
-            )
-            print(name, "|", " | ".join(f"{h} {line(run(view, queries, vecs, rcfg, h), base[h])}" for h in base))
-            view.similarity = similarity
+        probe(sentence_variants(view, question_embedder(cfg.embedding, cfg.llm, threads=None)))
     if "combo" in args.variants:
-        for name, score in combo_variants(view, question_embedder(cfg.embedding, cfg.llm, threads=None)).items():
-            view.similarity = lambda kind, q, k, score=score: (
-                score(q).astype(np.float32) if kind == "chunks" else similarity(kind, q, k)
-            )
-            print(name, "|", " | ".join(f"{h} {line(run(view, queries, vecs, rcfg, h), base[h])}" for h in base))
-            view.similarity = similarity
+        probe(combo_variants(view, question_embedder(cfg.embedding, cfg.llm, threads=None)))
     if "hop" in args.variants:
-        embedder = question_embedder(cfg.embedding, cfg.llm, threads=None)
         texts = {tuple(v[:8].tolist()): q["question"] for q, v in zip(queries, vecs)}
-        for name, score in hop_variants(view, embedder, texts).items():
-            view.similarity = lambda kind, q, k, score=score: (
-                score(q).astype(np.float32) if kind == "chunks" else similarity(kind, q, k)
-            )
-            print(name, "|", " | ".join(f"{h} {line(run(view, queries, vecs, rcfg, h), base[h])}" for h in base))
-            view.similarity = similarity
+        probe(hop_variants(view, question_embedder(cfg.embedding, cfg.llm, threads=None), texts))
     if "stem" in args.variants:
         import Stemmer
 
