@@ -244,6 +244,13 @@ def test_relations_are_labelled_by_what_the_sentence_says():
     assert {("Alice", "founded", "Acme"), ("Bob", "founded", "Acme"), ("Acme", "acquired", "Globex")} <= said
     assert ("Scrooge", "not pay", "Bob Cratchit") in _statements("Scrooge did not pay Bob Cratchit well.")
     assert ("Paris", "capital of", "France") in _statements("Paris is the capital of France.")
+    # a copula's or an appositive's noun with a participle: said of the subject too
+    said = _statements("Meehan is an unincorporated community located in Plover.")
+    assert {("Meehan", "community located in", "Plover"), ("unincorporated community", "located in", "Plover")} <= said
+    assert ("Alien", "film directed by", "Ridley Scott") in _statements("Alien is a horror film directed by Ridley Scott.")
+    assert ("Acme", "firm making", "radar sensor") in _statements("Acme, a firm making radar sensors, grew.")
+    assert ("Jane Doe", "starred in", "Alien") in _statements("Jane Doe is an American actress who starred in Alien.")
+    assert ("Bob", "works for", "Scrooge") in _statements("Bob, a clerk who works for Scrooge, is poor.")
     said = _statements("The current editor is Jan Philip Solovej from the University of Copenhagen.")
     assert ("Jan Philip Solovej", "from", "University of Copenhagen") in said  # a noun and its preposition
     assert not any(label.startswith("Jan") for _, label, _ in said)  # a name is no role

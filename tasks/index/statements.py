@@ -8,6 +8,9 @@ sentence writes it, so that a relation reads as the sentence says it:
 * a copula with a noun and a preposition: "Bob Cratchit is the clerk of Scrooge" -> (Bob Cratchit, "clerk of",
   Scrooge); with a noun that is a mention itself: (Paris, "is", capital);
 * an appositive: "Bob Cratchit, the clerk of Scrooge" -> (Bob Cratchit, "clerk of", Scrooge);
+* a copula's or an appositive's noun with a participle or a relative clause, said of what the noun is said of:
+  "Meehan is a community located in Plover" -> (Meehan, "community located in", Plover); "Jane Doe is an actress
+  who starred in Alien" -> (Jane Doe, "starred in", Alien); besides the noun's own where it is a mention;
 * a participle that modifies a noun: "the Eiffel Tower, designed by Gustave Eiffel" -> ("Eiffel Tower",
   "designed by", Gustave Eiffel); a relative clause's "who"/"which" is the noun it modifies;
 * a noun and its preposition's object, where nothing above says more of the pair: "Jan Solovej from the
@@ -59,8 +62,8 @@ def statements(sent: Any, mention_at: dict[int, int]) -> list[tuple[int, str, in
     return found
 
 
-def _verb(verb: Any, add) -> None:
-    subjects = _subjects(verb)
+def _verb(verb: Any, add, subjects: list[Any] | None = None) -> None:
+    subjects = _subjects(verb) if subjects is None else subjects
     if not subjects:
         return
     neg = ["not"] if any(c.dep_ == "neg" for c in verb.children) else []
@@ -87,12 +90,17 @@ def _subjects(verb: Any) -> list[Any]:
     a participle's noun ("the tower, designed by ..."), a conjoined verb's first verb's subjects."""
     subjects = [c for c in verb.children if c.dep_ in _SUBJECTS]
     if verb.dep_ == "relcl":
-        subjects = [verb.head if (s.tag_ in _RELATIVE or s.lower_ in _RELATIVE) else s for s in subjects]
+        subjects = [verb.head if _relative(s) else s for s in subjects]
     if not subjects and verb.dep_ == "acl" and verb.tag_ == "VBN":
         subjects = [verb.head]
     if not subjects and verb.dep_ == "conj" and verb.head.pos_ in ("VERB", "AUX"):
         subjects = [c for c in verb.head.children if c.dep_ in _SUBJECTS]
     return [each for s in subjects for each in _with_conjuncts(s)]
+
+
+def _relative(tok: Any) -> bool:
+    """A relative pronoun ("who", "which", "that")."""
+    return tok.tag_ in _RELATIVE or tok.lower_ in _RELATIVE
 
 
 def _noun_statements(subj: Any, noun: Any, add, plain: list[str]) -> None:
@@ -104,7 +112,25 @@ def _noun_statements(subj: Any, noun: Any, add, plain: list[str]) -> None:
         for prep in (c for c in noun.children if c.dep_ == "prep"):
             for obj in _objects(prep):
                 add(subj, [*words, noun.text.lower(), prep.text.lower()], obj)
+        for part in (c for c in noun.children if c.dep_ == "acl" and c.pos_ == "VERB"):
+            _participle(subj, [noun.text.lower(), part.text.lower()], part, add)
+        for clause in (c for c in noun.children if c.dep_ == "relcl" and c.pos_ in ("VERB", "AUX")):
+            if any(t.dep_ in _SUBJECTS and _relative(t) for t in clause.children):
+                _verb(clause, add, subjects=[subj])  # "an actress who starred in Alien": she starred in it
     add(subj, plain, noun)
+
+
+def _participle(subj: Any, words: list[str], part: Any, add) -> None:
+    """What a noun's participle says, said of what the noun is said of: "Meehan is a community located in Plover"
+    -> (Meehan, "community located in", Plover); "Alien is a film directed by Ridley Scott" -> (Alien, "film
+    directed by", Ridley Scott)."""
+    for c in part.children:
+        if c.dep_ in _OBJECTS:
+            for o in _with_conjuncts(c):
+                add(subj, words, o)
+        elif c.dep_ in ("prep", "agent"):
+            for o in _objects(c):
+                add(subj, [*words, c.text.lower()], o)
 
 
 def _objects(prep: Any) -> list[Any]:
