@@ -201,6 +201,14 @@ def test_no_name_runs_across_a_clause_break():
     assert {"jovial voice", "great excitement", "Episode IV", "Tunisia", 'Dwayne "The Rock" Johnson'} <= names
 
 
+def test_a_name_is_written_without_the_possessive_the_parser_took_into_it():
+    """spaCy's entity span sometimes holds the possessive ("Dolly Parton's"): the name drops it, as its key does."""
+    text = "Jolene is Dolly Parton's third album. Scrooge never painted out Old Marley's name."
+    names = {e["name"] for e in extract_batch([{"id": "c1", "text": text}], ExtractConfig()).entities}
+    assert {"Dolly Parton", "Old Marley"} <= names
+    assert not any(n.endswith("'s") for n in names)
+
+
 def test_single_common_nouns_are_entities_only_where_asked_for():
     """Common nouns ("hand", "door") are words, not names; a phrase of them, a named entity and a proper noun are
     entities."""

@@ -100,6 +100,9 @@ NER_TYPES = {
     "DATE": "time",
 }
 _HAS_DIGIT = re.compile(r"\d")
+#: a possessive the parser took into a name ("Dolly Parton's third album"): the name is written without it, as its
+#: key already is (``normalize_name``)
+_POSSESSIVE = re.compile(r"\s*['’]s$")
 _WORDY = re.compile(r"[A-Za-z]")
 _STRIP_POS = {"DET", "PRON", "PUNCT", "NUM", "CCONJ", "ADP", "PART", "SYM", "SPACE"}
 
@@ -189,7 +192,7 @@ def mentions_of(doc, cfg: ExtractConfig) -> list[tuple[int, int, str, str]]:
         etype = NER_TYPES.get(whole.label_)
         if etype is None or (etype == "time" and not _HAS_DIGIT.search(ent.text)):
             continue
-        name = squash_clip(ent.text.strip(" \n\t'\"“”‘’"), 120)
+        name = squash_clip(_POSSESSIVE.sub("", ent.text.strip(" \n\t'\"“”‘’")), 120)
         if not _WORDY.search(name) and etype != "time":
             continue
         if name.lower().startswith("the "):
