@@ -252,7 +252,7 @@ def test_relations_are_labelled_by_what_the_sentence_says():
     assert {("Alice", "founded", "Acme"), ("Bob", "founded", "Acme"), ("Acme", "acquired", "Globex")} <= said
     assert ("Scrooge", "not pay", "Bob Cratchit") in _statements("Scrooge did not pay Bob Cratchit well.")
     assert ("Paris", "capital of", "France") in _statements("Paris is the capital of France.")
-    # a copula's or an appositive's noun with a participle: said of the subject too
+    # a copula's or an appositive's noun with a participle or a relative clause: said of the subject too
     said = _statements("Meehan is an unincorporated community located in Plover.")
     assert {("Meehan", "community located in", "Plover"), ("unincorporated community", "located in", "Plover")} <= said
     assert ("Alien", "film directed by", "Ridley Scott") in _statements("Alien is a horror film directed by Ridley Scott.")
