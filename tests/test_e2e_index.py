@@ -78,6 +78,10 @@ def test_inspect_quality_measures_the_published_graph(built):
     # page furniture: a page number glued between two sentences' words, a figure marker; a date is none
     assert has_furniture("on Christmas Eve 16 Nobody came") and has_furniture("[Illustration: a bell]")
     assert not has_furniture("Malta adopted the Euro currency on 1 January 2008.")
+    # a name across a break: a dash, a list's comma in a lowercase phrase, a bracket without its partner
+    assert across_a_break("Much!'--Marley", "person") and across_a_break("oily, rich, fat voice", "concept")
+    assert across_a_break("Felipe Solo (", "person") and across_a_break("500) Days of Summer", "work")
+    assert not across_a_break("Indianola, Iowa", "concept") and not across_a_break("Sing (2016 film)", "work")
     rels = cat.read("relations").to_pylist()
     layer = {e["id"]: e["layer"] for e in ents}
     flat = [r for r in rels if layer[r["source_id"]] == 0 and layer[r["target_id"]] == 0]

@@ -199,6 +199,12 @@ def test_no_name_runs_across_a_clause_break():
     names = {e["name"] for e in extract_batch([{"id": "c1", "text": text}], ExtractConfig()).entities}
     assert not any(mark in n for n in names for mark in ("--", "!", ","))
     assert {"jovial voice", "great excitement", "Episode IV", "Tunisia", 'Dwayne "The Rock" Johnson'} <= names
+    # a span the parser cut inside a parenthesis: the bracket without its partner is a break too
+    text = "It lies south of Felipe Solo (Graham Land). The CGTU (United General Confederation of Labor was founded."
+    names = {e["name"] for e in extract_batch([{"id": "c1", "text": text}], ExtractConfig()).entities}
+    assert {"Felipe Solo", "CGTU"} <= names and not any(b in n for n in names for b in "()")
+    names = {e["name"] for e in extract_batch([{"id": "c1", "text": "Frank Mallory (1862–1941) was a pathologist."}], ExtractConfig()).entities}
+    assert "Frank Mallory" in names
 
 
 def test_a_name_is_written_without_the_possessive_the_parser_took_into_it():

@@ -117,7 +117,7 @@ def inspect(
             "layer-0 relations with a label (not co-occurrence)": ("labelled_relations", "layer0_relations"),
             "  of which a verb or a noun (not a preposition alone)": ("verb_or_noun_relations", "layer0_relations"),
             "layer-0 descriptions with page furniture": ("descriptions_with_furniture", "layer0_entities"),
-            "layer-0 names across a clause break or a list": ("names_across_a_break", "layer0_entities"),
+            "layer-0 names across a clause break, a list or a bracket": ("names_across_a_break", "layer0_entities"),
             "layer-0 entities that merged aliases (a surname, a first name, a title)": (
                 "alias_merges",
                 "layer0_entities",

@@ -25,7 +25,7 @@ from tasks.index.aliases import alias_maps
 from tasks.index.merge import mention_rows, title_mentions
 from tasks.index.statements import statements
 from tasks.runtime.parallel import Mapper
-from tasks.runtime.text import CLAUSE_BREAK, LIST_BREAK, squash_clip
+from tasks.runtime.text import CLAUSE_BREAK, PHRASE_BREAK, squash_clip, with_brackets
 from tasks.store.ids import quarantine_row
 
 
@@ -186,7 +186,8 @@ def mentions_of(doc, cfg: ExtractConfig) -> list[tuple[int, int, str, str]]:
     taken: list[tuple[int, int]] = []
     for whole in doc.ents:
         # a named entity is the piece that holds its head ("Much!'--Marley" is Marley), typed as the whole was
-        ent = next((p for p in _pieces(whole, CLAUSE_BREAK) if p.start <= whole.root.i < p.end), None)
+        pieces = _pieces(whole, with_brackets(CLAUSE_BREAK, whole.text))
+        ent = next((p for p in pieces if p.start <= whole.root.i < p.end), None)
         if ent is None:
             continue
         etype = NER_TYPES.get(whole.label_)
@@ -203,7 +204,7 @@ def mentions_of(doc, cfg: ExtractConfig) -> list[tuple[int, int, str, str]]:
         for chunk in doc.noun_chunks:
             if any(s < chunk.end_char and chunk.start_char < e for s, e in taken):
                 continue
-            for np_span in _pieces(chunk, LIST_BREAK):  # each piece that is a noun phrase itself
+            for np_span in _pieces(chunk, PHRASE_BREAK):  # each piece that is a noun phrase itself
                 phrase = _noun_phrase(np_span)
                 if phrase and not cfg.single_nouns and _a_common_noun(phrase):
                     continue

@@ -14,7 +14,8 @@ entities, the summaries and the reports sees, each a plain count or share over t
   ("[Illustration]"), a run of three words in capitals (a heading: "STAVE ONE--MARLEY'S GHOST"), or a page number
   glued between two sentences' words ("…Christmas Eve 16 Nobody…");
 - ``names_across_a_break``: layer-0 entities whose name runs across a clause break ("Much!'--Marley's voice"), or,
-  for a lowercase noun phrase, across a list's comma ("comfortable, oily, rich, fat");
+  for a lowercase noun phrase, across a list's comma ("comfortable, oily, rich, fat"), or holds a bracket without its
+  partner ("Felipe Solo (");
 - ``alias_merges``: layer-0 entities that merged names written otherwise (the ``aliases`` column: "Scrooge" and
   "Ebenezer" into "Ebenezer Scrooge"), and ``aliases`` the names merged;
 - ``reports_repeating_or_cut``: community reports whose summary says a passage twice (one sentence's first eight
@@ -37,6 +38,7 @@ from tasks.runtime.text import (
     head_of,
     opens_mid_sentence,
     split_sentences,
+    unpaired,
 )
 from tasks.store.catalog import Catalog
 
@@ -57,9 +59,10 @@ def has_furniture(description: str) -> bool:
 
 def across_a_break(name: str, etype: str) -> bool:
     """A word on both sides of a clause break, or of a list's comma in a lowercase noun phrase (a capitalised
-    ``concept`` may be a document's title: "Indianola, Iowa")."""
+    ``concept`` may be a document's title: "Indianola, Iowa"); or a bracket without its partner ("Felipe Solo (")."""
     breaks = LIST_BREAK if etype == "concept" and name.islower() else CLAUSE_BREAK
-    return any(_WORDY.search(name[: m.start()]) and _WORDY.search(name[m.end() :]) for m in breaks.finditer(name))
+    found = any(_WORDY.search(name[: m.start()]) and _WORDY.search(name[m.end() :]) for m in breaks.finditer(name))
+    return found or unpaired(name)
 
 
 #: English prepositions: a label that is one of them alone names no verb or role (``statements``: a noun's

@@ -13,6 +13,20 @@ _SPACE = re.compile(r"\s+")
 #: dash joins ("1939–1945", "Mexican–American War")
 CLAUSE_BREAK = re.compile(r"\s*(?:-{2,}|[!?;—])\s*")
 LIST_BREAK = re.compile(r"\s*(?:-{2,}|[!?;:,—\"“”])\s*")
+_BRACKETS = r"\s*[()\[\]]\s*"
+#: where a noun phrase breaks: a list's breaks and any bracket ("(power) line frequency": "power", "line frequency")
+PHRASE_BREAK = re.compile(f"{LIST_BREAK.pattern}|{_BRACKETS}")
+
+
+def unpaired(text: str) -> bool:
+    """A bracket without its partner in ``text`` ("Felipe Solo (", "500) Days of Summer"): a span the parser cut
+    inside a parenthesis."""
+    return text.count("(") != text.count(")") or text.count("[") != text.count("]")
+
+
+def with_brackets(breaks: re.Pattern[str], text: str) -> re.Pattern[str]:
+    """``breaks``, and each bracket too where ``text`` holds one without its partner."""
+    return re.compile(f"{breaks.pattern}|{_BRACKETS}") if unpaired(text) else breaks
 
 
 def squash_clip(text: str, limit: int) -> str:
