@@ -25,7 +25,7 @@ from tasks.index.aliases import alias_maps
 from tasks.index.merge import mention_rows, title_mentions
 from tasks.index.statements import statements
 from tasks.runtime.parallel import Mapper
-from tasks.runtime.text import CLAUSE_BREAK, PHRASE_BREAK, squash_clip, with_brackets
+from tasks.runtime.text import CLAUSE_BREAK, CLAUSE_OR_BRACKET, PHRASE_BREAK, squash_clip, unpaired
 from tasks.store.ids import quarantine_row
 
 
@@ -186,7 +186,7 @@ def mentions_of(doc, cfg: ExtractConfig) -> list[tuple[int, int, str, str]]:
     taken: list[tuple[int, int]] = []
     for whole in doc.ents:
         # a named entity is the piece that holds its head ("Much!'--Marley" is Marley), typed as the whole was
-        pieces = _pieces(whole, with_brackets(CLAUSE_BREAK, whole.text))
+        pieces = _pieces(whole, CLAUSE_OR_BRACKET if unpaired(whole.text) else CLAUSE_BREAK)
         ent = next((p for p in pieces if p.start <= whole.root.i < p.end), None)
         if ent is None:
             continue

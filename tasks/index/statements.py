@@ -73,7 +73,12 @@ def _verb(verb: Any, add, subjects: list[Any] | None = None) -> None:
             for s in subjects:
                 _noun_statements(s, attr, add, plain=[*neg, verb.text.lower()])
         return
-    words = [*neg, verb.text.lower(), *particle]
+    _arguments(verb, subjects, [*neg, verb.text.lower(), *particle], add)
+
+
+def _arguments(verb: Any, subjects: list[Any], words: list[str], add) -> None:
+    """``verb``'s objects, labelled ``words``, and its prepositions' (or a passive's agent's) objects, labelled
+    ``words`` and the preposition, each said of every one of ``subjects``."""
     for c in verb.children:
         if c.dep_ in _OBJECTS:
             for s in subjects:
@@ -112,25 +117,12 @@ def _noun_statements(subj: Any, noun: Any, add, plain: list[str]) -> None:
         for prep in (c for c in noun.children if c.dep_ == "prep"):
             for obj in _objects(prep):
                 add(subj, [*words, noun.text.lower(), prep.text.lower()], obj)
-        for part in (c for c in noun.children if c.dep_ == "acl" and c.pos_ == "VERB"):
-            _participle(subj, [noun.text.lower(), part.text.lower()], part, add)
+        for part in (c for c in noun.children if c.dep_ == "acl" and c.pos_ == "VERB"):  # "a community located in"
+            _arguments(part, [subj], [noun.text.lower(), part.text.lower()], add)
         for clause in (c for c in noun.children if c.dep_ == "relcl" and c.pos_ in ("VERB", "AUX")):
             if any(t.dep_ in _SUBJECTS and _relative(t) for t in clause.children):
                 _verb(clause, add, subjects=[subj])  # "an actress who starred in Alien": she starred in it
     add(subj, plain, noun)
-
-
-def _participle(subj: Any, words: list[str], part: Any, add) -> None:
-    """What a noun's participle says, said of what the noun is said of: "Meehan is a community located in Plover"
-    -> (Meehan, "community located in", Plover); "Alien is a film directed by Ridley Scott" -> (Alien, "film
-    directed by", Ridley Scott)."""
-    for c in part.children:
-        if c.dep_ in _OBJECTS:
-            for o in _with_conjuncts(c):
-                add(subj, words, o)
-        elif c.dep_ in ("prep", "agent"):
-            for o in _objects(c):
-                add(subj, [*words, c.text.lower()], o)
 
 
 def _objects(prep: Any) -> list[Any]:

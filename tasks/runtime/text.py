@@ -16,17 +16,14 @@ LIST_BREAK = re.compile(r"\s*(?:-{2,}|[!?;:,—\"“”])\s*")
 _BRACKETS = r"\s*[()\[\]]\s*"
 #: where a noun phrase breaks: a list's breaks and any bracket ("(power) line frequency": "power", "line frequency")
 PHRASE_BREAK = re.compile(f"{LIST_BREAK.pattern}|{_BRACKETS}")
+#: where a name holding a bracket without its partner (``unpaired``) breaks: a clause break or a bracket
+CLAUSE_OR_BRACKET = re.compile(f"{CLAUSE_BREAK.pattern}|{_BRACKETS}")
 
 
 def unpaired(text: str) -> bool:
     """A bracket without its partner in ``text`` ("Felipe Solo (", "500) Days of Summer"): a span the parser cut
     inside a parenthesis."""
     return text.count("(") != text.count(")") or text.count("[") != text.count("]")
-
-
-def with_brackets(breaks: re.Pattern[str], text: str) -> re.Pattern[str]:
-    """``breaks``, and each bracket too where ``text`` holds one without its partner."""
-    return re.compile(f"{breaks.pattern}|{_BRACKETS}") if unpaired(text) else breaks
 
 
 def squash_clip(text: str, limit: int) -> str:
