@@ -9,8 +9,8 @@ Mixes: ``full`` (every stage calls the model), ``fast`` (offline extraction; sum
 GraphRAG's "fast" mix), and each with ``-min10``: only clusters and communities of 10 entities or more sent to the
 model (``llm.summaries.min_members``, ``llm.reports.min_members``); ``fast-top``: the fast mix with only those of 100
 or more (the top of the hierarchy, what a global question reads first); ``reports-top``: that with offline summaries
-too, the model writing only the large communities' reports (GraphRAG's "fast" method has no summary layers); ``packed`` (``-min10``): every stage on the model,
-extraction in one pass over packs of chunks of up to 1,200 tokens (``llm.extraction.pack_tokens``). Corpora: a folder or a .jsonl file of passages (``{"title", "text"}`` rows) or a .txt book.
+too, the model writing only the large communities' reports (GraphRAG's "fast" method has no summary layers); ``packed`` (``-min10``, ``-top``): every stage on
+the model, extraction in one pass over packs of chunks of up to 1,200 tokens (``llm.extraction.pack_tokens``). Corpora: a folder or a .jsonl file of passages (``{"title", "text"}`` rows) or a .txt book.
 
     .venv/bin/python benchmarks/bench_llm_cost.py ../shared/datasets/musique/corpus.jsonl \\
         ../shared/datasets/christmas_carol/book.txt [--mixes full fast] [--passages 1890] [--no-update]
@@ -45,6 +45,7 @@ MIXES = {
     "reports-top": ["--set", "llm.extraction.model=offline", "--set", "llm.summaries.model=offline", *TOP],
     "packed": PACK,
     "packed-min10": [*PACK, *PAYS],
+    "packed-top": [*PACK, *TOP],
 }
 STAGES = ("extraction", "summaries", "reports")
 

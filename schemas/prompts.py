@@ -81,7 +81,7 @@ _DEFAULTS = (
     ),
     Prompt(
         "extract_packed",
-        "extract-packed/1",
+        "extract-packed/2",
         "extraction in one pass over several short chunks (llm.extraction.pack_tokens): the entities of each and the "
         "relations among them, each relation with the words that relate its ends (the chunk's sentences describe them)",
         "You build a knowledge graph from text. For each numbered passage, list every meaningful entity it names "
@@ -89,10 +89,9 @@ _DEFAULTS = (
         "those entities the passage clearly relates, each with the verb or role that relates them. Answer with JSON "
         "only.",
         "Entity types: $types.\n\n$passages\n\n"
-        'Return {"entities": [{"passage": <its number>, "name": "<as written in the passage>", '
-        '"type": "<one entity type>"}], "relations": [{"passage": <its number>, "source": "<entity name>", '
-        '"target": "<entity name>", "label": "<the verb or role relating source to target, as the passage says it: '
-        'a few words>", "strength": <1-10>}]}',
+        'Return {"passages": [{"passage": <its number>, "entities": [["<name as written in the passage>", '
+        '"<one entity type>"]], "relations": [["<source entity name>", "<the verb or role relating source to target, '
+        'as the passage says it: a few words>", "<target entity name>", <strength 1-10>]]}]}',
         {"types": "the entity types, comma separated", "passages": 'each chunk as "Passage N:" and its quoted text'},
     ),
     Prompt(

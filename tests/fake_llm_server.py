@@ -59,14 +59,13 @@ def answer_for(messages: list[dict], realistic: bool = False) -> str:
     system = messages[0]["content"] if messages else ""
     user = next((m["content"] for m in messages if m["role"] == "user"), "")
     if "For each numbered passage" in system:  # one pass over a pack: names, types, labelled pairs (no descriptions)
-        entities, relations = [], []
+        passages = []
         for number, text in _PASSAGES.findall(user) if len(messages) <= 2 else []:  # gleaning: nothing missed
             names = list(dict.fromkeys(m.group(1) for m in _CAPS.finditer(text)))[: None if realistic else 12]
-            entities += [{"passage": int(number), "name": n, "type": "person" if len(n.split()) == 2 else "concept"}
-                         for n in names]
-            relations += [{"passage": int(number), "source": a, "target": b, "label": _between(text, a, b),
-                           "strength": 5} for a, b in zip(names, names[1:])]
-        return json.dumps({"entities": entities, "relations": relations})
+            passages.append({"passage": int(number),
+                             "entities": [[n, "person" if len(n.split()) == 2 else "concept"] for n in names],
+                             "relations": [[a, _between(text, a, b), b, 5] for a, b in zip(names, names[1:])]})
+        return json.dumps({"passages": passages})
     if "Identify every meaningful entity" in system:
         text = _text_of(user)
         names = list(dict.fromkeys(m.group(1) for m in _CAPS.finditer(text)))[: None if realistic else 12]

@@ -66,6 +66,28 @@ def test_a_packed_answer_is_read_passage_by_passage():
     assert parse_packed(2)(json.dumps({"entities": []})) == [([], []), ([], [])]  # nothing named: nothing found
 
 
+def test_a_packed_answer_in_the_prompt_s_shape_lists_each_passage_s_items_by_position():
+    answer = json.dumps({"passages": [
+        {"passage": 1, "entities": [["Marley", "person"], "Fan", ["", "person"]], "relations": [["Marley", "x", "Fan"]]},
+        {"passage": "2", "entities": [["Scrooge", "person"], ["Bob Cratchit", "clerk"]],
+         "relations": [["Scrooge", "Employs", "Bob Cratchit", 8], ["Marley", "knew", "Scrooge"], "Scrooge"]},
+        {"passage": 3, "entities": [["Fred", "person"]]},  # no such passage: dropped
+        "not a passage",
+    ]})
+    (ents1, rels1), (ents2, rels2) = parse_packed(2)(answer)
+    assert [(e["name"], e["type"]) for e in ents1] == [("Marley", "person"), ("Fan", "concept")]  # "" names nothing
+    assert [(r["source"], r["target"], r["weight"], r["label"]) for r in rels1] == [("Marley", "Fan", 1.0, "x")]
+    assert [(e["name"], e["type"]) for e in ents2] == [("Scrooge", "person"), ("Bob Cratchit", "concept")]
+    assert [(r["source"], r["target"], r["weight"], r["label"]) for r in rels2] == [
+        ("Scrooge", "Bob Cratchit", 8.0, "employs")]  # Marley is passage 1's; a bare name is no relation
+    # one passage: a block without its number is that passage's
+    [(ents, _)] = parse_packed(1)(json.dumps({"passages": [{"entities": [["Fan", "person"]]}]}))
+    assert [(e["name"], e["type"]) for e in ents] == [("Fan", "person")]
+    assert parse_packed(2)(json.dumps({"passages": []})) == [([], []), ([], [])]
+    with pytest.raises(ParseError):
+        parse_packed(2)(json.dumps({"passages": "none"}))
+
+
 def test_a_packed_answer_is_described_by_the_chunk_s_own_sentences():
     chunk = {"id": "c", "text": "Marley was dead: to begin with.\nScrooge signed it. Old\n  Marley was as dead as a "
                                 "door-nail. Nobody else came."}

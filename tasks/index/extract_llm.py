@@ -129,10 +129,10 @@ def packed_messages(texts: list[str], prompts: PromptSet) -> list[dict[str, str]
 
 def packed_glean_messages(texts: list[str], found: list[list[dict[str, Any]]], prompts: PromptSet):
     """The packed prompt, the entities found so far (by passage) as the model's answer, then the gleaning prompt."""
-    listed = [{"passage": p, "name": e["name"]} for p, ents in enumerate(found, 1) for e in ents]
+    listed = [{"passage": p, "entities": [[e["name"], e["type"]] for e in ents]} for p, ents in enumerate(found, 1)]
     return [
         *packed_messages(texts, prompts),
-        {"role": "assistant", "content": json.dumps({"entities": listed}, ensure_ascii=False)},
+        {"role": "assistant", "content": json.dumps({"passages": listed}, ensure_ascii=False)},
         *prompts["extract_gleaning"].messages(),
     ]
 
@@ -142,9 +142,12 @@ Found = list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]  # (entities, re
 
 def parse_packed(n: int, known: list[set[str]] | None = None):
     """The parser of a packed answer over ``n`` passages: each passage's entities and relations (a relation joins
-    two entities of its passage: those of this answer, or ``known``, the lowercase names found before). An item
-    whose passage number is missing or out of range is dropped (one passage: it is that one); an answer with
-    entities none of which names its passage is a ParseError (asked again, then the pack's chunks one by one)."""
+    two entities of its passage: those of this answer, or ``known``, the lowercase names found before). The answer
+    lists its passages, each with its entities as ``[name, type]`` and its relations as ``[source, label, target,
+    strength]`` (the prompt's shape: half the tokens of an object per item), or flat lists of objects that each
+    say their passage (``{"passage": 2, "name": …}``). An item whose passage number is missing or out of range is
+    dropped (one passage: it is that one); an answer with entities none of which names its passage is a ParseError
+    (asked again, then the pack's chunks one by one)."""
 
     def passage(it: Any) -> int | None:
         raw: Any = it.get("passage", 1 if n == 1 else None) if isinstance(it, dict) else (1 if n == 1 else None)
@@ -155,7 +158,7 @@ def parse_packed(n: int, known: list[set[str]] | None = None):
         return p - 1 if 1 <= p <= n else None
 
     def parse(text: str) -> Found:
-        data = parse_json(text)
+        data = flat(parse_json(text))
         if not isinstance(data, dict) or not isinstance(data.get("entities"), list):
             raise ParseError("no 'entities' list")
         relations = data.get("relations", data.get("relationships")) or []
@@ -178,6 +181,28 @@ def parse_packed(n: int, known: list[set[str]] | None = None):
         return out
 
     return parse
+
+
+_ENTITY_KEYS, _RELATION_KEYS = ("name", "type"), ("source", "label", "target", "strength")
+
+
+def flat(data: Any) -> Any:
+    """A packed answer that lists its passages (``{"passages": [{"passage": 1, "entities": [...], "relations":
+    [...]}]}``) as flat lists of items that each say their passage, an item given as a list read by position
+    (``_ENTITY_KEYS``, ``_RELATION_KEYS``); any other answer as it is."""
+    if not isinstance(data, dict) or not isinstance(data.get("passages"), list):
+        return data
+    out: dict[str, list[Any]] = {"entities": [], "relations": []}
+    for block in data["passages"]:
+        if not isinstance(block, dict):
+            continue
+        for key, names in (("entities", _ENTITY_KEYS), ("relations", _RELATION_KEYS)):
+            items = block.get(key)
+            for it in items if isinstance(items, list) else ():
+                item = dict(zip(names, it)) if isinstance(it, list) else {"name": it} if isinstance(it, str) else it
+                if isinstance(item, dict):  # one passage: a block without its number is that one's
+                    out[key].append({"passage": block["passage"], **item} if "passage" in block else item)
+    return out
 
 
 def _label(raw: Any) -> str | None:
