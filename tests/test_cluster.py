@@ -126,6 +126,11 @@ def test_tables_are_the_same_in_process_on_the_local_cluster_and_on_an_external_
                 )
             ).values()
         )
+        # each worker's model on its share of the machine's cores: two one-thread workers here, a core each at least
+        from tasks.runtime.process import usable_cpus
+
+        shares = client.run(lambda: __import__("tasks.runtime.process").runtime.process.task_threads())
+        assert list(shares.values()) == [max(1, usable_cpus() // 2)] * 2
     # every id and row equal whatever ran the merge, in how many parts; the local cluster's vectors too (the
     # model runs in this machine's run process either way); the external workers embed with one thread each, so
     # their vectors may differ in the last bits

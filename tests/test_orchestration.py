@@ -305,3 +305,17 @@ def test_a_large_keyword_argument_reaches_every_task_on_a_cluster():
         assert map_batches(client, _plus_len, [1, 2, 3], rows=rows) == [50_001, 50_002, 50_003]
         assert map_batches(client, _plus_len, [4], rows=rows[:60_000] + [0] * 10_000) == [60_004]
         assert map_batches(client, _plus_len, [5], rows=rows[:10]) == [15]
+
+
+def test_a_worker_s_share_of_its_machine_s_cores_counts_every_worker_thread_on_its_host():
+    from tasks.runtime.process import core_shares
+
+    workers = {
+        "tcp://a:1": {"host": "a", "nthreads": 1},
+        "tcp://a:2": {"host": "a", "nthreads": 1},  # two one-thread workers on two cores: a core each
+        "tcp://b:1": {"host": "b", "nthreads": 2},  # one worker running two tasks at once on eight cores: four each
+        "tcp://c:1": {"host": "c", "nthreads": 4},  # more threads than cores: one, never zero
+        "tcp://d:1": {"host": "d", "nthreads": 1},  # its cores unknown: one
+    }
+    cpus = {"tcp://a:1": 2, "tcp://a:2": 2, "tcp://b:1": 8, "tcp://c:1": 2, "tcp://d:1": None}
+    assert core_shares(workers, cpus) == {"tcp://a:1": 1, "tcp://a:2": 1, "tcp://b:1": 4, "tcp://c:1": 1, "tcp://d:1": 1}

@@ -24,6 +24,7 @@ from tasks.index.onnx_export import export_onnx
 from tasks.runtime.llm import run_sync
 from tasks.runtime.llm_client import LiteLLMClient
 from tasks.runtime.parallel import LocalMapper, ProcessMapper
+from tasks.runtime.process import task_threads
 from tasks.runtime.text import clip_at_word
 from tasks.runtime.tokens import model_cache_dir
 
@@ -80,7 +81,7 @@ class LocalEmbedder:
     ):
         self.batch_size = batch_size
         self.small_batches = small_batches  # questions and answer sentences, not a corpus (see ``_onnx``)
-        self.threads = threads  # ONNX Runtime's threads for one batch (None: one a core; the same vectors either way)
+        self.threads = threads  # the model's threads for one batch (None: one a core; the same vectors either way)
         self.bf16 = precision == "bf16" or (precision == "auto" and bf16_is_fast())
         self.runtime = runtime if runtime != "auto" else ("torch" if self.bf16 else "onnx")
         # PyTorch chosen by 'auto' alone: a run too small to pay for importing it embeds on ONNX (``ChildEmbedder``)
@@ -109,6 +110,10 @@ class LocalEmbedder:
             hf_logging.disable_progress_bar()
             hf_logging.set_verbosity_error()
 
+            if self.threads is not None:  # process-wide: set only where the process is the task's (a worker)
+                import torch
+
+                torch.set_num_threads(self.threads)
             self._model = SentenceTransformer(str(get_model_path()), device="cpu")
         return self._model
 
@@ -447,7 +452,10 @@ class ChildEmbedder(MappedEmbedder):
 
 
 def embed_part(texts: list[str], cfg: EmbeddingConfig) -> np.ndarray:
-    """The unit of embedding work on a worker."""
+    """The unit of embedding work on a worker (a Dask worker's model on its share of the machine's cores,
+    ``task_threads``; the same vectors on any thread count)."""
+    if cfg.model == LOCAL_MODEL:
+        return _local(cfg.batch_size, cfg.precision, cfg.runtime, threads=task_threads()).embed(texts)
     return get_embedder(cfg).embed(texts)
 
 

@@ -1,4 +1,5 @@
-"""What each process of a run sets for itself: its priority, and BLAS on one thread (the tables' bits)."""
+"""What each process of a run sets for itself: its priority, BLAS on one thread (the tables' bits), and on a Dask
+worker the threads one task may use (its share of its machine's cores)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,42 @@ def lower_priority(niceness: int) -> None:
     current = os.nice(0)
     if niceness > current:
         os.nice(niceness - current)
+
+
+#: the threads one task of this process may use; set on a Dask worker (``share_cores``), None elsewhere
+_TASK_THREADS: int | None = None
+
+
+def task_threads() -> int | None:
+    """The threads one task of this process may give a thread pool of its own (the embedding model's): on a Dask
+    worker its share of its machine's cores (``share_cores``), else None (the library's default, a thread a core)."""
+    return _TASK_THREADS
+
+
+def share_cores(shares: dict[str, int], dask_worker: Any = None) -> None:
+    """On a Dask worker (``client.run`` hands it ``dask_worker``): take its entry of ``shares`` (worker address ->
+    threads, ``core_shares``) as ``task_threads``."""
+    global _TASK_THREADS
+    _TASK_THREADS = shares.get(dask_worker.address) if dask_worker is not None else None
+
+
+def core_shares(workers: dict[str, dict[str, Any]], cpus: dict[str, int | None]) -> dict[str, int]:
+    """Each worker's share of its machine's cores, one task at a time: its host's cores (``cpus``, by worker
+    address) over the threads of every worker on that host (``workers``: the scheduler's ``{address: {"host",
+    "nthreads"}}``), at least one. Two one-thread workers on two cores whose embedding model each took a thread a
+    core ran 4 threads on 2 cores: 0.72x the throughput of one thread each (docs/benchmarks.md)."""
+    on_host: dict[str, int] = {}
+    for w in workers.values():
+        on_host[w["host"]] = on_host.get(w["host"], 0) + int(w.get("nthreads") or 1)
+    return {a: max(1, (cpus.get(a) or 1) // max(on_host[w["host"]], 1)) for a, w in workers.items()}
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on (its CPU affinity, where the system tells it: a container's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def machine_memory() -> int:
