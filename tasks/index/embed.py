@@ -81,7 +81,7 @@ class LocalEmbedder:
     ):
         self.batch_size = batch_size
         self.small_batches = small_batches  # questions and answer sentences, not a corpus (see ``_onnx``)
-        self.threads = threads  # the model's threads for one batch (None: one a core; the same vectors either way)
+        self.threads = threads  # ONNX Runtime's threads for one batch (None: one a core; the same vectors either way)
         self.bf16 = precision == "bf16" or (precision == "auto" and bf16_is_fast())
         self.runtime = runtime if runtime != "auto" else ("torch" if self.bf16 else "onnx")
         # PyTorch chosen by 'auto' alone: a run too small to pay for importing it embeds on ONNX (``ChildEmbedder``)
@@ -110,10 +110,6 @@ class LocalEmbedder:
             hf_logging.disable_progress_bar()
             hf_logging.set_verbosity_error()
 
-            if self.threads is not None:  # process-wide: set only where the process is the task's (a worker)
-                import torch
-
-                torch.set_num_threads(self.threads)
             self._model = SentenceTransformer(str(get_model_path()), device="cpu")
         return self._model
 
@@ -452,11 +448,9 @@ class ChildEmbedder(MappedEmbedder):
 
 
 def embed_part(texts: list[str], cfg: EmbeddingConfig) -> np.ndarray:
-    """The unit of embedding work on a worker (a Dask worker's model on its share of the machine's cores,
-    ``task_threads``; the same vectors on any thread count)."""
-    if cfg.model == LOCAL_MODEL:
-        return _local(cfg.batch_size, cfg.precision, cfg.runtime, threads=task_threads()).embed(texts)
-    return get_embedder(cfg).embed(texts)
+    """The unit of embedding work on a worker: a Dask worker's ONNX Runtime on its share of its machine's cores
+    (``task_threads``; PyTorch keeps to the one thread the nanny's ``OMP_NUM_THREADS`` gives it)."""
+    return get_embedder(cfg, threads=task_threads()).embed(texts)
 
 
 @functools.lru_cache(maxsize=4)
@@ -466,10 +460,11 @@ def _local(
     return LocalEmbedder(batch_size, precision, runtime, small_batches, threads)
 
 
-def get_embedder(cfg: EmbeddingConfig, llm: LLMConfig | None = None) -> Embedder:
-    """The configured embedder: the packaged local model, or a litellm model (with ``llm``'s limits and retries)."""
-    if cfg.model == LOCAL_MODEL:
-        return _local(cfg.batch_size, cfg.precision, cfg.runtime)
+def get_embedder(cfg: EmbeddingConfig, llm: LLMConfig | None = None, threads: int | None = None) -> Embedder:
+    """The configured embedder: the packaged local model (on ``threads``), or a litellm model (``llm``'s limits)."""
+    if cfg.model == LOCAL_MODEL:  # called as without threads where none are given: the same cached model
+        local = (cfg.batch_size, cfg.precision, cfg.runtime)
+        return _local(*local) if threads is None else _local(*local, threads=threads)
     return LiteLLMEmbedder(cfg, llm)
 
 

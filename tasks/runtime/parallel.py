@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from schemas.config import DaskConfig
-from tasks.runtime.process import core_shares, machine_memory, one_blas_thread, share_cores, usable_cpus
+from tasks.runtime.process import machine_memory, one_blas_thread, set_up_workers
 from tasks.runtime.stages import limit_malloc_arenas
 
 R = TypeVar("R")
@@ -283,9 +283,7 @@ class DaskPool:
     def _open(self) -> tuple[contextlib.ExitStack, Any]:
         stack = contextlib.ExitStack()
         client = stack.enter_context(dask_client(self.cfg, self.threads_per_worker))
-        client.run(one_blas_thread)  # an external cluster's workers too: the tables' bits (``one_blas_thread``)
-        shares = core_shares(client.scheduler_info().get("workers", {}), client.run(usable_cpus))
-        client.run(share_cores, shares)  # a task's own thread pools (the embedding model's) take the worker's share
+        set_up_workers(client)  # an external cluster's workers too
         if self.warm is not None:
             try:
                 client.run(self.warm)

@@ -43,6 +43,13 @@ def core_shares(workers: dict[str, dict[str, Any]], cpus: dict[str, int | None])
     return {a: max(1, (cpus.get(a) or 1) // max(on_host[w["host"]], 1)) for a, w in workers.items()}
 
 
+def set_up_workers(client: Any) -> None:
+    """Every worker of ``client``'s cluster: BLAS on one thread (the tables' bits, ``one_blas_thread``), and its share
+    of its machine's cores for a task's own thread pools, the embedding model's (``share_cores``)."""
+    client.run(one_blas_thread)
+    client.run(share_cores, core_shares(client.scheduler_info().get("workers", {}), client.run(usable_cpus)))
+
+
 def usable_cpus() -> int:
     """The cores this process may run on (its CPU affinity, where the system tells it: a container's share)."""
     try:
