@@ -71,7 +71,7 @@ DEFAULT_RATIOS: dict[str, Ratios] = {
 #: relation it finds (a name, a type, a sentence of description), in tokens
 LISTED_TOKENS, ENTITY_ANSWER_TOKENS, RELATION_ANSWER_TOKENS = 8, 45, 40
 #: a packed answer's entity (``[name, type]``) and relation (``[source, label, target, strength]``) under its
-#: passage: no description, no keys (the local server's answers of a model's length on MuSiQue: 8.6 and 17.5)
+#: passage: no description, no keys (measured on the local server's answers of a model's length: docs/benchmarks.md)
 PACKED_ENTITY_TOKENS, PACKED_RELATION_TOKENS = 9, 18
 _NAME = re.compile(r"\b[A-Z][\w'’-]*(?:\s+(?:of\s+|the\s+)?[A-Z][\w'’-]*)*")
 _NOT_NAMES = frozenset(

@@ -35,8 +35,8 @@ def share_cores(shares: dict[str, int], dask_worker: Any = None) -> None:
 def core_shares(workers: dict[str, dict[str, Any]], cpus: dict[str, int | None]) -> dict[str, int]:
     """Each worker's share of its machine's cores, one task at a time: its host's cores (``cpus``, by worker
     address) over the threads of every worker on that host (``workers``: the scheduler's ``{address: {"host",
-    "nthreads"}}``), at least one. Two one-thread workers on two cores whose embedding model each took a thread a
-    core ran 4 threads on 2 cores: 0.72x the throughput of one thread each (docs/benchmarks.md)."""
+    "nthreads"}}``), at least one: two one-thread workers on two cores whose embedding model each took a thread a
+    core ran four threads on two cores, slower than one thread each (docs/benchmarks.md, "A core each")."""
     on_host: dict[str, int] = {}
     for w in workers.values():
         on_host[w["host"]] = on_host.get(w["host"], 0) + int(w.get("nthreads") or 1)
