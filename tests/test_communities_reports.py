@@ -374,7 +374,7 @@ def test_a_hand_made_communitys_report_read_sentence_by_sentence():
 
 
 def test_the_quality_measures_on_hand_written_names_and_summaries():
-    from tasks.query.quality import named_by_members, one_lowercase_word, repeats_or_is_cut, verb_or_noun
+    from tasks.query.quality import lists_names, named_by_members, one_lowercase_word, repeats_or_is_cut, verb_or_noun
 
     assert verb_or_noun("employs") and verb_or_noun("clerk of") and verb_or_noun("is")
     assert not verb_or_noun("of") and not verb_or_noun("from") and not verb_or_noun(None)
@@ -382,6 +382,10 @@ def test_the_quality_measures_on_hand_written_names_and_summaries():
     assert one_lowercase_word("hand") and not one_lowercase_word("Scrooge") and not one_lowercase_word("old man")
     assert named_by_members("Bob Cratchit / Tiny Tim", {"Bob Cratchit", "Tiny Tim", "Scrooge"})
     assert not named_by_members("good / poor", {"Bob Cratchit", "good"})
+    assert lists_names("Lord, Roast, Boiled, Wonderful party and 212 more (said, hope, couple).\nShe hurried out.")
+    assert lists_names("Cains, Abels, Pharaoh (Cains).\nThere were Cains and Abels.")
+    assert not lists_names("Scrooge, a miser, kept a counting-house. Bob Cratchit, his clerk, sat in a cell.")
+    assert not lists_names("'Bah!' said Scrooge, 'Humbug.'\nHe went home.")
     assert not repeats_or_is_cut("Scrooge signed it. Marley was dead.")
     assert not repeats_or_is_cut("'Bah!' said Scrooge. He went home, and…")
     assert repeats_or_is_cut("Marley was dead. Scrooge signed it. Marley was dead.")

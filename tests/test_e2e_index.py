@@ -57,7 +57,14 @@ def test_inspect_json_contract(built):
 
 def test_inspect_quality_measures_the_published_graph(built):
     """``inspect --quality``: each measure recounted here from the tables it reads."""
-    from tasks.query.quality import across_a_break, has_furniture, one_lowercase_word, repeats_or_is_cut, verb_or_noun
+    from tasks.query.quality import (
+        across_a_break,
+        has_furniture,
+        lists_names,
+        one_lowercase_word,
+        repeats_or_is_cut,
+        verb_or_noun,
+    )
 
     data = json.loads(runner.invoke(app, ["inspect", "--index", str(built), "--json", "--quality"]).output)
     q = data["quality"]
@@ -67,6 +74,7 @@ def test_inspect_quality_measures_the_published_graph(built):
     assert q["top_entities"] == len(top) > 0
     assert q["top_entities_one_lowercase_word"] == round(sum(one_lowercase_word(e["name"]) for e in top) / len(top), 4)
     assert q["summary_entities"] == sum(e["layer"] > 0 for e in ents)
+    assert q["summaries_listing_names"] == 0 == sum(lists_names(e["description"]) for e in ents if e["layer"] > 0)
     assert q["reports"] == data["tables"]["community_reports"]
     summaries = cat.read("community_reports").column("summary").to_pylist()
     assert q["reports_repeating_or_cut"] == sum(repeats_or_is_cut(s) for s in summaries)

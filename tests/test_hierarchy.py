@@ -210,32 +210,10 @@ def test_restate_layers_recomputes_built_layers_from_the_published_membership():
     assert rows[2] == recorded[2]  # a clustering tried and not built keeps its figures
 
 
-def test_key_phrases_of_a_large_layer_come_from_a_child_process_unchanged():
-    """Past ``KEY_PHRASES_IN_CHILD_CHARS`` the class TF-IDF runs in a child process: the same phrases."""
-    from unittest import mock
-
-    from tasks.methods.summarize import Cluster, key_phrases
-
-    def member(name, text):
-        return {"id": name, "name": name, "type": "person", "description": text}
-
-    clusters = [Cluster([member("Scrooge", "A miser who keeps a counting-house in London."),
-                         member("Marley", "Scrooge's dead partner, bound in chains.")], np.zeros((2, 4))),
-                Cluster([member("Fezziwig", "A merchant who gives a Christmas ball for his apprentices."),
-                         member("Belle", "The young woman Scrooge was to marry.")], np.zeros((2, 4))),
-                Cluster([member("The", "the of and")], np.zeros((1, 4)))]
-    here = key_phrases(clusters)
-    with mock.patch("tasks.methods.summarize.KEY_PHRASES_IN_CHILD_CHARS", 0), \
-            mock.patch("subprocess.run", wraps=__import__("subprocess").run) as run:
-        there = key_phrases(clusters)
-    assert run.call_count == 1 and there == here
-    assert here[0] and here[2] == ["The"]
-
-
 def test_an_offline_summary_is_named_by_its_leading_members_and_described_in_whole_distinct_sentences():
     """Names that read as names come first (a common noun of higher degree does not name the summary), then
-    degree; a layer-2 summary takes its member summaries' lead names; the description lists five names and a
-    count, then whole sentences of the central members, none twice."""
+    degree; a layer-2 summary takes its member summaries' lead names; the description is whole sentences of the
+    members it is named by and of the central ones, none twice, and no list of names."""
     from tasks.methods.summarize import Cluster
     from tasks.runtime.text import split_sentences
 
@@ -251,11 +229,11 @@ def test_an_offline_summary_is_named_by_its_leading_members_and_described_in_who
     x[:3] += 1.0  # the first three are the cluster's centre
     [[s]] = OfflineSummarizer(["person", "concept"]).summarize_layer(1, [Cluster(members, x)])
     assert s["name"] == "Ebenezer Scrooge / Bob Cratchit" and s["type"] == "person"
-    head, _, body = s["description"].partition("\n")  # the head on a line of its own
-    assert head.startswith("Ebenezer Scrooge, Bob Cratchit, Person 0, Person 1, Person 2 and 4 more")
-    sentences = split_sentences(body)
-    assert "A hand moved." in sentences and len(sentences) == len({x.lower() for x in sentences})
-    assert {"Ebenezer Scrooge, a miser.", "Bob Cratchit, clerk to Scrooge."} <= set(sentences)
+    sentences = split_sentences(s["description"])
+    # the named members' first sentences, then the central common noun's, then each one's second
+    assert sentences == ["Ebenezer Scrooge, a miser.", "Bob Cratchit, clerk to Scrooge.", "A hand moved.",
+                         "He kept a counting-house."]
+    assert "\n" not in s["description"] and "more" not in s["description"]
 
     upper = [
         {"id": "s1", "name": s["name"], "type": "person", "description": s["description"], "degree": 9, "layer": 1},
@@ -264,5 +242,18 @@ def test_an_offline_summary_is_named_by_its_leading_members_and_described_in_who
     ]
     [[t]] = OfflineSummarizer(["person", "concept"]).summarize_layer(2, [Cluster(upper, np.eye(2, 12, dtype=np.float32))])
     assert t["name"] == "Ebenezer Scrooge / Fred"
-    assert t["description"].startswith("Ebenezer Scrooge, Fred (") and "Fred laughed." in t["description"]
-    assert "more" not in t["description"].partition("\n")[2]  # the members' own heads are not quoted
+    assert t["description"].startswith("Ebenezer Scrooge, a miser.") and "Fred laughed." in t["description"]
+    assert "more" not in t["description"]  # a member's head (a summary by earlier code) is not quoted
+
+
+def test_a_date_names_a_summary_only_after_the_named_things_of_its_cluster():
+    """A date of the highest degree ("January 1980") does not name a cluster of albums: named things first."""
+    from tasks.methods.summarize import Cluster
+
+    def member(i, name, etype, degree):
+        return {"id": f"e{i}", "name": name, "type": etype, "description": f"{name} is here.", "degree": degree}
+
+    members = [member(0, "January 1980", "time", 50), member(1, "Iron Maiden", "organization", 10),
+               member(2, "Kingsway Studios", "location", 5), member(3, "heavy metal", "concept", 40)]
+    [[s]] = OfflineSummarizer(["organization", "concept"]).summarize_layer(1, [Cluster(members, np.eye(4, 8, dtype=np.float32))])
+    assert s["name"] == "Iron Maiden / Kingsway Studios"

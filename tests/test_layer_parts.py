@@ -56,6 +56,7 @@ def _layer0(tmp_path, n_parts: int) -> tuple[list[dict], np.ndarray, SpilledTabl
             "name": f"{words[i % 3].title()} {i}",
             "type": ["person", "location", "concept"][i % 3],
             "description": f"The {words[(i + 1) % 3]} of the {words[(i + 2) % 3]}, number {i}.",
+            "degree": i % 7,  # merge's: how a summary's name picks its members
         })  # fmt: skip
         vecs.append(centres[t] + rng.normal(size=DIM))
     x = np.array(vecs, np.float32)

@@ -114,6 +114,7 @@ def inspect(
                 "top_entities",
             ),
             "summary entities named by their members' names": ("summaries_named_by_members", "summary_entities"),
+            "summary entities described by a list of names": ("summaries_listing_names", "summary_entities"),
             "layer-0 relations with a label (not co-occurrence)": ("labelled_relations", "layer0_relations"),
             "  of which a verb or a noun (not a preposition alone)": ("verb_or_noun_relations", "layer0_relations"),
             "layer-0 descriptions with page furniture": ("descriptions_with_furniture", "layer0_entities"),

@@ -9,14 +9,11 @@ the clusters' sizes and the summary entities only. Entities are numbered in part
    the model is written to the work folder.
 3. ``assign_task`` per part: every row's posteriors, soft-assigned; its rows written a row group per global
    cluster (an entity in two clusters, twice).
-4. ``local_task`` per global cluster: its rows in ``g`` order, the local GMM's clusters and their class documents'
-   term counts (a row group per term bucket); returns each cluster's key, first member, size and term total. The
-   run keeps the first of repeated clusters and orders them as ``gmm_clusters`` does.
-5. ``totals_task`` per term bucket: each term's count over the kept clusters (class TF-IDF's idf couples every
-   cluster of the layer).
-6. ``summary_task`` per global cluster: its kept clusters' summary entities (offline: key phrases with the layer's
-   idf; with an LLM: its summaries, an unusable one replaced by an offline summary whose idf is over the task's
-   unusable ones) and their ``summary_of`` links, written to the work folder.
+4. ``local_task`` per global cluster: its rows in ``g`` order and the local GMM's clusters; returns each cluster's
+   key, first member and size. The run keeps the first of repeated clusters and orders them as ``gmm_clusters``
+   does.
+5. ``summary_task`` per global cluster: its kept clusters' summary entities (offline, or with an LLM: an unusable
+   answer replaced by the offline summary) and their ``summary_of`` links, written to the work folder.
 
 The clusters and the summaries are ``gmm_clusters``' and ``build_hierarchy``'s over the same rows up to the PCA's
 rounding; the links come in the global clusters' order.
@@ -31,7 +28,6 @@ from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tasks.methods.hirag.hierarchy import (
     fit_gmm_model,
@@ -42,14 +38,14 @@ from tasks.methods.hirag.hierarchy import (
     sample_rows,
     soft_members,
 )
+from tasks.methods.summarize import Cluster, LLMSummarizer, OfflineSummarizer, summary_rows
 from tasks.runtime.llm_client import Usage, shared_client, usage_scope
 from tasks.store import workfs
 from tasks.store.rows import relation_table, stamped, vector_matrix
-from tasks.store.spill import SpilledTable, key_hash, plain_schema, read_split, write_parts, write_whole
+from tasks.store.spill import SpilledTable, plain_schema, read_split, write_parts, write_whole
 
-COLUMNS = ["id", "name", "type", "description", "vector"]
-#: a cluster's (``j``) class-document term counts
-TERMS = pa.schema([("j", pa.int32()), ("term", pa.string()), ("count", pa.float64())])
+#: what a summary reads of its members (``degree``: how its name picks them) and the clustering of their vectors
+COLUMNS = ["id", "name", "type", "description", "degree", "vector"]
 
 
 class LayerOne:
@@ -67,8 +63,7 @@ class LayerOne:
         self.largest = 0
         self.assigned: list[str] = []  # each part's rows by global component (``assign_task``)
         self.schema = assigned_schema(layer0.schema)  # the columns of the ``assigned`` files
-        self.buckets = len(self.files)  # term buckets of the idf round
-        self.order: list[tuple[int, int, int, int, int]] = []  # (first, size, gi, j, terms) of each cluster kept
+        self.order: list[tuple[int, int, int, int]] = []  # (first, size, gi, j) of each cluster kept
 
     def _out(self, name: str) -> str:
         return workfs.join(self.work, name)
@@ -109,37 +104,28 @@ class LayerOne:
         self.globals = [int(k) for k in np.flatnonzero(sizes)]  # soft_assign drops empty components
         self.largest = int(sizes.max())  # what one local task holds, in entities
         jobs = [(gi, k, self._out(f"layer1-local-{gi:03d}")) for gi, k in enumerate(self.globals)]
-        found = mapper(
-            local_task, jobs, assigned=self.assigned, schema=self.schema, cfg=cfg, seed=seed, buckets=self.buckets
-        )
-        unique: dict[str, tuple[int, int, int, int, int]] = {}
+        found = mapper(local_task, jobs, assigned=self.assigned, schema=self.schema, cfg=cfg, seed=seed)
+        unique: dict[str, tuple[int, int, int, int]] = {}
         for gi, clusters in enumerate(found):
-            for j, (key, first, size, terms) in enumerate(clusters):
-                unique.setdefault(key, (first, size, gi, j, terms))
+            for j, (key, first, size) in enumerate(clusters):
+                unique.setdefault(key, (first, size, gi, j))
         self.order = sorted(unique.values(), key=lambda c: (c[0], c[1]))
         return [range(c[1]) for c in self.order]
 
     def build(self, layer: int, _below: Any, _features: Any, _clusters: Any) -> tuple[list[dict[str, Any]], Any]:
-        """The summary entities of the clusters (steps 5-6), in the clusters' order; their links written."""
+        """The summary entities of the clusters (step 5), in the clusters' order; their links written."""
 
         ctx, cfg = self.ctx, self.cfg
         kept: list[list[int]] = [[] for _ in self.globals]
-        for _, _, gi, j, _ in self.order:
+        for _, _, gi, j in self.order:
             kept[gi].append(j)
-        totals = [self._out(f"layer1-terms-{b:05d}.parquet") for b in range(self.buckets)]
-        locals_ = [self._out(f"layer1-local-{gi:03d}") for gi in range(len(self.globals))]
-        ctx.mapper(totals_task, list(enumerate(totals)), local=locals_, kept=kept)
-        total_terms = sum(c[4] for c in self.order)
         links = [self._out(f"layer1-links-{gi:03d}.parquet") for gi in range(len(self.globals))]
         results = ctx.mapper(
             summary_task,
             [(gi, k, links[gi]) for gi, k in enumerate(self.globals)],
             assigned=self.assigned,
             schema=self.schema,
-            totals=totals,
             kept=kept,
-            avg=total_terms / len(self.order),
-            any_terms=total_terms > 0,
             cfg=cfg,
             layer=layer,
             llm=ctx.cfg.llm.stage("summaries"),
@@ -158,7 +144,7 @@ class LayerOne:
             ctx.usage.add(Usage(**usage))
             self.n_links += n_links
         self.links = [f for f, (_, _, _, n) in zip(links, results) if n]
-        entities = [e for _, _, gi, j, _ in self.order for e in by_cluster[(gi, j)]]
+        entities = [e for _, _, gi, j in self.order for e in by_cluster[(gi, j)]]
         return entities, np.zeros((len(entities), 0), np.float32)
 
 
@@ -223,86 +209,26 @@ def _component(assigned: list[str], k: int, schema: pa.Schema) -> tuple[np.ndarr
 
 
 def local_task(
-    job: tuple[int, int, str], assigned: list[str], schema: pa.Schema, cfg: Any, seed: int, buckets: int
-) -> list[tuple[str, int, int, int]]:
+    job: tuple[int, int, str], assigned: list[str], schema: pa.Schema, cfg: Any, seed: int
+) -> list[tuple[str, int, int]]:
     """Global cluster ``job[1]`` (the ``job[0]``-th non-empty one) split by its local GMM (a task): writes its
-    clusters (``job[2]``.clusters) and their class documents' term counts (``job[2]``.terms, a row group per term
-    bucket). Returns (key, first member, size, terms) per cluster, in the local GMM's order."""
-    from tasks.methods.summarize import Cluster, class_documents, over_documents
-
+    clusters (``job[2]``.clusters). Returns (key, first member, size) per cluster, in the local GMM's order."""
     gi, k, out = job
-    g, x, rows = _component(assigned, k, schema)
+    g, x, _ = _component(assigned, k, schema)
     clusters = local_clusters(x, gi, cfg, seed)
     write_whole(
         pa.table({"rows": pa.array([c.astype(np.int32) for c in clusters], pa.list_(pa.int32()))}),
         f"{out}.clusters",
     )
-    docs, _ = class_documents([Cluster([rows[i] for i in c], x, c) for c in clusters])
-    del x, rows
-    terms = over_documents(_count_rows, docs)
-    write_parts(terms, (key_hash(terms.column("term")) % np.uint64(buckets)).astype(np.int32), f"{out}.terms")
-    sums = np.bincount(terms.column("j").to_numpy(), terms.column("count").to_numpy(), len(clusters))
     keys = [hashlib.blake2b(g[c].astype("<i8").tobytes(), digest_size=16).hexdigest() for c in clusters]
-    return [(key, int(g[c[0]]), len(c), int(s)) for key, c, s in zip(keys, clusters, sums)]
-
-
-def _count_rows(docs: list[str]) -> pa.Table:
-    """The documents' term counts as rows (document ``j``, term, count)."""
-    from tasks.methods.summarize import term_counts
-
-    counted = term_counts(docs)
-    if counted is None:
-        return TERMS.empty_table()
-    terms, counts = counted
-    j = np.repeat(np.arange(counts.shape[0], dtype=np.int32), np.diff(counts.indptr))
-    return pa.table({"j": j, "term": pa.array(terms[counts.indices], pa.string()), "count": counts.data}, TERMS)
-
-
-def totals_task(job: tuple[int, str], local: list[str], kept: list[list[int]]) -> int:
-    """Term bucket ``job[0]``'s counts over the kept clusters of every global cluster (a task), written to
-    ``job[1]``. Returns its terms."""
-    b, out = job
-    parts = [TERMS.empty_table()]
-    for base, js in zip(local, kept):
-        t = read_split([f"{base}.terms"], b, TERMS)
-        parts.append(t.filter(pc.is_in(t.column("j"), pa.array(js, pa.int32()))))
-    table = pa.concat_tables(parts).group_by("term").aggregate([("count", "sum")])
-    write_whole(table.rename_columns(["term", "total"]), out)
-    return table.num_rows
-
-
-def _phrases(base: str, js: list[int], totals: list[str], avg: float, firsts: list[list[str]]) -> list[list[str]]:
-    """The key phrases of clusters ``js`` (``class_phrases`` with the layer's idf)."""
-    from tasks.methods.summarize import TOP_PHRASES, idf_of, pick_phrases
-
-    terms = workfs.read_table(f"{base}.terms", columns=["j", "term", "count"])
-    terms = terms.filter(pc.is_in(terms.column("j"), pa.array(js, pa.int32())))
-    known = pa.concat_tables(
-        [t.filter(pc.is_in(t.column("term"), terms.column("term"))) for t in map(workfs.read_table, totals)]
-    )  # fmt: skip
-    terms = terms.join(known, "term").sort_by("j")
-    at = terms.column("j").to_numpy()
-    names = terms.column("term").to_numpy(zero_copy_only=False)
-    counts, idf = terms.column("count").to_numpy(), idf_of(avg, terms.column("total").to_numpy())
-    out = []
-    for i, j in enumerate(js):
-        lo, hi = np.searchsorted(at, [j, j + 1])
-        if lo == hi:
-            out.append(firsts[i][:1])
-            continue
-        c = counts[lo:hi]
-        out.append(pick_phrases(names[lo:hi], (c / max(c.sum(), 1e-12)) * idf[lo:hi], TOP_PHRASES))
-    return out
+    return [(key, int(g[c[0]]), len(c)) for key, c in zip(keys, clusters)]
 
 
 def summary_task(
     job: tuple[int, int, str],
     assigned: list[str],
     schema: pa.Schema,
-    totals: list[str],
     kept: list[list[int]],
-    avg: float,
-    any_terms: bool,
     cfg: Any,
     layer: int,
     llm: Any,
@@ -317,24 +243,18 @@ def summary_task(
     """The summary entities of global cluster ``job[1]``'s kept clusters (a task), their ``summary_of`` links
     written to ``job[2]`` stamped ``version``. Returns the entities by local cluster, the LLM summaries that fell
     back to offline ones, the LLM usage and the links written."""
-    from tasks.methods.summarize import TOP_PHRASES, Cluster, LLMSummarizer, OfflineSummarizer, summary_rows
-
     gi, k, out = job
     js = kept[gi]
     _, x, rows = _component(assigned, k, schema)
     base = workfs.join(os.path.dirname(out), f"layer1-local-{gi:03d}")
     members = workfs.read_table(f"{base}.clusters").column("rows").to_pylist()
     clusters = [Cluster([rows[i] for i in members[j]], x, np.array(members[j], np.int64)) for j in js]
-    offline, summarizer = OfflineSummarizer(cfg.meta_entities, max_tokens), cast(Any, None)
+    summarizer: Any = OfflineSummarizer(cfg.meta_entities, max_tokens)
     with usage_scope() as usage:
         if llm is not None:
             client = shared_client(llm, cache_dir, share, cap)
             summarizer = LLMSummarizer(client, cfg.meta_entities, per_cluster, max_tokens, min_members=min_members)
-            summaries = summarizer.summarize_layer(layer, clusters)
-        else:
-            summarizer, firsts = offline, [[m["name"] for m in c.members[:TOP_PHRASES]] for c in clusters]
-            phrases = _phrases(base, js, totals, avg, firsts) if any_terms else firsts
-            summaries = offline.summaries(clusters, phrases)
+        summaries = summarizer.summarize_layer(layer, clusters)
     by_cluster: dict[int, list[dict[str, Any]]] = {}
     links: list[dict[str, Any]] = []
     for j, cluster, summary in zip(js, clusters, summaries):

@@ -4,10 +4,9 @@ Two implementations behind one interface, ``summarize_layer(layer, clusters) -> 
 
 * ``OfflineSummarizer`` (zero tokens): the name is the names of the cluster's leading members
   (``leading_members``: names a reader would look up first, then the best connected), the type is
-  the meta summary entity most members map to, and the description lists the leading members and
-  the cluster's most distinctive key phrases (class-based TF-IDF over member names and descriptions,
-  all clusters of a layer scored in one matrix operation), then whole, distinct sentences of the
-  members closest to the cluster centroid.
+  the meta summary entity most members map to, and the description is whole, distinct sentences of
+  the members it is named by and of those closest to the cluster centroid (no list of names: the
+  ``summary_of`` links list the members).
 * ``LLMSummarizer``: one prompt per cluster through the ``LLMClient``; all clusters of a layer
   run concurrently. An unusable answer falls back to the offline summary for that cluster and
   is reported, so nothing is lost.
@@ -17,19 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import re
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-from sklearn.feature_extraction.text import CountVectorizer
 
 from schemas.prompts import PromptSet
 from tasks.methods.reports import central_sentences
-from tasks.runtime import parallel
 from tasks.runtime.llm import LLMClient, ParseError, parse_json, run_sync
-from tasks.runtime.tokens import clip_tokens, count_tokens, truncate_tokens
+from tasks.runtime.tokens import clip_tokens, truncate_tokens
 from tasks.store.ids import make_id, relation_id
 
 #: extracted entity type -> meta summary entity it rolls up to
@@ -77,106 +73,8 @@ def meta_type(members: list[dict[str, Any]], meta: list[str]) -> str:
     return "concept" if "concept" in meta else meta[0]
 
 
-_TOKEN = r"(?u)\b[A-Za-z][A-Za-z0-9'\-]+\b"
-
-
-#: class documents of more characters than this get their key phrases in a child process: at 100k chunks layer
-#: 1's 1,400 clusters hold 120k entities, whose unigram and bigram vocabulary is ~600 MB of Python strings and
-#: dict entries that a long-lived process would keep mapped after it is freed
-KEY_PHRASES_IN_CHILD_CHARS = 20_000_000
-#: key phrases of a cluster's offline summary (its description's head)
-TOP_PHRASES = 3
-#: members' names an offline summary is named by, and listed at the head of its description
-NAMED_BY, LISTED = 2, 5
-
-
-def key_phrases(clusters: list[Cluster], top: int = TOP_PHRASES) -> list[list[str]]:
-    """Class-based TF-IDF: each cluster is one class document (names weighted twice); top phrases per cluster."""
-    docs, firsts = class_documents(clusters, top)
-    return over_documents(class_phrases, docs, firsts, top)
-
-
-def over_documents(fn: Any, docs: list[str], *args: Any) -> Any:
-    """``fn(docs, *args)``, in a child process when the documents pass ``KEY_PHRASES_IN_CHILD_CHARS``."""
-
-    if sum(map(len, docs)) < KEY_PHRASES_IN_CHILD_CHARS:
-        return fn(docs, *args)
-    with tempfile.TemporaryDirectory(prefix="strata-phrases-") as work:
-        return parallel.in_child_process(fn, docs, *args, workdir=work)
-
-
-def class_documents(clusters: list[Cluster], top: int = TOP_PHRASES) -> tuple[list[str], list[list[str]]]:
-    """Each cluster's class document (its members' names twice, then the heads of their descriptions) and its
-    first ``top`` member names (the phrases of a cluster without words)."""
-    docs = []
-    for c in clusters:
-        names = " . ".join(m["name"] for m in c.members)
-        descs = " ".join(m["description"][:300] for m in c.members)
-        docs.append(f"{names} . {names} . {descs}")
-    return docs, [[m["name"] for m in c.members[:top]] for c in clusters]
-
-
-def term_counts(docs: list[str]) -> tuple[np.ndarray, Any] | None:
-    """The unigram and bigram counts of the documents, stop words left out: (terms, a documents x terms CSR
-    matrix of float64 counts), or None when they hold nothing but stop words. A document's counts do not depend
-    on the others'."""
-    vec = CountVectorizer(ngram_range=(1, 2), stop_words="english", token_pattern=_TOKEN, lowercase=True)
-    try:
-        counts = vec.fit_transform(docs).astype(np.float64).tocsr()
-    except ValueError:  # nothing but stop words
-        return None
-    return vec.get_feature_names_out(), counts
-
-
-def idf_of(avg: float, totals: np.ndarray) -> np.ndarray:
-    """Class TF-IDF's idf of terms counted ``totals`` times over every class, ``avg`` terms a class."""
-    return np.log1p(avg / np.maximum(totals, 1e-12))
-
-
-def pick_phrases(terms: np.ndarray, scores: np.ndarray, top: int) -> list[str]:
-    """The ``top`` best scored terms (score, then term: deterministic), none repeating a chosen word."""
-    chosen: list[str] = []
-    for j in np.lexsort((terms, -scores)):
-        term = terms[j]
-        words = set(term.split())
-        if any(words & set(c.split()) for c in chosen):
-            continue  # skip phrases that repeat a chosen word
-        chosen.append(term)
-        if len(chosen) == top:
-            break
-    return chosen
-
-
-def class_phrases(docs: list[str], firsts: list[list[str]], top: int) -> list[list[str]]:
-    """The ``top`` phrases of each class document by class-based TF-IDF (its first names where it has no words
-    but stop words)."""
-    counted = term_counts(docs)
-    if counted is None:
-        return [f[:top] for f in firsts]
-    terms, counts = counted
-    row_sums = np.asarray(counts.sum(axis=1)).ravel()
-    idf = idf_of(row_sums.mean() if len(row_sums) else 1.0, np.asarray(counts.sum(axis=0)).ravel())
-    out: list[list[str]] = []
-    for i in range(counts.shape[0]):
-        row = counts.getrow(i)
-        if row.nnz == 0:
-            out.append(firsts[i][:1])
-            continue
-        scores = (row.data / max(row_sums[i], 1e-12)) * idf[row.indices]
-        out.append(pick_phrases(terms[row.indices], scores, top))
-    return out
-
-
-def _display(term: str, members: list[dict[str, Any]]) -> str:
-    """The phrase as members write it (keeps 'Scrooge', 'London'); lowercase phrases as they are."""
-    pattern = re.compile(r"\b" + re.escape(term) + r"\b", re.IGNORECASE)
-    forms: Counter = Counter()
-    for m in members:
-        for text in (m["name"], m["description"][:300]):
-            forms.update(pattern.findall(text))
-    if not forms:
-        return term
-    return min(forms, key=lambda f: (-forms[f], f.isupper(), f))
+#: members' names an offline summary is named by
+NAMED_BY = 2
 
 
 def _centrality(cluster: Cluster) -> np.ndarray:
@@ -196,12 +94,15 @@ _CLEAN_NAME = re.compile(r"[^\W_][\w'’.]*(?:(?: |-)[\w'’.]+)*")
 
 
 def name_rank(member: dict[str, Any]) -> int:
-    """How well a member's name names its summary, best first: 0 a named thing (typed other than ``concept``, or
-    written with a capital; a heading in capitals longer than an acronym is not one), 1 a phrase of several words,
-    2 one lowercase word ("hand", "door"), 3 a span broken by punctuation."""
+    """How well a member's name names its summary, best first: 0 a named thing (typed other than ``concept`` or
+    ``time``, or written with a capital; a heading in capitals longer than an acronym is not one), 1 a phrase of
+    several words or a date ("Iron Maiden", not "January 1980", names a cluster of albums), 2 one lowercase word
+    ("hand", "door"), 3 a span broken by punctuation."""
     name = lead_name(member["name"])
     if not _CLEAN_NAME.fullmatch(name):
         return 3
+    if member.get("type") == "time":
+        return 1
     if (member.get("type") not in (None, "concept") or name != name.lower()) and not (name.isupper() and len(name) > 5):
         return 0
     return 1 if len(name.split()) > 1 else 2
@@ -221,7 +122,8 @@ def leading_members(members: list[dict[str, Any]], sims: np.ndarray) -> list[int
 
 
 def own_text(member: dict[str, Any]) -> str:
-    """A member's description without the head line an offline summary starts with (its list of names)."""
+    """A member's description without the head line an offline summary of an index built before 2026-12-07 starts
+    with (its list of names: an update reads such summaries as members of the layer above)."""
     text = member["description"]
     return text.split("\n", 1)[1] if member.get("layer", 0) and "\n" in text else text
 
@@ -245,23 +147,16 @@ class OfflineSummarizer:
         self.failures: list[dict[str, str]] = []  # never any: the same interface as the LLM summarizer
 
     def summarize_layer(self, layer: int, clusters: list[Cluster]) -> list[list[dict[str, Any]]]:
-        return self.summaries(clusters, key_phrases(clusters))
-
-    def summaries(self, clusters: list[Cluster], phrases: list[list[str]]) -> list[list[dict[str, Any]]]:
-        """The summary of each cluster given its key phrases."""
+        """Each cluster's summary: named by its leading members, described by whole, distinct sentences of the
+        members it is named by, then of those closest to its centroid (each one's first sentence before any
+        second: ``central_sentences``), within the description budget; no list of names."""
         out = []
-        for cluster, terms in zip(clusters, phrases):
-            shown = [_display(t, cluster.members) for t in terms]
+        for cluster in clusters:
             sims = _centrality(cluster)
             order = leading_members(cluster.members, sims)
             name = " / ".join(distinct_names(cluster, order, NAMED_BY))
-            listed = distinct_names(cluster, order, LISTED)
-            more = f" and {len(cluster.members) - len(listed)} more" if len(cluster.members) > len(listed) else ""
-            # content first (the start of the description is what gets embedded), the head on a line of its own
-            head = f"{', '.join(listed)}{more}" + (f" ({', '.join(shown)})." if shown else ".")
-            central = [own_text(cluster.members[i]) for i in _most(sims, 3)]
-            body = " ".join(central_sentences(central, max(self.max_tokens - count_tokens(head) - 1, 1)))
-            description = clip_tokens(f"{head}\n{body}".strip(), self.max_tokens)
+            texts = [own_text(cluster.members[i]) for i in dict.fromkeys(order[:NAMED_BY] + _most(sims, 3))]
+            description = " ".join(central_sentences(texts, self.max_tokens))
             out.append([{"name": name, "type": meta_type(cluster.members, self.meta), "description": description}])
         return out
 

@@ -6,6 +6,9 @@ entities, the summaries and the reports sees, each a plain count or share over t
 - ``summaries_named_by_members``: of the summary entities (layer ≥ 1), the share whose name is made of its
   members' names only (each " / "-separated piece the name of an entity it summarises, or a piece of a member
   summary's name), not of key terms;
+- ``summaries_listing_names``: summary entities whose description opens with a list of names (a line of names
+  and phrases without a sentence: "Lord, Roast, Boiled, Wonderful party, Dear heart and 212 more (said, hope,
+  couple)."), the head offline summaries had before 2026-12-07;
 - ``labelled_relations``: of the relations between layer-0 entities, the share with a label saying what links them
   (the ``label`` column: a verb or a noun a sentence says of them, or a noun's preposition, not mere co-occurrence);
 - ``verb_or_noun_relations``: the share whose label holds a verb or a noun (one that is not a preposition alone:
@@ -75,6 +78,15 @@ PREPOSITIONS = frozenset(
 )
 
 
+#: a description's first line that lists names, not a sentence: items split by commas, "and N more", key phrases
+#: in brackets, a full stop, then the rest of the description on its own line
+_NAME_LIST = re.compile(r"[^\n.!?;:]+(?:, [^\n.!?;:]+)+(?: and \d+ more)?(?: \([^\n]*\))?\.\n")
+
+
+def lists_names(description: str) -> bool:
+    return bool(_NAME_LIST.match(description))
+
+
 def verb_or_noun(label: str | None) -> bool:
     return bool(label) and label not in PREPOSITIONS
 
@@ -139,10 +151,12 @@ def graph_quality(cat: Catalog, snap: dict[str, Any]) -> dict[str, Any]:
 
     lower = sum(one_lowercase_word(e["name"]) for e in base)
     by_members = sum(named_by_members(e["name"], members.get(e["id"], set())) for e in upper)
+    listing = sum(lists_names(e["description"] or "") for e in upper)
     return {
         "top_entities_one_lowercase_word": share(lower, len(base)),
         "top_entities": len(base),
         "summaries_named_by_members": share(by_members, len(upper)),
+        "summaries_listing_names": share(listing, len(upper)),
         "summary_entities": len(upper),
         "labelled_relations": share(len(labelled), len(flat)),
         "verb_or_noun_relations": share(sum(verb_or_noun(r["label"]) for r in labelled), len(flat)),

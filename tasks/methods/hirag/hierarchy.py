@@ -26,6 +26,7 @@ import numpy as np
 from schemas.config import HierarchyConfig
 from schemas.tables import LayerRow
 from tasks.index.embed import entity_text
+from tasks.methods.summarize import Cluster, summary_rows
 
 if TYPE_CHECKING:
     from sklearn.mixture import GaussianMixture
@@ -371,8 +372,6 @@ def summary_layers(
     by their text (no ``embed``: not embedded, a layer no later clustering reads): the summary entities, their
     vectors (one matrix aligned with them), their ``summary_of`` relations, one statistic per clustering tried,
     and the layers built. ``loop``: ``build_layers``' ``first``, ``previous_cs`` and ``until``."""
-    from tasks.methods.summarize import Cluster, summary_rows
-
     relations: list[dict[str, Any]] = []
 
     def build_layer(i: int, below: list[dict[str, Any]], x: np.ndarray, clusters: list[np.ndarray]):
