@@ -202,10 +202,11 @@ def assigned_schema(layer0: pa.Schema) -> pa.Schema:
     return pa.schema([*(plain_schema(layer0).field(c) for c in COLUMNS), pa.field("g", pa.int64())])
 
 
-def _component(assigned: list[str], k: int, schema: pa.Schema) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
-    """Global cluster ``k``'s entities, in ``g`` order: their numbers, vectors and rows (``assigned``' ``schema``)."""
+def _component(assigned: list[str], k: int, schema: pa.Schema) -> tuple[np.ndarray, np.ndarray, pa.Table]:
+    """Global cluster ``k``'s entities, in ``g`` order: their numbers, vectors and other columns (``assigned``'
+    ``schema``), left in Arrow for the task that reads them."""
     table = read_split(assigned, k, schema)
-    return table.column("g").to_numpy(), vector_matrix(table), table.drop(["vector", "g"]).to_pylist()
+    return table.column("g").to_numpy(), vector_matrix(table), table.drop(["vector", "g"])
 
 
 def local_task(
@@ -245,7 +246,8 @@ def summary_task(
     back to offline ones, the LLM usage and the links written."""
     gi, k, out = job
     js = kept[gi]
-    _, x, rows = _component(assigned, k, schema)
+    _, x, table = _component(assigned, k, schema)
+    rows = table.to_pylist()
     base = workfs.join(os.path.dirname(out), f"layer1-local-{gi:03d}")
     members = workfs.read_table(f"{base}.clusters").column("rows").to_pylist()
     clusters = [Cluster([rows[i] for i in members[j]], x, np.array(members[j], np.int64)) for j in js]

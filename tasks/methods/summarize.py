@@ -147,9 +147,10 @@ class OfflineSummarizer:
         self.failures: list[dict[str, str]] = []  # never any: the same interface as the LLM summarizer
 
     def summarize_layer(self, layer: int, clusters: list[Cluster]) -> list[list[dict[str, Any]]]:
-        """Each cluster's summary: named by its leading members, described by whole, distinct sentences of the
-        members it is named by, then of those closest to its centroid (each one's first sentence before any
-        second: ``central_sentences``), within the description budget; no list of names."""
+        """Each cluster's summary: named by its leading members' distinct names, described by whole, distinct
+        sentences of its first ``NAMED_BY`` leading members (the ones it is named by, unless two share a name),
+        then of those closest to its centroid (each one's first sentence before any second: ``central_sentences``),
+        within the description budget; no list of names."""
         out = []
         for cluster in clusters:
             sims = _centrality(cluster)
