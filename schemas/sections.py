@@ -272,6 +272,15 @@ class ArchRAGConfig(_Section):
 class CommunityConfig(_Section):
     max_cluster_size: int = Field(10, gt=1, description="Leiden communities larger than this are split a level down.")
     resolution: float = Field(1.0, gt=0, description="Leiden resolution (higher: smaller communities).")
+    engine: Literal["auto", "leiden", "parts"] = Field(
+        "auto",
+        description="Level 0 of a build's communities: 'leiden', one Leiden task over the whole graph (refused where "
+        "it cannot fit a worker); 'parts', Louvain in rounds of tasks over parts of part_relations relations, each "
+        "community then cut a level down by Leiden as before; 'auto', leiden where it fits a worker, else parts.",
+    )
+    part_relations: int = Field(
+        2_000_000, gt=0, description="The parts engine: relations per part (a part's task holds ~160 bytes each)."
+    )
     report_max_tokens: int = Field(1500, gt=0, description="Community input budget; larger ones use sub-reports.")
 
 

@@ -96,6 +96,48 @@ def test_a_level_cuts_each_large_community_into_parts():
     assert again == comms
 
 
+def _directed(pairs, weights=None):
+    lo = np.array([a for a, _ in pairs])
+    hi = np.array([b for _, b in pairs])
+    w = np.ones(len(pairs)) if weights is None else np.asarray(weights, dtype=float)
+    return np.concatenate([lo, hi]), np.concatenate([hi, lo]), np.concatenate([w, w])
+
+
+def test_louvain_moves_and_modularity_by_hand():
+    from tasks.methods.hirag import louvain
+
+    # two triangles joined by an edge: m = 7, each triangle 3 inside of a degree sum of 7: Q = 2 (3/7 - 1/4) = 5/14
+    src, dst, w = _directed([(0, 1), (0, 2), (1, 2), (3, 4), (3, 5), (4, 5), (2, 3)])
+    assert abs(louvain.modularity(src, dst, w, np.array([0, 0, 0, 1, 1, 1])) - 5 / 14) < 1e-12
+    # a triangle and an edge 3-4, node 0 alone: m = 4, degrees 2 2 2 1 1. Node 0 into {1, 2}: 2/4 - 2 (4 - 0) / 32
+    # = 0.25; node 3 into {4}: 1/4 - 1 (1 - 0) / 32 = 0.21875; nodes 1, 2 would leave their community for less
+    src, dst, w = _directed([(0, 1), (0, 2), (1, 2), (3, 4)])
+    labels, deg = np.array([0, 1, 1, 3, 4]), np.bincount(src, w)
+    tot = np.bincount(labels, deg, 5)
+    nodes, to = louvain.best_moves(src, dst, w, labels, deg, tot, 4.0, 1.0, np.isin(src, [0, 1, 3]))
+    assert nodes.tolist() == [0, 3] and to.tolist() == [1, 4]
+    # each node's half is its own, whatever array holds it; about half of the nodes move in a round
+    half = louvain.movers(np.arange(10_000), 7, 0, 3)
+    assert half[[3, 9_999]].tolist() == louvain.movers(np.array([3, 9_999]), 7, 0, 3).tolist()
+    assert 4_800 < half.sum() < 5_200 and (half != louvain.movers(np.arange(10_000), 7, 0, 4)).any()
+
+
+def test_louvain_joins_neighbouring_cliques_of_a_ring_as_modularity_does():
+    """A ring of 30 cliques of five (the resolution limit): Louvain's levels join neighbouring cliques, which
+    modularity prefers to the cliques alone, and the same edges give the same communities."""
+    from tasks.methods.hirag import louvain
+
+    pairs = [(5 * k + i, 5 * k + j) for k in range(30) for i in range(5) for j in range(i + 1, 5)]
+    pairs += [(5 * k, (5 * k + 6) % 150) for k in range(30)]
+    src, dst, w = _directed(pairs)
+    got = louvain.louvain(src, dst, w, 150, seed=1)
+    cliques = np.arange(150) // 5
+    assert all(len(set(got[cliques == k])) == 1 for k in range(30))  # no clique cut
+    assert int(got.max()) + 1 < 30
+    assert louvain.modularity(src, dst, w, got) > louvain.modularity(src, dst, w, cliques)
+    assert (louvain.louvain(src, dst, w, 150, seed=1) == got).all()
+
+
 def test_reports_one_per_community_and_bottom_up_when_over_budget():
     ents, rels = _graph()
     comms = [
@@ -425,25 +467,93 @@ def test_a_graph_too_large_for_a_worker_is_refused_before_the_stage_starts(tmp_p
 
     import pytest
 
-    from schemas.config import load_config
+    from schemas.config import load_config, parse_overrides
     from schemas.tables import schema_for
     from tasks.errors import TooLargeForTask, exit_code
+    from tasks.methods.community_parts import PART_BYTES_PER_NODE, PART_BYTES_PER_RELATION
     from tasks.methods.graph_parts import LEIDEN_BYTES_PER_RELATION, check_task_memory, communities_on_cluster
     from tasks.store.spill import SpilledTable
 
     class SmallWorkers:
+        def __init__(self, room):
+            self.room = room
+
         def task_memory(self):
-            return 1000 * LEIDEN_BYTES_PER_RELATION  # 80 %: room for 800 relations
+            return self.room
 
         def __call__(self, *args, **kwargs):
             raise AssertionError("no task may start")
 
-    ctx = SimpleNamespace(cfg=load_config(), mapper=SmallWorkers(), spill_dir=str(tmp_path), version=0)
+    def ctx(room=1000 * LEIDEN_BYTES_PER_RELATION, **communities):  # 80 %: 800 relations in one Leiden task
+        cfg = load_config(overrides=parse_overrides([f"communities.{k}={v}" for k, v in communities.items()]))
+        return SimpleNamespace(cfg=cfg, mapper=SmallWorkers(room), spill_dir=str(tmp_path), version=0)
+
+    graph = SpilledTable([], schema_for("relations", 0), 801)
     with pytest.raises(TooLargeForTask, match="its 801 relations need") as refused:
-        communities_on_cluster(ctx, ["a"], SpilledTable([], schema_for("relations", 0), 801))
+        communities_on_cluster(ctx(engine="leiden"), ["a"], graph)
     assert exit_code(refused.value) == 5 and "--memory-limit" in str(refused.value)
+    assert 'communities.engine = "parts"' in str(refused.value)
+    # "auto" takes it over parts instead (the next test), refused too where a part cannot fit: on workers with
+    # room for 640 relations a part, the graph's 801 in one part (communities.part_relations: 2M)
+    room = 800 * PART_BYTES_PER_RELATION
+    assert 801 * PART_BYTES_PER_RELATION + PART_BYTES_PER_NODE > 0.8 * room
+    with pytest.raises(TooLargeForTask, match="tasks over parts of 801 relations") as refused:
+        communities_on_cluster(ctx(room), ["a"], graph)
+    assert "communities.part_relations" in str(refused.value)
     assert not list(tmp_path.iterdir())  # refused before the stage wrote anything
     check_task_memory(800, 1000 * LEIDEN_BYTES_PER_RELATION)  # what fits goes ahead
+
+
+def test_a_graph_too_large_for_one_leiden_task_is_split_into_parts_that_fit(tmp_path):
+    """"auto": a graph one Leiden task cannot hold runs over parts whose tasks fit. A ring of 30 cliques of five,
+    each joined to the next by one edge, is modularity's classic resolution limit: level 0 joins neighbouring
+    cliques, and the level below cuts each such community back into its cliques; an entity with no relation is a
+    community of its own."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    from schemas.config import load_config, parse_overrides
+    from schemas.tables import schema_for
+    from tasks.methods.graph_parts import LEIDEN_BYTES_PER_RELATION, communities_on_cluster
+    from tasks.runtime.parallel import LocalMapper
+    from tasks.store import workfs
+    from tasks.store.spill import SpilledTable, write_whole
+
+    cliques = [[f"c{k:02d}-{i}" for i in range(5)] for k in range(30)]
+    pairs = [(x, y) for c in cliques for i, x in enumerate(c) for y in c[i + 1 :]]
+    pairs += [(c[0], cliques[(k + 1) % 30][1]) for k, c in enumerate(cliques)]
+    rows = [{"source_id": s, "target_id": t, "weight": 1.0, "kind": "extracted"} for s, t in pairs]
+    schema = schema_for("relations", 0)
+    files = []
+    for i in range(3):  # three relation files, as a build spills them
+        files.append(str(tmp_path / f"rel-{i}.parquet"))
+        chunk = rows[i::3]
+        write_whole(pa.table({f.name: [r.get(f.name) for r in chunk] for f in schema}, schema=schema), files[-1])
+
+    class Workers(LocalMapper):
+        def task_memory(self):
+            return 100 * LEIDEN_BYTES_PER_RELATION  # one Leiden task holds 80 relations: not the 330 here
+
+    ids = sorted([x for c in cliques for x in c] + ["z"])
+    cfg = load_config(overrides=parse_overrides(["communities.part_relations=100"]))  # four parts
+    ctx = SimpleNamespace(cfg=cfg, mapper=Workers(), spill_dir=str(tmp_path / "spill"), version=4)
+    out = communities_on_cluster(ctx, ids, SpilledTable(files, schema, len(rows)))
+    got = pa.concat_tables([workfs.read_table(f) for f in out.files]).to_pylist()
+    assert len(rows) == 330 and len(got) == out.num_rows and len(out.files) == 4
+    assert {r["version"] for r in got} == {4}
+    of = {x: k for k, c in enumerate(cliques) for x in c}
+    level0 = [set(r["entity_ids"]) for r in got if r["level"] == 0]
+    assert sorted(x for c in level0 for x in c) == ids  # every entity once
+    assert {"z"} in level0
+    joined = [c for c in level0 if c != {"z"} and len({of[x] for x in c}) > 1]
+    assert joined and all(c == {x for k in {of[x] for x in c} for x in cliques[k]} for c in joined)  # whole cliques
+    level1 = [r for r in got if r["level"] == 1]
+    by_id = {r["id"]: r for r in got}
+    assert sorted(sorted(r["entity_ids"]) for r in level1) == sorted(
+        sorted(cliques[k]) for c in joined for k in {of[x] for x in c}
+    )  # each joined community cut back into its cliques, a level down
+    assert all(set(r["entity_ids"]) <= set(by_id[r["parent_id"]]["entity_ids"]) for r in level1)
 
 
 def test_a_task_may_use_the_smallest_worker_memory_limit():

@@ -5,7 +5,8 @@ and write their rows there, so the run process never holds the relations. Layer 
 
 Leiden needs the whole graph at once, so communities are one task over the graph read from the parts as integer
 arrays (``communities.graph_arrays``; its memory per edge: docs/benchmarks.md, "Leiden on arrays"), refused before
-it starts where that cannot fit a worker (``check_task_memory``). The reports are tasks over parts of the community
+it starts where that cannot fit a worker (``check_task_memory``), unless ``communities.engine`` lets the
+``community_parts`` engine take it: tasks over parts of the graph, each of a bounded size. The reports are tasks over parts of the community
 trees (``report_parts``).
 """
 
@@ -17,7 +18,8 @@ import pyarrow as pa
 
 from schemas.tables import schema_for
 from tasks.index.embed import entity_text
-from tasks.methods.base import check_memory
+from tasks.methods.base import TASK_MEMORY_SHARE, check_memory
+from tasks.methods.community_parts import communities_in_parts
 from tasks.methods.hirag.communities import detect_communities, graph_arrays
 from tasks.methods.hirag.hierarchy import build_hierarchy, build_layers, converged
 from tasks.methods.layer_parts import LayerOne
@@ -55,13 +57,18 @@ def find_communities(ctx: Any, entity_ids: list[str] | pa.ChunkedArray, relation
 
 def communities_on_cluster(ctx: Any, entity_ids: list[str] | pa.ChunkedArray, relations: SpilledTable) -> SpilledTable:
     """``communities.detect_communities`` over spilled ``relations``, as one task on the run's mapper (the
-    community settings of ``ctx.cfg``): the ``communities`` table (stamped with the run's version) in a file
-    the run never reads."""
+    community settings of ``ctx.cfg``), or over parts of the graph (``community_parts``) where
+    ``communities.engine`` says so: the ``communities`` table (stamped with the run's version) in files the run
+    never reads. Refused before anything is written where its tasks cannot fit a worker."""
 
-    check_task_memory(relations.num_rows, ctx.mapper.task_memory())
-    cfg, work = ctx.cfg.communities, graph_work(ctx)
-    ids, out = workfs.join(work, "entity-ids.parquet"), workfs.join(work, "communities.parquet")
+    cfg, room = ctx.cfg.communities, ctx.mapper.task_memory()
     column = entity_ids if isinstance(entity_ids, pa.ChunkedArray) else pa.chunked_array([entity_ids], pa.string())
+    fits = relations.num_rows * LEIDEN_BYTES_PER_RELATION <= TASK_MEMORY_SHARE * room
+    if cfg.engine == "parts" or (cfg.engine == "auto" and not fits):
+        return communities_in_parts(ctx, column, relations, workfs.join(ctx.spill_dir, "graph", "parts"))
+    check_task_memory(relations.num_rows, room)
+    work = graph_work(ctx)
+    ids, out = workfs.join(work, "entity-ids.parquet"), workfs.join(work, "communities.parquet")
     write_whole(pa.table({"id": column}), ids)
     [n] = ctx.mapper(
         communities_task,
@@ -89,8 +96,8 @@ def check_task_memory(relations: int, room: int) -> None:
         room,
         f"the communities stage runs Leiden over the whole graph as one task: its {relations:,} relations",
         "a worker has",
-        "Run it on workers with more memory (`dask worker --memory-limit`, dask.address), or make the graph smaller "
-        "(extract.relation_window).",
+        'Run it over parts of the graph (communities.engine = "parts" or "auto"), on workers with more memory '
+        "(`dask worker --memory-limit`, dask.address), or make the graph smaller (extract.relation_window).",
     )
 
 

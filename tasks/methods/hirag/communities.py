@@ -164,30 +164,34 @@ def detect_communities(
     """Community rows ``{id, level, parent_id, entity_ids, size}``; level 0 covers every entity. ``relations``: G_k's
     relations, or their ``graph_arrays`` (a caller that need not hold the relations while Leiden runs)."""
     graph = relations if isinstance(relations, Graph) else graph_arrays(relations)
-    members: dict[tuple[int, int], list[str]] = defaultdict(list)
-    parent_of: dict[tuple[int, int], int | None] = {}
-    covered: set[str] = set()
-    for lv in hierarchical_leiden(graph, max_cluster_size, seed, resolution):
-        names = graph.names.take(pa.array(lv.nodes)).to_pylist()
-        parents = lv.parent.tolist() if lv.parent is not None else [None] * len(names)
-        for node, cluster, parent in zip(names, lv.cluster.tolist(), parents):
-            members[(lv.level, cluster)].append(node)
-            parent_of[(lv.level, cluster)] = parent
-        covered.update(names)
-    # ids are content hashes of (level, members); parents map by (level - 1, parent community)
-    ids = {key: community_id(key[0], m) for key, m in members.items()}
-    rows = []
-    for (level, cluster), m in members.items():
-        parent = parent_of[(level, cluster)]
-        rows.append(
-            {
-                "id": ids[(level, cluster)],
-                "level": level,
-                "parent_id": ids.get((level - 1, parent)) if parent is not None else None,
-                "entity_ids": sorted(m),
-                "size": len(m),
-            }
-        )
+    rows = level_rows(graph, hierarchical_leiden(graph, max_cluster_size, seed, resolution))
+    covered = {e for r in rows if r["level"] == 0 for e in r["entity_ids"]}
     for eid in sorted(set(entity_ids) - covered):  # isolated entities: kept as singletons
         rows.append({"id": community_id(0, [eid]), "level": 0, "parent_id": None, "entity_ids": [eid], "size": 1})
     return sorted(rows, key=lambda r: (r["level"], r["id"]))
+
+
+def level_rows(graph: Graph, levels: list[Level], offset: int = 0, parent: str | None = None) -> list[dict[str, Any]]:
+    """Community rows ``{id, level, parent_id, entity_ids, size}`` of ``hierarchical_leiden``'s ``levels`` over
+    ``graph``, each level ``offset`` deeper, the first level's communities parts of ``parent`` (an id)."""
+    members: dict[tuple[int, int], list[str]] = defaultdict(list)
+    parent_of: dict[tuple[int, int], int | None] = {}
+    for lv in levels:
+        names = graph.names.take(pa.array(lv.nodes)).to_pylist()
+        parents = lv.parent.tolist() if lv.parent is not None else [None] * len(names)
+        for node, cluster, up in zip(names, lv.cluster.tolist(), parents):
+            members[(lv.level, cluster)].append(node)
+            parent_of[(lv.level, cluster)] = up
+    # ids are content hashes of (level, members); parents map by (level - 1, parent community)
+    ids = {key: community_id(key[0] + offset, m) for key, m in members.items()}
+    return [
+        {
+            "id": ids[(level, cluster)],
+            "level": level + offset,
+            "parent_id": ids.get((level - 1, up)) if up is not None else parent,
+            "entity_ids": sorted(m),
+            "size": len(m),
+        }
+        for (level, cluster), m in members.items()
+        for up in [parent_of[(level, cluster)]]
+    ]
