@@ -5,8 +5,8 @@ communities stage runs on), spills them into ``--files`` Parquet files as a buil
 ``communities_on_cluster`` in a fresh process per engine (``leiden``: one task; ``parts``: tasks over parts of
 ``--part-relations`` relations each, run one after another in that process, so its peak is the largest task's plus
 what the run's process holds). Prints per engine: level-0 modularity on the whole graph (Newman's, resolution 1),
-its ratio to Leiden's, the communities per level, wall time and the process's peak RSS over its RSS before the
-stage.
+its ratio to Leiden's, the communities per level, wall time, the tasks run and the longest one, and the process's
+peak RSS during the stage (Linux's high-water mark, reset as the stage starts) over its RSS then.
 
     .venv/bin/python benchmarks/bench_communities.py --index IDX [--part-relations 20000 100000] [--files 8]
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -43,22 +42,39 @@ def child(work: str, engine: str, part_relations: str) -> None:
     from tasks.runtime.parallel import LocalMapper
     from tasks.store.spill import SpilledTable
 
+    class Counted(LocalMapper):  # the tasks the stage ran, and the longest one
+        tasks, longest = 0, 0.0
+
+        def __call__(self, fn, batches, on_done=None, keep=True, **kwargs):
+            out = []
+            for b in batches:
+                t = time.perf_counter()
+                out.append(fn(b, **kwargs))
+                Counted.tasks, Counted.longest = Counted.tasks + 1, max(Counted.longest, time.perf_counter() - t)
+            return out
+
     meta = json.loads(Path(work, "meta.json").read_text())
     ids = pq.read_table(Path(work, "ids.parquet")).column("id")
     schema = pq.read_schema(meta["files"][0])
     sets = [f"communities.engine={engine}", f"communities.part_relations={part_relations}"]
     ctx = types.SimpleNamespace(
         cfg=load_config(overrides=parse_overrides(sets)),
-        mapper=LocalMapper(),
+        mapper=Counted(),
         version=1,
         spill_dir=str(Path(work, f"spill-{engine}-{part_relations}")),
     )
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) from here: the stage's, not the imports'
+    before = _status_mb("VmRSS")
     t0 = time.perf_counter()
     out = communities_on_cluster(ctx, ids, SpilledTable(meta["files"], schema, meta["rows"]))
     wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print("RESULT " + json.dumps({"files": out.files, "wall": wall, "before_mb": before / 1024, "peak_mb": peak / 1024}))
+    res = {"files": out.files, "wall": wall, "before_mb": before, "peak_mb": _status_mb("VmHWM")}
+    print("RESULT " + json.dumps(res | {"tasks": Counted.tasks, "longest": Counted.longest}))
+
+
+def _status_mb(field: str) -> float:
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
+    return int(line.split()[1]) / 1024
 
 
 def main() -> None:
@@ -101,7 +117,10 @@ def main() -> None:
     dst = np.concatenate([g.hi, g.lo]).astype(np.int64)
     w = np.concatenate([g.weight, g.weight])
     print(f"graph: {len(at):,} nodes, {len(g.lo):,} pairs, {rels.num_rows:,} relations in {args.files} files")
-    print(f"{'engine':<22} {'modularity':>10} {'ratio':>7} {'wall s':>7} {'peak MB':>8} {'over start':>10}  levels")
+    print(
+        f"{'engine':<22} {'modularity':>10} {'ratio':>7} {'wall s':>7} {'tasks':>6} {'longest s':>9} {'peak MB':>8} "
+        f"{'over start':>10}  levels"
+    )
     base = None
     for engine, part in [("leiden", 0), *(("parts", p) for p in args.part_relations)]:
         proc = subprocess.run(
@@ -125,7 +144,8 @@ def main() -> None:
         levels = dict(sorted(Counter(r["level"] for r in rows).items()))
         name = engine if engine == "leiden" else f"parts of {part:,}"
         print(
-            f"{name:<22} {q:>10.4f} {q / base:>7.3f} {res['wall']:>7.1f} {res['peak_mb']:>8.0f} "
+            f"{name:<22} {q:>10.4f} {q / base:>7.3f} {res['wall']:>7.1f} {res['tasks']:>6} {res['longest']:>9.2f} "
+            f"{res['peak_mb']:>8.0f} "
             f"{res['peak_mb'] - res['before_mb']:>10.0f}  {levels}"
         )
 

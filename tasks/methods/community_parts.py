@@ -269,7 +269,7 @@ def rows_task(
     ids = workfs.read_table(names).column("id")
     mine = np.flatnonzero(lab % buckets == b)
     mine = mine[np.argsort(lab[mine], kind="stable")]
-    bounds = np.flatnonzero(np.r_[True, lab[mine][1:] != lab[mine][:-1], True])
+    bounds = np.flatnonzero(np.r_[True, lab[mine][1:] != lab[mine][:-1], True]) if len(mine) else np.zeros(1, int)
     order = np.argsort(lab[src], kind="stable")
     src, dst, w = src[order], dst[order], w[order]
     edge_at = np.searchsorted(lab[src], lab[mine[bounds[:-1]]], side="left")
