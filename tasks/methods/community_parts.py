@@ -6,8 +6,8 @@ Level 0 is Louvain's (``hirag.louvain``) in synchronous rounds: the graph's dire
 their source node (``edges_task``, then ``gather_task``), each round is a task per part (``moves_task``) against the
 labels of the round's start, and each level's communities are contracted into the next level's nodes by a task per
 part (``contract_task``), until a level fits one task (``finish_task``) or merges nothing; last, single nodes move
-between the final communities over the first level's parts. The run's process holds a label and a degree per node,
-never an edge. Each level-0 community is then cut into its connected pieces (Leiden's communities are connected;
+between the final communities over the first level's parts. The run's process holds the ids (sorted once) and a
+label and a degree per node, never an edge. Each level-0 community is then cut into its connected pieces (Leiden's communities are connected;
 Louvain's need not be), and the levels below are ``hierarchical_leiden``'s over each piece's own edges, a task per
 bucket of communities (``rows_task``), so the hierarchy keeps its meaning: a community larger than
 ``max_cluster_size`` is cut a level down.
@@ -40,8 +40,9 @@ from tasks.store.spill import SpilledTable, write_whole
 #: what a part's task holds per relation of its part, at most: each relation twice (a directed edge each way) as
 #: (source, target, weight) and the sort of one round (``louvain.best_moves``), with room to spare
 PART_BYTES_PER_RELATION = 160
-#: and per node of the graph: its label, its degree, the community totals of a round
-PART_BYTES_PER_NODE = 40
+#: and per node of the graph: its label, its degree, the community totals of a round, and (in the tasks that map
+#: ids to numbers or numbers to ids) its id with the lookup's hash table
+PART_BYTES_PER_NODE = 100
 
 _EDGES = pa.schema([("src", pa.int64()), ("dst", pa.int64()), ("w", pa.float64())])
 
@@ -87,7 +88,7 @@ def communities_in_parts(ctx: Any, entity_ids: pa.ChunkedArray, relations: Spill
     counts = mapper(
         rows_task,
         list(enumerate(outs)),
-        pieces=parts,
+        parts=parts,
         work=work,
         labels=at,
         names=names_at,
@@ -250,7 +251,7 @@ def intra_task(job: tuple[int, str], labels: str, buckets: int, work: str) -> in
 
 def rows_task(
     job: tuple[int, str],
-    pieces: int,
+    parts: int,
     work: str,
     labels: str,
     names: str,
@@ -261,11 +262,12 @@ def rows_task(
 ) -> int:
     """The ``communities`` rows of a bucket of level-0 communities (a task): each cut into its connected pieces
     (level 0), each piece of at least ``max_cluster_size`` entities cut by ``hierarchical_leiden`` over its own
-    edges a level down and so on; written to ``out``, their number returned."""
+    edges a level down and so on; written to ``out``, their number returned. Bucket ``b`` of as many as there are
+    ``parts``: the communities whose number is ``b`` modulo that, their edges the pieces each part wrote for it."""
     b, out = job
     lab = workfs.load_array(labels)
-    buckets = pieces
-    src, dst, w = _arrays(_edges([workfs.join(work, f"in-{p}-{b}.parquet") for p in range(pieces)]))
+    buckets = parts
+    src, dst, w = _arrays(_edges([workfs.join(work, f"in-{p}-{b}.parquet") for p in range(parts)]))
     ids = workfs.read_table(names).column("id")
     mine = np.flatnonzero(lab % buckets == b)
     mine = mine[np.argsort(lab[mine], kind="stable")]
