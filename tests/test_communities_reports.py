@@ -533,7 +533,7 @@ def test_a_graph_too_large_for_one_leiden_task_is_split_into_parts_that_fit(tmp_
 
     class Workers(LocalMapper):
         def task_memory(self):
-            return 100 * LEIDEN_BYTES_PER_RELATION  # one Leiden task holds 80 relations: not the 330 here
+            return 150 * LEIDEN_BYTES_PER_RELATION  # one Leiden task holds 120 relations: not the 330 here
 
     ids = sorted([x for c in cliques for x in c] + ["z"])
     cfg = load_config(overrides=parse_overrides(["communities.part_relations=100"]))  # four parts
