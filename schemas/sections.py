@@ -274,9 +274,9 @@ class CommunityConfig(_Section):
     resolution: float = Field(1.0, gt=0, description="Leiden resolution (higher: smaller communities).")
     engine: Literal["auto", "leiden", "parts"] = Field(
         "auto",
-        description="Level 0 of a build's communities: 'leiden', one Leiden task over the whole graph (refused where "
-        "it cannot fit a worker); 'parts', Louvain in rounds of tasks over parts of part_relations relations, each "
-        "community then cut a level down by Leiden as before; 'auto', leiden where it fits a worker, else parts.",
+        description="Level 0 of a hirag build's communities: 'leiden', one Leiden task over the whole graph (refused "
+        "where it cannot fit a worker); 'parts', Louvain in rounds of tasks over parts of part_relations relations, "
+        "each community then cut a level down by Leiden as before; 'auto', leiden where it fits a worker, else parts.",
     )
     part_relations: int = Field(
         2_000_000, gt=0, description="The parts engine: relations per part (a part's task holds ~160 bytes each)."
