@@ -6,8 +6,8 @@ and write their rows there, so the run process never holds the relations. Layer 
 Leiden needs the whole graph at once, so communities are one task over the graph read from the parts as integer
 arrays (``communities.graph_arrays``; its memory per edge: docs/benchmarks.md, "Leiden on arrays"), refused before
 it starts where that cannot fit a worker (``check_task_memory``), unless ``communities.engine`` lets the
-``community_parts`` engine take it: tasks over parts of the graph, each of a bounded size. The reports are tasks over parts of the community
-trees (``report_parts``).
+``community_parts`` engine take it: tasks over parts of the graph, each of a bounded size. The reports are tasks
+over parts of the community trees (``report_parts``).
 """
 
 from __future__ import annotations
