@@ -228,3 +228,42 @@ def test_an_index_on_s3_keeps_the_work_folder_under_its_uri_for_the_workers_to_r
         res = _strata("index", str(small_corpus), "--index", uri, *S3_SETS, "--set", f"dask.address={address}", env=env)
     assert res.returncode == 2, res.stderr
     assert f"cannot reach the run's work folder {uri}/_work/" in res.stderr and "credentials" in res.stderr
+
+
+@pytest.mark.slow
+def test_communities_over_parts_on_the_cluster_survive_a_killed_task_and_cover_every_entity(
+    tmp_path, small_corpus, in_process, cluster
+):
+    """``communities.engine = "parts"`` on the external cluster, a round's task and a bucket's task each killed once:
+    the run publishes, every table but the communities and their reports is the one-Leiden-task build's, and every
+    entity is in exactly one level-0 community whose descendants hold only its members."""
+    from distributed import Client
+
+    from tasks.store.catalog import Catalog
+
+    markers = tmp_path / "killed"
+    markers.mkdir()
+    parts = ["--set", "communities.engine=parts", "--set", "communities.part_relations=150"]
+    with Client(cluster, timeout="60s") as client:
+        client.register_plugin(KillOnce(["moves_task", "rows_task"], str(markers)), name="kill")
+        try:
+            index = tmp_path / "index"
+            address = ["--set", f"dask.address={cluster}"]
+            res = _strata("index", str(small_corpus), "--index", str(index), *SETS, *parts, *address)
+        finally:
+            client.unregister_worker_plugin("kill")
+        client.wait_for_workers(2, timeout=120)
+    assert sorted(p.name for p in markers.iterdir()) == ["moves_task", "rows_task"]
+    assert res.returncode == 0, res.stderr
+    got, want = table_digests(index, ("vector",)), table_digests(in_process, ("vector",))
+    other = {"communities", "community_reports", "mentions", "merge_state"}  # the last two: by set, other tests
+    assert {k: v for k, v in got.items() if k not in other} == {k: v for k, v in want.items() if k not in other}
+    cat = Catalog(index)
+    snap = cat.require_snapshot()
+    comms = cat.read("communities", snap=snap).to_pylist()
+    entities = cat.read("entities", snap=snap, columns=["id"]).column("id").to_pylist()
+    level0 = [e for c in comms if c["level"] == 0 for e in c["entity_ids"]]
+    assert sorted(level0) == sorted(entities)
+    by_id = {c["id"]: c for c in comms}
+    assert all(set(c["entity_ids"]) <= set(by_id[c["parent_id"]]["entity_ids"]) for c in comms if c["level"] > 0)
+    assert cat.read("community_reports", snap=snap).num_rows == len(comms)
