@@ -245,11 +245,16 @@ class IndexMethod(Protocol):
         """What the answer step reads of a context of this method's modes, given an LLM (identity: all of it)."""
 
 
+def fits_memory(need: int, room: int) -> bool:
+    """Whether ``need`` bytes are at most ``TASK_MEMORY_SHARE`` of ``room``: what ``check_memory`` lets start."""
+    return need <= TASK_MEMORY_SHARE * room
+
+
 def check_memory(need: int, room: int, what: str, where: str, remedy: str) -> None:
     """Refuse, before it starts, a step that runs as one task (or in the run's process) and would need ``need``
     bytes, more than ``TASK_MEMORY_SHARE`` of ``room`` (``where``: the process's memory, in bytes): a clear error
     saying ``what`` needs it and the ``remedy``, not a process killed for memory hours in."""
-    if need > TASK_MEMORY_SHARE * room:
+    if not fits_memory(need, room):
         raise TooLargeForTask(
             f"{what} need about {need / 2**30:.1f} GB, more than {TASK_MEMORY_SHARE:.0%} of the "
             f"{room / 2**30:.1f} GB {where}. {remedy}"

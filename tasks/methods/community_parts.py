@@ -274,8 +274,9 @@ def rows_task(
     bounds = np.flatnonzero(np.r_[True, lab[mine][1:] != lab[mine][:-1], True]) if len(mine) else np.zeros(1, int)
     order = np.argsort(lab[src], kind="stable")
     src, dst, w = src[order], dst[order], w[order]
-    edge_at = np.searchsorted(lab[src], lab[mine[bounds[:-1]]], side="left")
-    edge_end = np.searchsorted(lab[src], lab[mine[bounds[:-1]]], side="right")
+    owner, communities = lab[src], lab[mine[bounds[:-1]]]
+    edge_at = np.searchsorted(owner, communities, side="left")
+    edge_end = np.searchsorted(owner, communities, side="right")
     rows: list[dict[str, Any]] = []
     for k in range(len(bounds) - 1):
         members = mine[bounds[k] : bounds[k + 1]]
@@ -319,19 +320,13 @@ def _community_rows(
 def _piece_graph(
     local: tuple[np.ndarray, np.ndarray], w: np.ndarray, inside: np.ndarray, size: int, names: pa.Array
 ) -> Graph:
-    """A connected piece's edges (``local``: its community's edges as places among the community's members;
-    ``inside``: the piece's places, ascending, among the ``size``) as a ``Graph`` over its own nodes, each pair once with its summed
-    weight, as ``graph_arrays`` makes them (``names``: the piece's ids, sorted, as node numbers follow the ids)."""
+    """A connected piece's edges (``local``: its community's edges as places among the ``size`` members;
+    ``inside``: the piece's places, ascending) as a ``Graph`` over its own nodes, each pair once with its summed
+    weight in (lo, hi) order (``louvain.contract`` with a node a community), as ``graph_arrays`` makes them
+    (``names``: the piece's ids, sorted, as node numbers follow the ids)."""
     place = np.full(size, -1, dtype=np.int64)
     place[inside] = np.arange(len(inside))
     a, b = place[local[0]], place[local[1]]
     keep = (a >= 0) & (b >= 0)
-    lo, hi, ww = np.minimum(a, b)[keep], np.maximum(a, b)[keep], w[keep]
-    n = len(inside)
-    key = lo * n + hi
-    order = np.argsort(key, kind="stable")
-    key, ww = key[order], ww[order]
-    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, dtype=np.int64)
-    total = np.add.reduceat(ww, first) if len(key) else ww
-    key = key[first]
-    return Graph(names, key // n, key % n, total.astype(np.float64))
+    lo, hi, total = louvain.contract(np.minimum(a, b)[keep], np.maximum(a, b)[keep], w[keep], np.arange(len(inside)))
+    return Graph(names, lo, hi, total.astype(np.float64))

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from schemas.tables import schema_for
 from tasks.index.embed import entity_text
-from tasks.methods.base import TASK_MEMORY_SHARE, check_memory
+from tasks.methods.base import check_memory, fits_memory
 from tasks.methods.community_parts import communities_in_parts
 from tasks.methods.hirag.communities import detect_communities, graph_arrays
 from tasks.methods.hirag.hierarchy import build_hierarchy, build_layers, converged
@@ -63,7 +63,7 @@ def communities_on_cluster(ctx: Any, entity_ids: list[str] | pa.ChunkedArray, re
 
     cfg, room = ctx.cfg.communities, ctx.mapper.task_memory()
     column = entity_ids if isinstance(entity_ids, pa.ChunkedArray) else pa.chunked_array([entity_ids], pa.string())
-    fits = relations.num_rows * LEIDEN_BYTES_PER_RELATION <= TASK_MEMORY_SHARE * room
+    fits = fits_memory(relations.num_rows * LEIDEN_BYTES_PER_RELATION, room)
     if cfg.engine == "parts" or (cfg.engine == "auto" and not fits):
         return communities_in_parts(ctx, column, relations, workfs.join(ctx.spill_dir, "graph", "parts"))
     check_task_memory(relations.num_rows, room)
