@@ -159,3 +159,12 @@ def test_preselect_of_candidates_sharing_no_word_with_the_question_keeps_context
 
     cands = [(f"Sentence number {i} says nothing.", "doc") for i in range(6)]
     assert preselect("Who founded Acme?", cands, 4) == cands[:4]  # no shared word: the first four, as ranked
+
+
+def test_a_sources_headings_are_no_candidates_and_its_list_items_are_sentences_of_their_own():
+    """``chunk_sentences``: a Markdown heading names a section and answers nothing (the offline answer quoted "# Minutes
+    of the Board" for "Who is the CFO?"); a list item is a sentence without its number, not glued to the next one."""
+    from tasks.query.candidates import chunk_sentences
+
+    text = "[Minutes] # Minutes of the Board of Directors\n\n## Decisions\n1. The board appointed Grace Chen.\n2. Dana left."
+    assert chunk_sentences(text, "Minutes") == ["The board appointed Grace Chen."]  # "Dana left." is under 20 characters

@@ -156,7 +156,7 @@ def test_merge_in_parts_equals_merge_whole(tmp_path):
 def test_page_furniture_is_blanked_in_place_and_never_named():
     """``furniture.blank``: figure markers, page references after a run of spaces (a paragraph that ends in one, a
     caption or a list entry, whole), heading lines and italics underscores become spaces, the text keeps its length
-    and its line breaks (every offset holds); a chunk all in capitals keeps its words, a table row keeps its own.
+    and its line breaks (every offset holds); a chunk all in capitals keeps its words, a table row its cells.
     The extractor then names no heading and glues no page number or caption to a sentence."""
     from tasks.index.furniture import blank
 
@@ -169,8 +169,8 @@ def test_page_furniture_is_blanked_in_place_and_never_named():
     out = blank(page)
     assert len(out) == len(page) and out.count("\n") == page.count("\n")
     assert " ".join(out.split()) == (
-        "Nobody was under the bed. Scrooge met Bob Cratchit in London. December, 1843. | ACME | 12 | not_a_marker stays."
-    )
+        "Nobody was under the bed. Scrooge met Bob Cratchit in London. December, 1843. ACME 12 not_a_marker stays."
+    )  # a table row keeps its cells, not its bars
     assert blank("NASA AND ESA\n\nJOINT MISSION 2024") == "NASA AND ESA\n\nJOINT MISSION 2024"  # no prose: kept
     assert blank("Revenue rose in 2023 to 16") == "Revenue rose in 2023 to 16"  # one space: not a page reference
     # a Markdown heading is its own line, not the first words of the sentence under it; "#tag" is no heading
@@ -186,6 +186,64 @@ def test_page_furniture_is_blanked_in_place_and_never_named():
     descriptions = {e["description"] for e in res.entities}
     assert any(d.startswith("Scrooge met Bob Cratchit in London.") for d in descriptions)
     assert not any(w in d for d in descriptions for w in ("xi", "Cornhill", "Illustration"))
+
+
+BUSINESS = """# Q3 2026 Quarterly Review
+
+## Revenue by segment
+| Segment | Q3 2025 | Q3 2026 |
+|---|---:|---:|
+| Last-mile delivery | $7.7M | $9.5M |
+
+## Risks
+- The agreement with the dock workers' union in Rotterdam expires on 31 January 2027.
+- Helios Pharma accounts for 14% of last-mile revenue.
+
+Action items:
+1. Priya Raman to circulate the volume analysis by 15 November.
+2. Grace Chen to update the privacy register.
+
+From: Lena Fischer
+Date: 3 September 2026
+Omar, thanks for the logger files from Utrecht.
+> We found the door seal
+> of the van was damaged.
+"""
+
+
+def test_layout_blocks_end_sentences_and_lose_their_marks():
+    """``block_starts``/``split_sentences``: a heading, a table row, a list item, a "Key: value" line and a quotation
+    are blocks no sentence runs across, read without their bullets, numbers and quote marks (a table row as its cells
+    after their column's heading); prose wrapped at a line's end, even onto a word and a colon, stays one sentence. The extractor parses
+    the same blocks: no name holds a table's bar, no description glues two list items."""
+    from tasks.runtime.text import block_starts, split_sentences
+
+    assert split_sentences(BUSINESS) == [
+        "# Q3 2026 Quarterly Review",
+        "## Revenue by segment",
+        "Segment: Last-mile delivery; Q3 2025: $7.7M; Q3 2026: $9.5M",
+        "## Risks",
+        "The agreement with the dock workers' union in Rotterdam expires on 31 January 2027.",
+        "Helios Pharma accounts for 14% of last-mile revenue.",
+        "Action items:",
+        "Priya Raman to circulate the volume analysis by 15 November.",
+        "Grace Chen to update the privacy register.",
+        "From: Lena Fischer",
+        "Date: 3 September 2026",
+        "Omar, thanks for the logger files from Utrecht.",
+        "We found the door seal of the van was damaged.",
+    ]
+    wrapped = "a dowerless girl--you who weigh everything by\nGain: or, choosing her, if you were\n12. false to it."
+    assert block_starts(wrapped) == [] and split_sentences(wrapped) == [" ".join(wrapped.split())]
+    assert split_sentences("He left.\n\n* * *\n\nShe stayed.") == ["He left.", "She stayed."]
+    assert split_sentences("| a | b |\n| c | d |") == ["a | b", "c | d"]  # no rule row: no heading
+
+    res = extract_batch([{"id": "c1", "text": BUSINESS}], ExtractConfig())
+    assert not any(mark in e["name"] for e in res.entities for mark in "|#>")
+    assert {"Helios Pharma", "Priya Raman", "Lena Fischer"} <= {e["name"] for e in res.entities}
+    descriptions = {e["description"] for e in res.entities}
+    assert "Helios Pharma accounts for 14% of last-mile revenue." in descriptions
+    assert not any("2027. Helios" in d or "November. Grace" in d or "Fischer Date" in d for d in descriptions)
 
 
 def test_no_name_runs_across_a_clause_break():

@@ -11,6 +11,7 @@ per batch of chunks); a chunk that fails is quarantined, never fatal.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 import sys
@@ -25,7 +26,7 @@ from tasks.index.aliases import alias_maps
 from tasks.index.merge import mention_rows, title_mentions
 from tasks.index.statements import statements
 from tasks.runtime.parallel import Mapper
-from tasks.runtime.text import CLAUSE_BREAK, CLAUSE_OR_BRACKET, PHRASE_BREAK, squash_clip, unpaired
+from tasks.runtime.text import CLAUSE_BREAK, CLAUSE_OR_BRACKET, PHRASE_BREAK, block_starts, squash_clip, unpaired
 from tasks.store.ids import quarantine_row
 
 
@@ -285,19 +286,35 @@ def _statements_of(doc, sent, ms: list[tuple[int, int, str, str]]) -> dict[tuple
     return out
 
 
+def parse_ready(nlp, text: str):
+    """``text`` tokenized for the parser: its page furniture and layout marks blanked (``furniture.blank``: the same
+    offsets, so every mention's offset is one into the chunk as stored), a sentence started where a block of layout
+    starts (``block_starts``: a heading, a list item, a table row, an e-mail's header line), which the parser keeps.
+    Not a string: raises, and the chunk is quarantined."""
+    if not isinstance(text, str):
+        raise TypeError(f"chunk text is {type(text).__name__}, not str")
+    doc = nlp.make_doc(furniture.blank(text))
+    at = [tok.idx for tok in doc]
+    for start in block_starts(text):
+        i = bisect.bisect_left(at, start)
+        while i < len(doc) and doc[i].is_space:
+            i += 1
+        if 0 < i < len(doc):
+            doc[i].is_sent_start = True
+    return doc
+
+
 def extract_batch(chunks: list[dict[str, Any]], cfg: ExtractConfig) -> ExtractionResult:
     """The parallel unit: a batch of ``{id, text}`` chunks -> raw entities, raw relations, quarantine rows."""
     nlp = load_nlp(cfg.spacy_model)
     out = ExtractionResult()
-    # the same offsets: the furniture is spaces (a text that is not one is quarantined by the parse)
-    texts = [furniture.blank(c["text"]) if isinstance(c["text"], str) else c["text"] for c in chunks]
     try:
-        docs = list(nlp.pipe(texts, batch_size=len(texts) or 1))
+        docs = list(nlp.pipe([parse_ready(nlp, c["text"]) for c in chunks], batch_size=len(chunks) or 1))
     except Exception:  # one bad chunk must not sink the batch: retry one by one
         docs = []
         for c in chunks:
             try:
-                docs.append(nlp(c["text"]))
+                docs.append(nlp(parse_ready(nlp, c["text"])))
             except Exception as exc:  # noqa: BLE001
                 docs.append(exc)
     for chunk, doc in zip(chunks, docs):

@@ -17,12 +17,19 @@ What counts as furniture is decided by layout, never by a list of words:
   numbers and punctuation alone, or a Markdown heading (``# Note 1``, ``## Setup``: the parser would read it as
   the first words of the sentence under it) — only in a chunk that also holds prose (another line with lowercase
   letters), so a chunk that is all headings keeps its words, and never a table row (a line with ``|``);
-* italics markers: an underscore that does not join two word characters (``_December, 1843._``).
+* italics markers: an underscore that does not join two word characters (``_December, 1843._``);
+* layout marks (``tasks.runtime.text.layout_spans``): quote marks, a list item's bullet or number, a table's bars
+  and rule rows (the parser took "| Freight forwarding" for a name and a table's header for an organisation).
+
+Where a block of layout ends (``tasks.runtime.text.block_starts``: a heading, a list item, a table row, an e-mail's
+header line), the extractor starts a sentence (``tasks.index.extract.parse_ready``).
 """
 
 from __future__ import annotations
 
 import re
+
+from tasks.runtime.text import layout_spans
 
 _FIGURE = re.compile(r"\[(?:illustration|figure|fig\.|plate|image|picture|photo)\b[^\]]{0,400}\]", re.IGNORECASE)
 _PAGE_REF = re.compile(r"(?:[ ]{3,}|\t)[ \t]*(\d{1,4}(?:[-–]\d{1,4})?|[ivxlcdm]{1,7}|_[A-Za-z]+_)[ \t]*$", re.MULTILINE)
@@ -51,6 +58,12 @@ def blank(text: str) -> str:
     text = _ITALIC.sub(" ", text)
     if any(_prose(line) for line in _LINE.findall(text)):  # prose here: a line without it is a heading
         text = _LINE.sub(lambda m: m.group(0) if _prose(m.group(0)) or "|" in m.group(0) else _spaces(m), text)
+    spans = layout_spans(text)
+    if spans:
+        chars = list(text)
+        for start, end in spans:
+            chars[start:end] = " " * (end - start)
+        text = "".join(chars)
     return text
 
 

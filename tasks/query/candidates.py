@@ -9,7 +9,7 @@ import re
 import numpy as np
 
 from tasks.retrieval.context import Context
-from tasks.runtime.text import split_sentences
+from tasks.runtime.text import is_heading, split_sentences
 
 WORD = re.compile(r"[a-z0-9]+")
 
@@ -34,8 +34,9 @@ def answer_candidates(ctx: Context) -> list[tuple[str, str]]:
 
 
 def chunk_sentences(text: str, title: str | None) -> list[str]:
-    """A source's candidate sentences: those of its text past its title line, longer than 20 characters."""
-    return [s for s in source_sentences(text.removeprefix(f"[{title}] ")) if len(s) > 20]
+    """A source's candidate sentences: those of its text past its title line, longer than 20 characters, its
+    Markdown headings left out (a heading names a section; it says nothing of it)."""
+    return [s for s in source_sentences(text.removeprefix(f"[{title}] ")) if len(s) > 20 and not is_heading(s)]
 
 
 @functools.lru_cache(maxsize=2048)

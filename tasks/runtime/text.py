@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterator
 from typing import Any
 
 _SPACE = re.compile(r"\s+")
@@ -38,23 +39,135 @@ def clip_at_word(text: str, limit: int) -> str:
 
 
 def split_sentences(text: str) -> list[str]:
-    """``text`` as sentences, whitespace folded, a blank line always ending one: pySBD's rule-based segmenter, which
+    """``text`` as sentences, whitespace folded, the end of a block always ending one (``blocks``: a blank line, a
+    heading, a list item, a table row, an e-mail's header line): pySBD's rule-based segmenter, which
     keeps abbreviations, initials and quotations whole ("Mrs. Cratchit", "Michael S. Hart", "the U.S. Army",
     ``"Bah!" said Scrooge.``) and imports in milliseconds (spaCy's sentencizer would load spaCy and, through thinc,
     PyTorch: ~3 s on every cold query). A piece that starts in lower case, or follows a title pySBD does not know
     ("Hon. Winnie Kiiza", "Fr. Brown"), continues the sentence before it."""
     segmenter = _segmenter_class()(language="en", clean=False)  # a fresh one per call: nothing shared across threads
     out: list[str] = []
-    for paragraph in _PARAGRAPH.split(text):
-        for piece in segmenter.segment(_SPACE.sub(" ", paragraph).strip()) if paragraph.strip() else []:
+    for block in blocks(text):
+        for k, piece in enumerate(segmenter.segment(_SPACE.sub(" ", block).strip())):
             piece = piece.strip()
-            if not piece:
+            alnum = any(c.isalnum() for c in piece)
+            if not piece or not (k or alnum):  # a block of punctuation alone ("* * *") is no sentence
                 continue
-            if out and (piece[0].islower() or not any(ch.isalnum() for ch in piece) or _TITLE_END.search(out[-1])):
+            if k and out and (piece[0].islower() or not alnum or _TITLE_END.search(out[-1])):
                 out[-1] = f"{out[-1]} {piece}"
             else:
                 out.append(piece)
     return out
+
+
+# A line's layout (``block_starts``, ``blocks``), read from its first characters, never from a list of words.
+_QUOTED = re.compile(r"[ \t]{0,3}>[ \t>]*")
+_HEADING = re.compile(r"[ \t]{0,3}#{1,6}(?:[ \t]|$)")
+_ROW = re.compile(r"[ \t]*\|")
+_BULLET = re.compile(r"[ \t]*[-*+•▪◦‣][ \t]+(?=\S)")
+_NUMBERED = re.compile(r"[ \t]*\(?\d{1,2}[.)][ \t]+(?=\S)")
+_FIELD = re.compile(r"[ \t]*[A-Z][\w'-]*(?: [\w'-]+){0,2}:[ \t]+\S")
+_ENDED = re.compile(r"""[.!?:;]["'”’)\]]*[ \t]*$""")
+#: the kinds of line that open a block whatever the line before, and those after which the next line opens one
+_OPENS, _CLOSES = {"heading", "row", "bullet"}, {"heading", "row"}
+
+
+def _layout(line: str) -> tuple[bool, str, int]:
+    """(quoted, kind, the length of the line's layout marker: quote marks, a bullet or a number)."""
+    quote = _QUOTED.match(line)
+    at = quote.end() if quote else 0
+    if not line[at:].strip():
+        return bool(quote), "blank", at
+    for kind, pattern in (("heading", _HEADING), ("row", _ROW), ("bullet", _BULLET), ("number", _NUMBERED)):
+        m = pattern.match(line, at)
+        if m:
+            return bool(quote), kind, at if kind in ("heading", "row") else m.end()
+    return bool(quote), "field" if _FIELD.match(line, at) else "text", at
+
+
+def _lines(text: str) -> Iterator[tuple[int, str, str, int, bool]]:
+    """Each line of ``text``: (its offset, the line, its kind, its marker's length, whether it opens a block)."""
+    pos, prev, closes = 0, (False, "blank", ""), False
+    for line in text.split("\n"):
+        quoted, kind, marker = _layout(line)
+        opens = kind != "blank" and (
+            not pos
+            or prev[1] == "blank"
+            or kind in _OPENS
+            or (closes and not line[marker:].lstrip()[:1].islower())
+            or quoted != prev[0]
+            or (kind in ("number", "field") and (prev[1] in (kind, "bullet") or bool(_ENDED.search(prev[2]))))
+        )
+        yield pos, line, kind, marker, opens
+        closes = kind in _CLOSES or (kind == "field" and opens)
+        prev = (quoted, kind, line)
+        pos += len(line) + 1
+
+
+def block_starts(text: str) -> list[int]:
+    """The offsets of the lines of ``text`` that open a block of their own, where no sentence runs across: the
+    first line after a blank one; a Markdown heading or table row, and the line after it; a bulleted item; a
+    numbered item or a "Key: value" line (an e-mail's header, a minute's "Present:") where the line before ends a
+    sentence or is itself such an item, and the line after such a "Key: value" line unless it goes on in lower
+    case; the first line of a quotation ("> ") and the first after it. Prose wrapped at a line's end never opens a
+    block ("weigh everything by / Gain: or, choosing her" is one sentence), so plain text is read as before."""
+    return [pos for pos, _, _, _, opens in _lines(text) if opens and pos]
+
+
+def _mark_end(line: str, kind: str, marker: int, opens: bool) -> int:
+    """Where a line's layout marks end: its quote marks, and its bullet or number where the item opens a block (a
+    number that does not is the wrapped prose's own word)."""
+    if opens or kind not in ("bullet", "number"):
+        return marker
+    quote = _QUOTED.match(line)
+    return quote.end() if quote else 0
+
+
+def layout_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of the layout marks of ``text``'s lines, which a parser should not read as words: quote marks,
+    the bullet or number of an item that opens a block, a table row's bars, a table's rule row whole."""
+    out = []
+    for pos, line, kind, marker, opens in _lines(text):
+        if kind == "row" and not any(ch.isalnum() for ch in line):
+            out.append((pos, pos + len(line)))
+        elif kind == "row":
+            out += [(pos + i, pos + i + 1) for i, ch in enumerate(line) if ch == "|"]
+        elif end := _mark_end(line, kind, marker, opens):
+            out.append((pos, pos + end))
+    return out
+
+
+def blocks(text: str) -> list[str]:
+    """``text`` cut at its ``block_starts``, each line without its layout marks (``layout_spans``). A table row is
+    its cells, each after its column's heading where the table has one (the row above its rule row, then left out:
+    "Segment: Last-mile delivery; Q3 2026: $9.5M"), else joined by " | "; the rule row is dropped."""
+    lines = list(_lines(text))
+    out: list[list[str]] = []
+    header: list[str] = []
+    for i, (_, line, kind, marker, opens) in enumerate(lines):
+        body = line[_mark_end(line, kind, marker, opens) :]
+        if kind == "row":
+            cells = [c.strip() for c in body.strip().strip("|").split("|")]
+            ruled = i + 1 < len(lines) and lines[i + 1][2] == "row" and not any(map(str.isalnum, lines[i + 1][1]))
+            if ruled:
+                header, body = cells, ""
+            elif not any(map(str.isalnum, body)):
+                body = ""
+            elif len(header) == len(cells):
+                body = "; ".join(f"{h}: {c}" if h else c for h, c in zip(header, cells) if c)
+            else:
+                body = " | ".join(cells)
+        else:
+            header = []
+        if opens or not out:
+            out.append([])
+        out[-1].append(body)
+    return [block for block in map("\n".join, out) if block.strip()]
+
+
+def is_heading(sentence: str) -> bool:
+    """A Markdown heading ("## Summary"), which ``split_sentences`` gives as a sentence of its own."""
+    return bool(_HEADING.match(sentence))
 
 
 @functools.lru_cache(maxsize=1)
@@ -90,7 +203,6 @@ def _segmenter_class() -> Any:
 
 
 _WHITE = re.compile(r"\s")
-_PARAGRAPH = re.compile(r"\n\s*\n")
 #: what ends a sentence as a reader sees it: its end mark, then any closing quotes or brackets ("…" after a whole word
 #: counts: a text cut for a budget is marked so)
 SENTENCE_END = re.compile(r"""[.!?…]["'”’)\]]*$""")
