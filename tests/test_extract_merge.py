@@ -233,6 +233,7 @@ def test_layout_blocks_end_sentences_and_lose_their_marks():
         "Omar, thanks for the logger files from Utrecht.",
         "We found the door seal of the van was damaged.",
     ]
+    assert split_sentences(BUSINESS.replace("\n", "\r\n")) == split_sentences(BUSINESS)  # CRLF line ends alike
     wrapped = "a dowerless girl--you who weigh everything by\nGain: or, choosing her, if you were\n12. false to it."
     assert block_starts(wrapped) == [] and split_sentences(wrapped) == [" ".join(wrapped.split())]
     assert split_sentences("He left.\n\n* * *\n\nShe stayed.") == ["He left.", "She stayed."]

@@ -65,10 +65,10 @@ _QUOTED = re.compile(r"[ \t]{0,3}>[ \t>]*")
 _HEADING = re.compile(r"[ \t]{0,3}#{1,6}(?:[ \t]|$)")
 _ROW = re.compile(r"[ \t]*\|")
 _BULLET = re.compile(r"[ \t]*[-*+•▪◦‣][ \t]+(?=\S)")
-#: "1.", "(2)", "a clause's "3.1" or "3.1." before a capital ("3.5 million" is no number of an item)
+#: an item's number: "1.", "(2)", "3)", or a clause's "3.1" / "3.1." before a capital ("3.5 million" is prose)
 _NUMBERED = re.compile(r"[ \t]*(?:\(?\d{1,2}[.)]|\d{1,2}(?:\.\d{1,2})+\.?(?=[ \t]+[A-Z]))[ \t]+(?=\S)")
 _FIELD = re.compile(r"[ \t]*[A-Z][\w'-]*(?: [\w'-]+){0,2}:[ \t]+\S")
-_ENDED = re.compile(r"""[.!?:;]["'”’)\]]*[ \t]*$""")
+_ENDED = re.compile(r"""[.!?:;]["'”’)\]]*\s*$""")  # \s: a line of a file with CRLF line ends keeps its \r
 #: the kinds of line that open a block whatever the line before, and those after which the next line opens one
 _OPENS, _CLOSES = {"heading", "row", "bullet"}, {"heading", "row"}
 
