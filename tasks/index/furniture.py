@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 
-from tasks.runtime.text import layout_spans
+from tasks.runtime.text import is_heading, layout_spans
 
 _FIGURE = re.compile(r"\[(?:illustration|figure|fig\.|plate|image|picture|photo)\b[^\]]{0,400}\]", re.IGNORECASE)
 _PAGE_REF = re.compile(r"(?:[ ]{3,}|\t)[ \t]*(\d{1,4}(?:[-–]\d{1,4})?|[ivxlcdm]{1,7}|_[A-Za-z]+_)[ \t]*$", re.MULTILINE)
@@ -37,7 +37,6 @@ _LINE = re.compile(r"[^\n]+")
 #: lines with something on them, one after another (a blank line ends a paragraph)
 _PARAGRAPH = re.compile(r"[^\n]*\S[^\n]*(?:\n[^\n]*\S[^\n]*)*")
 _LOWER = re.compile(r"[a-z]")
-_MARKDOWN_HEADING = re.compile(r"^ {0,3}#{1,6}(?:[ \t]|$)")
 _ITALIC = re.compile(r"(?<![^\W_])_|_(?![^\W_])")
 
 
@@ -68,4 +67,4 @@ def blank(text: str) -> str:
 
 
 def _prose(line: str) -> bool:
-    return bool(_LOWER.search(line)) and not _MARKDOWN_HEADING.match(line)
+    return bool(_LOWER.search(line)) and not is_heading(line)

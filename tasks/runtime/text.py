@@ -167,7 +167,7 @@ def blocks(text: str) -> list[str]:
 
 
 def is_heading(sentence: str) -> bool:
-    """A Markdown heading ("## Summary"), which ``split_sentences`` gives as a sentence of its own."""
+    """A Markdown heading ("## Summary"): a line, or the sentence of its own ``split_sentences`` makes of it."""
     return bool(_HEADING.match(sentence))
 
 
