@@ -294,8 +294,9 @@ def parse_ready(nlp, text: str):
     if not isinstance(text, str):
         raise TypeError(f"chunk text is {type(text).__name__}, not str")
     doc = nlp.make_doc(furniture.blank(text))
-    at = [tok.idx for tok in doc]
-    for start in block_starts(text):
+    starts = block_starts(text)
+    at = [tok.idx for tok in doc] if starts else []  # most chunks (a passage, a novel's paragraphs) have none
+    for start in starts:
         i = bisect.bisect_left(at, start)
         while i < len(doc) and doc[i].is_space:
             i += 1

@@ -115,6 +115,11 @@ def block_starts(text: str) -> list[int]:
     return [pos for pos, _, _, _, opens in _lines(text) if opens and pos]
 
 
+def _rule(kind: str, line: str) -> bool:
+    """A table's rule row ("|---|---:|"): a row without a letter or digit."""
+    return kind == "row" and not any(ch.isalnum() for ch in line)
+
+
 def _mark_end(line: str, kind: str, marker: int, opens: bool) -> int:
     """Where a line's layout marks end: its quote marks, and its bullet or number where the item opens a block (a
     number that does not is the wrapped prose's own word)."""
@@ -129,7 +134,7 @@ def layout_spans(text: str) -> list[tuple[int, int]]:
     the bullet or number of an item that opens a block, a table row's bars, a table's rule row whole."""
     out = []
     for pos, line, kind, marker, opens in _lines(text):
-        if kind == "row" and not any(ch.isalnum() for ch in line):
+        if _rule(kind, line):
             out.append((pos, pos + len(line)))
         elif kind == "row":
             out += [(pos + i, pos + i + 1) for i, ch in enumerate(line) if ch == "|"]
@@ -149,10 +154,9 @@ def blocks(text: str) -> list[str]:
         body = line[_mark_end(line, kind, marker, opens) :]
         if kind == "row":
             cells = [c.strip() for c in body.strip().strip("|").split("|")]
-            ruled = i + 1 < len(lines) and lines[i + 1][2] == "row" and not any(map(str.isalnum, lines[i + 1][1]))
-            if ruled:
+            if i + 1 < len(lines) and _rule(lines[i + 1][2], lines[i + 1][1]):
                 header, body = cells, ""
-            elif not any(map(str.isalnum, body)):
+            elif _rule(kind, line):
                 body = ""
             elif len(header) == len(cells):
                 body = "; ".join(f"{h}: {c}" if h else c for h, c in zip(header, cells) if c)
