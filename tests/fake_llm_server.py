@@ -18,6 +18,13 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 _CAPS = re.compile(r"\b([A-Z][a-z]+(?:\s+(?:of\s+)?[A-Z][a-z]+)*)\b")
+#: capitalised words a model does not list as entities (a sentence's first word): a realistic answer drops them
+_FUNCTION = frozenset(
+    "a about after all also an and any as at before both but by during each every few for from he her here his how "
+    "i if in into it its many more most my no not of on once one only or other our over she since so some such than "
+    "that the their then there these they this those through to under until upon we what when where which while who "
+    "why with without yet you your".split()
+)
 _TEXT = re.compile(r'"""\n(.*?)\n"""', re.DOTALL)
 _LISTED = re.compile(r"^- (.+?) \(", re.MULTILINE)
 _NAMES = re.compile(r"^- (.+?) \(\w+\)$", re.MULTILINE | re.DOTALL)
@@ -52,23 +59,39 @@ def _between(text: str, a: str, b: str) -> str:
     return " ".join(words) or "related to"
 
 
+def _names_of(text: str, realistic: bool) -> list[str]:
+    """The text's capitalised phrases, in order, each once (the first 12; ``realistic``: every one, without a
+    leading function word, and no phrase that is only one, as a model lists them)."""
+    found = (m.group(1) for m in _CAPS.finditer(text))
+    if not realistic:
+        return list(dict.fromkeys(found))[:12]
+    names = []
+    for phrase in found:
+        words = phrase.split()
+        while words and words[0].lower() in _FUNCTION:
+            words = words[1:]
+        if words:
+            names.append(" ".join(words))
+    return list(dict.fromkeys(names))
+
+
 def answer_for(messages: list[dict], realistic: bool = False) -> str:
     """An answer in the shape each of Strata's prompts asks for. ``realistic``: descriptions, summaries and findings
     of a model's length (a sentence of the text per entity and relation, a few sentences per summary and report)
-    and every name of a chunk (not the first 12) — what a cost measurement needs."""
+    and every name of a chunk (not the first 12, no "The" or "It": ``_names_of``) — what a cost measurement needs."""
     system = messages[0]["content"] if messages else ""
     user = next((m["content"] for m in messages if m["role"] == "user"), "")
     if "For each numbered passage" in system:  # one pass over a pack: names, types, labelled pairs (no descriptions)
         passages = []
         for number, text in _PASSAGES.findall(user) if len(messages) <= 2 else []:  # gleaning: nothing missed
-            names = list(dict.fromkeys(m.group(1) for m in _CAPS.finditer(text)))[: None if realistic else 12]
+            names = _names_of(text, realistic)
             passages.append({"passage": int(number),
                              "entities": [[n, "person" if len(n.split()) == 2 else "concept"] for n in names],
                              "relations": [[a, _between(text, a, b), b, 5] for a, b in zip(names, names[1:])]})
         return json.dumps({"passages": passages})
     if "Identify every meaningful entity" in system:
         text = _text_of(user)
-        names = list(dict.fromkeys(m.group(1) for m in _CAPS.finditer(text)))[: None if realistic else 12]
+        names = _names_of(text, realistic)
         if len(messages) > 2:  # gleaning: nothing missed
             names = []
 
