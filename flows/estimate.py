@@ -1,6 +1,7 @@
 """``--estimate``: what a build, an update or a backfill partition would spend on LLM calls, per stage, before any
 call — the run's first two stages (ingest and, for an update, the diff; chunking) on this machine, in a folder of
-its own, then ``tasks.index.llm_estimate``. No model is called, the index is neither locked nor written."""
+its own, then ``tasks.index.llm_estimate`` (a HiRAG update's summaries and reports walked on the index it updates:
+``tasks.methods.update_estimate``). No model is called, the index is neither locked nor written."""
 
 from __future__ import annotations
 
@@ -16,17 +17,23 @@ from flows.steps import chunk, extraction_method, ingest
 from schemas.config import StrataConfig
 from schemas.llm import Stage
 from tasks.errors import IndexNotFound
+from tasks.index.embed import LOCAL_MODEL, question_embedder
 from tasks.index.extract import extraction_batches
 from tasks.index.llm_estimate import (
+    CountingClient,
+    StageEstimate,
     answered_by,
     cached_stage,
     extraction_estimate,
     learned_ratios,
+    model_mentions,
     names_in,
     offline_entities,
+    offline_mentions,
     scaled_estimate,
     stage_ratios,
 )
+from tasks.methods.update_estimate import layer0_delta, walk_reports, walk_summaries
 from tasks.runtime.llm_client import ResponseCache, Usage
 from tasks.runtime.parallel import LocalMapper
 from tasks.runtime.progress import LogReporter
@@ -108,19 +115,44 @@ def estimate_run(
             same = answered_by(runs, result["kind"], delta.digest, cfg.fingerprint())
         stages: tuple[Stage, ...] = ("summaries", "reports") if cfg.hierarchy.enabled else ("reports",)
         scaled = [s for s in stages if cfg.llm.stage(s) is not None and (same is None or cache is None)]
-        if extractor == "nlp" and scaled and not learned.keys() >= set(scaled):
+        # a HiRAG update walks its own rules on the snapshot (``update_estimate``): which summaries and communities
+        # the new chunks reach, and how large they are, is in the index, not in a ratio (an API embedding model
+        # would be paid for the added entities' vectors: the ratios stand in there)
+        walk = None
+        if snap and scaled and cfg.index.method == "hirag" and cfg.embedding.model == LOCAL_MODEL:
+            with run.stage("estimate: the update walked", chunks.num_rows) as st:
+                new_chunks = list(_chunk_rows(chunks, st))
+                if extractor == "llm":
+                    mentions = [model_mentions(c["text"]) for c in new_chunks]
+                else:
+                    found = dict(offline_mentions(new_chunks, cfg.extract))
+                    mentions = [found.get(c["id"], []) for c in new_chunks]
+                walk = layer0_delta(run, mentions)
+        if walk is None and extractor == "nlp" and scaled and not learned.keys() >= set(scaled):
             # the graph the model's summaries and reports are made from is the offline extractor's: found, not
             # guessed (its tokens are free; its time is the extraction stage's)
             with run.stage("estimate: offline entities", chunks.num_rows) as st:
                 units["entity"] = offline_entities(_chunk_rows(chunks, st), cfg.extract)
+        # the graph summaries and reports are made from: the offline extractor's, or a model's (without descriptions
+        # where extraction is packed)
+        graph = "packed" if extractor == "llm" and cfg.llm.extraction.pack_tokens else extractor
         for stage in stages:
             model = cfg.llm.stage(stage)
             if model is None:
                 continue
             if same is not None and cache is not None:
                 rows.append(cached_stage(stage, model, same))
+            elif walk is not None:
+                ratios = stage_ratios(stage, graph, result["kind"], learned)  # what a prompt's answer costs
+                est = StageEstimate(stage, model.model, basis="walked on the index")
+                client = CountingClient(model, cache, est, ratios.output)
+                if stage == "summaries":
+                    walk_summaries(run, walk, question_embedder(cfg.embedding, threads=None).embed, client, cfg)
+                else:
+                    walk_reports(run, walk, client, cfg)
+                rows.append(est.priced(model))
             else:
-                ratios = stage_ratios(stage, extractor, result["kind"], learned)
+                ratios = stage_ratios(stage, graph, result["kind"], learned)
                 k = getattr(cfg.llm, stage).min_members
                 rows.append(scaled_estimate(stage, model, units, ratios, k, result["kind"]))
         out = [r.row() for r in rows]

@@ -5,10 +5,13 @@ with the model's tokenizer (litellm's, cl100k where litellm has none offline) an
 so what a killed or capped run already paid for is subtracted; the relation prompt that follows it is exact where
 the entity answer is cached, else the same prompt listing as many entities as the chunk names things (``names_in``:
 runs of capitalised words, what a model lists first). Summaries and reports are made from the graph extraction
-finds: they are scaled by the ratios this index's latest run of the same kind recorded (``runs.stage_counts``), per
-corpus token it extracted, else by the stated ``DEFAULT_RATIOS``, per distinct thing the run's chunks name (a corpus
-of short passages names many more things a token than a novel, and its graph is that much larger); a build whose
-stage sends only clusters or communities of ``min_members`` or more is scaled to those (``SENT``).
+finds. A HiRAG update walks its own rules on the index it updates, with a client that counts each prompt and
+answers none (``CountingClient``, ``tasks.methods.update_estimate``). Otherwise they are scaled by the ratios this
+index's latest run of the same kind recorded (``runs.stage_counts``), per corpus token it extracted, else by the
+stated ``DEFAULT_RATIOS``, per distinct thing the run's chunks name (a corpus of short passages names many more
+things a token than a novel, and its graph is that much larger), growing with the graph (a larger one has a deeper
+hierarchy); a build whose stage sends only clusters or communities of ``min_members`` or more is scaled to those
+(``SENT``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from schemas.prompts import PromptSet
 from schemas.sections import ExtractConfig
 from tasks.runtime.llm_client import cache_key, request_params
 from tasks.runtime.llm_cost import model_prices, register_price
+from tasks.runtime.text import split_sentences
 from tasks.runtime.tokens import count_tokens
 from tasks.store.ids import normalize_name
 
@@ -42,26 +46,39 @@ RUN_STAGES: dict[Stage, tuple[str, ...]] = {
 @dataclass(frozen=True)
 class Ratios:
     """One stage's calls and prompt tokens per unit (``per``: a corpus token the run extracts, or a thing its chunks
-    name), and its completion tokens per prompt token; ``basis`` says where they come from."""
+    name), and its completion tokens per prompt token; ``basis`` says where they come from. With ``grow``, the
+    calls and tokens per unit are those at ``at`` units and grow as (units / ``at``) ** ``grow`` (a larger graph has
+    a deeper hierarchy: more summary layers and community levels, each listing its members again)."""
 
     calls: float
     prompt: float
     output: float
     basis: str
     per: str = "corpus token"
+    at: float = 1.0
+    grow: float = 0.0
+
+    def per_unit(self, units: float) -> float:
+        """The factor on ``calls`` and ``prompt`` at ``units`` units."""
+        return (units / self.at) ** self.grow if self.grow and units > 0 else 1.0
 
 
 #: stated ratios where this index has no run of the kind to learn from, by stage, extractor ("llm": a model's graph,
-#: per distinct thing the run's chunks name; "nlp": the offline extractor's, per layer-0 entity it finds) and kind of
-#: run ("update": a small delta rewrites the summaries and reports of every ancestor it touches), with every cluster
-#: and community sent to the model (``min_members`` 0). Measured on MuSiQue (1,871 passages, then 19 more) with the
-#: local server's answers of a model's length (``benchmarks/bench_llm_cost.py``); their error on the book is in
-#: docs/benchmarks.md.
+#: per distinct thing the run's chunks name; "packed": the same from packed extraction, whose entities carry no
+#: description; "nlp": the offline extractor's, per layer-0 entity it finds) and kind of run ("update": a small delta
+#: rewrites the summaries and reports of every ancestor it touches; a HiRAG update is walked instead), with every
+#: cluster and community sent to the model (``min_members`` 0). Measured with the local server's answers of a
+#: model's length (``benchmarks/bench_llm_cost.py``): a model's builds on MuSiQue (12,061 names), the book (684) and
+#: this project's docs with the business set (436), the calls and tokens per name at 1,000 names and their growth
+#: with the names fitted on the three (their errors, and each left out in turn, in docs/benchmarks.md); the updates
+#: and the offline graph's on MuSiQue (1,871 passages, then 19 more).
 DEFAULT_RATIOS: dict[str, Ratios] = {
-    "summaries/llm/build": Ratios(0.070, 74.9, 0.11, "default", "name"),
-    "summaries/llm/update": Ratios(0.179, 127.8, 0.11, "default", "name"),
-    "reports/llm/build": Ratios(0.308, 176.9, 0.50, "default", "name"),
-    "reports/llm/update": Ratios(0.369, 302.0, 0.50, "default", "name"),
+    "summaries/llm/build": Ratios(0.0399, 43.1, 0.11, "default", "name", at=1000, grow=0.24),
+    "reports/llm/build": Ratios(0.198, 118.2, 0.51, "default", "name", at=1000, grow=0.17),
+    "summaries/packed/build": Ratios(0.0361, 41.9, 0.11, "default", "name", at=1000, grow=0.275),
+    "reports/packed/build": Ratios(0.192, 131.6, 0.51, "default", "name", at=1000, grow=0.174),
+    "summaries/llm/update": Ratios(0.184, 144.3, 0.15, "default", "name"),
+    "reports/llm/update": Ratios(0.380, 286.8, 0.50, "default", "name"),
     "summaries/nlp/build": Ratios(0.0626, 84.6, 0.084, "default", "entity"),
     "summaries/nlp/update": Ratios(0.150, 146.3, 0.084, "default", "entity"),
     "reports/nlp/build": Ratios(0.290, 229.1, 0.38, "default", "entity"),
@@ -80,13 +97,13 @@ _NOT_NAMES = frozenset(
 )
 
 
-def offline_entities(chunks: Iterable[dict[str, Any]], cfg: ExtractConfig, batch: int = 64) -> int:
-    """How many layer-0 entities a build of ``chunks`` (``{id, text, title, document_id, chunk_index}``, each
-    document's together and in order) has with the offline extractor (``cfg``: the run's ``ExtractConfig``): the
-    distinct resolution keys of what it finds and of the documents' titles, as merge resolves them (aliases merged
-    within a unit, ``tasks.index.aliases``). Summaries and reports are made from this graph, and their prompts scale
-    with it rather than with the corpus's tokens (narrative text names fewer things per token than encyclopedic
-    passages: docs/benchmarks.md)."""
+def offline_mentions(
+    chunks: Iterable[dict[str, Any]], cfg: ExtractConfig, batch: int = 64
+) -> Iterator[tuple[str, list[tuple[str, str, str]]]]:
+    """What the offline extractor (``cfg``: the run's ``ExtractConfig``) finds in ``chunks`` (``{id, text, title,
+    document_id, chunk_index}``, each document's together and in order), a chunk at a time: its id and, in order,
+    each (resolution key, name, description) of a thing it names or of its document's title, the key as merge
+    resolves it (aliases merged within a unit, ``tasks.index.aliases``). ``batch`` chunks or so are held at a time."""
     from tasks.index.aliases import alias_maps, resolved, unit_of
     from tasks.index.extract import extract_batch
     from tasks.index.merge import title_mentions
@@ -94,7 +111,7 @@ def offline_entities(chunks: Iterable[dict[str, Any]], cfg: ExtractConfig, batch
     def place(c: dict[str, Any]) -> tuple[str, int]:
         return unit_of(c["document_id"], c["chunk_index"])
 
-    def whole_units() -> Iterator[list[dict[str, Any]]]:  # ``batch`` chunks or so at a time, never held whole
+    def whole_units() -> Iterator[list[dict[str, Any]]]:
         pending: list[dict[str, Any]] = []
         for _unit, rows in itertools.groupby(chunks, key=place):
             if len(pending) >= batch:
@@ -104,19 +121,42 @@ def offline_entities(chunks: Iterable[dict[str, Any]], cfg: ExtractConfig, batch
         if pending:
             yield pending
 
-    keys: set[str] = set()
     for pending in whole_units():
         found = extract_batch(pending, cfg)
         ok = set(found.ok)
         named = [*found.entities, *title_mentions([c for c in pending if c["id"] in ok], cfg.max_sentence_chars)]
         aliases = alias_maps(named, pending)
-        keys.update(resolved(aliases, e["chunk_id"], normalize_name(e["name"])) for e in named)
-    return len(keys - {""})
+        by_chunk: dict[str, list[tuple[str, str, str]]] = {c["id"]: [] for c in pending}
+        for e in named:
+            key = resolved(aliases, e["chunk_id"], normalize_name(e["name"]))
+            by_chunk[e["chunk_id"]].append((key, e["name"], e.get("description") or ""))
+        yield from by_chunk.items()
+
+
+def offline_entities(chunks: Iterable[dict[str, Any]], cfg: ExtractConfig, batch: int = 64) -> int:
+    """How many layer-0 entities a build of ``chunks`` has with the offline extractor: the distinct resolution keys
+    of what it finds and of the documents' titles (``offline_mentions``). Summaries and reports are made from this
+    graph, and their prompts scale with it rather than with the corpus's tokens (narrative text names fewer things
+    per token than encyclopedic passages: docs/benchmarks.md)."""
+    return len({key for _, found in offline_mentions(chunks, cfg, batch) for key, _, _ in found} - {""})
+
+
+def model_mentions(text: str) -> list[tuple[str, str, str]]:
+    """What a model would list of ``text`` (``named``), in order, each as (resolution key, name, the sentence that
+    names it: what a model writes of it)."""
+    sentences = split_sentences(text)
+    return [(normalize_name(n), n, next((s for s in sentences if n in s), text)) for n in named(text)]
+
+
+def named(text: str) -> list[str]:
+    """The things ``text`` names, as written, each once in the order they come: runs of capitalised words that are
+    not a sentence's function word (what a model lists first)."""
+    return list(dict.fromkeys(n for m in _NAME.finditer(text) if (n := m.group(0)).lower() not in _NOT_NAMES))
 
 
 def names_in(text: str) -> set[str]:
-    """The things ``text`` names, case-folded: runs of capitalised words that are not a sentence's function word."""
-    return {n for m in _NAME.finditer(text) if (n := m.group(0).lower()) not in _NOT_NAMES}
+    """The things ``text`` names (``named``), case-folded."""
+    return {n.lower() for n in named(text)}
 
 
 @dataclass
@@ -275,6 +315,34 @@ class _Asker:
             found = [ents + new[i] for i, ents in enumerate(found)]
 
 
+class CountingClient:
+    """An LLM client for an estimate (``tasks.runtime.llm.LLMClient``'s interface): each prompt it is asked is
+    counted into ``est`` as the run would send it (cached where ``cache`` holds its answer, a model's answer of
+    ``output`` completion tokens per prompt token expected otherwise), and none is answered: the caller's offline
+    fallback stands in, so that a walk of a stage's rules goes on without a call."""
+
+    def __init__(self, llm: LLMConfig, cache: Any, est: StageEstimate, output: float):
+        self.llm, self.cache, self.est, self.output = llm, cache, est, output
+        self.prompts = PromptSet(llm.prompts)  # the client's
+
+    async def complete(
+        self, messages: list[dict[str, str]], *, prompt_version: str, json_mode: bool = False, parse: Any = None
+    ) -> Any:
+        key = cache_key(self.llm.model, messages, request_params(self.llm, json_mode=json_mode), prompt_version)
+        if self.cache is not None and self.cache.get(key) is not None:
+            self.est.cached += 1
+        else:
+            prompt = prompt_tokens(self.llm.model, messages)
+            self.est.calls += 1
+            self.est.input_tokens += prompt
+            self.est.output_tokens += round(prompt * self.output)
+        raise EstimateOnly("an estimate answers no prompt")
+
+
+class EstimateOnly(RuntimeError):
+    """What ``CountingClient`` answers: the caller falls back to its offline result."""
+
+
 #: a build with ``min_members`` K sends a stage the clusters (summaries) or communities (reports) of K entities or
 #: more: about c · N / K of them for N entities (units), each prompt of about p tokens (the large ones near the
 #: stage's input cap). (K, c, p) measured with the offline graph at K = 10 and 100 on full MuSiQue and the book
@@ -302,8 +370,8 @@ def scaled_estimate(
     (which send every cluster and community), a build sends only the large ones (``SENT``); ratios learned from a
     run with the same ``min_members`` already count only those."""
     n = units[ratios.per]
-    prompt = round(n * ratios.prompt)
-    calls = max(round(n * ratios.calls), 1) if prompt else 0
+    prompt = round(n * ratios.prompt * ratios.per_unit(n))
+    calls = max(round(n * ratios.calls * ratios.per_unit(n)), 1) if prompt else 0
     basis = ratios.basis if ratios.basis != "default" else f"default, per {ratios.per}"
     if min_members > 1 and ratios.basis == "default" and kind == "build" and calls:
         c, p = sent_per_entity(stage, min_members)
@@ -402,8 +470,10 @@ def cached_stage(stage: Stage, llm: LLMConfig, stages: dict[str, Any]) -> StageE
 
 
 def stage_ratios(stage: Stage, extraction: str, kind: str, learned: dict[Stage, Ratios]) -> Ratios:
-    """What ``stage`` is scaled by: this index's own record, else the stated default (``extraction``: "llm" or "nlp",
-    the extractor the run uses, whose graph the summaries and reports are made from; ``kind``: "build" or "update")."""
+    """What ``stage`` is scaled by: this index's own record, else the stated default (``extraction``: "llm",
+    "packed" or "nlp", the extractor the run uses, whose graph the summaries and reports are made from — a packed
+    one's the model's too, "llm"'s where no default of its own is stated; ``kind``: "build" or "update")."""
     if stage in learned:
         return learned[stage]
-    return DEFAULT_RATIOS[f"{stage}/{extraction}/{kind}"]
+    default = DEFAULT_RATIOS.get(f"{stage}/{extraction}/{kind}")
+    return default if default is not None else DEFAULT_RATIOS[f"{stage}/llm/{kind}"]

@@ -1,0 +1,158 @@
+"""An update's summaries and reports estimated on the index it updates (HiRAG's update; ``strata update
+--estimate``). A ratio per name of the delta cannot say which summaries and communities a few new chunks reach, nor
+how large they are (a novel's clusters hold forty entities, an encyclopedia's ten), so the estimate walks the
+update's own rules on the snapshot, with clients that count each prompt and answer none (``CountingClient``):
+
+* layer 0's change: each thing a new chunk names (``mentions``) changes the entity of its key where the snapshot
+  holds one, else is added — its description the sentence that names it, its vector embedded, its relation to the
+  thing named next (as a model relates them);
+* summaries: HyGRAG's attachment and the staleness rule (``tasks.methods.attach.attach``) pick the summaries
+  rewritten, each prompt built from its members' rows;
+* reports: neighbour majority and the staleness rule (``placement``) pick the communities whose report is
+  rewritten, each prompt built from the members' rows and relations (``build_reports``).
+
+What documents an update removes or replaces is not walked (their entities' summaries rewrite where their text shows
+what is gone): the estimate counts what the incoming chunks cause. Nothing is written."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from schemas.config import StrataConfig
+from tasks.index.embed import entity_text
+from tasks.methods.attach import Change, Layer0Rows, Rewrite, attach
+from tasks.methods.base import MethodContext
+from tasks.methods.common import report_relations
+from tasks.methods.hirag.placement import place_in_communities, reports_to_rewrite
+from tasks.methods.reports import build_reports
+from tasks.methods.summarize import Cluster, LLMSummarizer
+from tasks.runtime.tokens import clip_tokens
+from tasks.store.ids import entity_id, relation_id
+from tasks.store.rows import REPORT_COLUMNS, plain_rows, relation_table, vector_matrix
+
+#: a new entity's description as a model writes it: the sentence that names it, cut at this many tokens
+DESCRIPTION_TOKENS = 40
+ENTITY_COLUMNS = ("id", "name", "type", "description", "layer", "staleness", "degree")
+
+
+@dataclass
+class Delta:
+    """Layer 0's change as the walk sees it: ``rows`` of the entities the chunks name (the snapshot's row of one it
+    holds, a new row of one it does not), ``added`` and ``changed`` ids, and ``made``, a relation between each
+    thing a chunk names and the next."""
+
+    rows: list[dict[str, Any]]
+    added: set[str]
+    changed: set[str]
+    made: pa.Table
+
+
+def layer0_delta(ctx: MethodContext, mentions: list[list[tuple[str, str, str]]]) -> Delta:
+    """The change the new chunks make to layer 0 (``Delta``); ``mentions``: per chunk, what it names in order, each
+    as (resolution key, name, description): ``llm_estimate.model_mentions`` or ``offline_mentions``."""
+    order: list[list[tuple[str, str, str]]] = []  # per chunk: (id, name, description), each id once
+    for found in mentions:
+        seen: dict[str, tuple[str, str, str]] = {}
+        for key, name, said in found:
+            if key and (eid := entity_id(0, key)) not in seen:
+                seen[eid] = (eid, name, clip_tokens(said, DESCRIPTION_TOKENS))
+        order.append(list(seen.values()))
+    ids = sorted({eid for chunk in order for eid, _, _ in chunk})
+    held = plain_rows(ctx.previous_in("entities", "id", ids, ENTITY_COLUMNS)) if ids else []
+    rows = {r["id"]: r for r in held if r["layer"] == 0}
+    added = set(ids) - set(rows)
+    for chunk in order:
+        for eid, name, said in chunk:
+            if eid not in rows:
+                rows[eid] = {"id": eid, "name": name, "type": "concept", "description": said, "layer": 0}
+    made = [
+        {
+            "id": relation_id(a, b, "extracted"),
+            "source_id": a,
+            "target_id": b,
+            "kind": "extracted",
+            "description": "",
+            "weight": 1.0,
+            "source_chunk_ids": [],
+        }
+        for chunk in order
+        for (a, _, _), (b, _, _) in zip(chunk, chunk[1:])
+    ]
+    return Delta([rows[i] for i in ids], added, set(rows) - added, relation_table(made).select(REPORT_COLUMNS))
+
+
+def walk_summaries(
+    ctx: MethodContext, delta: Delta, embed: Callable[[list[str]], np.ndarray], client: Any, cfg: StrataConfig
+) -> None:
+    """The summaries HyGRAG's attachment rewrites for ``delta``, each asked of ``client``; ``embed``: the index's
+    embedding model (an added entity joins the summary closest to its vector)."""
+    upper = ctx.previous("entities", where="layer > 0")
+    summaries = plain_rows(upper)
+    if not summaries:
+        return
+    new = [r for r in delta.rows if r["id"] in delta.added]
+    known: dict[str, np.ndarray] = {}
+    if new:
+        found = embed([entity_text(r["name"], r["type"], r["description"]) for r in new])
+        known.update((r["id"], np.asarray(v, np.float32)) for r, v in zip(new, found))
+    known.update(zip([s["id"] for s in summaries], vector_matrix(upper)))
+    links = plain_rows(ctx.previous("relations", where="kind = 'summary_of'"))
+    written = {r["id"] for r in delta.rows}
+    kept = {r["source_id"] for r in links} - written  # every member the update leaves as it is
+
+    def rows_of(ids: list[str]) -> list[dict[str, Any]]:
+        return plain_rows(ctx.previous_in("entities", "id", ids, ENTITY_COLUMNS))
+
+    def vectors_of(ids: list[str]) -> dict[str, np.ndarray]:
+        table = ctx.previous_in("entities", "id", ids, ("id", "vector"))
+        return dict(zip(table.column("id").to_pylist(), vector_matrix(table)))
+
+    summarizer = LLMSummarizer(
+        client,
+        cfg.hierarchy.meta_entities,
+        1,
+        cfg.extract.max_description_tokens,
+        min_members=cfg.llm.summaries.min_members,
+    )
+
+    def summarize(layer: int, lists: list[list[dict[str, Any]]], vecs: list[np.ndarray]) -> list[dict[str, Any]]:
+        return [s[0] for s in summarizer.summarize_layer(layer, [Cluster(m, v) for m, v in zip(lists, vecs)])]
+
+    dim = next(iter(known.values())).shape[0]
+    attach(
+        Layer0Rows(delta.rows, known, kept, rows_of, vectors_of),
+        summaries,
+        links,
+        Change(delta.added, set(), delta.changed, {}),
+        cfg.incremental.tau,
+        Rewrite(summarize, lambda rows: np.zeros((len(rows), dim), np.float32), cfg.incremental.refresh_staleness),
+    )
+
+
+def walk_reports(ctx: MethodContext, delta: Delta, client: Any, cfg: StrataConfig) -> None:
+    """The community reports HiRAG's placement rewrites for ``delta``, each asked of ``client``."""
+    communities = plain_rows(ctx.previous("communities"))
+    if not communities:
+        return
+    members = {m for c in communities for m in c["entity_ids"]} | delta.added
+    comms, grown, forced = place_in_communities(communities, members, delta.made, delta.added)
+    old = {r["community_id"]: r for r in plain_rows(ctx.previous("community_reports"))}
+    redo, _staleness = reports_to_rewrite(comms, old, grown, forced, cfg.incremental.refresh_staleness)
+    needed = {m for c in comms if c["id"] in redo for m in c["entity_ids"]}
+    mine = {r["id"]: r for r in delta.rows}
+    held = plain_rows(ctx.previous_in("entities", "id", sorted(needed - set(mine)), ENTITY_COLUMNS))
+    build_reports(
+        comms,
+        [*held, *(mine[m] for m in needed if m in mine)],
+        report_relations(ctx, delta.made, [], needed),
+        cfg.communities.report_max_tokens,
+        client,
+        redo,
+        {cid: r for cid, r in old.items() if cid not in redo},
+        min_members=cfg.llm.reports.min_members,
+    )
