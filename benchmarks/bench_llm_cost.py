@@ -10,7 +10,10 @@ GraphRAG's "fast" mix), and each with ``-min10``: only clusters and communities 
 model (``llm.summaries.min_members``, ``llm.reports.min_members``); ``fast-top``: the fast mix with only those of 100
 or more (the top of the hierarchy, what a global question reads first); ``reports-top``: that with offline summaries
 too, the model writing only the large communities' reports (GraphRAG's "fast" method has no summary layers); ``packed`` (``-min10``, ``-top``): every stage on
-the model, extraction in one pass over packs of chunks of up to 1,200 tokens (``llm.extraction.pack_tokens``). Corpora: a folder or a .jsonl file of passages (``{"title", "text"}`` rows) or a .txt book.
+the model, extraction in one pass over packs of chunks of up to 1,200 tokens (``llm.extraction.pack_tokens``).
+Corpora: a .jsonl file of passages (``{"title", "text"}`` rows; the update adds the last 1 % of them, shuffled), a
+.txt book or a folder of documents (the update adds the last 1 % of the characters, of the book or of the folder's
+largest document).
 
     .venv/bin/python benchmarks/bench_llm_cost.py ../shared/datasets/musique/corpus.jsonl \\
         ../shared/datasets/christmas_carol/book.txt [--mixes full fast] [--passages 1890] [--no-update]
@@ -51,8 +54,8 @@ STAGES = ("extraction", "summaries", "reports")
 
 
 def split_corpus(source: Path, folder: Path, passages: int, share: float) -> tuple[Path, Path]:
-    """``source`` as a corpus folder without its last ``share`` (shuffled passages, or a book's last characters),
-    and that share as a file to add for the update."""
+    """``source`` as a corpus folder without its last ``share`` (shuffled passages, or the last characters of a
+    book or of a folder's largest document), and that share as a file to add for the update."""
     base, extra = folder / "corpus", folder / "extra"
     base.mkdir(parents=True)
     extra.mkdir()
@@ -64,11 +67,17 @@ def split_corpus(source: Path, folder: Path, passages: int, share: float) -> tup
         for name, part in (("base", rows[:-cut]), ("added", rows[-cut:])):
             target = base if name == "base" else extra
             (target / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
-    else:
-        text = source.read_text(encoding="utf-8")
-        cut = text.rfind("\n\n", 0, round(len(text) * (1 - share)))
-        (base / source.name).write_text(text[:cut], encoding="utf-8")
-        (extra / f"added-{source.name}").write_text(text[cut:], encoding="utf-8")
+    else:  # a book, or a folder of documents whose largest gives its last characters
+        files = sorted(f for f in source.rglob("*") if f.is_file()) if source.is_dir() else [source]
+        texts = {f: f.read_text(encoding="utf-8") for f in files}
+        largest = max(files, key=lambda f: (len(texts[f]), f.name))
+        for f in files:
+            if f != largest:
+                (base / f.name).write_text(texts[f], encoding="utf-8")
+        text = texts[largest]
+        cut = text.rfind("\n\n", 0, round(len(text) - share * sum(len(t) for t in texts.values())))
+        (base / largest.name).write_text(text[:cut], encoding="utf-8")
+        (extra / f"added-{largest.name}").write_text(text[cut:], encoding="utf-8")
     return base, extra
 
 

@@ -262,6 +262,20 @@ def test_the_estimate_learns_a_stage_only_from_a_run_with_its_settings():
     assert learned_ratios(runs, "build", other_model) == {}  # both stages inherit the [llm] model
 
 
+def test_a_stated_ratio_grows_with_the_names_and_a_packed_graph_falls_back_to_the_model_s():
+    """Per name at ``at`` names, times (N / at) ** grow: a larger graph's deeper hierarchy lists its members again."""
+    from schemas.llm import LLMConfig
+    from tasks.index.llm_estimate import DEFAULT_RATIOS, Ratios, scaled_estimate, stage_ratios
+
+    llm = LLMConfig(model="openai/m", input_cost_per_mtok=1.0, output_cost_per_mtok=2.0)
+    ratios = Ratios(0.1, 10.0, 0.5, "default", "name", at=100, grow=0.5)
+    grown = scaled_estimate("summaries", llm, {"name": 400}, ratios)  # (400 / 100) ** 0.5 = 2 per name
+    assert (grown.calls, grown.input_tokens, grown.output_tokens) == (80, 8000, 4000)
+    assert scaled_estimate("summaries", llm, {"name": 100}, ratios).input_tokens == 1000
+    assert stage_ratios("reports", "packed", "build", {}) is DEFAULT_RATIOS["reports/packed/build"]
+    assert stage_ratios("reports", "packed", "update", {}) is DEFAULT_RATIOS["reports/llm/update"]
+
+
 def test_the_estimate_of_a_build_with_min_members_counts_only_the_large_communities():
     """``min_members`` K: a build's stated ratios (every community sent) become about c · N / K calls of p tokens
     each (``llm_estimate.SENT``); K between the measured points is interpolated in log K; an update, and ratios
