@@ -123,11 +123,11 @@ def estimate_run(
             with run.stage("estimate: the update walked", chunks.num_rows) as st:
                 new_chunks = list(_chunk_rows(chunks, st))
                 if extractor == "llm":
-                    mentions = [model_mentions(c["text"]) for c in new_chunks]
+                    walk = layer0_delta(run, [model_mentions(c["text"]) for c in new_chunks])
                 else:
                     found = dict(offline_mentions(new_chunks, cfg.extract))
                     mentions = [found.get(c["id"], []) for c in new_chunks]
-                walk = layer0_delta(run, mentions)
+                    walk = layer0_delta(run, mentions, cfg.extract.relation_window)
         if walk is None and extractor == "nlp" and scaled and not learned.keys() >= set(scaled):
             # the graph the model's summaries and reports are made from is the offline extractor's: found, not
             # guessed (its tokens are free; its time is the extraction stage's)

@@ -1,11 +1,11 @@
 """An update's summaries and reports estimated on the index it updates (HiRAG's update; ``strata update
 --estimate``). A ratio per name of the delta cannot say which summaries and communities a few new chunks reach, nor
-how large they are (a novel's clusters hold forty entities, an encyclopedia's ten), so the estimate walks the
+how large they are (a novel's clusters are several times an encyclopedia's), so the estimate walks the
 update's own rules on the snapshot, with clients that count each prompt and answer none (``CountingClient``):
 
-* layer 0's change: each thing a new chunk names (``mentions``) changes the entity of its key where the snapshot
-  holds one, else is added — its description the sentence that names it, its vector embedded, its relation to the
-  thing named next (as a model relates them);
+* layer 0's change: each thing a new chunk names changes the entity of its key where the snapshot holds one, else
+  is added — its description the sentence that names it (a model's) or the offline extractor's, its vector
+  embedded, its relations to the things named next (``layer0_delta``);
 * summaries: HyGRAG's attachment and the staleness rule (``tasks.methods.attach.attach``) pick the summaries
   rewritten, each prompt built from its members' rows;
 * reports: neighbour majority and the staleness rule (``placement``) pick the communities whose report is
@@ -43,8 +43,8 @@ ENTITY_COLUMNS = ("id", "name", "type", "description", "layer", "staleness", "de
 @dataclass
 class Delta:
     """Layer 0's change as the walk sees it: ``rows`` of the entities the chunks name (the snapshot's row of one it
-    holds, a new row of one it does not), ``added`` and ``changed`` ids, and ``made``, a relation between each
-    thing a chunk names and the next."""
+    holds, a new row of one it does not), ``added`` and ``changed`` ids, and ``made``, the relations between what a
+    chunk names (``layer0_delta``)."""
 
     rows: list[dict[str, Any]]
     added: set[str]
@@ -52,9 +52,11 @@ class Delta:
     made: pa.Table
 
 
-def layer0_delta(ctx: MethodContext, mentions: list[list[tuple[str, str, str]]]) -> Delta:
+def layer0_delta(ctx: MethodContext, mentions: list[list[tuple[str, str, str]]], window: int = 1) -> Delta:
     """The change the new chunks make to layer 0 (``Delta``); ``mentions``: per chunk, what it names in order, each
-    as (resolution key, name, description): ``llm_estimate.model_mentions`` or ``offline_mentions``."""
+    as (resolution key, name, description): ``llm_estimate.model_mentions`` or ``offline_mentions``; each thing is
+    related to the ``window`` things named after it (a model relates a name to the next; the offline extractor to
+    the next ``extract.relation_window`` of its sentence)."""
     order: list[list[tuple[str, str, str]]] = []  # per chunk: (id, name, description), each id once
     for found in mentions:
         seen: dict[str, tuple[str, str, str]] = {}
@@ -81,7 +83,8 @@ def layer0_delta(ctx: MethodContext, mentions: list[list[tuple[str, str, str]]])
             "source_chunk_ids": [],
         }
         for chunk in order
-        for (a, _, _), (b, _, _) in zip(chunk, chunk[1:])
+        for i, (a, _, _) in enumerate(chunk)
+        for b, _, _ in chunk[i + 1 : i + 1 + window]
     ]
     return Delta([rows[i] for i in ids], added, set(rows) - added, relation_table(made).select(REPORT_COLUMNS))
 
