@@ -18,6 +18,7 @@ from schemas.config import StrataConfig
 from schemas.llm import Stage
 from tasks.errors import IndexNotFound
 from tasks.index.embed import LOCAL_MODEL, question_embedder
+from tasks.index.estimate_names import model_mentions, names_in, offline_entities, offline_mentions
 from tasks.index.extract import extraction_batches
 from tasks.index.llm_estimate import (
     CountingClient,
@@ -26,10 +27,6 @@ from tasks.index.llm_estimate import (
     cached_stage,
     extraction_estimate,
     learned_ratios,
-    model_mentions,
-    names_in,
-    offline_entities,
-    offline_mentions,
     scaled_estimate,
     stage_ratios,
 )
@@ -125,9 +122,9 @@ def estimate_run(
                 if extractor == "llm":
                     walk = layer0_delta(run, [model_mentions(c["text"]) for c in new_chunks])
                 else:
-                    found = dict(offline_mentions(new_chunks, cfg.extract))
-                    mentions = [found.get(c["id"], []) for c in new_chunks]
-                    walk = layer0_delta(run, mentions, cfg.extract.relation_window)
+                    found = {cid: (names, pairs) for cid, names, pairs in offline_mentions(new_chunks, cfg.extract)}
+                    mentions = [found[c["id"]][0] if c["id"] in found else [] for c in new_chunks]
+                    walk = layer0_delta(run, mentions, [p for names, pairs in found.values() for p in pairs])
         if walk is None and extractor == "nlp" and scaled and not learned.keys() >= set(scaled):
             # the graph the model's summaries and reports are made from is the offline extractor's: found, not
             # guessed (its tokens are free; its time is the extraction stage's)
@@ -136,6 +133,11 @@ def estimate_run(
         # the graph summaries and reports are made from: the offline extractor's, or a model's (without descriptions
         # where extraction is packed)
         graph = "packed" if extractor == "llm" and cfg.llm.extraction.pack_tokens else extractor
+        attached: dict[str, str] | None = None  # where the walk's added entities joined a summary
+
+        def embed(texts: list[str]) -> Any:  # the packaged model, on ONNX Runtime: nothing written, nothing paid
+            return question_embedder(cfg.embedding, threads=None).embed(texts)
+
         for stage in stages:
             model = cfg.llm.stage(stage)
             if model is None:
@@ -147,9 +149,11 @@ def estimate_run(
                 est = StageEstimate(stage, model.model, basis="walked on the index")
                 client = CountingClient(model, cache, est, ratios.output)
                 if stage == "summaries":
-                    walk_summaries(run, walk, question_embedder(cfg.embedding, threads=None).embed, client, cfg)
+                    attached = walk_summaries(run, walk, embed, client, cfg)
                 else:
-                    walk_reports(run, walk, client, cfg)
+                    if attached is None:  # summaries written offline: an added entity still joins one
+                        attached = walk_summaries(run, walk, embed, None, cfg) if cfg.hierarchy.enabled else {}
+                    walk_reports(run, walk, attached, client, cfg)
                 rows.append(est.priced(model))
             else:
                 ratios = stage_ratios(stage, graph, result["kind"], learned)

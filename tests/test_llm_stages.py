@@ -198,8 +198,9 @@ def test_the_estimate_counts_extraction_prompts_and_what_the_cache_answers(tmp_p
     counted as sent (the relation prompt with a line per thing named), answers of a model's length per entity and
     relation; the first chunk's entity answer cached with one entity (no relation pass follows): the second's two."""
     from schemas.prompts import PromptSet
+    from tasks.index.estimate_names import names_in
     from tasks.index.extract_llm import entity_messages, relation_messages
-    from tasks.index.llm_estimate import extraction_estimate, names_in, prompt_tokens
+    from tasks.index.llm_estimate import extraction_estimate, prompt_tokens
     from tasks.runtime.llm_client import ResponseCache, cache_key
 
     llm = LLMConfig(model="openai/fake", input_cost_per_mtok=1.0, output_cost_per_mtok=2.0)

@@ -11,7 +11,8 @@ import pyarrow as pa
 from schemas.config import StrataConfig
 from schemas.llm import LLMConfig
 from schemas.prompts import PromptSet
-from tasks.index.llm_estimate import CountingClient, StageEstimate, model_mentions, prompt_tokens
+from tasks.index.estimate_names import model_mentions, named, names_in
+from tasks.index.llm_estimate import CountingClient, StageEstimate, prompt_tokens
 from tasks.methods.base import MethodContext
 from tasks.methods.summarize import summary_prompt
 from tasks.methods.update_estimate import layer0_delta, walk_reports, walk_summaries
@@ -49,8 +50,8 @@ class Snapshot:
 
 
 def snapshot() -> Snapshot:
-    """Summary A over five sailors (a1..a5), summary B over twenty (b1..b20); community CA holds A's members, CB
-    B's; every member relates to the next in its group."""
+    """Summary A over five sailors (a1..a5), summary B over twenty (b1..b20); community CA holds A and its members,
+    CB B and its; every member relates to the next in its group."""
     a, b = [1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]
     small = [_entity(f"a{i}", 0, a) for i in range(1, 6)]
     large = [_entity(f"b{i}", 0, b) for i in range(1, 21)]
@@ -63,7 +64,7 @@ def snapshot() -> Snapshot:
                "label": "sails with", "label_from": "verb"}
               for group in (small, large) for x, y in zip(group, group[1:])]
     comms = [{"id": cid, "level": 0, "parent_id": None, "entity_ids": [e["id"] for e in group], "size": len(group)}
-             for cid, group in (("CA", small), ("CB", large))]
+             for cid, group in (("CA", [*small, tops[0]]), ("CB", [*large, tops[1]]))]
     reports = [{"community_id": c["id"], "id": f"r-{c['id']}", "level": 0, "title": c["id"], "summary": "Sailors.",
                 "rating": 5.0, "rating_reason": "", "findings": [], "full_text": "", "staleness": 0.0}
                for c in comms]
@@ -76,9 +77,9 @@ def walked(mentions: list[list[tuple[str, str, str]]], cache=None) -> tuple[Stag
     delta = layer0_delta(ctx, mentions)
     summaries, reports = StageEstimate("summaries", LLM.model), StageEstimate("reports", LLM.model)
     # an added sailor's vector is summary A's: it joins A (cosine 1 ≥ τ)
-    walk_summaries(ctx, delta, lambda texts: np.tile([1.0, 0.0, 0.0, 0.0], (len(texts), 1)),
-                   CountingClient(LLM, cache, summaries, 0.1), cfg)
-    walk_reports(ctx, delta, CountingClient(LLM, None, reports, 0.5), cfg)
+    attached = walk_summaries(ctx, delta, lambda texts: np.tile([1.0, 0.0, 0.0, 0.0], (len(texts), 1)),
+                              CountingClient(LLM, cache, summaries, 0.1), cfg)
+    walk_reports(ctx, delta, attached, CountingClient(LLM, None, reports, 0.5), cfg)
     return summaries, reports
 
 
@@ -88,11 +89,11 @@ def test_the_walk_rewrites_what_the_staleness_rule_rewrites():
     summaries, reports = walked([[("b3", "B3", "B3 sailed again.")]])
     assert (summaries.calls, reports.calls, summaries.input_tokens) == (0, 0, 0)
     # a2 changed, Nora and Zed added (their vectors are A's): A's members change by 3 of 7 (0.43): A is rewritten,
-    # one prompt listing its seven members; Nora joins CA through her relation to a2 (1 of 6): CA's report is
-    # rewritten; Zed, related only to Nora (new too), gets a community and a report of his own
+    # one prompt listing its seven members; both join CA, Nora through a2 and A, Zed — related to Nora, new too —
+    # through A, the summary he joined (2 of 8): CA's report is rewritten, in one prompt
     mentions = [[("a2", "A2", "A2 met Nora."), ("nora", "Nora", "A2 met Nora."), ("zed", "Zed", "Nora hailed Zed.")]]
     summaries, reports = walked(mentions)
-    assert (summaries.calls, reports.calls) == (1, 2)
+    assert (summaries.calls, reports.calls) == (1, 1)
     members = [r for r in snapshot().tables["entities"] if r["id"] in {entity_id(0, f"a{i}") for i in range(1, 6)}]
     added = [{"id": entity_id(0, key), "name": name, "type": "concept", "description": said}
              for key, name, said in mentions[0][1:]]
@@ -103,6 +104,10 @@ def test_the_walk_rewrites_what_the_staleness_rule_rewrites():
     assert summaries.input_tokens == prompt_tokens(LLM.model, asked)
     assert summaries.output_tokens == round(summaries.input_tokens * 0.1)
     assert reports.input_tokens > 0 and reports.output_tokens == round(reports.input_tokens * 0.5)
+    # joined to no summary, Zed relates to no community: one of his own, with a report of its own
+    ctx, alone = cast(MethodContext, snapshot()), StageEstimate("reports", LLM.model)
+    walk_reports(ctx, layer0_delta(ctx, mentions), {}, CountingClient(LLM, None, alone, 0.5), cfg)
+    assert alone.calls == 2
 
 
 def test_a_prompt_the_cache_answers_is_counted_as_cached(tmp_path):
@@ -123,8 +128,15 @@ def test_a_prompt_the_cache_answers_is_counted_as_cached(tmp_path):
 def test_a_model_s_mentions_are_the_names_in_order_with_their_sentence():
     text = "Captain Olav Berg met Ingrid Dahl in Bergen. The ferry left for Svalbard."
     assert model_mentions(text) == [
-        ("captain olav berg", "Captain Olav Berg", "Captain Olav Berg met Ingrid Dahl in Bergen."),
+        # "Captain" opens the sentence and is capitalised nowhere else: dropped from the head of the run
+        ("olav berg", "Olav Berg", "Captain Olav Berg met Ingrid Dahl in Bergen."),
         ("ingrid dahl", "Ingrid Dahl", "Captain Olav Berg met Ingrid Dahl in Bergen."),
         ("bergen", "Bergen", "Captain Olav Berg met Ingrid Dahl in Bergen."),
         ("svalbard", "Svalbard", "The ferry left for Svalbard."),
     ]
+    # a word capitalised only where a sentence or an item opens is no name, nor a single letter; one capitalised
+    # inside a sentence elsewhere is, an acronym too
+    text = "While Scrooge slept, Marley came. Scrooge woke. Please read the LLM notes of plan B for the Royal Navy.\n"
+    text += "- Adding one."
+    assert named(text) == ["Scrooge", "Marley", "LLM", "Royal Navy"]
+    assert names_in(text) >= {"while scrooge", "please", "adding", "b"}  # the unit of the stated ratios counts all

@@ -16,22 +16,18 @@ hierarchy); a build whose stage sends only clusters or communities of ``min_memb
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
-import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from schemas.llm import LLMConfig, Stage
 from schemas.prompts import PromptSet
-from schemas.sections import ExtractConfig
+from tasks.index.estimate_names import names_in
 from tasks.runtime.llm_client import cache_key, request_params
 from tasks.runtime.llm_cost import model_prices, register_price
-from tasks.runtime.text import split_sentences
 from tasks.runtime.tokens import count_tokens
-from tasks.store.ids import normalize_name
 
 log = logging.getLogger("strata.llm")
 
@@ -90,73 +86,6 @@ LISTED_TOKENS, ENTITY_ANSWER_TOKENS, RELATION_ANSWER_TOKENS = 8, 45, 40
 #: a packed answer's entity (``[name, type]``) and relation (``[source, label, target, strength]``) under its
 #: passage: no description, no keys (measured on the local server's answers of a model's length: docs/benchmarks.md)
 PACKED_ENTITY_TOKENS, PACKED_RELATION_TOKENS = 9, 18
-_NAME = re.compile(r"\b[A-Z][\w'’-]*(?:\s+(?:of\s+|the\s+)?[A-Z][\w'’-]*)*")
-_NOT_NAMES = frozenset(
-    "a an and as at but by for from he her his i if in it its my no not of on or our she so that the their then "
-    "there these they this those to we what when with you your".split()
-)
-
-
-def offline_mentions(
-    chunks: Iterable[dict[str, Any]], cfg: ExtractConfig, batch: int = 64
-) -> Iterator[tuple[str, list[tuple[str, str, str]]]]:
-    """What the offline extractor (``cfg``: the run's ``ExtractConfig``) finds in ``chunks`` (``{id, text, title,
-    document_id, chunk_index}``, each document's together and in order), a chunk at a time: its id and, in order,
-    each (resolution key, name, description) of a thing it names or of its document's title, the key as merge
-    resolves it (aliases merged within a unit, ``tasks.index.aliases``). ``batch`` chunks or so are held at a time."""
-    from tasks.index.aliases import alias_maps, resolved, unit_of
-    from tasks.index.extract import extract_batch
-    from tasks.index.merge import title_mentions
-
-    def place(c: dict[str, Any]) -> tuple[str, int]:
-        return unit_of(c["document_id"], c["chunk_index"])
-
-    def whole_units() -> Iterator[list[dict[str, Any]]]:
-        pending: list[dict[str, Any]] = []
-        for _unit, rows in itertools.groupby(chunks, key=place):
-            if len(pending) >= batch:
-                yield pending
-                pending = []
-            pending += rows
-        if pending:
-            yield pending
-
-    for pending in whole_units():
-        found = extract_batch(pending, cfg)
-        ok = set(found.ok)
-        named = [*found.entities, *title_mentions([c for c in pending if c["id"] in ok], cfg.max_sentence_chars)]
-        aliases = alias_maps(named, pending)
-        by_chunk: dict[str, list[tuple[str, str, str]]] = {c["id"]: [] for c in pending}
-        for e in named:
-            key = resolved(aliases, e["chunk_id"], normalize_name(e["name"]))
-            by_chunk[e["chunk_id"]].append((key, e["name"], e.get("description") or ""))
-        yield from by_chunk.items()
-
-
-def offline_entities(chunks: Iterable[dict[str, Any]], cfg: ExtractConfig, batch: int = 64) -> int:
-    """How many layer-0 entities a build of ``chunks`` has with the offline extractor: the distinct resolution keys
-    of what it finds and of the documents' titles (``offline_mentions``). Summaries and reports are made from this
-    graph, and their prompts scale with it rather than with the corpus's tokens (narrative text names fewer things
-    per token than encyclopedic passages: docs/benchmarks.md)."""
-    return len({key for _, found in offline_mentions(chunks, cfg, batch) for key, _, _ in found} - {""})
-
-
-def model_mentions(text: str) -> list[tuple[str, str, str]]:
-    """What a model would list of ``text`` (``named``), in order, each as (resolution key, name, the sentence that
-    names it: what a model writes of it)."""
-    sentences = split_sentences(text)
-    return [(normalize_name(n), n, next((s for s in sentences if n in s), text)) for n in named(text)]
-
-
-def named(text: str) -> list[str]:
-    """The things ``text`` names, as written, each once in the order they come: runs of capitalised words that are
-    not a sentence's function word (what a model lists first)."""
-    return list(dict.fromkeys(n for m in _NAME.finditer(text) if (n := m.group(0)).lower() not in _NOT_NAMES))
-
-
-def names_in(text: str) -> set[str]:
-    """The things ``text`` names (``named``), case-folded."""
-    return {n.lower() for n in named(text)}
 
 
 @dataclass

@@ -5,7 +5,8 @@ update's own rules on the snapshot, with clients that count each prompt and answ
 
 * layer 0's change: each thing a new chunk names changes the entity of its key where the snapshot holds one, else
   is added — its description the sentence that names it (a model's) or the offline extractor's, its vector
-  embedded, its relations to the things named next (``layer0_delta``);
+  embedded — and relates to the thing named next (a model's) or as the offline extractor relates it
+  (``layer0_delta``);
 * summaries: HyGRAG's attachment and the staleness rule (``tasks.methods.attach.attach``) pick the summaries
   rewritten, each prompt built from its members' rows;
 * reports: neighbour majority and the staleness rule (``placement``) pick the communities whose report is
@@ -30,7 +31,7 @@ from tasks.methods.base import MethodContext
 from tasks.methods.common import report_relations
 from tasks.methods.hirag.placement import place_in_communities, reports_to_rewrite
 from tasks.methods.reports import build_reports
-from tasks.methods.summarize import Cluster, LLMSummarizer
+from tasks.methods.summarize import Cluster, LLMSummarizer, OfflineSummarizer
 from tasks.runtime.tokens import clip_tokens
 from tasks.store.ids import entity_id, relation_id
 from tasks.store.rows import REPORT_COLUMNS, plain_rows, relation_table, vector_matrix
@@ -52,11 +53,14 @@ class Delta:
     made: pa.Table
 
 
-def layer0_delta(ctx: MethodContext, mentions: list[list[tuple[str, str, str]]], window: int = 1) -> Delta:
+def layer0_delta(
+    ctx: MethodContext,
+    mentions: list[list[tuple[str, str, str]]],
+    pairs: list[tuple[str, str]] | None = None,
+) -> Delta:
     """The change the new chunks make to layer 0 (``Delta``); ``mentions``: per chunk, what it names in order, each
-    as (resolution key, name, description): ``llm_estimate.model_mentions`` or ``offline_mentions``; each thing is
-    related to the ``window`` things named after it (a model relates a name to the next; the offline extractor to
-    the next ``extract.relation_window`` of its sentence)."""
+    as (resolution key, name, description): ``llm_estimate.model_mentions`` or ``offline_mentions``. The relations
+    are ``pairs`` of keys (the offline extractor's own), else each thing's to the next its chunk names (a model's)."""
     order: list[list[tuple[str, str, str]]] = []  # per chunk: (id, name, description), each id once
     for found in mentions:
         seen: dict[str, tuple[str, str, str]] = {}
@@ -72,6 +76,10 @@ def layer0_delta(ctx: MethodContext, mentions: list[list[tuple[str, str, str]]],
         for eid, name, said in chunk:
             if eid not in rows:
                 rows[eid] = {"id": eid, "name": name, "type": "concept", "description": said, "layer": 0}
+    if pairs is None:
+        ends = [(a, b) for chunk in order for (a, _, _), (b, _, _) in zip(chunk, chunk[1:])]
+    else:
+        ends = sorted({(entity_id(0, a), entity_id(0, b)) for a, b in pairs if a and b and a != b})
     made = [
         {
             "id": relation_id(a, b, "extracted"),
@@ -82,22 +90,21 @@ def layer0_delta(ctx: MethodContext, mentions: list[list[tuple[str, str, str]]],
             "weight": 1.0,
             "source_chunk_ids": [],
         }
-        for chunk in order
-        for i, (a, _, _) in enumerate(chunk)
-        for b, _, _ in chunk[i + 1 : i + 1 + window]
+        for a, b in ends
     ]
     return Delta([rows[i] for i in ids], added, set(rows) - added, relation_table(made).select(REPORT_COLUMNS))
 
 
 def walk_summaries(
     ctx: MethodContext, delta: Delta, embed: Callable[[list[str]], np.ndarray], client: Any, cfg: StrataConfig
-) -> None:
-    """The summaries HyGRAG's attachment rewrites for ``delta``, each asked of ``client``; ``embed``: the index's
-    embedding model (an added entity joins the summary closest to its vector)."""
+) -> dict[str, str]:
+    """The summaries HyGRAG's attachment rewrites for ``delta``, each asked of ``client`` (None: the stage is
+    offline, its summaries written offline); ``embed``: the index's embedding model (an added entity joins the
+    summary closest to its vector). Returns where each added entity attached (its summary's id)."""
     upper = ctx.previous("entities", where="layer > 0")
     summaries = plain_rows(upper)
     if not summaries:
-        return
+        return {}
     new = [r for r in delta.rows if r["id"] in delta.added]
     known: dict[str, np.ndarray] = {}
     if new:
@@ -115,35 +122,56 @@ def walk_summaries(
         table = ctx.previous_in("entities", "id", ids, ("id", "vector"))
         return dict(zip(table.column("id").to_pylist(), vector_matrix(table)))
 
-    summarizer = LLMSummarizer(
-        client,
-        cfg.hierarchy.meta_entities,
-        1,
-        cfg.extract.max_description_tokens,
-        min_members=cfg.llm.summaries.min_members,
+    offline = OfflineSummarizer(cfg.hierarchy.meta_entities, cfg.extract.max_description_tokens)
+    summarizer = (
+        offline
+        if client is None
+        else LLMSummarizer(
+            client,
+            cfg.hierarchy.meta_entities,
+            1,
+            cfg.extract.max_description_tokens,
+            min_members=cfg.llm.summaries.min_members,
+        )
     )
 
     def summarize(layer: int, lists: list[list[dict[str, Any]]], vecs: list[np.ndarray]) -> list[dict[str, Any]]:
         return [s[0] for s in summarizer.summarize_layer(layer, [Cluster(m, v) for m, v in zip(lists, vecs)])]
 
     dim = next(iter(known.values())).shape[0]
-    attach(
+    return attach(
         Layer0Rows(delta.rows, known, kept, rows_of, vectors_of),
         summaries,
         links,
         Change(delta.added, set(), delta.changed, {}),
         cfg.incremental.tau,
         Rewrite(summarize, lambda rows: np.zeros((len(rows), dim), np.float32), cfg.incremental.refresh_staleness),
-    )
+    ).attached
 
 
-def walk_reports(ctx: MethodContext, delta: Delta, client: Any, cfg: StrataConfig) -> None:
-    """The community reports HiRAG's placement rewrites for ``delta``, each asked of ``client``."""
+def walk_reports(ctx: MethodContext, delta: Delta, attached: dict[str, str], client: Any, cfg: StrataConfig) -> None:
+    """The community reports HiRAG's placement rewrites for ``delta``, each asked of ``client``; ``attached``: the
+    summary each added entity joined (``walk_summaries``), one of its neighbours there as in the run's graph."""
     communities = plain_rows(ctx.previous("communities"))
     if not communities:
         return
     members = {m for c in communities for m in c["entity_ids"]} | delta.added
-    comms, grown, forced = place_in_communities(communities, members, delta.made, delta.added)
+    links = relation_table(
+        [
+            {
+                "id": relation_id(e, s, "summary_of"),
+                "source_id": e,
+                "target_id": s,
+                "kind": "summary_of",
+                "description": "",
+                "weight": 1.0,
+                "source_chunk_ids": [],
+            }
+            for e, s in sorted(attached.items())
+        ]
+    ).select(REPORT_COLUMNS)
+    made = pa.concat_tables([delta.made, links.cast(delta.made.schema)])
+    comms, grown, forced = place_in_communities(communities, members, made, delta.added)
     old = {r["community_id"]: r for r in plain_rows(ctx.previous("community_reports"))}
     redo, _staleness = reports_to_rewrite(comms, old, grown, forced, cfg.incremental.refresh_staleness)
     needed = {m for c in comms if c["id"] in redo for m in c["entity_ids"]}
@@ -152,7 +180,7 @@ def walk_reports(ctx: MethodContext, delta: Delta, client: Any, cfg: StrataConfi
     build_reports(
         comms,
         [*held, *(mine[m] for m in needed if m in mine)],
-        report_relations(ctx, delta.made, [], needed),
+        report_relations(ctx, made, [], needed),
         cfg.communities.report_max_tokens,
         client,
         redo,
