@@ -59,7 +59,7 @@ def layer0_delta(
     pairs: list[tuple[str, str]] | None = None,
 ) -> Delta:
     """The change the new chunks make to layer 0 (``Delta``); ``mentions``: per chunk, what it names in order, each
-    as (resolution key, name, description): ``llm_estimate.model_mentions`` or ``offline_mentions``. The relations
+    as (resolution key, name, description): ``estimate_names.model_mentions`` or ``offline_mentions``. The relations
     are ``pairs`` of keys (the offline extractor's own), else each thing's to the next its chunk names (a model's)."""
     order: list[list[tuple[str, str, str]]] = []  # per chunk: (id, name, description), each id once
     for found in mentions:
@@ -80,19 +80,24 @@ def layer0_delta(
         ends = [(a, b) for chunk in order for (a, _, _), (b, _, _) in zip(chunk, chunk[1:])]
     else:
         ends = sorted({(entity_id(0, a), entity_id(0, b)) for a, b in pairs if a and b and a != b})
-    made = [
+    return Delta([rows[i] for i in ids], added, set(rows) - added, _relations(ends, "extracted"))
+
+
+def _relations(ends: list[tuple[str, str]], kind: str) -> pa.Table:
+    """Relations of ``kind`` between the (source, target) ids ``ends``, in ``REPORT_COLUMNS``."""
+    rows = [
         {
-            "id": relation_id(a, b, "extracted"),
+            "id": relation_id(a, b, kind),
             "source_id": a,
             "target_id": b,
-            "kind": "extracted",
+            "kind": kind,
             "description": "",
             "weight": 1.0,
             "source_chunk_ids": [],
         }
         for a, b in ends
     ]
-    return Delta([rows[i] for i in ids], added, set(rows) - added, relation_table(made).select(REPORT_COLUMNS))
+    return relation_table(rows).select(REPORT_COLUMNS)
 
 
 def walk_summaries(
@@ -122,17 +127,11 @@ def walk_summaries(
         table = ctx.previous_in("entities", "id", ids, ("id", "vector"))
         return dict(zip(table.column("id").to_pylist(), vector_matrix(table)))
 
-    offline = OfflineSummarizer(cfg.hierarchy.meta_entities, cfg.extract.max_description_tokens)
-    summarizer = (
-        offline
+    meta, most = cfg.hierarchy.meta_entities, cfg.extract.max_description_tokens
+    summarizer: Any = (
+        OfflineSummarizer(meta, most)
         if client is None
-        else LLMSummarizer(
-            client,
-            cfg.hierarchy.meta_entities,
-            1,
-            cfg.extract.max_description_tokens,
-            min_members=cfg.llm.summaries.min_members,
-        )
+        else LLMSummarizer(client, meta, 1, most, min_members=cfg.llm.summaries.min_members)
     )
 
     def summarize(layer: int, lists: list[list[dict[str, Any]]], vecs: list[np.ndarray]) -> list[dict[str, Any]]:
@@ -156,21 +155,7 @@ def walk_reports(ctx: MethodContext, delta: Delta, attached: dict[str, str], cli
     if not communities:
         return
     members = {m for c in communities for m in c["entity_ids"]} | delta.added
-    links = relation_table(
-        [
-            {
-                "id": relation_id(e, s, "summary_of"),
-                "source_id": e,
-                "target_id": s,
-                "kind": "summary_of",
-                "description": "",
-                "weight": 1.0,
-                "source_chunk_ids": [],
-            }
-            for e, s in sorted(attached.items())
-        ]
-    ).select(REPORT_COLUMNS)
-    made = pa.concat_tables([delta.made, links.cast(delta.made.schema)])
+    made = pa.concat_tables([delta.made, _relations(sorted(attached.items()), "summary_of")])
     comms, grown, forced = place_in_communities(communities, members, made, delta.added)
     old = {r["community_id"]: r for r in plain_rows(ctx.previous("community_reports"))}
     redo, _staleness = reports_to_rewrite(comms, old, grown, forced, cfg.incremental.refresh_staleness)
