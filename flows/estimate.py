@@ -122,9 +122,10 @@ def estimate_run(
                 if extractor == "llm":
                     walk = layer0_delta(run, [model_mentions(c["text"]) for c in new_chunks])
                 else:
-                    found = {cid: (names, pairs) for cid, names, pairs in offline_mentions(new_chunks, cfg.extract)}
-                    mentions = [found[c["id"]][0] if c["id"] in found else [] for c in new_chunks]
-                    walk = layer0_delta(run, mentions, [p for names, pairs in found.values() for p in pairs])
+                    found = list(offline_mentions(new_chunks, cfg.extract))  # every chunk, in order
+                    walk = layer0_delta(
+                        run, [names for _, names, _ in found], [p for *_, pairs in found for p in pairs]
+                    )
         if walk is None and extractor == "nlp" and scaled and not learned.keys() >= set(scaled):
             # the graph the model's summaries and reports are made from is the offline extractor's: found, not
             # guessed (its tokens are free; its time is the extraction stage's)

@@ -61,7 +61,8 @@ def test_offline_extraction_with_llm_summaries_and_reports_each_on_its_own_endpo
     summaries, reports = FakeLLM().start(), FakeLLM().start()
     try:
         monkeypatch.setenv("OPENAI_API_KEY", "sk-fake")
-        index = tmp_path / "index"
+        index, corpus = tmp_path / "index", tmp_path / "corpus"
+        shutil.copytree(small_corpus, corpus)
         mix = [
             "--set", "llm.model=openai/fake-reports", "--set", f"llm.api_base={reports.url}",
             "--set", "llm.extraction.model=offline",
@@ -69,9 +70,9 @@ def test_offline_extraction_with_llm_summaries_and_reports_each_on_its_own_endpo
             "--set", f"llm.prompts.report.system={AUDITORS}",  # a prompt replaced from the config, on every worker
         ]
         # the estimate of this mix scales the model's stages by the offline graph it finds: the build's own
-        est = estimate("index", small_corpus, index, [*SMALL, *mix])
+        est = estimate("index", corpus, index, [*SMALL, *mix])
         assert [s["basis"] for s in est["stages"]] == ["default, per entity"] * 2 and not summaries.systems
-        res = CliRunner().invoke(app, ["index", str(small_corpus), "--index", str(index), "--quiet", *SMALL, *mix])
+        res = CliRunner().invoke(app, ["index", str(corpus), "--index", str(index), "--quiet", *SMALL, *mix])
         assert res.exit_code == 0, res.output
         assert reports.systems and all(s == AUDITORS for s in reports.systems)
         assert summaries.systems and all("into a hierarchy" in s for s in summaries.systems)
@@ -91,6 +92,18 @@ def test_offline_extraction_with_llm_summaries_and_reports_each_on_its_own_endpo
         models = json.loads(res.output)["runs"][-1]["llm"]
         assert models == {"extraction": "offline", "summaries": "openai/fake-summaries",
                           "reports": "openai/fake-reports", "answers": "openai/fake-reports"}
+        # an update's estimate walks the update's rules on the index with the offline extractor's own mentions
+        (corpus / "harbour.md").write_text(
+            "# Harbour\n\nThe harbour master Ingrid Dahl of Tromsø Port Authority met Captain Olav Berg of the "
+            "Nordlys Line in Bergen to discuss the new ferry route to Svalbard with Scrooge and Marley.\n")
+        est = estimate("update", corpus, index, [*SMALL, *mix])
+        assert {s["stage"]: s["basis"] for s in est["stages"]} == {"summaries": "walked on the index",
+                                                                  "reports": "walked on the index"}
+        asked = len(summaries.systems), len(reports.systems)
+        res = CliRunner().invoke(app, ["update", str(corpus), "--index", str(index), "--quiet", *SMALL, *mix])
+        assert res.exit_code == 0, res.output
+        assert stage_of(est, "summaries")["calls"] == len(summaries.systems) - asked[0] > 0
+        assert stage_of(est, "reports")["calls"] == len(reports.systems) - asked[1] > 0
     finally:
         summaries.stop()
         reports.stop()

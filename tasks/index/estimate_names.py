@@ -57,8 +57,8 @@ def offline_mentions(
             key = resolved(aliases, e["chunk_id"], normalize_name(e["name"]))
             by_chunk[e["chunk_id"]].append((key, e["name"], e.get("description") or ""))
         for r in found.relations:
-            ends = (resolved(aliases, r["chunk_id"], normalize_name(r[end])) for end in ("source", "target"))
-            pairs[r["chunk_id"]].append((next(ends), next(ends)))
+            source, target = (resolved(aliases, r["chunk_id"], normalize_name(r[end])) for end in ("source", "target"))
+            pairs[r["chunk_id"]].append((source, target))
         for cid, mentions in by_chunk.items():
             yield cid, mentions, pairs[cid]
 

@@ -143,6 +143,15 @@ def extraction_estimate(
     return est.priced(llm)
 
 
+def cached_answer(cache: Any, llm: LLMConfig, key: str) -> str | None:
+    """The answer the run would take from ``cache`` for ``key`` without asking: the cached one, or "" where the
+    prompt is remembered as unparseable and ``llm`` does not ask again; None where the run would pay."""
+    hit = cache.get(key)
+    if hit is None and not llm.retry_unparseable and cache.failure(key) is not None:
+        return ""
+    return hit
+
+
 class _Asker:
     """What extraction would ask, counted into ``est``: a prompt whose answer ``cache`` holds costs nothing."""
 
@@ -154,11 +163,9 @@ class _Asker:
     def cached(self, messages: list[dict[str, str]], prompt: str) -> str | None:
         if self.cache is None:
             return None
-        key = cache_key(self.llm.model, messages, self.params, self.prompts[prompt].version)
-        hit = self.cache.get(key)
-        if hit is None and not self.llm.retry_unparseable and self.cache.failure(key) is not None:
-            return ""  # remembered as unparseable: not asked again
-        return hit
+        return cached_answer(
+            self.cache, self.llm, cache_key(self.llm.model, messages, self.params, self.prompts[prompt].version)
+        )
 
     def pay(self, messages: list[dict[str, str]], more_prompt: int, answer: int) -> None:
         self.est.calls += 1
@@ -258,7 +265,7 @@ class CountingClient:
         self, messages: list[dict[str, str]], *, prompt_version: str, json_mode: bool = False, parse: Any = None
     ) -> Any:
         key = cache_key(self.llm.model, messages, request_params(self.llm, json_mode=json_mode), prompt_version)
-        if self.cache is not None and self.cache.get(key) is not None:
+        if self.cache is not None and cached_answer(self.cache, self.llm, key) is not None:
             self.est.cached += 1
         else:
             prompt = prompt_tokens(self.llm.model, messages)
