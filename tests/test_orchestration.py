@@ -290,6 +290,32 @@ def _plus_len(batch: int, rows: list[int]) -> int:
     return batch + len(rows)
 
 
+def test_a_worker_reuses_freed_memory_for_large_allocations_despite_the_nanny_s_trim_threshold():
+    """A nanny starts its worker with ``MALLOC_TRIM_THRESHOLD_`` set, which fixes glibc's mmap threshold at 128 KiB:
+    each 1 MiB buffer is mapped afresh, 256 new pages faulted in every time. Once the run has set its workers up
+    (``set_up_workers``: ``large_allocations_reused``) the freed buffer is reused: its pages fault in once."""
+    from tasks.runtime.parallel import dask_client
+    from tasks.runtime.process import set_up_workers
+
+    with dask_client(DaskConfig(n_workers=1, processes=True)) as client:
+        assert list(client.run(os.getenv, "MALLOC_TRIM_THRESHOLD_").values()) == ["65536"]  # the nanny's setting
+        before = list(client.run(_page_faults_of_1mib_buffers).values())[0]
+        set_up_workers(client)
+        after = list(client.run(_page_faults_of_1mib_buffers).values())[0]
+    assert before >= 100 * 256 and after < 10 * 256
+
+
+def _page_faults_of_1mib_buffers(times: int = 100) -> int:
+    import resource
+
+    import numpy as np
+
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(times):
+        np.ones(2**20, dtype=np.uint8).sum()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start
+
+
 def test_a_large_keyword_argument_reaches_every_task_on_a_cluster():
     """distributed makes a ``Client.map`` keyword over 100 kB a graph node named after the keyword, which its
     scheduler fails to run; ``map_batches`` scatters such a value first (layer 1's sample rows at 20k chunks)."""
