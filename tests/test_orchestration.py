@@ -290,10 +290,11 @@ def _plus_len(batch: int, rows: list[int]) -> int:
     return batch + len(rows)
 
 
-def test_a_worker_reuses_freed_memory_for_large_allocations_despite_the_nanny_s_trim_threshold():
+def test_a_worker_reuses_large_buffers_within_a_task_and_hands_them_back_after_it():
     """A nanny starts its worker with ``MALLOC_TRIM_THRESHOLD_`` set, which fixes glibc's mmap threshold at 128 KiB:
     each 1 MiB buffer is mapped afresh, 256 new pages faulted in every time. Once the run has set its workers up
-    (``set_up_workers``: ``large_allocations_reused``) the freed buffer is reused: its pages fault in once."""
+    (``set_up_workers``: ``WorkerMemory``) a freed buffer is reused, its pages faulted in once; and what a task
+    held at once (100 MiB) goes back to the system when it ends."""
     from tasks.runtime.parallel import dask_client
     from tasks.runtime.process import set_up_workers
 
@@ -302,7 +303,11 @@ def test_a_worker_reuses_freed_memory_for_large_allocations_despite_the_nanny_s_
         before = list(client.run(_page_faults_of_1mib_buffers).values())[0]
         set_up_workers(client)
         after = list(client.run(_page_faults_of_1mib_buffers).values())[0]
+        resident = client.submit(_resident_mb, pure=False).result()
+        assert client.submit(_hold_1mib_buffers, 100, pure=False).result() == 100
+        left = client.submit(_resident_mb, pure=False).result() - resident
     assert before >= 100 * 256 and after < 10 * 256
+    assert left < 20  # MB: without the trim after the task, the 64 MiB of the trim threshold stay resident
 
 
 def _page_faults_of_1mib_buffers(times: int = 100) -> int:
@@ -314,6 +319,17 @@ def _page_faults_of_1mib_buffers(times: int = 100) -> int:
     for _ in range(times):
         np.ones(2**20, dtype=np.uint8).sum()
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start
+
+
+def _hold_1mib_buffers(count: int) -> int:
+    import numpy as np
+
+    return len([np.ones(2**20, dtype=np.uint8) for _ in range(count)])
+
+
+def _resident_mb() -> float:
+    with open("/proc/self/statm", encoding="ascii") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def test_a_large_keyword_argument_reaches_every_task_on_a_cluster():

@@ -1,5 +1,5 @@
 """What each process of a run sets for itself: its priority, BLAS on one thread (the tables' bits), and on a Dask
-worker the threads one task may use (its share of its machine's cores) and glibc's threshold for large allocations."""
+worker the threads one task may use (its share of its machine's cores)."""
 
 from __future__ import annotations
 
@@ -44,34 +44,14 @@ def core_shares(workers: dict[str, dict[str, Any]], cpus: dict[str, int | None])
 
 
 def set_up_workers(client: Any) -> None:
-    """Every worker of ``client``'s cluster: BLAS on one thread (the tables' bits, ``one_blas_thread``), and its share
-    of its machine's cores for a task's own thread pools, the embedding model's (``share_cores``)."""
+    """Every worker of ``client``'s cluster: BLAS on one thread (the tables' bits, ``one_blas_thread``), its memory
+    reused within a task and handed back after it (``WorkerMemory``), and its share of its machine's cores for a
+    task's own thread pools, the embedding model's (``share_cores``)."""
+    from tasks.runtime.worker_memory import WorkerMemory  # distributed: loaded only where a cluster runs
+
     client.run(one_blas_thread)
-    client.run(large_allocations_reused)
+    client.register_plugin(WorkerMemory(), name="strata-worker-memory")  # on workers that join later too
     client.run(share_cores, core_shares(client.scheduler_info().get("workers", {}), client.run(usable_cpus)))
-
-
-#: glibc's M_MMAP_THRESHOLD: allocations this large or larger are mapped afresh (32 MiB: where glibc's own adaptive
-#: threshold stops growing on a 64-bit machine)
-MMAP_THRESHOLD = 32 * 2**20
-
-
-def large_allocations_reused() -> None:
-    """glibc maps only allocations of ``MMAP_THRESHOLD`` or more afresh in this process; smaller ones reuse freed
-    memory. A Dask nanny starts its worker with ``MALLOC_TRIM_THRESHOLD_`` set (``distributed.nanny.pre-spawn-environ``,
-    so that freed memory goes back to the system), and a threshold set turns glibc's adaptive mmap threshold off:
-    every allocation past 128 KiB — each batch's buffers in the embedding model — is then an mmap and a munmap of
-    fresh zeroed pages, and a worker embedded half as many texts a second (docs/benchmarks.md, "The workers' large
-    allocations"). Freed memory at the top of the heap still goes back past the trim threshold. A no-op without
-    glibc."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 2 * MMAP_THRESHOLD)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
 
 
 def usable_cpus() -> int:
