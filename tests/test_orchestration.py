@@ -290,24 +290,33 @@ def _plus_len(batch: int, rows: list[int]) -> int:
     return batch + len(rows)
 
 
-def test_a_worker_reuses_large_buffers_within_a_task_and_hands_them_back_after_it():
+def test_a_worker_reuses_large_buffers_within_an_embedding_or_extraction_task_and_hands_them_back_after_it():
     """A nanny starts its worker with ``MALLOC_TRIM_THRESHOLD_`` set, which fixes glibc's mmap threshold at 128 KiB:
-    each 1 MiB buffer is mapped afresh, 256 new pages faulted in every time. Once the run has set its workers up
-    (``set_up_workers``: ``WorkerMemory``) a freed buffer is reused, its pages faulted in once; and what a task
-    held at once (100 MiB) goes back to the system when it ends."""
+    each 1 MiB buffer is mapped afresh, 256 new pages faulted in every time. Within ``large_buffers_reused`` (the
+    embedding and extraction tasks) a freed buffer is reused, its pages faulted in once; after it what the block
+    held at once (100 MiB) has gone back to the system."""
     from tasks.runtime.parallel import dask_client
-    from tasks.runtime.process import set_up_workers
 
     with dask_client(DaskConfig(n_workers=1, processes=True)) as client:
         assert list(client.run(os.getenv, "MALLOC_TRIM_THRESHOLD_").values()) == ["65536"]  # the nanny's setting
-        before = list(client.run(_page_faults_of_1mib_buffers).values())[0]
-        set_up_workers(client)
-        after = list(client.run(_page_faults_of_1mib_buffers).values())[0]
-        resident = client.submit(_resident_mb, pure=False).result()
-        assert client.submit(_hold_1mib_buffers, 100, pure=False).result() == 100
-        left = client.submit(_resident_mb, pure=False).result() - resident
-    assert before >= 100 * 256 and after < 10 * 256
-    assert left < 20  # MB: without the trim after the task, the 64 MiB of the trim threshold stay resident
+        faults = client.submit(_faults_and_memory_left, pure=False).result()
+    before, within, left = faults
+    assert before >= 100 * 256 and within < 10 * 256
+    assert left < 20  # MB: without the trim after the block, the 64 MiB of its trim threshold would stay resident
+
+
+def _faults_and_memory_left() -> tuple[int, int, float]:
+    import numpy as np
+
+    from tasks.runtime.process import large_buffers_reused
+
+    before = _page_faults_of_1mib_buffers()
+    resident = _resident_mb()
+    with large_buffers_reused():
+        within = _page_faults_of_1mib_buffers()
+        held = [np.ones(2**20, dtype=np.uint8) for _ in range(100)]
+        del held
+    return before, within, _resident_mb() - resident
 
 
 def _page_faults_of_1mib_buffers(times: int = 100) -> int:
@@ -319,12 +328,6 @@ def _page_faults_of_1mib_buffers(times: int = 100) -> int:
     for _ in range(times):
         np.ones(2**20, dtype=np.uint8).sum()
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start
-
-
-def _hold_1mib_buffers(count: int) -> int:
-    import numpy as np
-
-    return len([np.ones(2**20, dtype=np.uint8) for _ in range(count)])
 
 
 def _resident_mb() -> float:

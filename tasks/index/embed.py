@@ -24,7 +24,7 @@ from tasks.index.onnx_export import export_onnx
 from tasks.runtime.llm import run_sync
 from tasks.runtime.llm_client import LiteLLMClient
 from tasks.runtime.parallel import LocalMapper, ProcessMapper
-from tasks.runtime.process import task_threads
+from tasks.runtime.process import large_buffers_reused, task_threads
 from tasks.runtime.text import clip_at_word
 from tasks.runtime.tokens import model_cache_dir
 
@@ -449,8 +449,10 @@ class ChildEmbedder(MappedEmbedder):
 
 def embed_part(texts: list[str], cfg: EmbeddingConfig) -> np.ndarray:
     """The unit of embedding work on a worker: a Dask worker's ONNX Runtime on its share of its machine's cores
-    (``task_threads``; PyTorch keeps to the one thread the nanny's ``OMP_NUM_THREADS`` gives it)."""
-    return get_embedder(cfg, threads=task_threads()).embed(texts)
+    (``task_threads``; PyTorch keeps to the one thread the nanny's ``OMP_NUM_THREADS`` gives it), its batches'
+    buffers reused (``large_buffers_reused``)."""
+    with large_buffers_reused():
+        return get_embedder(cfg, threads=task_threads()).embed(texts)
 
 
 @functools.lru_cache(maxsize=4)

@@ -26,6 +26,7 @@ from tasks.index.aliases import alias_maps
 from tasks.index.merge import mention_rows, title_mentions
 from tasks.index.statements import statements
 from tasks.runtime.parallel import Mapper
+from tasks.runtime.process import large_buffers_reused
 from tasks.runtime.text import CLAUSE_BREAK, CLAUSE_OR_BRACKET, PHRASE_BREAK, block_starts, squash_clip, unpaired
 from tasks.store.ids import quarantine_row
 
@@ -408,9 +409,13 @@ def batch_mentions(
     index, (path, group) = task
     columns = ["id", "text", "title", "document_id", "chunk_index"]
     chunks = parquet_file(path).read_row_group(group, columns=columns).to_pylist()
-    res = ExtractionResult.combine(
-        [batch_fn(chunks[s : s + cfg.batch_size], cfg=cfg, **fn_kwargs) for s in range(0, len(chunks), cfg.batch_size)]
-    )
+    with large_buffers_reused():  # spaCy's arrays, on a Dask worker
+        res = ExtractionResult.combine(
+            [
+                batch_fn(chunks[s : s + cfg.batch_size], cfg=cfg, **fn_kwargs)
+                for s in range(0, len(chunks), cfg.batch_size)
+            ]
+        )
     ok = set(res.ok)
     titled = title_mentions([c for c in chunks if c["id"] in ok], cfg.max_sentence_chars)
     entities = cast("list[dict[str, Any]]", res.entities) + titled

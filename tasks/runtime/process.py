@@ -3,7 +3,11 @@ worker the threads one task may use (its share of its machine's cores)."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import os
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -44,14 +48,50 @@ def core_shares(workers: dict[str, dict[str, Any]], cpus: dict[str, int | None])
 
 
 def set_up_workers(client: Any) -> None:
-    """Every worker of ``client``'s cluster: BLAS on one thread (the tables' bits, ``one_blas_thread``), its memory
-    reused within a task and handed back after it (``WorkerMemory``), and its share of its machine's cores for a
-    task's own thread pools, the embedding model's (``share_cores``)."""
-    from tasks.runtime.worker_memory import WorkerMemory  # distributed: loaded only where a cluster runs
-
+    """Every worker of ``client``'s cluster: BLAS on one thread (the tables' bits, ``one_blas_thread``), and its share
+    of its machine's cores for a task's own thread pools, the embedding model's (``share_cores``)."""
     client.run(one_blas_thread)
-    client.register_plugin(WorkerMemory(), name="strata-worker-memory")  # on workers that join later too
     client.run(share_cores, core_shares(client.scheduler_info().get("workers", {}), client.run(usable_cpus)))
+
+
+#: glibc's M_MMAP_THRESHOLD within ``large_buffers_reused``: an allocation this large or larger is mapped afresh (32
+#: MiB, where glibc's own adaptive threshold stops growing on a 64-bit machine; its trim threshold twice that, as
+#: the adaptive rule sets it); and the mmap threshold glibc fixes where a threshold is set, 128 KiB
+MMAP_THRESHOLD, FIXED_MMAP_THRESHOLD = 32 * 2**20, 128 * 2**10
+
+
+@contextlib.contextmanager
+def large_buffers_reused() -> Iterator[None]:
+    """Within the block, a buffer freed is reused by the next allocation rather than mapped afresh, where this
+    process runs with glibc's thresholds fixed: a Dask nanny starts its worker with ``MALLOC_TRIM_THRESHOLD_`` set
+    (``distributed.nanny.pre-spawn-environ``, so that freed memory goes back to the system at once), which turns
+    glibc's adaptive mmap threshold off, and every allocation past 128 KiB — each batch's buffers in the embedding
+    model, spaCy's arrays — is an mmap and a munmap of fresh zeroed pages: a worker embedded about half as many
+    texts a second (docs/benchmarks.md, "A worker's large buffers"). Around the embedding and extraction tasks
+    only, which allocate such buffers by the thousand; after the block the nanny's thresholds are back and what
+    the block left free goes back to the system (``malloc_trim``), so the other stages' peaks stay as they were.
+    A no-op elsewhere (no fixed threshold, or not glibc)."""
+    fixed, libc = os.environ.get("MALLOC_TRIM_THRESHOLD_"), _glibc()
+    if fixed is None or not fixed.isdigit() or libc is None:
+        yield
+        return
+    libc.mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD
+    libc.mallopt(-1, 2 * MMAP_THRESHOLD)  # M_TRIM_THRESHOLD
+    try:
+        yield
+    finally:
+        libc.mallopt(-3, FIXED_MMAP_THRESHOLD)
+        libc.mallopt(-1, int(fixed))
+        libc.malloc_trim(0)
+
+
+@functools.cache
+def _glibc() -> Any:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
 
 
 def usable_cpus() -> int:
