@@ -448,10 +448,8 @@ class ChildEmbedder(MappedEmbedder):
 
 
 def embed_part(texts: list[str], cfg: EmbeddingConfig) -> np.ndarray:
-    """The unit of embedding work on a worker: a Dask worker's ONNX Runtime on its share of its machine's cores
-    (``task_threads``; PyTorch keeps to the one thread the nanny's ``OMP_NUM_THREADS`` gives it), its batches'
-    buffers reused (``large_buffers_reused``)."""
-    with large_buffers_reused():
+    """A Dask worker's unit of embedding: ONNX Runtime on its share of the cores (``task_threads``), PyTorch on one."""
+    with large_buffers_reused():  # its batches' buffers
         return get_embedder(cfg, threads=task_threads()).embed(texts)
 
 
