@@ -1,5 +1,6 @@
 """What each process of a run sets for itself: its priority, BLAS on one thread (the tables' bits), and on a Dask
-worker the threads one task may use (its share of its machine's cores)."""
+worker the threads one task may use (its share of its machine's cores) and the allocator's thresholds around its
+embedding and extraction tasks."""
 
 from __future__ import annotations
 
