@@ -309,14 +309,15 @@ def _faults_and_memory_left() -> tuple[int, int, float]:
     import numpy as np
 
     from tasks.runtime.process import large_buffers_reused
+    from tasks.runtime.stages import memory
 
     before = _page_faults_of_1mib_buffers()
-    resident = _resident_mb()
+    resident = memory()["rss_mb"]
     with large_buffers_reused():
         within = _page_faults_of_1mib_buffers()
         held = [np.ones(2**20, dtype=np.uint8) for _ in range(100)]
         del held
-    return before, within, _resident_mb() - resident
+    return before, within, memory()["rss_mb"] - resident
 
 
 def _page_faults_of_1mib_buffers(times: int = 100) -> int:
@@ -328,11 +329,6 @@ def _page_faults_of_1mib_buffers(times: int = 100) -> int:
     for _ in range(times):
         np.ones(2**20, dtype=np.uint8).sum()
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start
-
-
-def _resident_mb() -> float:
-    with open("/proc/self/statm", encoding="ascii") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def test_a_large_keyword_argument_reaches_every_task_on_a_cluster():
