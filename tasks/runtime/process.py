@@ -72,7 +72,7 @@ def large_buffers_reused() -> Iterator[None]:
     only, which allocate such buffers by the thousand; after the block the nanny's thresholds are back and what
     the block left free goes back to the system (``malloc_trim``), so the other stages' peaks stay as they were.
     A no-op elsewhere (no fixed threshold, or not glibc)."""
-    fixed, libc = os.environ.get("MALLOC_TRIM_THRESHOLD_"), _glibc()
+    fixed, libc = os.environ.get("MALLOC_TRIM_THRESHOLD_"), glibc()
     if fixed is None or not fixed.isdigit() or libc is None:
         yield
         return
@@ -87,7 +87,8 @@ def large_buffers_reused() -> Iterator[None]:
 
 
 @functools.cache
-def _glibc() -> Any:
+def glibc() -> Any:
+    """The C library's allocator calls (``mallopt``, ``malloc_trim``), loaded once; None where it is not glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from tasks.runtime.process import glibc
 from tasks.runtime.progress import Reporter
 
 #: run(name, fn, *args, **kwargs) -> fn(*args, **kwargs), as an orchestrator task named ``name``
@@ -80,18 +81,14 @@ def release_memory() -> None:
     it by ``flows.env``). What one stage freed in one of them would otherwise stay resident while the next stage
     allocates in another (5k chunks: 110 MB after the merge). No ``gc.collect()``: the rows are freed by
     reference counting, and a full collection of a long-lived process's heap costs seconds."""
-    import ctypes
-
     try:
         import pyarrow as pa
 
         pa.default_memory_pool().release_unused()
     except Exception:  # noqa: BLE001 - a pool without the call
         pass
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    if (libc := glibc()) is not None:
+        libc.malloc_trim(0)
 
 
 def limit_malloc_arenas(n: int = 2) -> None:
@@ -99,12 +96,8 @@ def limit_malloc_arenas(n: int = 2) -> None:
     of its own (up to 8 per core), and memory freed in one is reused only there: LanceDB's writer threads, the
     embedder's and the Prefect task threads would each keep their own freed memory, and the peak follows the
     number of threads rather than the data. A no-op without glibc."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(-8, n)  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        pass
+    if (libc := glibc()) is not None:
+        libc.mallopt(-8, n)  # M_ARENA_MAX
 
 
 def memory() -> dict[str, float]:
