@@ -118,13 +118,14 @@ def estimate_run(
         walk = None
         if snap and scaled and cfg.index.method == "hirag" and cfg.embedding.model == LOCAL_MODEL:
             with run.stage("estimate: the update walked", chunks.num_rows) as st:
+                most = cfg.extract.max_description_tokens  # what a description holds
                 new_chunks = list(_chunk_rows(chunks, st))
                 if extractor == "llm":
-                    walk = layer0_delta(run, [model_mentions(c["text"]) for c in new_chunks])
+                    walk = layer0_delta(run, [model_mentions(c["text"]) for c in new_chunks], most)
                 else:
                     found = list(offline_mentions(new_chunks, cfg.extract))  # every chunk, in order
                     walk = layer0_delta(
-                        run, [names for _, names, _ in found], [p for *_, pairs in found for p in pairs]
+                        run, [names for _, names, _ in found], most, [p for *_, pairs in found for p in pairs]
                     )
         if walk is None and extractor == "nlp" and scaled and not learned.keys() >= set(scaled):
             # the graph the model's summaries and reports are made from is the offline extractor's: found, not

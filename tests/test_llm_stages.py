@@ -104,6 +104,20 @@ def test_offline_extraction_with_llm_summaries_and_reports_each_on_its_own_endpo
         assert res.exit_code == 0, res.output
         assert stage_of(est, "summaries")["calls"] == len(summaries.systems) - asked[0] > 0
         assert stage_of(est, "reports")["calls"] == len(reports.systems) - asked[1] > 0
+        # the same documents from a new root and one more: each one new beside its old copy, and what an entity says
+        # unchanged but where the new one says more
+        moved = tmp_path / "moved"
+        shutil.copytree(corpus, moved)
+        (moved / "fjord.md").write_text(
+            "# Fjord\n\nCaptain Olav Berg of the Nordlys Line sailed from Bergen to Svalbard with Ingrid Dahl.\n")
+        est = estimate("update", moved, index, [*SMALL, *mix])
+        asked = len(summaries.systems), len(reports.systems)
+        res = CliRunner().invoke(app, ["update", str(moved), "--index", str(index), "--quiet", *SMALL, *mix])
+        assert res.exit_code == 0, res.output
+        assert stage_of(est, "summaries")["calls"] == len(summaries.systems) - asked[0] > 0
+        assert stage_of(est, "reports")["calls"] == len(reports.systems) - asked[1]
+        paid = json.loads(Catalog(index).runs()[-1]["stage_counts"])["attach"]["llm_prompt_tokens"]
+        assert abs(stage_of(est, "summaries")["input_tokens"] / paid - 1) <= 0.15  # the changed members as folded
     finally:
         summaries.stop()
         reports.stop()

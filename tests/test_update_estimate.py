@@ -74,7 +74,7 @@ def snapshot() -> Snapshot:
 
 def walked(mentions: list[list[tuple[str, str, str]]], cache=None) -> tuple[StageEstimate, StageEstimate]:
     ctx, cfg = cast(MethodContext, snapshot()), StrataConfig()  # the walk reads only ``previous``, ``previous_in``
-    delta = layer0_delta(ctx, mentions)
+    delta = layer0_delta(ctx, mentions, cfg.extract.max_description_tokens)
     summaries, reports = StageEstimate("summaries", LLM.model), StageEstimate("reports", LLM.model)
     # an added sailor's vector is summary A's: it joins A (cosine 1 ≥ τ)
     attached = walk_summaries(ctx, delta, lambda texts: np.tile([1.0, 0.0, 0.0, 0.0], (len(texts), 1)),
@@ -95,19 +95,34 @@ def test_the_walk_rewrites_what_the_staleness_rule_rewrites():
     summaries, reports = walked(mentions)
     assert (summaries.calls, reports.calls) == (1, 1)
     members = [r for r in snapshot().tables["entities"] if r["id"] in {entity_id(0, f"a{i}") for i in range(1, 6)}]
+    members = [{**r, "description": "A2 is a sailor. A2 met Nora."} if r["name"] == "A2" else r for r in members]
     added = [{"id": entity_id(0, key), "name": name, "type": "concept", "description": said}
              for key, name, said in mentions[0][1:]]
     cfg = StrataConfig()
     asked = summary_prompt([*members, *added], cfg.hierarchy.meta_entities, 1, cfg.extract.max_description_tokens,
                            PromptSet(LLM.prompts))
-    # A's members as the walk lists them: a2 as the snapshot holds it (the model's new description is not known)
+    # A's members as the walk lists them: a2's description with the sentence the new chunk says of it, as the merge
+    # folds it
     assert summaries.input_tokens == prompt_tokens(LLM.model, asked)
     assert summaries.output_tokens == round(summaries.input_tokens * 0.1)
     assert reports.input_tokens > 0 and reports.output_tokens == round(reports.input_tokens * 0.5)
     # joined to no summary, Zed relates to no community: one of his own, with a report of its own
     ctx, alone = cast(MethodContext, snapshot()), StageEstimate("reports", LLM.model)
-    walk_reports(ctx, layer0_delta(ctx, mentions), {}, CountingClient(LLM, None, alone, 0.5), cfg)
+    walk_reports(ctx, layer0_delta(ctx, mentions, cfg.extract.max_description_tokens), {}, CountingClient(LLM, None, alone, 0.5), cfg)
     assert alone.calls == 2
+
+
+def test_a_held_entity_changes_only_where_the_merge_folds_something_new_into_its_description():
+    ctx, a2 = cast(MethodContext, snapshot()), entity_id(0, "a2")
+    # what it already says (the same document from a new root): unchanged, nothing to rewrite
+    assert layer0_delta(ctx, [[("a2", "A2", "a2 is  a sailor.")]], 100).changed == set()
+    # a new sentence within the budget: changed, and described as the merge folds it (held sentences first)
+    delta = layer0_delta(ctx, [[("a2", "A2", "A2 is a sailor."), ("a2", "A2", "A2 met Nora.")]], 100)
+    assert delta.changed == {a2} and delta.rows[0]["description"] == "A2 is a sailor. A2 met Nora."
+    # "A2 is a sailor." is 6 tokens, "Hi." 2: a sentence past the budget is not kept, and nothing after it either
+    assert layer0_delta(ctx, [[("a2", "A2", "A2 met Nora."), ("a2", "A2", "Hi.")]], 8).changed == set()
+    assert layer0_delta(ctx, [[("a2", "A2", "Hi."), ("a2", "A2", "A2 met Nora.")]], 8).rows[0]["description"] == (
+        "A2 is a sailor. Hi.")
 
 
 def test_a_prompt_the_cache_answers_is_counted_as_cached(tmp_path):

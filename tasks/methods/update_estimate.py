@@ -32,7 +32,8 @@ from tasks.methods.common import report_relations
 from tasks.methods.hirag.placement import place_in_communities, reports_to_rewrite
 from tasks.methods.reports import build_reports
 from tasks.methods.summarize import Cluster, LLMSummarizer, OfflineSummarizer
-from tasks.runtime.tokens import clip_tokens
+from tasks.runtime.text import text_key
+from tasks.runtime.tokens import clip_tokens, count_tokens
 from tasks.store.ids import entity_id, relation_id
 from tasks.store.rows import REPORT_COLUMNS, plain_rows, relation_table, vector_matrix
 
@@ -56,22 +57,34 @@ class Delta:
 def layer0_delta(
     ctx: MethodContext,
     mentions: list[list[tuple[str, str, str]]],
+    max_description_tokens: int,
     pairs: list[tuple[str, str]] | None = None,
 ) -> Delta:
     """The change the new chunks make to layer 0 (``Delta``); ``mentions``: per chunk, what it names in order, each
-    as (resolution key, name, description): ``estimate_names.model_mentions`` or ``offline_mentions``. The relations
+    as (resolution key, name, description): ``estimate_names.model_mentions`` or ``offline_mentions``; a held
+    entity's description grows within ``max_description_tokens`` (``extract.max_description_tokens``). The relations
     are ``pairs`` of keys (the offline extractor's own), else each thing's to the next its chunk names (a model's)."""
     order: list[list[tuple[str, str, str]]] = []  # per chunk: (id, name, description), each id once
+    said_of: dict[str, list[str]] = {}  # per id: what the new chunks say of it, in chunk order
     for found in mentions:
         seen: dict[str, tuple[str, str, str]] = {}
         for key, name, said in found:
-            if key and (eid := entity_id(0, key)) not in seen:
+            if not key:
+                continue
+            said_of.setdefault(eid := entity_id(0, key), []).append(said)
+            if eid not in seen:
                 seen[eid] = (eid, name, clip_tokens(said, DESCRIPTION_TOKENS))
         order.append(list(seen.values()))
     ids = sorted({eid for chunk in order for eid, _, _ in chunk})
     held = plain_rows(ctx.previous_in("entities", "id", ids, ENTITY_COLUMNS)) if ids else []
-    rows = {r["id"]: r for r in held if r["layer"] == 0}
-    added = set(ids) - set(rows)
+    held_rows = {r["id"]: r for r in held if r["layer"] == 0}
+    rows, added = dict(held_rows), set(ids) - set(held_rows)
+    changed = set()
+    for eid, row in held_rows.items():  # a held entity changes where the merge folds something new into it
+        folded = _folded(row["description"] or "", said_of[eid], max_description_tokens)
+        if folded is not None:
+            rows[eid] = {**row, "description": folded}
+            changed.add(eid)
     for chunk in order:
         for eid, name, said in chunk:
             if eid not in rows:
@@ -80,7 +93,24 @@ def layer0_delta(
         ends = [(a, b) for chunk in order for (a, _, _), (b, _, _) in zip(chunk, chunk[1:])]
     else:
         ends = sorted({(entity_id(0, a), entity_id(0, b)) for a, b in pairs if a and b and a != b})
-    return Delta([rows[i] for i in ids], added, set(rows) - added, _relations(ends, "extracted"))
+    return Delta([rows[i] for i in ids], added, changed, _relations(ends, "extracted"))
+
+
+def _folded(description: str, said: list[str], budget: int) -> str | None:
+    """A held entity's ``description`` with what the new chunks ``said`` of it, as the run's merge folds one
+    (``merge_state.budgeted``: its distinct sentences in corpus order while they fit ``budget`` tokens, the new
+    chunks' after those held); None where it does not change: every sentence already held (the same document
+    indexed again from a new root), or the first new one past the budget (nothing after it is kept either)."""
+    out, used, held = [description], count_tokens(description), text_key(description)
+    for sentence in said:
+        if (key := text_key(sentence)) in held:
+            continue
+        used += count_tokens(sentence)
+        if used > budget:
+            break
+        out.append(sentence)
+        held += " " + key
+    return " ".join(out) if len(out) > 1 else None
 
 
 def _relations(ends: list[tuple[str, str]], kind: str) -> pa.Table:
