@@ -119,13 +119,18 @@ def estimate_run(
         if snap and scaled and cfg.index.method == "hirag" and cfg.embedding.model == LOCAL_MODEL:
             with run.stage("estimate: the update walked", chunks.num_rows) as st:
                 most = cfg.extract.max_description_tokens  # what a description holds
+                # corpus order is by document source: the new documents' sentences come after every held one's
+                # only where each new source sorts after every kept one
+                first = min((d["source_id"] for d in delta.incoming), default="") <= max(
+                    (d["source_id"] for d in delta.kept), default=""
+                )
                 new_chunks = list(_chunk_rows(chunks, st))
                 if extractor == "llm":
-                    walk = layer0_delta(run, [model_mentions(c["text"]) for c in new_chunks], most)
+                    walk = layer0_delta(run, [model_mentions(c["text"]) for c in new_chunks], most, first=first)
                 else:
                     found = list(offline_mentions(new_chunks, cfg.extract))  # every chunk, in order
                     walk = layer0_delta(
-                        run, [names for _, names, _ in found], most, [p for *_, pairs in found for p in pairs]
+                        run, [names for _, names, _ in found], most, [p for *_, pairs in found for p in pairs], first
                     )
         if walk is None and extractor == "nlp" and scaled and not learned.keys() >= set(scaled):
             # the graph the model's summaries and reports are made from is the offline extractor's: found, not

@@ -116,13 +116,16 @@ def test_a_held_entity_changes_only_where_the_merge_folds_something_new_into_its
     ctx, a2 = cast(MethodContext, snapshot()), entity_id(0, "a2")
     # what it already says (the same document from a new root): unchanged, nothing to rewrite
     assert layer0_delta(ctx, [[("a2", "A2", "a2 is  a sailor.")]], 100).changed == set()
-    # a new sentence within the budget: changed, and described as the merge folds it (held sentences first)
-    delta = layer0_delta(ctx, [[("a2", "A2", "A2 is a sailor."), ("a2", "A2", "A2 met Nora.")]], 100)
+    # the new chunks after the held ones: a new sentence within the budget is folded in after those held
+    delta = layer0_delta(ctx, [[("a2", "A2", "A2 is a sailor."), ("a2", "A2", "A2 met Nora.")]], 100, first=False)
     assert delta.changed == {a2} and delta.rows[0]["description"] == "A2 is a sailor. A2 met Nora."
     # "A2 is a sailor." is 6 tokens, "Hi." 2: a sentence past the budget is not kept, and nothing after it either
-    assert layer0_delta(ctx, [[("a2", "A2", "A2 met Nora."), ("a2", "A2", "Hi.")]], 8).changed == set()
-    assert layer0_delta(ctx, [[("a2", "A2", "Hi."), ("a2", "A2", "A2 met Nora.")]], 8).rows[0]["description"] == (
-        "A2 is a sailor. Hi.")
+    assert layer0_delta(ctx, [[("a2", "A2", "A2 met Nora."), ("a2", "A2", "Hi.")]], 8, first=False).changed == set()
+    after = layer0_delta(ctx, [[("a2", "A2", "Hi."), ("a2", "A2", "A2 met Nora.")]], 8, first=False)
+    assert after.rows[0]["description"] == "A2 is a sailor. Hi."
+    # the new chunks possibly first in corpus order: a new sentence opens the description, the held ones make room
+    before = layer0_delta(ctx, [[("a2", "A2", "A2 met Nora.")]], 8)
+    assert before.changed == {a2} and before.rows[0]["description"] == "A2 met Nora. A2…"
 
 
 def test_a_prompt_the_cache_answers_is_counted_as_cached(tmp_path):

@@ -59,10 +59,12 @@ def layer0_delta(
     mentions: list[list[tuple[str, str, str]]],
     max_description_tokens: int,
     pairs: list[tuple[str, str]] | None = None,
+    first: bool = True,
 ) -> Delta:
     """The change the new chunks make to layer 0 (``Delta``); ``mentions``: per chunk, what it names in order, each
     as (resolution key, name, description): ``estimate_names.model_mentions`` or ``offline_mentions``; a held
-    entity's description grows within ``max_description_tokens`` (``extract.max_description_tokens``). The relations
+    entity's description grows within ``max_description_tokens`` (``extract.max_description_tokens``), after its held
+    sentences or, ``first``, where the new chunks may come before them in corpus order, before them. The relations
     are ``pairs`` of keys (the offline extractor's own), else each thing's to the next its chunk names (a model's)."""
     order: list[list[tuple[str, str, str]]] = []  # per chunk: (id, name, description), each id once
     said_of: dict[str, list[str]] = {}  # per id: what the new chunks say of it, in chunk order
@@ -81,7 +83,7 @@ def layer0_delta(
     rows, added = dict(held_rows), set(ids) - set(held_rows)
     changed = set()
     for eid, row in held_rows.items():  # a held entity changes where the merge folds something new into it
-        folded = _folded(row["description"] or "", said_of[eid], max_description_tokens)
+        folded = _folded(row["description"] or "", said_of[eid], max_description_tokens, first)
         if folded is not None:
             rows[eid] = {**row, "description": folded}
             changed.add(eid)
@@ -96,20 +98,23 @@ def layer0_delta(
     return Delta([rows[i] for i in ids], added, changed, _relations(ends, "extracted"))
 
 
-def _folded(description: str, said: list[str], budget: int) -> str | None:
+def _folded(description: str, said: list[str], budget: int, first: bool) -> str | None:
     """A held entity's ``description`` with what the new chunks ``said`` of it, as the run's merge folds one
-    (``merge_state.budgeted``: its distinct sentences in corpus order while they fit ``budget`` tokens, the new
-    chunks' after those held); None where it does not change: every sentence already held (the same document
-    indexed again from a new root), or the first new one past the budget (nothing after it is kept either)."""
-    out, used, held = [description], count_tokens(description), text_key(description)
-    for sentence in said:
-        if (key := text_key(sentence)) in held:
-            continue
+    (``merge_state.budgeted``: its distinct sentences in corpus order while they fit ``budget`` tokens); None where
+    it does not change: every sentence already held (the same document indexed again from a new root), or, the new
+    chunks after the held ones, the first new sentence past the budget (nothing after it is kept either).
+    ``first``: the new chunks may come before the held ones in corpus order (a document whose source sorts before
+    one held): a new sentence then opens the description and the held ones make room."""
+    held = text_key(description)
+    fresh = list(dict.fromkeys(s for s in said if text_key(s) not in held))
+    if first:
+        return clip_tokens(" ".join([*fresh, description]), budget) if fresh else None
+    out, used = [description], count_tokens(description)
+    for sentence in fresh:
         used += count_tokens(sentence)
         if used > budget:
             break
         out.append(sentence)
-        held += " " + key
     return " ".join(out) if len(out) > 1 else None
 
 
