@@ -17,13 +17,19 @@ the index is the one ``strata eval --dataset DIR --index ./mq-sub --build`` buil
 * ``combo``: ``csls`` (k = 20) and ``sentences`` (embedded alone) together: (1 − s) · (cos(q, p) − a · r(p)) + s ·
   the best sentence's cosine, a in 0.25 / 0.5, s in 0.3 / 0.5;
 * ``hop``: a second hop, the question with the best sentence (or the whole text) of its top one or two passages
-  appended and embedded again, mixed with the first round (0.3 / 0.5) or taking the larger score.
+  appended and embedded again, mixed with the first round (0.3 / 0.5) or taking the larger score;
+* ``facts``: HippoRAG 2's query-to-triple step on the offline graph: the sentences entities were extracted from (the
+  walk's chain-seed sentences) embedded, and the entities of the question's k most similar ones added as walk seeds
+  (``FACT_GRID``: k, their share of the restart, over the whole corpus or the prior's top chunks, with hubness
+  reduction of the passages' cosines or not, BM25 in place of the cosine; ``--pooled``: the sentence vectors pooled
+  from their chunk's pass instead of embedded alone).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -37,9 +43,9 @@ apply_offline_defaults()
 
 from schemas.config import load_config  # noqa: E402
 from tasks.index.embed import question_embedder  # noqa: E402
-from tasks.retrieval import graph_rank, lexical  # noqa: E402
 from tasks.query.evaluate import load_queries  # noqa: E402
 from tasks.query.retrieve import source_ranking  # noqa: E402
+from tasks.retrieval import graph_rank, lexical  # noqa: E402
 from tasks.retrieval.view import load_view  # noqa: E402
 from tasks.store.catalog import Catalog  # noqa: E402
 
@@ -184,11 +190,148 @@ def hop_variants(view, embedder, texts) -> dict[str, object]:
     return out
 
 
+@dataclass(frozen=True)
+class Facts:
+    """A fact-seed variant: the entities of the question's ``k`` most similar extracted sentences get a share ``w`` of
+    the walk's restart mass (spread by similarity x specificity, divided by the sentence's rank where ``by_rank``),
+    only those found in another chunk too (``bridge``); the sentences of the prior's ``top_n`` chunks only (0: all),
+    scored by cosine (``bm25``: by BM25, scaled to the best); ``csls``: hubness reduction (k, a) of the passages' own
+    cosines as well, on the dense top ``M`` (the others get the largest penalty among them)."""
+
+    k: int
+    w: float
+    by_rank: bool = True
+    bridge: bool = True
+    top_n: int = 0
+    bm25: bool = False
+    csls: tuple[int, float, int] | None = None
+
+    def name(self) -> str:
+        how = f"{'bm25' if self.bm25 else 'cosine'} k={self.k} w={self.w} {'by rank' if self.by_rank else 'flat'}"
+        where = f"{'bridge' if self.bridge else 'all'}{f' top_n={self.top_n}' if self.top_n else ''}"
+        return f"facts {how} {where}" + (
+            f" + csls k={self.csls[0]} a={self.csls[1]} M={self.csls[2]}" if self.csls else ""
+        )
+
+
+#: the first sweep (global sentences), smaller shares around its best, then with hubness reduction and the sentences
+#: restricted to the prior's top chunks (what a query can afford), BM25 in place of the cosine
+FACT_GRID = [Facts(k, w, d) for k in (3, 5, 10) for w in (0.25, 0.5, 1.0) for d in (False, True)]
+FACT_GRID += [Facts(k, 0.5, False, False) for k in (3, 5, 10)]
+FACT_GRID += [Facts(k, w, d) for k in (2, 3, 5) for w in (0.05, 0.1) for d in (False, True)]
+FACT_GRID += [
+    Facts(k, w, d, csls=(c, a, 50))
+    for k, w, d in ((3, 0.25, False), (5, 0.5, True), (5, 0.25, True))
+    for c, a in ((5, 0.25), (10, 0.5), (20, 0.5))
+]
+FACT_GRID += [
+    Facts(5, w, True, top_n=n, bm25=b, csls=c)
+    for b in (False, True)
+    for n in (0, 10)
+    for w in (0.25, 0.5)
+    for c in (None, (10, 0.5, 50))
+]
+
+
+def sentence_vectors(view, embedder, sents: list[str], sent_chunk: np.ndarray, pooled: bool) -> np.ndarray:
+    """Each extracted sentence embedded alone, or (``pooled``) its pieces' states mean-pooled from its chunk's own
+    pass (free at build time: the chunk's vector comes from the same pass); alone where the pieces are not found."""
+    vecs = embedder.embed(sents).astype(np.float32)
+    if not pooled:
+        return vecs
+    inner = embedder
+    while not hasattr(inner, "_hidden"):
+        inner = inner.inner
+    states = {}
+    for idx, hidden, mask, ids in inner._hidden(list(view.chunk_text)):
+        for r, j in enumerate(idx):
+            n = int(mask[r].sum())
+            states[j] = (ids[r, :n].tolist(), hidden[r, :n])
+    found = 0
+    for i, piece_ids in enumerate(e.ids[1:-1] for e in inner._tokenizer().encode_batch(sents)):
+        ids, hidden = states[int(sent_chunk[i])]
+        at = next((s for s in range(1, len(ids) - len(piece_ids) + 1) if ids[s : s + len(piece_ids)] == piece_ids), -1)
+        if piece_ids and at >= 0:
+            v = hidden[at : at + len(piece_ids)].mean(axis=0)
+            vecs[i], found = v / np.linalg.norm(v), found + 1
+    print(f"{found} of {len(sents)} sentences pooled from their chunk's pass", flush=True)
+    return vecs
+
+
+def fact_probe(view, embedder, rcfg, queries, vecs, base, pooled: bool) -> None:
+    """Each ``FACT_GRID`` variant patched into ``graph_rank.personalization`` (and the chunks' similarity for
+    ``csls``), ``ppr``'s R@k paired against the ranking as it is."""
+    captured: dict[str, list[str]] = {}
+    index_class = graph_rank.BM25Index
+
+    class Capturing(index_class):  # the sentences in the order of the graph's sentence x entity rows
+        def __init__(self, sents, **kw):
+            super().__init__(sents, **kw)
+            captured["sents"] = list(sents)
+
+    graph_rank.BM25Index = Capturing
+    view._lazy.clear()
+    graph = view.passage_graph(graph_rank.RankParams.from_config(rcfg))
+    graph_rank.BM25Index = index_class
+    sv = sentence_vectors(view, embedder, captured["sents"], graph.sent_chunk, pooled)
+    print(f"{len(sv)} extracted sentences embedded", flush=True)
+    spec = 1.0 / np.maximum(graph.df, 1)
+    asked = {q["question"]: v for q, v in zip(queries, vecs)}
+    chunks = view.chunk_vecs.astype(np.float32)
+    ordered = _neighbour_cosines(chunks)
+    original, similarity = graph_rank.personalization, view.similarity
+
+    def personalization(f: Facts):
+        def seeded(g, question, prior, params, ent_sims=None):
+            s, seeds = original(g, question, prior, params, ent_sims)
+            sims = g.sent_index.scores(question) if f.bm25 else sv @ asked[question]
+            sims = sims / max(float(sims.max()), 1e-9) if f.bm25 else sims
+            cand = np.arange(len(sims))
+            if f.top_n:
+                top = np.argsort(-prior, kind="stable")[: f.top_n]
+                cand = cand[np.isin(g.sent_chunk, top[prior[top] > 0])]
+            best = cand[np.argsort(-sims[cand], kind="stable")[: f.k]]
+            extra = np.zeros(g.n_entities)
+            for rank, i in enumerate(best[sims[best] > 0]):
+                ents = g.sent_ent[i].indices
+                ents = ents[g.seedable[ents] & ((g.df[ents] > 1) if f.bridge else True)]
+                extra[ents] += float(sims[i]) * spec[ents] / ((rank + 1) if f.by_rank else 1)
+            if extra.sum() > 0:  # the restart (mass 1) gets the new seeds at a share w of its mass, then is normalised
+                s = np.concatenate([s[: g.n_chunks], s[g.n_chunks :] + f.w * extra / extra.sum()])
+                s = s / s.sum()
+            return s, seeds
+
+        return seeded
+
+    def hubness(k: int, a: float, top: int):
+        r = ordered[:, -k:].mean(axis=1)
+
+        def score(q):
+            c = chunks @ q
+            best = np.argpartition(-c, top - 1)[:top]
+            out = c - a * r[best].max()
+            out[best] = c[best] - a * r[best]
+            return out
+
+        return score
+
+    for f in FACT_GRID:
+        graph_rank.personalization = personalization(f)
+        if f.csls:
+            score = hubness(*f.csls)
+            view.similarity = lambda kind, q, k, score=score: (
+                score(q).astype(np.float32) if kind == "chunks" else similarity(kind, q, k)
+            )
+        print(f"{f.name()} | ppr {line(run(view, queries, vecs, rcfg, 'ppr'), base)}", flush=True)
+        graph_rank.personalization, view.similarity = original, similarity
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--index", required=True)
     ap.add_argument("--dataset", required=True)
     ap.add_argument("--variants", nargs="+", default=["csls", "center", "stem"])
+    ap.add_argument("--pooled", action="store_true", help="facts: sentence vectors pooled from their chunk's pass")
     args = ap.parse_args()
     cfg = load_config()
     rcfg = cfg.retrieval
@@ -217,6 +360,9 @@ def main() -> None:
     if "hop" in args.variants:
         texts = {tuple(v[:8].tolist()): q["question"] for q, v in zip(queries, vecs)}
         probe(hop_variants(view, question_embedder(cfg.embedding, cfg.llm, threads=None), texts))
+    if "facts" in args.variants:
+        embedder = question_embedder(cfg.embedding, cfg.llm, threads=None)
+        fact_probe(view, embedder, rcfg, queries, vecs, base["ppr"], args.pooled)
     if "stem" in args.variants:
         import Stemmer
 
