@@ -205,9 +205,10 @@ class Facts:
     top_n: int = 0
     bm25: bool = False
     csls: tuple[int, float, int] | None = None
+    entities: bool = False  # the question's most similar layer-0 entities (their vectors: name, type, description)
 
     def name(self) -> str:
-        how = f"{'bm25' if self.bm25 else 'cosine'} k={self.k} w={self.w} {'by rank' if self.by_rank else 'flat'}"
+        how = f"{'entities' if self.entities else 'bm25' if self.bm25 else 'cosine'} k={self.k} w={self.w} {'by rank' if self.by_rank else 'flat'}"
         where = f"{'bridge' if self.bridge else 'all'}{f' top_n={self.top_n}' if self.top_n else ''}"
         return f"facts {how} {where}" + (
             f" + csls k={self.csls[0]} a={self.csls[1]} M={self.csls[2]}" if self.csls else ""
@@ -223,6 +224,9 @@ FACT_GRID += [
     Facts(k, w, d, csls=(c, a, 50))
     for k, w, d in ((3, 0.25, False), (5, 0.5, True), (5, 0.25, True))
     for c, a in ((5, 0.25), (10, 0.5), (20, 0.5))
+]
+FACT_GRID += [
+    Facts(k, w, True, entities=True, csls=c) for k in (3, 5, 10) for w in (0.25, 0.5) for c in (None, (10, 0.5, 50))
 ]
 FACT_GRID += [
     Facts(5, w, True, top_n=n, bm25=b, csls=c)
@@ -284,6 +288,16 @@ def fact_probe(view, embedder, rcfg, queries, vecs, base, pooled: bool) -> None:
     def personalization(f: Facts):
         def seeded(g, question, prior, params, ent_sims=None):
             s, seeds = original(g, question, prior, params, ent_sims)
+            if f.entities:  # the entities themselves, by their own vectors' cosine
+                sims = np.where(g.seedable & (g.df > 1) if f.bridge else g.seedable, ent_sims, -1.0)
+                best = np.argsort(-sims, kind="stable")[: f.k]
+                best = best[sims[best] > 0]
+                extra = np.zeros(g.n_entities)
+                extra[best] = sims[best] * spec[best] / ((np.arange(len(best)) + 1) if f.by_rank else 1)
+                if extra.sum() > 0:
+                    s = np.concatenate([s[: g.n_chunks], s[g.n_chunks :] + f.w * extra / extra.sum()])
+                    s = s / s.sum()
+                return s, seeds
             sims = g.sent_index.scores(question) if f.bm25 else sv @ asked[question]
             sims = sims / max(float(sims.max()), 1e-9) if f.bm25 else sims
             cand = np.arange(len(sims))
