@@ -130,7 +130,11 @@ def estimate_run(
                 else:
                     found = list(offline_mentions(new_chunks, cfg.extract))  # every chunk, in order
                     walk = layer0_delta(
-                        run, [names for _, names, _ in found], most, [p for *_, pairs in found for p in pairs], first=first
+                        run,
+                        [names for _, names, _ in found],
+                        most,
+                        [p for *_, pairs in found for p in pairs],
+                        first=first,
                     )
         if walk is None and extractor == "nlp" and scaled and not learned.keys() >= set(scaled):
             # the graph the model's summaries and reports are made from is the offline extractor's: found, not
