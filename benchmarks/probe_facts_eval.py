@@ -24,6 +24,8 @@ from flows.env import apply_offline_defaults  # noqa: E402
 
 apply_offline_defaults()
 
+from probe_ranking import Facts, _neighbour_cosines, fact_personalization, graph_sentences, hubness  # noqa: E402
+
 import tasks.query.retrieve as retrieve_module  # noqa: E402
 from schemas.config import load_config  # noqa: E402
 from tasks.index.embed import question_embedder  # noqa: E402
@@ -33,6 +35,8 @@ from tasks.retrieval import graph_rank  # noqa: E402
 from tasks.retrieval.view import load_view  # noqa: E402
 from tasks.store.catalog import Catalog  # noqa: E402
 
+#: the subset's pick of ``probe_ranking.py --variants facts``
+PICK = Facts(5, 0.25, by_rank=True, bridge=True, csls=(10, 0.5, 50))
 KEYS = ("passage_recall", "recall_at_5", "answer_in_context", "answer_in_extractive")
 
 
@@ -49,48 +53,13 @@ def main() -> None:
     queries = load_queries(Path(args.dataset))
     embed = question_embedder(cfg.embedding, cfg.llm).embed
 
-    captured: dict[str, list[str]] = {}
-    index_class = graph_rank.BM25Index
-
-    class Capturing(index_class):  # the sentences in the order of the graph's sentence x entity rows
-        def __init__(self, sents, **kw):
-            super().__init__(sents, **kw)
-            captured["sents"] = list(sents)
-
-    graph_rank.BM25Index = Capturing
-    view._lazy.clear()
-    graph = view.passage_graph(graph_rank.RankParams.from_config(rcfg))
-    graph_rank.BM25Index = index_class
-    sv = question_embedder(cfg.embedding, cfg.llm, threads=None).embed(captured["sents"]).astype(np.float32)
-    spec = 1.0 / np.maximum(graph.df, 1)
+    _, sents = graph_sentences(view, rcfg)
+    sv = question_embedder(cfg.embedding, cfg.llm, threads=None).embed(sents).astype(np.float32)
     asked = {q["question"]: embed([q["question"]])[0].astype(np.float32) for q in queries}
     chunks = view.chunk_vecs.astype(np.float32)
-    sims = chunks @ chunks.T
-    np.fill_diagonal(sims, -1.0)
-    hub = np.sort(sims, axis=1)[:, -10:].mean(axis=1)  # each passage's mean cosine to its 10 nearest
+    csls = hubness(chunks, _neighbour_cosines(chunks), *PICK.csls)
     plain, ranking = graph_rank.personalization, retrieve_module.source_ranking
-
-    def seeded(g, question, prior, params, ent_sims=None):
-        s, seeds = plain(g, question, prior, params, ent_sims)
-        cos = sv @ asked[question]
-        best = np.argsort(-cos, kind="stable")[:5]
-        extra = np.zeros(g.n_entities)
-        for rank, i in enumerate(best[cos[best] > 0]):
-            ents = g.sent_ent[i].indices
-            ents = ents[g.seedable[ents] & (g.df[ents] > 1)]  # bridges only
-            extra[ents] += float(cos[i]) * spec[ents] / (rank + 1)
-        if extra.sum() > 0:  # a quarter of the restart's mass (1), then normalised
-            s = np.concatenate([s[: g.n_chunks], s[g.n_chunks :] + 0.25 * extra / extra.sum()])
-            s = s / s.sum()
-        return s, seeds
-
-    def csls(q):
-        c = chunks @ q
-        m = min(50, len(c))
-        top = np.argpartition(-c, m - 1)[:m]
-        out = c - 0.5 * hub[top].max()
-        out[top] = c[top] - 0.5 * hub[top]
-        return out.astype(np.float32)
+    seeded = fact_personalization(PICK, sv, asked, plain)
 
     def probed(head: int):
         def source_ranking(view_, question, dense, ent_scores, how, cfg_):

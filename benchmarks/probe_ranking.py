@@ -262,80 +262,95 @@ def sentence_vectors(view, embedder, sents: list[str], sent_chunk: np.ndarray, p
     return vecs
 
 
-def fact_probe(view, embedder, rcfg, queries, vecs, base, pooled: bool) -> None:
-    """Each ``FACT_GRID`` variant patched into ``graph_rank.personalization`` (and the chunks' similarity for
-    ``csls``), ``ppr``'s R@k paired against the ranking as it is."""
+def graph_sentences(view, rcfg) -> tuple[graph_rank.PassageGraph, list[str]]:
+    """The view's passage graph, built again, and its sentences in the order of its sentence x entity rows."""
     captured: dict[str, list[str]] = {}
     index_class = graph_rank.BM25Index
 
-    class Capturing(index_class):  # the sentences in the order of the graph's sentence x entity rows
+    class Capturing(index_class):
         def __init__(self, sents, **kw):
             super().__init__(sents, **kw)
             captured["sents"] = list(sents)
 
     graph_rank.BM25Index = Capturing
     view._lazy.clear()
-    graph = view.passage_graph(graph_rank.RankParams.from_config(rcfg))
-    graph_rank.BM25Index = index_class
-    sv = sentence_vectors(view, embedder, captured["sents"], graph.sent_chunk, pooled)
+    try:
+        graph = view.passage_graph(graph_rank.RankParams.from_config(rcfg))
+    finally:
+        graph_rank.BM25Index = index_class
+    return graph, captured["sents"]
+
+
+def _with_seeds(s: np.ndarray, g, extra: np.ndarray, w: float) -> np.ndarray:
+    """The restart (mass 1) with ``extra`` added to its entities at a share ``w`` of its mass, normalised again."""
+    if extra.sum() <= 0:
+        return s
+    s = np.concatenate([s[: g.n_chunks], s[g.n_chunks :] + w * extra / extra.sum()])
+    return s / s.sum()
+
+
+def fact_personalization(f: Facts, sv: np.ndarray, asked: dict[str, np.ndarray], original=None):
+    """``graph_rank.personalization`` with ``f``'s fact seeds added (``sv``: the graph's sentence vectors; ``asked``:
+    each question's vector)."""
+    original = original or graph_rank.personalization
+
+    def seeded(g, question, prior, params, ent_sims=None):
+        s, seeds = original(g, question, prior, params, ent_sims)
+        spec = 1.0 / np.maximum(g.df, 1)
+        extra = np.zeros(g.n_entities)
+        if f.entities:  # the entities themselves, by their own vectors' cosine
+            sims = np.where(g.seedable & (g.df > 1) if f.bridge else g.seedable, ent_sims, -1.0)
+            best = np.argsort(-sims, kind="stable")[: f.k]
+            best = best[sims[best] > 0]
+            extra[best] = sims[best] * spec[best] / ((np.arange(len(best)) + 1) if f.by_rank else 1)
+            return _with_seeds(s, g, extra, f.w), seeds
+        sims = g.sent_index.scores(question) if f.bm25 else sv @ asked[question]
+        sims = sims / max(float(sims.max()), 1e-9) if f.bm25 else sims
+        cand = np.arange(len(sims))
+        if f.top_n:
+            top = np.argsort(-prior, kind="stable")[: f.top_n]
+            cand = cand[np.isin(g.sent_chunk, top[prior[top] > 0])]
+        best = cand[np.argsort(-sims[cand], kind="stable")[: f.k]]
+        for rank, i in enumerate(best[sims[best] > 0]):
+            ents = g.sent_ent[i].indices
+            ents = ents[g.seedable[ents] & ((g.df[ents] > 1) if f.bridge else True)]
+            extra[ents] += float(sims[i]) * spec[ents] / ((rank + 1) if f.by_rank else 1)
+        return _with_seeds(s, g, extra, f.w), seeds
+
+    return seeded
+
+
+def hubness(chunks: np.ndarray, ordered: np.ndarray, k: int, a: float, top: int):
+    """CSLS of the passages' cosines on the dense top ``top``: cos(q, p) - a · r(p), r(p) the mean of p's ``k`` best
+    cosines to the other passages (``ordered``: ``_neighbour_cosines``); the others take the largest penalty of those."""
+    r = ordered[:, -k:].mean(axis=1)
+
+    def score(q):
+        c = chunks @ q
+        m = min(top, len(c))
+        best = np.argpartition(-c, m - 1)[:m]
+        out = c - a * r[best].max()
+        out[best] = c[best] - a * r[best]
+        return out.astype(np.float32)
+
+    return score
+
+
+def fact_probe(view, embedder, rcfg, queries, vecs, base, pooled: bool) -> None:
+    """Each ``FACT_GRID`` variant patched into ``graph_rank.personalization`` (and the chunks' similarity for
+    ``csls``), ``ppr``'s R@k paired against the ranking as it is."""
+    graph, sents = graph_sentences(view, rcfg)
+    sv = sentence_vectors(view, embedder, sents, graph.sent_chunk, pooled)
     print(f"{len(sv)} extracted sentences embedded", flush=True)
-    spec = 1.0 / np.maximum(graph.df, 1)
     asked = {q["question"]: v for q, v in zip(queries, vecs)}
     chunks = view.chunk_vecs.astype(np.float32)
     ordered = _neighbour_cosines(chunks)
     original, similarity = graph_rank.personalization, view.similarity
-
-    def personalization(f: Facts):
-        def seeded(g, question, prior, params, ent_sims=None):
-            s, seeds = original(g, question, prior, params, ent_sims)
-            if f.entities:  # the entities themselves, by their own vectors' cosine
-                sims = np.where(g.seedable & (g.df > 1) if f.bridge else g.seedable, ent_sims, -1.0)
-                best = np.argsort(-sims, kind="stable")[: f.k]
-                best = best[sims[best] > 0]
-                extra = np.zeros(g.n_entities)
-                extra[best] = sims[best] * spec[best] / ((np.arange(len(best)) + 1) if f.by_rank else 1)
-                if extra.sum() > 0:
-                    s = np.concatenate([s[: g.n_chunks], s[g.n_chunks :] + f.w * extra / extra.sum()])
-                    s = s / s.sum()
-                return s, seeds
-            sims = g.sent_index.scores(question) if f.bm25 else sv @ asked[question]
-            sims = sims / max(float(sims.max()), 1e-9) if f.bm25 else sims
-            cand = np.arange(len(sims))
-            if f.top_n:
-                top = np.argsort(-prior, kind="stable")[: f.top_n]
-                cand = cand[np.isin(g.sent_chunk, top[prior[top] > 0])]
-            best = cand[np.argsort(-sims[cand], kind="stable")[: f.k]]
-            extra = np.zeros(g.n_entities)
-            for rank, i in enumerate(best[sims[best] > 0]):
-                ents = g.sent_ent[i].indices
-                ents = ents[g.seedable[ents] & ((g.df[ents] > 1) if f.bridge else True)]
-                extra[ents] += float(sims[i]) * spec[ents] / ((rank + 1) if f.by_rank else 1)
-            if extra.sum() > 0:  # the restart (mass 1) gets the new seeds at a share w of its mass, then is normalised
-                s = np.concatenate([s[: g.n_chunks], s[g.n_chunks :] + f.w * extra / extra.sum()])
-                s = s / s.sum()
-            return s, seeds
-
-        return seeded
-
-    def hubness(k: int, a: float, top: int):
-        r = ordered[:, -k:].mean(axis=1)
-
-        def score(q):
-            c = chunks @ q
-            best = np.argpartition(-c, top - 1)[:top]
-            out = c - a * r[best].max()
-            out[best] = c[best] - a * r[best]
-            return out
-
-        return score
-
     for f in FACT_GRID:
-        graph_rank.personalization = personalization(f)
+        graph_rank.personalization = fact_personalization(f, sv, asked, original)
         if f.csls:
-            score = hubness(*f.csls)
-            view.similarity = lambda kind, q, k, score=score: (
-                score(q).astype(np.float32) if kind == "chunks" else similarity(kind, q, k)
-            )
+            score = hubness(chunks, ordered, *f.csls)
+            view.similarity = lambda kind, q, k, score=score: score(q) if kind == "chunks" else similarity(kind, q, k)
         print(f"{f.name()} | ppr {line(run(view, queries, vecs, rcfg, 'ppr'), base)}", flush=True)
         graph_rank.personalization, view.similarity = original, similarity
 
@@ -360,9 +375,7 @@ def main() -> None:
     def probe(variants: dict[str, object]) -> None:
         """Each variant's passage scores in place of the dense ones, R@k paired against the ranking as it is."""
         for name, score in variants.items():
-            view.similarity = lambda kind, q, k, score=score: (
-                score(q).astype(np.float32) if kind == "chunks" else similarity(kind, q, k)
-            )
+            view.similarity = lambda kind, q, k, score=score: score(q) if kind == "chunks" else similarity(kind, q, k)
             print(name, "|", " | ".join(f"{h} {line(run(view, queries, vecs, rcfg, h), base[h])}" for h in base))
             view.similarity = similarity
 
