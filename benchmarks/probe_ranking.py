@@ -375,7 +375,9 @@ def main() -> None:
     def probe(variants: dict[str, object]) -> None:
         """Each variant's passage scores in place of the dense ones, R@k paired against the ranking as it is."""
         for name, score in variants.items():
-            view.similarity = lambda kind, q, k, score=score: score(q) if kind == "chunks" else similarity(kind, q, k)
+            view.similarity = lambda kind, q, k, score=score: (
+                score(q).astype(np.float32) if kind == "chunks" else similarity(kind, q, k)
+            )
             print(name, "|", " | ".join(f"{h} {line(run(view, queries, vecs, rcfg, h), base[h])}" for h in base))
             view.similarity = similarity
 
